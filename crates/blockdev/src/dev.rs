@@ -1,0 +1,263 @@
+//! The [`BlockDev`] trait every layer implements, its capability set and the
+//! allocation-status types.
+//!
+//! A layer wraps the next one (`next()`); every operation it does not
+//! override passes through to it, so a layer implements only what it
+//! changes (as nbdkit filters do). A device at the bottom of a stack
+//! (`raw`, `mem`) overrides every operation.
+//!
+//! Ranges and flags are validated once, at the top of a stack, by
+//! [`crate::Checked`]; layers below trust `off + len <= size()`.
+
+use crate::error::{Error, ErrorKind, Op, Result};
+
+/// What a stack can do. Computed once when the stack is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    /// Writes, trims and zeroing are accepted.
+    pub can_write: bool,
+    /// `flush` makes earlier writes durable (false only for volatile devices
+    /// where flush is a no-op; the server still advertises FLUSH).
+    pub can_flush: bool,
+    /// Per-write durability (FUA) is supported natively or by flushing.
+    pub can_fua: bool,
+    /// Trim may release storage.
+    pub can_trim: bool,
+    /// `write_zeroes` is supported (possibly by writing zero buffers).
+    pub can_zero: bool,
+    /// `write_zeroes` with `fast` can succeed without writing data.
+    pub can_fast_zero: bool,
+    /// All connections see one consistent device (a flush on one covers
+    /// writes acknowledged on every other).
+    pub can_multi_conn: bool,
+    /// `block_status` reports real holes and zeroes.
+    pub can_extents: bool,
+    /// Seeking is expensive (spinning media).
+    pub rotational: bool,
+    /// Smallest I/O unit the device handles without read-modify-write.
+    pub min_block: u32,
+    /// Preferred I/O size.
+    pub preferred_block: u32,
+}
+
+impl Caps {
+    /// Capabilities of a fully featured writable device.
+    pub const FULL: Caps = Caps {
+        can_write: true,
+        can_flush: true,
+        can_fua: true,
+        can_trim: true,
+        can_zero: true,
+        can_fast_zero: true,
+        can_multi_conn: true,
+        can_extents: true,
+        rotational: false,
+        min_block: 1,
+        preferred_block: 4096,
+    };
+
+    /// The same capabilities with every write-like one switched off.
+    pub fn read_only(self) -> Caps {
+        Caps {
+            can_write: false,
+            can_fua: false,
+            can_trim: false,
+            can_zero: false,
+            can_fast_zero: false,
+            ..self
+        }
+    }
+}
+
+/// Flags of a write.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteFlags {
+    /// Force unit access: durable before the call returns.
+    pub fua: bool,
+}
+
+/// Flags of a `write_zeroes`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ZeroFlags {
+    /// Durable before the call returns.
+    pub fua: bool,
+    /// The range may be deallocated (punched) as long as it reads as zero.
+    /// NBD clients clear this with NO_HOLE.
+    pub may_trim: bool,
+    /// Fail with [`ErrorKind::Unsupported`] rather than write zero buffers.
+    pub fast: bool,
+}
+
+/// Allocation state of a range, as NBD's `base:allocation` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Alloc {
+    /// Allocated; contents unknown without reading.
+    Data,
+    /// Allocated and known to read as zeroes.
+    Zero,
+    /// Not allocated; reads as zeroes.
+    Hole,
+}
+
+impl Alloc {
+    /// Whether the range reads as zeroes.
+    pub fn is_zero(self) -> bool {
+        matches!(self, Alloc::Zero | Alloc::Hole)
+    }
+    /// NBD `base:allocation` flags: bit 0 = hole, bit 1 = zero.
+    pub fn nbd_flags(self) -> u32 {
+        match self {
+            Alloc::Data => 0,
+            Alloc::Zero => 2,
+            Alloc::Hole => 3,
+        }
+    }
+}
+
+/// A run of bytes with one allocation state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub len: u64,
+    pub state: Alloc,
+}
+
+/// Push `e` onto `v`, merging it with the last extent when the state matches.
+pub fn push_extent(v: &mut Vec<Extent>, e: Extent) {
+    if e.len == 0 {
+        return;
+    }
+    match v.last_mut() {
+        Some(last) if last.state == e.state => last.len += e.len,
+        _ => v.push(e),
+    }
+}
+
+/// A block device: a fixed-size array of bytes with durability barriers.
+///
+/// Safe to call from many threads at once; concurrent overlapping writes
+/// land in an unspecified order, as on a real disk.
+pub trait BlockDev: Send + Sync + 'static {
+    /// The layer's kind name (`raw`, `cow`, ...), used in errors.
+    fn layer(&self) -> &'static str;
+
+    /// The device this layer wraps, if any. Every operation not overridden
+    /// passes through to it.
+    fn next(&self) -> Option<&dyn BlockDev> {
+        None
+    }
+
+    /// One line describing this layer's configuration (no trailing layers).
+    fn describe(&self) -> String {
+        self.layer().to_string()
+    }
+
+    /// Size in bytes.
+    fn size(&self) -> u64 {
+        self.next().map_or(0, |n| n.size())
+    }
+
+    /// Capabilities; a layer usually adjusts the next layer's.
+    fn caps(&self) -> Caps {
+        self.next().map_or(Caps::FULL.read_only(), |n| n.caps())
+    }
+
+    /// Fill `buf` from offset `off`.
+    fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
+        self.pass(Op::Read)?.read_at(buf, off)
+    }
+
+    /// Write `buf` at offset `off`.
+    fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
+        self.pass(Op::Write)?.write_at(buf, off, flags)
+    }
+
+    /// Barrier: every write acknowledged before this call is durable when it
+    /// returns.
+    fn flush(&self) -> Result<()> {
+        self.pass(Op::Flush)?.flush()
+    }
+
+    /// Hint that a range is no longer needed. Contents afterwards are
+    /// unspecified until rewritten.
+    fn trim(&self, off: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.pass(Op::Trim)?.trim(off, len, flags)
+    }
+
+    /// Make a range read as zeroes.
+    fn write_zeroes(&self, off: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.pass(Op::WriteZeroes)?.write_zeroes(off, len, flags)
+    }
+
+    /// Allocation status of a prefix of `[off, off+len)`: at least one extent,
+    /// lengths summing to at most `len`.
+    fn block_status(&self, off: u64, len: u64) -> Result<Vec<Extent>> {
+        self.pass(Op::BlockStatus)?.block_status(off, len)
+    }
+
+    /// Hint that a range will be read soon.
+    fn cache(&self, off: u64, len: u64) -> Result<()> {
+        match self.next() {
+            Some(n) => n.cache(off, len),
+            None => Ok(()),
+        }
+    }
+
+    /// The next layer, or an `Unsupported` error naming the operation.
+    #[doc(hidden)]
+    fn pass(&self, op: Op) -> Result<&dyn BlockDev> {
+        self.next().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unsupported,
+                op,
+                self.layer(),
+                "operation not implemented by this layer",
+            )
+        })
+    }
+}
+
+/// Write zero buffers over a range, in bounded pieces. The fallback for
+/// devices that cannot zero without writing.
+pub fn write_zero_buffers(dev: &dyn BlockDev, off: u64, len: u64, fua: bool) -> Result<()> {
+    const PIECE: u64 = 1 << 20;
+    let zeros = vec![0u8; PIECE.min(len) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = PIECE.min(len - done);
+        let last = done + n == len;
+        dev.write_at(&zeros[..n as usize], off + done, WriteFlags { fua: fua && last })?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// Collect extents covering all of `[off, off+len)`, calling `block_status`
+/// as often as needed.
+pub fn extents_covering(dev: &dyn BlockDev, off: u64, len: u64) -> Result<Vec<Extent>> {
+    let mut out = Vec::new();
+    let mut pos = off;
+    let end = off + len;
+    while pos < end {
+        let got = dev.block_status(pos, end - pos)?;
+        let mut advanced = 0;
+        for e in got {
+            let l = e.len.min(end - pos - advanced);
+            push_extent(&mut out, Extent { len: l, state: e.state });
+            advanced += l;
+            if pos + advanced >= end {
+                break;
+            }
+        }
+        if advanced == 0 {
+            return Err(Error::new(
+                ErrorKind::Io,
+                Op::BlockStatus,
+                dev.layer(),
+                "block status returned no extent",
+            )
+            .at(pos));
+        }
+        pos += advanced;
+    }
+    Ok(out)
+}

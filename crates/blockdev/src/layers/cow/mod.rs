@@ -1,0 +1,542 @@
+//! `cow:OVERLAY:BASE` — copy-on-write over a read-only base.
+//!
+//! The overlay is a sparse file the size of the base: cluster `i` lives at
+//! offset `i * cluster_size`. Which clusters are in the overlay is kept in
+//! memory and persisted in `OVERLAY.cowmap` (see [`map`] and
+//! `docs/formats/cow-map.md`): an append-only log of cluster-state runs
+//! committed at every flush, after the overlay's data has been synced, so a
+//! crash never makes the map claim data that did not reach the disk.
+//!
+//! A write into a cluster not yet in the overlay copies the cluster from the
+//! base (or zeroes) first, under a per-cluster lock, then marks it `Data`.
+
+pub mod map;
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::dev::{push_extent, Alloc, BlockDev, Caps, Extent, WriteFlags, ZeroFlags};
+use crate::error::{Error, ErrorKind, Op, Result};
+use map::{State, HEADER_SIZE, KIND_COMMIT, KIND_SET, RECORD_SIZE};
+
+/// Default cluster size: 64 KiB.
+pub const DEFAULT_CLUSTER: u32 = 64 * 1024;
+const LOCK_STRIPES: usize = 256;
+/// Compact the map when the log grows past this many records.
+const COMPACT_RECORDS: u64 = 1 << 20;
+
+/// Options for [`CowDev::open`].
+#[derive(Debug, Clone)]
+pub struct CowOptions {
+    /// Cluster size for a new overlay (an existing overlay keeps its own).
+    pub cluster_size: u32,
+}
+
+impl Default for CowOptions {
+    fn default() -> Self {
+        CowOptions { cluster_size: DEFAULT_CLUSTER }
+    }
+}
+
+struct MapLog {
+    file: File,
+    chain: u32,
+    seq: u64,
+    records: u64,
+    generation: u64,
+}
+
+/// A copy-on-write overlay over a read-only base.
+pub struct CowDev {
+    base: Arc<dyn BlockDev>,
+    overlay: File,
+    overlay_path: PathBuf,
+    map_path: PathBuf,
+    size: u64,
+    cluster: u64,
+    states: Vec<AtomicU8>,
+    locks: Vec<Mutex<()>>,
+    /// State changes since the last committed flush, in order.
+    pending: Mutex<Vec<(u64, State)>>,
+    log: Mutex<MapLog>,
+    read_only: bool,
+}
+
+fn open_err(path: &Path, e: std::io::Error) -> Error {
+    Error::io(Op::Open, "cow", e).path(path)
+}
+
+fn sync_dir(path: &Path) -> std::io::Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    File::open(dir)?.sync_all()
+}
+
+/// The map file that belongs to an overlay.
+pub fn map_path(overlay: &Path) -> PathBuf {
+    let mut s = overlay.as_os_str().to_owned();
+    s.push(".cowmap");
+    PathBuf::from(s)
+}
+
+impl CowDev {
+    /// Open (or create) an overlay over `base`.
+    pub fn open(overlay_path: &Path, base: Arc<dyn BlockDev>, read_only: bool, opts: &CowOptions) -> Result<Self> {
+        let size = base.size();
+        let map_path = map_path(overlay_path);
+        let exists = overlay_path.exists();
+        if exists != map_path.exists() {
+            let msg = if exists {
+                format!("the overlay has no map file {}; it was not made by roamdisk or its map was deleted", map_path.display())
+            } else {
+                format!("the map file {} exists but its overlay does not; remove the map to start over", map_path.display())
+            };
+            return Err(Error::new(ErrorKind::Corrupt, Op::Open, "cow", msg).path(overlay_path));
+        }
+        if !exists {
+            if read_only {
+                return Err(Error::new(ErrorKind::NotFound, Op::Open, "cow", "overlay does not exist and the stack is read-only").path(overlay_path));
+            }
+            if !map::valid_cluster_size(opts.cluster_size) {
+                return Err(Error::new(ErrorKind::InvalidArgument, Op::Open, "cow", format!("cluster size {} must be a power of two between 4 KiB and 4 MiB", opts.cluster_size)));
+            }
+            Self::create(overlay_path, &map_path, size, opts.cluster_size)?;
+        }
+        let overlay = OpenOptions::new().read(true).write(!read_only).open(overlay_path).map_err(|e| open_err(overlay_path, e))?;
+        let bytes = std::fs::read(&map_path).map_err(|e| open_err(&map_path, e))?;
+        let replay = map::replay(&bytes).map_err(|e| {
+            Error::new(ErrorKind::Corrupt, Op::Open, "cow", format!("map file is unusable: {e}")).path(&map_path)
+        })?;
+        if replay.header.virtual_size != size {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                Op::Open,
+                "cow",
+                format!(
+                    "overlay was made for a base of {} bytes but this base has {size}; use the base it was made for",
+                    replay.header.virtual_size
+                ),
+            )
+            .path(overlay_path));
+        }
+        if replay.discarded > 0 {
+            tracing::warn!(map = %map_path.display(), bytes = replay.discarded, "discarded an uncommitted or torn tail of the cow map (writes after the last flush)");
+        }
+        let cluster = replay.header.cluster_size as u64;
+        let n = replay.header.clusters();
+        let states: Vec<AtomicU8> = (0..n).map(|_| AtomicU8::new(State::Base as u8)).collect();
+        for run in &replay.runs {
+            for c in run.start..run.start + run.count as u64 {
+                states[c as usize].store(run.state as u8, Ordering::Relaxed);
+            }
+        }
+        let log_file = OpenOptions::new().read(true).write(!read_only).open(&map_path).map_err(|e| open_err(&map_path, e))?;
+        let dev = CowDev {
+            base,
+            overlay,
+            overlay_path: overlay_path.to_path_buf(),
+            map_path,
+            size,
+            cluster,
+            states,
+            locks: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            pending: Mutex::new(Vec::new()),
+            log: Mutex::new(MapLog {
+                file: log_file,
+                chain: replay.chain,
+                seq: replay.last_seq,
+                records: ((replay.valid_len - HEADER_SIZE) / RECORD_SIZE) as u64,
+                generation: replay.header.generation,
+            }),
+            read_only,
+        };
+        if !read_only {
+            // Start every session from a compact map with no torn tail.
+            let mut log = dev.log.lock().unwrap_or_else(|p| p.into_inner());
+            dev.compact(&mut log)?;
+        }
+        Ok(dev)
+    }
+
+    fn create(overlay: &Path, map_path: &Path, size: u64, cluster_size: u32) -> Result<()> {
+        let f = OpenOptions::new().write(true).create_new(true).open(overlay).map_err(|e| open_err(overlay, e))?;
+        f.set_len(size).map_err(|e| open_err(overlay, e))?;
+        f.sync_all().map_err(|e| open_err(overlay, e))?;
+        let header = map::Header { cluster_size, virtual_size: size, generation: 1 };
+        write_atomically(map_path, &header.encode()).map_err(|e| open_err(map_path, e))?;
+        Ok(())
+    }
+
+    /// Rewrite the map as one run per state change plus a commit, through a
+    /// temporary file, fsync and an atomic rename.
+    fn compact(&self, log: &mut MapLog) -> Result<()> {
+        let header = map::Header { cluster_size: self.cluster as u32, virtual_size: self.size, generation: log.generation + 1 };
+        let hb = header.encode();
+        let mut chain = map::Header::chain_seed(&hb);
+        let mut buf = hb.to_vec();
+        let mut records = 0u64;
+        let n = self.states.len() as u64;
+        let mut i = 0u64;
+        while i < n {
+            let s = self.states[i as usize].load(Ordering::Acquire);
+            let mut j = i + 1;
+            while j < n && j - i < u32::MAX as u64 && self.states[j as usize].load(Ordering::Acquire) == s {
+                j += 1;
+            }
+            if s != State::Base as u8 {
+                let r = map::encode_record(KIND_SET, s, (j - i) as u32, i, chain);
+                chain = map::record_crc(&r);
+                buf.extend_from_slice(&r);
+                records += 1;
+            }
+            i = j;
+        }
+        let r = map::encode_record(KIND_COMMIT, 0, 0, 1, chain);
+        chain = map::record_crc(&r);
+        buf.extend_from_slice(&r);
+        records += 1;
+        let map_path = &self.map_path;
+        let flush_err = |e| Error::io(Op::Flush, "cow", e).path(map_path);
+        // Data must be durable before a map that claims it replaces the old one.
+        self.overlay.sync_data().map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.overlay_path))?;
+        write_atomically(map_path, &buf).map_err(flush_err)?;
+        log.file = OpenOptions::new().read(true).write(true).open(map_path).map_err(flush_err)?;
+        log.chain = chain;
+        log.seq = 1;
+        log.records = records;
+        log.generation = header.generation;
+        Ok(())
+    }
+
+    fn state(&self, c: u64) -> State {
+        State::from_u8(self.states[c as usize].load(Ordering::Acquire)).unwrap_or(State::Base)
+    }
+
+    fn set_state(&self, c: u64, s: State) {
+        self.states[c as usize].store(s as u8, Ordering::Release);
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).push((c, s));
+    }
+
+    fn lock(&self, c: u64) -> std::sync::MutexGuard<'_, ()> {
+        self.locks[(c as usize) % LOCK_STRIPES].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn cluster_len(&self, c: u64) -> u64 {
+        self.cluster.min(self.size - c * self.cluster)
+    }
+
+    fn ow_err(&self, op: Op, off: u64, e: std::io::Error) -> Error {
+        Error::io(op, "cow", e).at(off).path(&self.overlay_path)
+    }
+
+    /// Write `data` at `off` inside cluster `c`, copying the cluster into the
+    /// overlay first if it is not there yet.
+    fn write_in_cluster(&self, c: u64, off: u64, data: &[u8]) -> Result<()> {
+        if self.state(c) == State::Data {
+            return self.overlay.write_all_at(data, off).map_err(|e| self.ow_err(Op::Write, off, e));
+        }
+        let _g = self.lock(c);
+        let start = c * self.cluster;
+        let clen = self.cluster_len(c);
+        match self.state(c) {
+            State::Data => {
+                return self.overlay.write_all_at(data, off).map_err(|e| self.ow_err(Op::Write, off, e));
+            }
+            State::Base if data.len() as u64 != clen => {
+                let mut buf = vec![0u8; clen as usize];
+                self.base.read_at(&mut buf, start)?;
+                let at = (off - start) as usize;
+                buf[at..at + data.len()].copy_from_slice(data);
+                self.overlay.write_all_at(&buf, start).map_err(|e| self.ow_err(Op::Write, start, e))?;
+            }
+            State::Zero if data.len() as u64 != clen => {
+                let mut buf = vec![0u8; clen as usize];
+                let at = (off - start) as usize;
+                buf[at..at + data.len()].copy_from_slice(data);
+                self.overlay.write_all_at(&buf, start).map_err(|e| self.ow_err(Op::Write, start, e))?;
+            }
+            _ => {
+                self.overlay.write_all_at(data, off).map_err(|e| self.ow_err(Op::Write, off, e))?;
+            }
+        }
+        self.set_state(c, State::Data);
+        Ok(())
+    }
+
+    /// Make whole clusters `[c0, c1)` read as zeroes.
+    fn zero_clusters(&self, c0: u64, c1: u64) -> Result<()> {
+        for c in c0..c1 {
+            let _g = self.lock(c);
+            if self.state(c) != State::Zero {
+                self.set_state(c, State::Zero);
+            }
+        }
+        let off = c0 * self.cluster;
+        let len = (c1 * self.cluster).min(self.size) - off;
+        let flags = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+        // Releasing space is best effort: the map already says zero.
+        let _ = rustix::fs::fallocate(&self.overlay, flags, off, len);
+        Ok(())
+    }
+
+    /// Zero `[off, off+len)`: whole clusters by state, partial ones by writing.
+    fn zero_range(&self, off: u64, len: u64) -> Result<()> {
+        let end = off + len;
+        let first_full = off.div_ceil(self.cluster);
+        let last_full = if end == self.size { self.states.len() as u64 } else { end / self.cluster };
+        if first_full >= last_full {
+            return self.write_zeros_partial(off, end);
+        }
+        self.write_zeros_partial(off, (first_full * self.cluster).min(end))?;
+        self.zero_clusters(first_full, last_full)?;
+        self.write_zeros_partial((last_full * self.cluster).min(end), end)
+    }
+
+    fn write_zeros_partial(&self, from: u64, to: u64) -> Result<()> {
+        if from >= to {
+            return Ok(());
+        }
+        let zeros = vec![0u8; (to - from) as usize];
+        self.write_at(&zeros, from, WriteFlags::default())
+    }
+
+    /// Walk `[off, off+len)` in runs of clusters with the same state.
+    fn runs(&self, off: u64, len: u64, mut f: impl FnMut(State, u64, u64) -> Result<()>) -> Result<()> {
+        let end = off + len;
+        let mut pos = off;
+        while pos < end {
+            let c = pos / self.cluster;
+            let s = self.state(c);
+            let mut run_end = ((c + 1) * self.cluster).min(end);
+            while run_end < end && self.state(run_end / self.cluster) == s {
+                run_end = (run_end + self.cluster).min(end);
+            }
+            f(s, pos, run_end - pos)?;
+            pos = run_end;
+        }
+        Ok(())
+    }
+
+    /// Number of clusters in each state (base, data, zero).
+    pub fn usage(&self) -> (u64, u64, u64) {
+        let mut counts = [0u64; 3];
+        for s in &self.states {
+            counts[s.load(Ordering::Relaxed).min(2) as usize] += 1;
+        }
+        (counts[0], counts[1], counts[2])
+    }
+
+    /// The cluster size in bytes.
+    pub fn cluster_size(&self) -> u64 {
+        self.cluster
+    }
+}
+
+/// Write `bytes` to `path` crash-safely: temporary file, fsync, rename, fsync
+/// of the directory.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    {
+        let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    sync_dir(path)
+}
+
+impl BlockDev for CowDev {
+    fn layer(&self) -> &'static str {
+        "cow"
+    }
+    fn next(&self) -> Option<&dyn BlockDev> {
+        Some(self.base.as_ref())
+    }
+    fn describe(&self) -> String {
+        format!("cow:{} (cluster {} bytes)", self.overlay_path.display(), self.cluster)
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn caps(&self) -> Caps {
+        let base = self.base.caps();
+        let caps = Caps {
+            rotational: base.rotational,
+            ..Caps::FULL
+        };
+        if self.read_only {
+            caps.read_only()
+        } else {
+            caps
+        }
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
+        self.runs(off, buf.len() as u64, |s, pos, n| {
+            let dst = &mut buf[(pos - off) as usize..(pos - off + n) as usize];
+            match s {
+                State::Base => self.base.read_at(dst, pos),
+                State::Data => self.overlay.read_exact_at(dst, pos).map_err(|e| self.ow_err(Op::Read, pos, e)),
+                State::Zero => {
+                    dst.fill(0);
+                    Ok(())
+                }
+            }
+        })
+    }
+    fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
+        let end = off + buf.len() as u64;
+        let mut pos = off;
+        while pos < end {
+            let c = pos / self.cluster;
+            let n = ((c + 1) * self.cluster).min(end) - pos;
+            self.write_in_cluster(c, pos, &buf[(pos - off) as usize..(pos - off + n) as usize])?;
+            pos += n;
+        }
+        if flags.fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+    fn flush(&self) -> Result<()> {
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let changes = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        // 1. The overlay's data reaches the disk before any map record claims it.
+        self.overlay.sync_data().map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.overlay_path))?;
+        if changes.is_empty() {
+            return Ok(());
+        }
+        if log.records + changes.len() as u64 > COMPACT_RECORDS {
+            return self.compact(&mut log);
+        }
+        // 2. Coalesce into runs, later changes winning.
+        let mut latest: std::collections::BTreeMap<u64, State> = std::collections::BTreeMap::new();
+        for (c, s) in changes {
+            latest.insert(c, s);
+        }
+        let mut buf = Vec::new();
+        let mut chain = log.chain;
+        let mut iter = latest.into_iter().peekable();
+        while let Some((start, s)) = iter.next() {
+            let mut count = 1u32;
+            while let Some(&(nc, ns)) = iter.peek() {
+                if nc == start + count as u64 && ns == s && count < u32::MAX {
+                    count += 1;
+                    iter.next();
+                } else {
+                    break;
+                }
+            }
+            let r = map::encode_record(KIND_SET, s as u8, count, start, chain);
+            chain = map::record_crc(&r);
+            buf.extend_from_slice(&r);
+        }
+        let r = map::encode_record(KIND_COMMIT, 0, 0, log.seq + 1, chain);
+        chain = map::record_crc(&r);
+        buf.extend_from_slice(&r);
+        // 3. Append the records and their commit, then sync the map.
+        let end = log.file.metadata().map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.map_path))?.len();
+        log.file.write_all_at(&buf, end).map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.map_path))?;
+        log.file.sync_data().map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.map_path))?;
+        log.records += (buf.len() / RECORD_SIZE) as u64;
+        log.chain = chain;
+        log.seq += 1;
+        Ok(())
+    }
+    fn trim(&self, off: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        // Only whole clusters are released; partial ones keep their data,
+        // which trim allows.
+        let first = off.div_ceil(self.cluster);
+        let end = off + len;
+        let last = if end == self.size { self.states.len() as u64 } else { end / self.cluster };
+        if first < last {
+            self.zero_clusters(first, last)?;
+        }
+        if flags.fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+    fn write_zeroes(&self, off: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.zero_range(off, len)?;
+        if flags.fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+    fn block_status(&self, off: u64, len: u64) -> Result<Vec<Extent>> {
+        let mut out = Vec::new();
+        self.runs(off, len, |s, pos, n| {
+            match s {
+                State::Data => push_extent(&mut out, Extent { len: n, state: Alloc::Data }),
+                State::Zero => push_extent(&mut out, Extent { len: n, state: Alloc::Hole }),
+                State::Base => {
+                    for e in crate::dev::extents_covering(self.base.as_ref(), pos, n)? {
+                        push_extent(&mut out, e);
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+    fn cache(&self, off: u64, len: u64) -> Result<()> {
+        self.runs(off, len, |s, pos, n| if s == State::Base { self.base.cache(pos, n) } else { Ok(()) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layers::mem::MemDev;
+
+    fn base() -> Arc<dyn BlockDev> {
+        let m = MemDev::new(1 << 20);
+        let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+        m.write_at(&data, 0, WriteFlags::default()).unwrap();
+        Arc::new(m)
+    }
+
+    #[test]
+    fn writes_persist_after_flush_and_fall_through_elsewhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let ov = dir.path().join("ov");
+        let b = base();
+        {
+            let d = CowDev::open(&ov, b.clone(), false, &CowOptions::default()).unwrap();
+            d.write_at(b"XYZ", 70000, WriteFlags::default()).unwrap();
+            d.write_zeroes(0, 65536, ZeroFlags::default()).unwrap();
+            d.flush().unwrap();
+            d.write_at(b"lost", 300000, WriteFlags::default()).unwrap();
+            // dropped without flush: the last write may be lost
+        }
+        let d = CowDev::open(&ov, b.clone(), false, &CowOptions::default()).unwrap();
+        let mut buf = [0u8; 3];
+        d.read_at(&mut buf, 70000).unwrap();
+        assert_eq!(&buf, b"XYZ");
+        let mut z = vec![1u8; 65536];
+        d.read_at(&mut z, 0).unwrap();
+        assert!(z.iter().all(|&x| x == 0));
+        let mut other = [0u8; 4];
+        d.read_at(&mut other, 70003).unwrap();
+        let mut want = [0u8; 4];
+        b.read_at(&mut want, 70003).unwrap();
+        assert_eq!(other, want);
+        let (_, data, zero) = d.usage();
+        assert_eq!((data, zero), (1, 1));
+    }
+
+    #[test]
+    fn size_mismatch_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ov = dir.path().join("ov");
+        drop(CowDev::open(&ov, base(), false, &CowOptions::default()).unwrap());
+        let other: Arc<dyn BlockDev> = Arc::new(MemDev::new(2 << 20));
+        let e = CowDev::open(&ov, other, false, &CowOptions::default()).err().unwrap();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    }
+}

@@ -1,0 +1,65 @@
+//! The generic layers and their registry entries.
+
+pub mod cow;
+pub mod mem;
+pub mod raw;
+
+use std::sync::Arc;
+
+use crate::dev::BlockDev;
+use crate::error::{Error, ErrorKind, Op};
+use crate::spec::{LayerKind, OpenCtx};
+
+/// The layer kinds of this crate.
+pub static BUILTIN: &[&LayerKind] = &[&RAW, &MEM, &COW];
+
+/// `raw:PATH`.
+pub static RAW: LayerKind = LayerKind {
+    name: "raw",
+    summary: "a plain file or block device, sparse aware (SEEK_DATA/SEEK_HOLE, punch-hole trim)",
+    args: &["path"],
+    options: &[],
+    wraps: false,
+    inner_read_only: false,
+    open: |ctx: &OpenCtx<'_>, _next| {
+        let path = ctx.path("raw", "path")?;
+        Ok(Arc::new(raw::RawDev::open(&path, ctx.read_only)?) as Arc<dyn BlockDev>)
+    },
+};
+
+/// `mem:SIZE`.
+pub static MEM: LayerKind = LayerKind {
+    name: "mem",
+    summary: "a sparse RAM disk of SIZE bytes (volatile: lost when the server stops)",
+    args: &["size"],
+    options: &[],
+    wraps: false,
+    inner_read_only: false,
+    open: |ctx: &OpenCtx<'_>, _next| {
+        let size = ctx.size_opt("mem", "size")?.unwrap_or(0);
+        if size == 0 {
+            return Err(Error::new(ErrorKind::InvalidArgument, Op::Open, "mem", "size must be more than 0 (e.g. mem:1G)"));
+        }
+        Ok(Arc::new(mem::MemDev::new(size)) as Arc<dyn BlockDev>)
+    },
+};
+
+/// `cow:OVERLAY:NEXT`.
+pub static COW: LayerKind = LayerKind {
+    name: "cow",
+    summary: "copy-on-write over a read-only NEXT; writes go to the sparse file OVERLAY (+ OVERLAY.cowmap)",
+    args: &["overlay"],
+    options: &[("cluster", "copy-on-write granularity for a new overlay, 4K..4M (default 64K)")],
+    wraps: true,
+    inner_read_only: true,
+    open: |ctx: &OpenCtx<'_>, next| {
+        let overlay = ctx.path("cow", "overlay")?;
+        let base = next.ok_or_else(|| Error::new(ErrorKind::InvalidArgument, Op::Open, "cow", "needs a base layer"))?;
+        let cluster = ctx.size_opt("cow", "cluster")?.unwrap_or(cow::DEFAULT_CLUSTER as u64);
+        let cluster_size = u32::try_from(cluster).map_err(|_| {
+            Error::new(ErrorKind::InvalidArgument, Op::Open, "cow", "cluster size too large (at most 4M)")
+        })?;
+        let opts = cow::CowOptions { cluster_size };
+        Ok(Arc::new(cow::CowDev::open(&overlay, base, ctx.read_only, &opts)?) as Arc<dyn BlockDev>)
+    },
+};

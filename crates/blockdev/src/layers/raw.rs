@@ -1,0 +1,226 @@
+//! `raw:PATH` — a plain file or block device, byte for byte.
+//!
+//! Sparse aware: allocation status comes from `SEEK_DATA`/`SEEK_HOLE`, trim
+//! and zeroing punch holes (`FALLOC_FL_PUNCH_HOLE`) or use
+//! `FALLOC_FL_ZERO_RANGE`, falling back to writing zero buffers only when
+//! the file system supports neither and the caller allowed slow zeroing.
+
+use std::fs::File;
+use std::io::{Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustix::fs::FallocateFlags;
+
+use crate::dev::{push_extent, write_zero_buffers, Alloc, BlockDev, Caps, Extent, WriteFlags, ZeroFlags};
+use crate::error::{Error, ErrorKind, Op, Result};
+
+/// Most extents one `block_status` call returns; callers ask again for more.
+const MAX_EXTENTS: usize = 1024;
+
+/// A file or block device used as a disk.
+pub struct RawDev {
+    file: File,
+    path: PathBuf,
+    size: u64,
+    read_only: bool,
+    block_device: bool,
+    /// Cleared the first time the file system refuses to punch holes.
+    can_punch: AtomicBool,
+    /// Cleared the first time the file system refuses FALLOC_FL_ZERO_RANGE.
+    can_zero_range: AtomicBool,
+}
+
+impl RawDev {
+    /// Open an existing file or block device.
+    pub fn open(path: &Path, read_only: bool) -> Result<Self> {
+        let file = File::options()
+            .read(true)
+            .write(!read_only)
+            .open(path)
+            .map_err(|e| {
+                let hint = if e.kind() == std::io::ErrorKind::NotFound {
+                    "the file does not exist; create it first (e.g. `truncate -s 1G FILE`)"
+                } else {
+                    "cannot open the file"
+                };
+                Error::io(Op::Open, "raw", e).path(path).msg(hint)
+            })?;
+        let meta = file.metadata().map_err(|e| Error::io(Op::Open, "raw", e).path(path))?;
+        let block_device = meta.file_type().is_block_device();
+        let size = if block_device {
+            (&file).seek(SeekFrom::End(0)).map_err(|e| Error::io(Op::Open, "raw", e).path(path))?
+        } else if meta.is_file() {
+            meta.len()
+        } else {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                Op::Open,
+                "raw",
+                "not a regular file or block device",
+            )
+            .path(path));
+        };
+        Ok(RawDev {
+            file,
+            path: path.to_path_buf(),
+            size,
+            read_only,
+            block_device,
+            can_punch: AtomicBool::new(true),
+            can_zero_range: AtomicBool::new(true),
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn err(&self, op: Op, off: u64, e: std::io::Error) -> Error {
+        Error::io(op, "raw", e).at(off).path(&self.path)
+    }
+
+    fn punch(&self, off: u64, len: u64) -> Result<bool> {
+        if !self.can_punch.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+        match rustix::fs::fallocate(&self.file, flags, off, len) {
+            Ok(()) => Ok(true),
+            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => {
+                self.can_punch.store(false, Ordering::Relaxed);
+                Ok(false)
+            }
+            Err(e) => Err(self.err(Op::Trim, off, e.into())),
+        }
+    }
+
+    fn zero_range(&self, off: u64, len: u64) -> Result<bool> {
+        if !self.can_zero_range.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let flags = FallocateFlags::ZERO_RANGE | FallocateFlags::KEEP_SIZE;
+        match rustix::fs::fallocate(&self.file, flags, off, len) {
+            Ok(()) => Ok(true),
+            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => {
+                self.can_zero_range.store(false, Ordering::Relaxed);
+                Ok(false)
+            }
+            Err(e) => Err(self.err(Op::WriteZeroes, off, e.into())),
+        }
+    }
+
+    /// `lseek(SEEK_DATA)` or `lseek(SEEK_HOLE)` from `pos`; `None` past the last data.
+    fn seek_to(&self, pos: u64, data: bool) -> std::result::Result<Option<u64>, std::io::Error> {
+        let whence = if data {
+            rustix::fs::SeekFrom::Data(pos)
+        } else {
+            rustix::fs::SeekFrom::Hole(pos)
+        };
+        match rustix::fs::seek(&self.file, whence) {
+            Ok(p) => Ok(Some(p)),
+            Err(e) if e == rustix::io::Errno::NXIO => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn sync(&self, op: Op) -> Result<()> {
+        self.file.sync_data().map_err(|e| Error::io(op, "raw", e).path(&self.path))
+    }
+}
+
+impl BlockDev for RawDev {
+    fn layer(&self) -> &'static str {
+        "raw"
+    }
+    fn describe(&self) -> String {
+        format!("raw:{}", self.path.display())
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn caps(&self) -> Caps {
+        let caps = Caps {
+            can_extents: !self.block_device,
+            can_fast_zero: !self.block_device,
+            ..Caps::FULL
+        };
+        if self.read_only {
+            caps.read_only()
+        } else {
+            caps
+        }
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
+        self.file.read_exact_at(buf, off).map_err(|e| self.err(Op::Read, off, e))
+    }
+    fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
+        self.file.write_all_at(buf, off).map_err(|e| self.err(Op::Write, off, e))?;
+        if flags.fua {
+            self.sync(Op::Write)?;
+        }
+        Ok(())
+    }
+    fn flush(&self) -> Result<()> {
+        self.sync(Op::Flush)
+    }
+    fn trim(&self, off: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        // Trim is advisory: a file system that cannot punch simply keeps the data.
+        if self.punch(off, len)? && flags.fua {
+            self.sync(Op::Trim)?;
+        }
+        Ok(())
+    }
+    fn write_zeroes(&self, off: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        let done = (flags.may_trim && self.punch(off, len)?) || self.zero_range(off, len)?;
+        if !done {
+            if flags.fast {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    Op::WriteZeroes,
+                    "raw",
+                    "the file system cannot zero without writing",
+                )
+                .path(&self.path));
+            }
+            return write_zero_buffers(self, off, len, flags.fua);
+        }
+        if flags.fua {
+            self.sync(Op::WriteZeroes)?;
+        }
+        Ok(())
+    }
+    fn block_status(&self, off: u64, len: u64) -> Result<Vec<Extent>> {
+        let end = off + len;
+        if self.block_device {
+            return Ok(vec![Extent { len, state: Alloc::Data }]);
+        }
+        let mut out = Vec::new();
+        let mut pos = off;
+        while pos < end && out.len() < MAX_EXTENTS {
+            let data = self.seek_to(pos, true).map_err(|e| self.err(Op::BlockStatus, pos, e))?;
+            let data = data.unwrap_or(end).min(end);
+            if data > pos {
+                push_extent(&mut out, Extent { len: data - pos, state: Alloc::Hole });
+                pos = data;
+                continue;
+            }
+            let hole = self.seek_to(pos, false).map_err(|e| self.err(Op::BlockStatus, pos, e))?;
+            let hole = hole.unwrap_or(end).min(end);
+            if hole <= pos {
+                // The file changed under us; report the rest as data.
+                push_extent(&mut out, Extent { len: end - pos, state: Alloc::Data });
+                break;
+            }
+            push_extent(&mut out, Extent { len: hole - pos, state: Alloc::Data });
+            pos = hole;
+        }
+        Ok(out)
+    }
+    fn cache(&self, off: u64, len: u64) -> Result<()> {
+        let _ = rustix::fs::fadvise(&self.file, off, std::num::NonZeroU64::new(len), rustix::fs::Advice::WillNeed);
+        Ok(())
+    }
+}

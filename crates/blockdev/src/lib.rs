@@ -1,0 +1,25 @@
+//! roamdisk's block-device stack: the [`BlockDev`] trait, one error type,
+//! the generic layers (`raw`, `mem`, `cow`) and the factory that builds a
+//! stack from a spec string or TOML table.
+//!
+//! ```
+//! use roamdisk_blockdev::{BlockDev, Registry, WriteFlags};
+//! let reg = Registry::with_builtin();
+//! let dev = reg.build("mem:1M", false).unwrap();
+//! dev.write_at(b"hello", 0, WriteFlags::default()).unwrap();
+//! let mut buf = [0u8; 5];
+//! dev.read_at(&mut buf, 0).unwrap();
+//! assert_eq!(&buf, b"hello");
+//! ```
+
+mod checked;
+mod dev;
+mod error;
+pub mod layers;
+pub mod spec;
+pub mod units;
+
+pub use checked::Checked;
+pub use dev::{extents_covering, push_extent, write_zero_buffers, Alloc, BlockDev, Caps, Extent, WriteFlags, ZeroFlags};
+pub use error::{Error, ErrorKind, Op, Result};
+pub use spec::{LayerKind, LayerSpec, OpenCtx, Registry};

@@ -1,0 +1,391 @@
+//! Stack specifications: the command-line string form and the TOML form,
+//! and the factory that turns either into a stack of layers.
+//!
+//! String form (documented in `docs/layers/README.md`):
+//!
+//! ```text
+//! SPEC   := KIND [ "[" OPT ("," OPT)* "]" ] ":" ARG (":" ARG)* [ ":" SPEC ]
+//! OPT    := NAME "=" VALUE
+//! ```
+//!
+//! Each layer kind declares its positional arguments; a layer that wraps
+//! another takes the rest of the string as the inner SPEC. In arguments,
+//! `\:` stands for a literal colon and `\\` for a backslash. The last
+//! argument of a bottom layer (`raw:PATH`) takes the rest of the string
+//! verbatim, so paths there need no escaping.
+//!
+//! TOML form: a table with `kind`, the layer's arguments and options by
+//! name, and a `next` table for the inner layer.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::dev::BlockDev;
+use crate::error::{Error, ErrorKind, Op, Result};
+
+/// A parsed, not yet opened, layer of a stack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerSpec {
+    pub kind: String,
+    /// Arguments and options by name.
+    pub params: BTreeMap<String, String>,
+    pub next: Option<Box<LayerSpec>>,
+}
+
+/// What the factory passes to a layer's constructor.
+pub struct OpenCtx<'a> {
+    /// This layer must not be modified (it is the base of a cow, or the
+    /// export is read-only).
+    pub read_only: bool,
+    /// Parameters of this layer.
+    pub params: &'a BTreeMap<String, String>,
+    /// The registry, for layers that open further stacks.
+    pub registry: &'a Registry,
+}
+
+impl OpenCtx<'_> {
+    /// A required parameter.
+    pub fn get(&self, kind: &str, name: &str) -> Result<&str> {
+        self.params.get(name).map(String::as_str).ok_or_else(|| {
+            Error::new(ErrorKind::InvalidArgument, Op::Open, kind.to_string(), format!("missing parameter '{name}'"))
+        })
+    }
+    /// An optional parameter.
+    pub fn opt(&self, name: &str) -> Option<&str> {
+        self.params.get(name).map(String::as_str)
+    }
+    /// A path parameter.
+    pub fn path(&self, kind: &str, name: &str) -> Result<PathBuf> {
+        Ok(PathBuf::from(self.get(kind, name)?))
+    }
+    /// An optional size parameter (`64K`, `1G`, ...).
+    pub fn size_opt(&self, kind: &str, name: &str) -> Result<Option<u64>> {
+        self.opt(name)
+            .map(|v| {
+                crate::units::parse_size(v)
+                    .map_err(|m| Error::new(ErrorKind::InvalidArgument, Op::Open, kind.to_string(), format!("{name}: {m}")))
+            })
+            .transpose()
+    }
+}
+
+/// Opens one layer given its parameters and the already opened next layer.
+pub type OpenFn = fn(&OpenCtx<'_>, Option<Arc<dyn BlockDev>>) -> Result<Arc<dyn BlockDev>>;
+
+/// A layer kind the factory knows.
+pub struct LayerKind {
+    pub name: &'static str,
+    /// One line for `roamdisk layers`.
+    pub summary: &'static str,
+    /// Positional arguments, in order.
+    pub args: &'static [&'static str],
+    /// Named options (`name`, help).
+    pub options: &'static [(&'static str, &'static str)],
+    /// Whether the layer wraps an inner stack.
+    pub wraps: bool,
+    /// Whether the inner stack is opened read-only whatever the export is.
+    pub inner_read_only: bool,
+    pub open: OpenFn,
+}
+
+/// The set of layer kinds a program can build stacks from.
+#[derive(Default)]
+pub struct Registry {
+    kinds: Vec<&'static LayerKind>,
+}
+
+impl Registry {
+    /// A registry with the generic layers of this crate.
+    pub fn with_builtin() -> Self {
+        let mut r = Registry::default();
+        for k in crate::layers::BUILTIN {
+            r.add(k);
+        }
+        r
+    }
+
+    /// Add a layer kind (later crates register theirs).
+    pub fn add(&mut self, kind: &'static LayerKind) {
+        self.kinds.retain(|k| k.name != kind.name);
+        self.kinds.push(kind);
+    }
+
+    pub fn get(&self, name: &str) -> Option<&'static LayerKind> {
+        self.kinds.iter().copied().find(|k| k.name == name)
+    }
+
+    pub fn kinds(&self) -> impl Iterator<Item = &'static LayerKind> + '_ {
+        self.kinds.iter().copied()
+    }
+
+    fn known(&self) -> String {
+        self.kinds.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+    }
+
+    /// Parse a stack from its string form. A string that names no known
+    /// layer but is an existing path is read as `raw:PATH`; one ending in
+    /// `.toml` (or starting with `@`) is read as a TOML stack file.
+    pub fn parse(&self, s: &str) -> Result<LayerSpec> {
+        if let Some(file) = s.strip_prefix('@') {
+            return self.parse_toml_file(std::path::Path::new(file));
+        }
+        if s.ends_with(".toml") && std::path::Path::new(s).is_file() {
+            return self.parse_toml_file(std::path::Path::new(s));
+        }
+        self.parse_str(s, s)
+    }
+
+    fn parse_str(&self, s: &str, whole: &str) -> Result<LayerSpec> {
+        let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "spec", format!("in '{whole}': {m}"));
+        let head_end = s.find([':', '[']).unwrap_or(s.len());
+        let name = &s[..head_end];
+        let Some(kind) = self.get(name) else {
+            if std::path::Path::new(s).exists() {
+                let mut params = BTreeMap::new();
+                params.insert("path".to_string(), s.to_string());
+                return Ok(LayerSpec { kind: "raw".into(), params, next: None });
+            }
+            return Err(bad(format!(
+                "unknown layer '{name}' (known: {}); a plain path must exist to be used as raw",
+                self.known()
+            )));
+        };
+        let mut params = BTreeMap::new();
+        let mut rest = &s[head_end..];
+        if let Some(r) = rest.strip_prefix('[') {
+            let close = r.find(']').ok_or_else(|| bad(format!("'{name}[' has no closing ']'")))?;
+            for opt in r[..close].split(',').filter(|o| !o.trim().is_empty()) {
+                let (k, v) = opt.split_once('=').ok_or_else(|| bad(format!("option '{opt}' is not NAME=VALUE")))?;
+                let k = k.trim();
+                if !kind.options.iter().any(|(n, _)| *n == k) {
+                    let known: Vec<_> = kind.options.iter().map(|(n, _)| *n).collect();
+                    return Err(bad(format!("layer '{name}' has no option '{k}' (options: {})", known.join(", "))));
+                }
+                params.insert(k.to_string(), v.trim().to_string());
+            }
+            rest = &r[close + 1..];
+        }
+        let usage = || {
+            let mut u = name.to_string();
+            for a in kind.args {
+                u.push(':');
+                u.push_str(&a.to_uppercase());
+            }
+            if kind.wraps {
+                u.push_str(":NEXT");
+            }
+            u
+        };
+        if kind.args.is_empty() && !kind.wraps {
+            if !rest.is_empty() {
+                return Err(bad(format!("layer '{name}' takes no arguments")));
+            }
+            return Ok(LayerSpec { kind: name.into(), params, next: None });
+        }
+        rest = rest.strip_prefix(':').ok_or_else(|| bad(format!("expected ':' after '{name}' (usage: {})", usage())))?;
+        for (i, arg) in kind.args.iter().enumerate() {
+            let last_verbatim = !kind.wraps && i + 1 == kind.args.len();
+            if last_verbatim {
+                if rest.is_empty() {
+                    return Err(bad(format!("missing {} (usage: {})", arg.to_uppercase(), usage())));
+                }
+                params.insert(arg.to_string(), rest.to_string());
+                rest = "";
+            } else {
+                let (val, after) = split_escaped(rest);
+                if val.is_empty() {
+                    return Err(bad(format!("missing {} (usage: {})", arg.to_uppercase(), usage())));
+                }
+                params.insert(arg.to_string(), val);
+                rest = after.unwrap_or("");
+                if after.is_none() && (i + 1 < kind.args.len() || kind.wraps) {
+                    return Err(bad(format!("too few arguments (usage: {})", usage())));
+                }
+            }
+        }
+        let next = if kind.wraps {
+            if rest.is_empty() {
+                return Err(bad(format!("layer '{name}' needs an inner stack (usage: {})", usage())));
+            }
+            Some(Box::new(self.parse_str(rest, whole)?))
+        } else {
+            None
+        };
+        Ok(LayerSpec { kind: name.into(), params, next })
+    }
+
+    fn parse_toml_file(&self, path: &std::path::Path) -> Result<LayerSpec> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(Op::Open, "spec", e).path(path))?;
+        let v: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            Error::new(ErrorKind::InvalidArgument, Op::Open, "spec", format!("bad TOML: {}", e.message())).path(path)
+        })?;
+        self.from_toml(&v).map_err(|e| e.path(path))
+    }
+
+    /// Build a spec from a TOML table (`kind = ...`, parameters, `[next]`),
+    /// or from a table with a `stack = "STRING"` key.
+    pub fn from_toml(&self, t: &toml::Table) -> Result<LayerSpec> {
+        let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "spec", m);
+        if let Some(s) = t.get("stack") {
+            let s = s.as_str().ok_or_else(|| bad("'stack' must be a string".into()))?;
+            return self.parse_str(s, s);
+        }
+        let kind_name = t
+            .get("kind")
+            .and_then(|k| k.as_str())
+            .ok_or_else(|| bad("a layer table needs kind = \"...\" (or stack = \"SPEC\")".into()))?;
+        let kind = self.get(kind_name).ok_or_else(|| bad(format!("unknown layer '{kind_name}' (known: {})", self.known())))?;
+        let mut params = BTreeMap::new();
+        let mut next = None;
+        for (k, v) in t {
+            match k.as_str() {
+                "kind" => {}
+                "next" => {
+                    let nt = v.as_table().ok_or_else(|| bad("'next' must be a table".into()))?;
+                    next = Some(Box::new(self.from_toml(nt)?));
+                }
+                _ => {
+                    let known = kind.args.contains(&k.as_str()) || kind.options.iter().any(|(n, _)| n == k);
+                    if !known {
+                        return Err(bad(format!("layer '{kind_name}' has no parameter '{k}'")));
+                    }
+                    let val = match v {
+                        toml::Value::String(s) => s.clone(),
+                        toml::Value::Integer(i) => i.to_string(),
+                        toml::Value::Boolean(b) => b.to_string(),
+                        _ => return Err(bad(format!("parameter '{k}' must be a string, integer or boolean"))),
+                    };
+                    params.insert(k.clone(), val);
+                }
+            }
+        }
+        for a in kind.args {
+            if !params.contains_key(*a) {
+                return Err(bad(format!("layer '{kind_name}' needs '{a}'")));
+            }
+        }
+        if kind.wraps != next.is_some() {
+            return Err(bad(if kind.wraps {
+                format!("layer '{kind_name}' needs a [next] table")
+            } else {
+                format!("layer '{kind_name}' does not wrap another layer")
+            }));
+        }
+        Ok(LayerSpec { kind: kind_name.into(), params, next })
+    }
+
+    /// Open a parsed stack, bottom layer first.
+    pub fn open(&self, spec: &LayerSpec, read_only: bool) -> Result<Arc<dyn BlockDev>> {
+        let kind = self.get(&spec.kind).ok_or_else(|| {
+            Error::new(ErrorKind::InvalidArgument, Op::Open, "spec", format!("unknown layer '{}'", spec.kind))
+        })?;
+        let next = match &spec.next {
+            Some(n) => Some(self.open(n, read_only || kind.inner_read_only)?),
+            None => None,
+        };
+        let ctx = OpenCtx { read_only, params: &spec.params, registry: self };
+        (kind.open)(&ctx, next)
+    }
+
+    /// Parse and open a stack, with the validation layer on top.
+    pub fn build(&self, s: &str, read_only: bool) -> Result<Arc<crate::Checked>> {
+        let spec = self.parse(s)?;
+        let dev = self.open(&spec, read_only)?;
+        Ok(Arc::new(crate::Checked::new(dev, read_only)))
+    }
+}
+
+/// Split at the first unescaped ':'; unescape `\:` and `\\`.
+fn split_escaped(s: &str) -> (String, Option<&str>) {
+    let mut out = String::new();
+    let mut chars = s.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some((_, n)) => out.push(n),
+                None => out.push('\\'),
+            },
+            ':' => return (out, Some(&s[i + 1..])),
+            _ => out.push(c),
+        }
+    }
+    (out, None)
+}
+
+impl Registry {
+    /// The string form of a spec; parses back to an equal spec.
+    pub fn to_string_form(&self, spec: &LayerSpec) -> String {
+        let Some(kind) = self.get(&spec.kind) else { return spec.kind.clone() };
+        let mut s = spec.kind.clone();
+        let opts: Vec<String> = spec
+            .params
+            .iter()
+            .filter(|(k, _)| !kind.args.contains(&k.as_str()))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        if !opts.is_empty() {
+            s.push('[');
+            s.push_str(&opts.join(","));
+            s.push(']');
+        }
+        for (i, a) in kind.args.iter().enumerate() {
+            s.push(':');
+            let v = spec.params.get(*a).cloned().unwrap_or_default();
+            if !kind.wraps && i + 1 == kind.args.len() {
+                s.push_str(&v);
+            } else {
+                s.push_str(&v.replace('\\', "\\\\").replace(':', "\\:"));
+            }
+        }
+        if let Some(n) = &spec.next {
+            s.push(':');
+            s.push_str(&self.to_string_form(n));
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nested_spec_parses() {
+        let r = Registry::with_builtin();
+        let s = r.parse("cow[cluster=128K]:/tmp/o\\:x.img:raw:/tmp/base:with:colons").unwrap();
+        assert_eq!(s.kind, "cow");
+        assert_eq!(s.params["overlay"], "/tmp/o:x.img");
+        assert_eq!(s.params["cluster"], "128K");
+        let n = s.next.as_ref().unwrap();
+        assert_eq!(n.kind, "raw");
+        assert_eq!(n.params["path"], "/tmp/base:with:colons");
+        assert_eq!(r.parse(&r.to_string_form(&s)).unwrap(), s);
+    }
+
+    #[test]
+    fn errors_are_helpful() {
+        let r = Registry::with_builtin();
+        let e = r.parse("nosuch:x").unwrap_err().to_string();
+        assert!(e.contains("unknown layer 'nosuch'") && e.contains("raw"), "{e}");
+        let e = r.parse("cow:/tmp/o").unwrap_err().to_string();
+        assert!(e.contains("usage: cow:OVERLAY:NEXT"), "{e}");
+        let e = r.parse("cow[bogus=1]:/a:mem:1M").unwrap_err().to_string();
+        assert!(e.contains("no option 'bogus'"), "{e}");
+    }
+
+    #[test]
+    fn toml_form_equals_string_form() {
+        let r = Registry::with_builtin();
+        let t: toml::Table = r#"
+            kind = "cow"
+            overlay = "/tmp/o.img"
+            [next]
+            kind = "mem"
+            size = "1M"
+        "#
+        .parse()
+        .unwrap();
+        assert_eq!(r.from_toml(&t).unwrap(), r.parse("cow:/tmp/o.img:mem:1M").unwrap());
+    }
+}

@@ -1,0 +1,1 @@
+//! Shared helpers for the black-box tests live in tests/tests/common.
