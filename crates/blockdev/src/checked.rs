@@ -39,7 +39,10 @@ impl Checked {
                 ErrorKind::OutOfRange,
                 op,
                 "checked",
-                format!("range of {len} bytes ends past the device size {}", self.size),
+                format!(
+                    "range of {len} bytes ends past the device size {}",
+                    self.size
+                ),
             )
             .at(off)),
         }
@@ -49,7 +52,12 @@ impl Checked {
         if self.caps.can_write {
             Ok(())
         } else {
-            Err(Error::new(ErrorKind::ReadOnly, op, "checked", "the device is read-only"))
+            Err(Error::new(
+                ErrorKind::ReadOnly,
+                op,
+                "checked",
+                "the device is read-only",
+            ))
         }
     }
 }

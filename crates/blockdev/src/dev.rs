@@ -225,7 +225,11 @@ pub fn write_zero_buffers(dev: &dyn BlockDev, off: u64, len: u64, fua: bool) -> 
     while done < len {
         let n = PIECE.min(len - done);
         let last = done + n == len;
-        dev.write_at(&zeros[..n as usize], off + done, WriteFlags { fua: fua && last })?;
+        dev.write_at(
+            &zeros[..n as usize],
+            off + done,
+            WriteFlags { fua: fua && last },
+        )?;
         done += n;
     }
     Ok(())
@@ -242,7 +246,13 @@ pub fn extents_covering(dev: &dyn BlockDev, off: u64, len: u64) -> Result<Vec<Ex
         let mut advanced = 0;
         for e in got {
             let l = e.len.min(end - pos - advanced);
-            push_extent(&mut out, Extent { len: l, state: e.state });
+            push_extent(
+                &mut out,
+                Extent {
+                    len: l,
+                    state: e.state,
+                },
+            );
             advanced += l;
             if pos + advanced >= end {
                 break;

@@ -104,7 +104,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// A new error of `kind` raised by `layer` during `op`.
-    pub fn new(kind: ErrorKind, op: Op, layer: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn new(
+        kind: ErrorKind,
+        op: Op,
+        layer: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
         Error {
             kind,
             op,
@@ -174,7 +179,9 @@ impl Error {
 
 fn kind_of_io(err: &io::Error) -> ErrorKind {
     match err.raw_os_error() {
-        Some(libc_errno::ENOSPC) | Some(libc_errno::EDQUOT) | Some(libc_errno::EFBIG) => ErrorKind::NoSpace,
+        Some(libc_errno::ENOSPC) | Some(libc_errno::EDQUOT) | Some(libc_errno::EFBIG) => {
+            ErrorKind::NoSpace
+        }
         Some(libc_errno::EROFS) => ErrorKind::ReadOnly,
         Some(libc_errno::EOPNOTSUPP) => ErrorKind::Unsupported,
         _ => match err.kind() {
@@ -215,7 +222,9 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source.as_ref().map(|e| e as &(dyn std::error::Error + 'static))
+        self.source
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 

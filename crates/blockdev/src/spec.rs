@@ -48,7 +48,12 @@ impl OpenCtx<'_> {
     /// A required parameter.
     pub fn get(&self, kind: &str, name: &str) -> Result<&str> {
         self.params.get(name).map(String::as_str).ok_or_else(|| {
-            Error::new(ErrorKind::InvalidArgument, Op::Open, kind.to_string(), format!("missing parameter '{name}'"))
+            Error::new(
+                ErrorKind::InvalidArgument,
+                Op::Open,
+                kind.to_string(),
+                format!("missing parameter '{name}'"),
+            )
         })
     }
     /// An optional parameter.
@@ -63,8 +68,14 @@ impl OpenCtx<'_> {
     pub fn size_opt(&self, kind: &str, name: &str) -> Result<Option<u64>> {
         self.opt(name)
             .map(|v| {
-                crate::units::parse_size(v)
-                    .map_err(|m| Error::new(ErrorKind::InvalidArgument, Op::Open, kind.to_string(), format!("{name}: {m}")))
+                crate::units::parse_size(v).map_err(|m| {
+                    Error::new(
+                        ErrorKind::InvalidArgument,
+                        Op::Open,
+                        kind.to_string(),
+                        format!("{name}: {m}"),
+                    )
+                })
             })
             .transpose()
     }
@@ -120,7 +131,11 @@ impl Registry {
     }
 
     fn known(&self) -> String {
-        self.kinds.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+        self.kinds
+            .iter()
+            .map(|k| k.name)
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// Parse a stack from its string form. A string that names no known
@@ -137,14 +152,25 @@ impl Registry {
     }
 
     fn parse_str(&self, s: &str, whole: &str) -> Result<LayerSpec> {
-        let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "spec", format!("in '{whole}': {m}"));
+        let bad = |m: String| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                Op::Open,
+                "spec",
+                format!("in '{whole}': {m}"),
+            )
+        };
         let head_end = s.find([':', '[']).unwrap_or(s.len());
         let name = &s[..head_end];
         let Some(kind) = self.get(name) else {
             if std::path::Path::new(s).exists() {
                 let mut params = BTreeMap::new();
                 params.insert("path".to_string(), s.to_string());
-                return Ok(LayerSpec { kind: "raw".into(), params, next: None });
+                return Ok(LayerSpec {
+                    kind: "raw".into(),
+                    params,
+                    next: None,
+                });
             }
             return Err(bad(format!(
                 "unknown layer '{name}' (known: {}); a plain path must exist to be used as raw",
@@ -154,13 +180,20 @@ impl Registry {
         let mut params = BTreeMap::new();
         let mut rest = &s[head_end..];
         if let Some(r) = rest.strip_prefix('[') {
-            let close = r.find(']').ok_or_else(|| bad(format!("'{name}[' has no closing ']'")))?;
+            let close = r
+                .find(']')
+                .ok_or_else(|| bad(format!("'{name}[' has no closing ']'")))?;
             for opt in r[..close].split(',').filter(|o| !o.trim().is_empty()) {
-                let (k, v) = opt.split_once('=').ok_or_else(|| bad(format!("option '{opt}' is not NAME=VALUE")))?;
+                let (k, v) = opt
+                    .split_once('=')
+                    .ok_or_else(|| bad(format!("option '{opt}' is not NAME=VALUE")))?;
                 let k = k.trim();
                 if !kind.options.iter().any(|(n, _)| *n == k) {
                     let known: Vec<_> = kind.options.iter().map(|(n, _)| *n).collect();
-                    return Err(bad(format!("layer '{name}' has no option '{k}' (options: {})", known.join(", "))));
+                    return Err(bad(format!(
+                        "layer '{name}' has no option '{k}' (options: {})",
+                        known.join(", ")
+                    )));
                 }
                 params.insert(k.to_string(), v.trim().to_string());
             }
@@ -181,21 +214,35 @@ impl Registry {
             if !rest.is_empty() {
                 return Err(bad(format!("layer '{name}' takes no arguments")));
             }
-            return Ok(LayerSpec { kind: name.into(), params, next: None });
+            return Ok(LayerSpec {
+                kind: name.into(),
+                params,
+                next: None,
+            });
         }
-        rest = rest.strip_prefix(':').ok_or_else(|| bad(format!("expected ':' after '{name}' (usage: {})", usage())))?;
+        rest = rest
+            .strip_prefix(':')
+            .ok_or_else(|| bad(format!("expected ':' after '{name}' (usage: {})", usage())))?;
         for (i, arg) in kind.args.iter().enumerate() {
             let last_verbatim = !kind.wraps && i + 1 == kind.args.len();
             if last_verbatim {
                 if rest.is_empty() {
-                    return Err(bad(format!("missing {} (usage: {})", arg.to_uppercase(), usage())));
+                    return Err(bad(format!(
+                        "missing {} (usage: {})",
+                        arg.to_uppercase(),
+                        usage()
+                    )));
                 }
                 params.insert(arg.to_string(), rest.to_string());
                 rest = "";
             } else {
                 let (val, after) = split_escaped(rest);
                 if val.is_empty() {
-                    return Err(bad(format!("missing {} (usage: {})", arg.to_uppercase(), usage())));
+                    return Err(bad(format!(
+                        "missing {} (usage: {})",
+                        arg.to_uppercase(),
+                        usage()
+                    )));
                 }
                 params.insert(arg.to_string(), val);
                 rest = after.unwrap_or("");
@@ -206,19 +253,33 @@ impl Registry {
         }
         let next = if kind.wraps {
             if rest.is_empty() {
-                return Err(bad(format!("layer '{name}' needs an inner stack (usage: {})", usage())));
+                return Err(bad(format!(
+                    "layer '{name}' needs an inner stack (usage: {})",
+                    usage()
+                )));
             }
             Some(Box::new(self.parse_str(rest, whole)?))
         } else {
             None
         };
-        Ok(LayerSpec { kind: name.into(), params, next })
+        Ok(LayerSpec {
+            kind: name.into(),
+            params,
+            next,
+        })
     }
 
     fn parse_toml_file(&self, path: &std::path::Path) -> Result<LayerSpec> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(Op::Open, "spec", e).path(path))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| Error::io(Op::Open, "spec", e).path(path))?;
         let v: toml::Table = text.parse().map_err(|e: toml::de::Error| {
-            Error::new(ErrorKind::InvalidArgument, Op::Open, "spec", format!("bad TOML: {}", e.message())).path(path)
+            Error::new(
+                ErrorKind::InvalidArgument,
+                Op::Open,
+                "spec",
+                format!("bad TOML: {}", e.message()),
+            )
+            .path(path)
         })?;
         self.from_toml(&v).map_err(|e| e.path(path))
     }
@@ -228,25 +289,34 @@ impl Registry {
     pub fn from_toml(&self, t: &toml::Table) -> Result<LayerSpec> {
         let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "spec", m);
         if let Some(s) = t.get("stack") {
-            let s = s.as_str().ok_or_else(|| bad("'stack' must be a string".into()))?;
+            let s = s
+                .as_str()
+                .ok_or_else(|| bad("'stack' must be a string".into()))?;
             return self.parse_str(s, s);
         }
-        let kind_name = t
-            .get("kind")
-            .and_then(|k| k.as_str())
-            .ok_or_else(|| bad("a layer table needs kind = \"...\" (or stack = \"SPEC\")".into()))?;
-        let kind = self.get(kind_name).ok_or_else(|| bad(format!("unknown layer '{kind_name}' (known: {})", self.known())))?;
+        let kind_name = t.get("kind").and_then(|k| k.as_str()).ok_or_else(|| {
+            bad("a layer table needs kind = \"...\" (or stack = \"SPEC\")".into())
+        })?;
+        let kind = self.get(kind_name).ok_or_else(|| {
+            bad(format!(
+                "unknown layer '{kind_name}' (known: {})",
+                self.known()
+            ))
+        })?;
         let mut params = BTreeMap::new();
         let mut next = None;
         for (k, v) in t {
             match k.as_str() {
                 "kind" => {}
                 "next" => {
-                    let nt = v.as_table().ok_or_else(|| bad("'next' must be a table".into()))?;
+                    let nt = v
+                        .as_table()
+                        .ok_or_else(|| bad("'next' must be a table".into()))?;
                     next = Some(Box::new(self.from_toml(nt)?));
                 }
                 _ => {
-                    let known = kind.args.contains(&k.as_str()) || kind.options.iter().any(|(n, _)| n == k);
+                    let known =
+                        kind.args.contains(&k.as_str()) || kind.options.iter().any(|(n, _)| n == k);
                     if !known {
                         return Err(bad(format!("layer '{kind_name}' has no parameter '{k}'")));
                     }
@@ -254,7 +324,11 @@ impl Registry {
                         toml::Value::String(s) => s.clone(),
                         toml::Value::Integer(i) => i.to_string(),
                         toml::Value::Boolean(b) => b.to_string(),
-                        _ => return Err(bad(format!("parameter '{k}' must be a string, integer or boolean"))),
+                        _ => {
+                            return Err(bad(format!(
+                                "parameter '{k}' must be a string, integer or boolean"
+                            )))
+                        }
                     };
                     params.insert(k.clone(), val);
                 }
@@ -272,19 +346,32 @@ impl Registry {
                 format!("layer '{kind_name}' does not wrap another layer")
             }));
         }
-        Ok(LayerSpec { kind: kind_name.into(), params, next })
+        Ok(LayerSpec {
+            kind: kind_name.into(),
+            params,
+            next,
+        })
     }
 
     /// Open a parsed stack, bottom layer first.
     pub fn open(&self, spec: &LayerSpec, read_only: bool) -> Result<Arc<dyn BlockDev>> {
         let kind = self.get(&spec.kind).ok_or_else(|| {
-            Error::new(ErrorKind::InvalidArgument, Op::Open, "spec", format!("unknown layer '{}'", spec.kind))
+            Error::new(
+                ErrorKind::InvalidArgument,
+                Op::Open,
+                "spec",
+                format!("unknown layer '{}'", spec.kind),
+            )
         })?;
         let next = match &spec.next {
             Some(n) => Some(self.open(n, read_only || kind.inner_read_only)?),
             None => None,
         };
-        let ctx = OpenCtx { read_only, params: &spec.params, registry: self };
+        let ctx = OpenCtx {
+            read_only,
+            params: &spec.params,
+            registry: self,
+        };
         (kind.open)(&ctx, next)
     }
 
@@ -316,7 +403,9 @@ fn split_escaped(s: &str) -> (String, Option<&str>) {
 impl Registry {
     /// The string form of a spec; parses back to an equal spec.
     pub fn to_string_form(&self, spec: &LayerSpec) -> String {
-        let Some(kind) = self.get(&spec.kind) else { return spec.kind.clone() };
+        let Some(kind) = self.get(&spec.kind) else {
+            return spec.kind.clone();
+        };
         let mut s = spec.kind.clone();
         let opts: Vec<String> = spec
             .params
@@ -353,7 +442,9 @@ mod tests {
     #[test]
     fn nested_spec_parses() {
         let r = Registry::with_builtin();
-        let s = r.parse("cow[cluster=128K]:/tmp/o\\:x.img:raw:/tmp/base:with:colons").unwrap();
+        let s = r
+            .parse("cow[cluster=128K]:/tmp/o\\:x.img:raw:/tmp/base:with:colons")
+            .unwrap();
         assert_eq!(s.kind, "cow");
         assert_eq!(s.params["overlay"], "/tmp/o:x.img");
         assert_eq!(s.params["cluster"], "128K");
@@ -367,7 +458,10 @@ mod tests {
     fn errors_are_helpful() {
         let r = Registry::with_builtin();
         let e = r.parse("nosuch:x").unwrap_err().to_string();
-        assert!(e.contains("unknown layer 'nosuch'") && e.contains("raw"), "{e}");
+        assert!(
+            e.contains("unknown layer 'nosuch'") && e.contains("raw"),
+            "{e}"
+        );
         let e = r.parse("cow:/tmp/o").unwrap_err().to_string();
         assert!(e.contains("usage: cow:OVERLAY:NEXT"), "{e}");
         let e = r.parse("cow[bogus=1]:/a:mem:1M").unwrap_err().to_string();
@@ -386,6 +480,9 @@ mod tests {
         "#
         .parse()
         .unwrap();
-        assert_eq!(r.from_toml(&t).unwrap(), r.parse("cow:/tmp/o.img:mem:1M").unwrap());
+        assert_eq!(
+            r.from_toml(&t).unwrap(),
+            r.parse("cow:/tmp/o.img:mem:1M").unwrap()
+        );
     }
 }

@@ -7,7 +7,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, suffix) = t.split_at(split);
     if num.is_empty() {
-        return Err(format!("'{s}' is not a size: expected a number such as 4096, 64K or 1G"));
+        return Err(format!(
+            "'{s}' is not a size: expected a number such as 4096, 64K or 1G"
+        ));
     }
     let n: u64 = num.parse().map_err(|_| format!("'{s}' is too large"))?;
     let shift = match suffix.trim().to_ascii_lowercase().as_str() {
@@ -17,9 +19,14 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "g" | "gb" | "gib" => 30,
         "t" | "tb" | "tib" => 40,
         "p" | "pb" | "pib" => 50,
-        other => return Err(format!("'{s}': unknown size suffix '{other}' (use K, M, G, T or P)")),
+        other => {
+            return Err(format!(
+                "'{s}': unknown size suffix '{other}' (use K, M, G, T or P)"
+            ))
+        }
     };
-    n.checked_mul(1u64 << shift).ok_or_else(|| format!("'{s}' is too large"))
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("'{s}' is too large"))
 }
 
 /// Print a byte count with a binary suffix, exact when it divides evenly.

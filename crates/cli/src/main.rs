@@ -1,1 +1,75 @@
-fn main() {}
+//! The `roamdisk` command. Each subcommand is one file in `commands/`,
+//! which parses its options and calls the library crates.
+
+mod commands;
+
+use clap::{Parser, Subcommand};
+
+/// roamdisk makes a virtual machine's disk independent of the machine that
+/// runs it: disks are stacks of layers (files, copy-on-write overlays,
+/// caches, ...) served to any VMM over the standard NBD protocol.
+///
+/// A stack is written as a spec string, innermost layer last:
+///
+///   raw:disk.img                     a plain file
+///   mem:1G                           a RAM disk
+///   cow:overlay.img:raw:base.img     copy-on-write over a read-only base
+///
+/// Run `roamdisk layers` for every layer and its options, and
+/// `roamdisk COMMAND --help` for each command.
+#[derive(Parser)]
+#[command(name = "roamdisk", version, about, long_about, verbatim_doc_comment)]
+struct Cli {
+    /// More log output (-v: info, -vv: debug, -vvv: trace). RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Only errors on stderr.
+    #[arg(short, long, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Serve(commands::serve::Args),
+    Info(commands::info::Args),
+    Layers(commands::layers::Args),
+}
+
+fn init_logging(verbose: u8, quiet: bool) {
+    let level = match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        (false, 2) => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!(
+            "roamdisk={level},roamdisk_nbd={level},roamdisk_blockdev={level}"
+        ))
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose, cli.quiet);
+    let result = match cli.command {
+        Command::Serve(a) => commands::serve::run(a, cli.quiet),
+        Command::Info(a) => commands::info::run(a),
+        Command::Layers(a) => commands::layers::run(a),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("roamdisk: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,13 @@
+//! roamdisk's NBD side: the wire format ([`proto`], no I/O, fuzzed) and a
+//! server that exports any [`roamdisk_blockdev::BlockDev`] stack to real
+//! clients (qemu, qemu-img, qemu-io, nbdinfo, nbdcopy, fio, nbd-client).
 
+mod handshake;
+pub mod proto;
+mod server;
+mod tls;
+mod transmission;
+
+pub use server::{Export, Listen, Server, ServerConfig, TlsMode};
+pub use tls::{TlsAcceptor, TlsOptions};
+pub use transmission::errno;

@@ -48,7 +48,10 @@ impl MemDev {
 
     /// Number of pages holding data (for tests and `info`).
     pub fn allocated_pages(&self) -> usize {
-        self.shards.iter().map(|s| s.read().unwrap_or_else(|p| p.into_inner()).len()).sum()
+        self.shards
+            .iter()
+            .map(|s| s.read().unwrap_or_else(|p| p.into_inner()).len())
+            .sum()
     }
 
     fn zero(&self, off: u64, len: u64) {
@@ -74,7 +77,10 @@ impl BlockDev for MemDev {
         self.size
     }
     fn caps(&self) -> Caps {
-        Caps { can_flush: false, ..Caps::FULL }
+        Caps {
+            can_flush: false,
+            ..Caps::FULL
+        }
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
         Self::each_page(off, buf.len() as u64, |page, in_page, n, pos| {
@@ -89,7 +95,9 @@ impl BlockDev for MemDev {
     fn write_at(&self, buf: &[u8], off: u64, _flags: WriteFlags) -> Result<()> {
         Self::each_page(off, buf.len() as u64, |page, in_page, n, pos| {
             let mut shard = self.shard(page).write().unwrap_or_else(|p| p.into_inner());
-            let p = shard.entry(page).or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());
+            let p = shard
+                .entry(page)
+                .or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());
             p[in_page..in_page + n].copy_from_slice(&buf[pos..pos + n]);
         });
         Ok(())
@@ -108,9 +116,19 @@ impl BlockDev for MemDev {
     fn block_status(&self, off: u64, len: u64) -> Result<Vec<Extent>> {
         let mut out = Vec::new();
         Self::each_page(off, len, |page, _, n, _| {
-            let present = self.shard(page).read().unwrap_or_else(|p| p.into_inner()).contains_key(&page);
+            let present = self
+                .shard(page)
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(&page);
             let state = if present { Alloc::Data } else { Alloc::Hole };
-            push_extent(&mut out, Extent { len: n as u64, state });
+            push_extent(
+                &mut out,
+                Extent {
+                    len: n as u64,
+                    state,
+                },
+            );
         });
         Ok(out)
     }
@@ -123,7 +141,8 @@ mod tests {
     #[test]
     fn write_read_trim() {
         let d = MemDev::new(1 << 20);
-        d.write_at(b"hello", PAGE - 2, WriteFlags::default()).unwrap();
+        d.write_at(b"hello", PAGE - 2, WriteFlags::default())
+            .unwrap();
         let mut b = [0u8; 5];
         d.read_at(&mut b, PAGE - 2).unwrap();
         assert_eq!(&b, b"hello");
@@ -133,7 +152,19 @@ mod tests {
         d.read_at(&mut b, PAGE - 2).unwrap();
         assert_eq!(&b, b"\0\0llo");
         let st = d.block_status(0, 1 << 20).unwrap();
-        assert_eq!(st[0], Extent { len: PAGE, state: Alloc::Hole });
-        assert_eq!(st[1], Extent { len: PAGE, state: Alloc::Data });
+        assert_eq!(
+            st[0],
+            Extent {
+                len: PAGE,
+                state: Alloc::Hole
+            }
+        );
+        assert_eq!(
+            st[1],
+            Extent {
+                len: PAGE,
+                state: Alloc::Data
+            }
+        );
     }
 }

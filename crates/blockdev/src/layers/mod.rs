@@ -38,7 +38,12 @@ pub static MEM: LayerKind = LayerKind {
     open: |ctx: &OpenCtx<'_>, _next| {
         let size = ctx.size_opt("mem", "size")?.unwrap_or(0);
         if size == 0 {
-            return Err(Error::new(ErrorKind::InvalidArgument, Op::Open, "mem", "size must be more than 0 (e.g. mem:1G)"));
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                Op::Open,
+                "mem",
+                "size must be more than 0 (e.g. mem:1G)",
+            ));
         }
         Ok(Arc::new(mem::MemDev::new(size)) as Arc<dyn BlockDev>)
     },

@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::fs::FallocateFlags;
 
-use crate::dev::{push_extent, write_zero_buffers, Alloc, BlockDev, Caps, Extent, WriteFlags, ZeroFlags};
+use crate::dev::{
+    push_extent, write_zero_buffers, Alloc, BlockDev, Caps, Extent, WriteFlags, ZeroFlags,
+};
 use crate::error::{Error, ErrorKind, Op, Result};
 
 /// Most extents one `block_status` call returns; callers ask again for more.
@@ -47,10 +49,14 @@ impl RawDev {
                 };
                 Error::io(Op::Open, "raw", e).path(path).msg(hint)
             })?;
-        let meta = file.metadata().map_err(|e| Error::io(Op::Open, "raw", e).path(path))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io(Op::Open, "raw", e).path(path))?;
         let block_device = meta.file_type().is_block_device();
         let size = if block_device {
-            (&file).seek(SeekFrom::End(0)).map_err(|e| Error::io(Op::Open, "raw", e).path(path))?
+            (&file)
+                .seek(SeekFrom::End(0))
+                .map_err(|e| Error::io(Op::Open, "raw", e).path(path))?
         } else if meta.is_file() {
             meta.len()
         } else {
@@ -127,7 +133,9 @@ impl RawDev {
     }
 
     fn sync(&self, op: Op) -> Result<()> {
-        self.file.sync_data().map_err(|e| Error::io(op, "raw", e).path(&self.path))
+        self.file
+            .sync_data()
+            .map_err(|e| Error::io(op, "raw", e).path(&self.path))
     }
 }
 
@@ -154,10 +162,14 @@ impl BlockDev for RawDev {
         }
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
-        self.file.read_exact_at(buf, off).map_err(|e| self.err(Op::Read, off, e))
+        self.file
+            .read_exact_at(buf, off)
+            .map_err(|e| self.err(Op::Read, off, e))
     }
     fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
-        self.file.write_all_at(buf, off).map_err(|e| self.err(Op::Write, off, e))?;
+        self.file
+            .write_all_at(buf, off)
+            .map_err(|e| self.err(Op::Write, off, e))?;
         if flags.fua {
             self.sync(Op::Write)?;
         }
@@ -195,32 +207,62 @@ impl BlockDev for RawDev {
     fn block_status(&self, off: u64, len: u64) -> Result<Vec<Extent>> {
         let end = off + len;
         if self.block_device {
-            return Ok(vec![Extent { len, state: Alloc::Data }]);
+            return Ok(vec![Extent {
+                len,
+                state: Alloc::Data,
+            }]);
         }
         let mut out = Vec::new();
         let mut pos = off;
         while pos < end && out.len() < MAX_EXTENTS {
-            let data = self.seek_to(pos, true).map_err(|e| self.err(Op::BlockStatus, pos, e))?;
+            let data = self
+                .seek_to(pos, true)
+                .map_err(|e| self.err(Op::BlockStatus, pos, e))?;
             let data = data.unwrap_or(end).min(end);
             if data > pos {
-                push_extent(&mut out, Extent { len: data - pos, state: Alloc::Hole });
+                push_extent(
+                    &mut out,
+                    Extent {
+                        len: data - pos,
+                        state: Alloc::Hole,
+                    },
+                );
                 pos = data;
                 continue;
             }
-            let hole = self.seek_to(pos, false).map_err(|e| self.err(Op::BlockStatus, pos, e))?;
+            let hole = self
+                .seek_to(pos, false)
+                .map_err(|e| self.err(Op::BlockStatus, pos, e))?;
             let hole = hole.unwrap_or(end).min(end);
             if hole <= pos {
                 // The file changed under us; report the rest as data.
-                push_extent(&mut out, Extent { len: end - pos, state: Alloc::Data });
+                push_extent(
+                    &mut out,
+                    Extent {
+                        len: end - pos,
+                        state: Alloc::Data,
+                    },
+                );
                 break;
             }
-            push_extent(&mut out, Extent { len: hole - pos, state: Alloc::Data });
+            push_extent(
+                &mut out,
+                Extent {
+                    len: hole - pos,
+                    state: Alloc::Data,
+                },
+            );
             pos = hole;
         }
         Ok(out)
     }
     fn cache(&self, off: u64, len: u64) -> Result<()> {
-        let _ = rustix::fs::fadvise(&self.file, off, std::num::NonZeroU64::new(len), rustix::fs::Advice::WillNeed);
+        let _ = rustix::fs::fadvise(
+            &self.file,
+            off,
+            std::num::NonZeroU64::new(len),
+            rustix::fs::Advice::WillNeed,
+        );
         Ok(())
     }
 }

@@ -169,7 +169,13 @@ impl Header {
 }
 
 /// Encode one record, chained to the previous record's checksum.
-pub fn encode_record(kind: u8, state: u8, count: u32, start: u64, prev_crc: u32) -> [u8; RECORD_SIZE] {
+pub fn encode_record(
+    kind: u8,
+    state: u8,
+    count: u32,
+    start: u64,
+    prev_crc: u32,
+) -> [u8; RECORD_SIZE] {
     let mut r = [0u8; RECORD_SIZE];
     r[R_KIND] = kind;
     r[R_STATE] = state;
@@ -238,12 +244,21 @@ pub fn replay(b: &[u8]) -> Result<Replay, MapError> {
         let start = u64_at(r, R_START);
         match r[R_KIND] {
             KIND_SET => {
-                let Some(state) = State::from_u8(r[R_STATE]) else { break };
-                let in_range = count > 0 && start.checked_add(count as u64).is_some_and(|e| e <= clusters);
+                let Some(state) = State::from_u8(r[R_STATE]) else {
+                    break;
+                };
+                let in_range = count > 0
+                    && start
+                        .checked_add(count as u64)
+                        .is_some_and(|e| e <= clusters);
                 if !in_range {
                     break;
                 }
-                pending.push(Run { start, count, state });
+                pending.push(Run {
+                    start,
+                    count,
+                    state,
+                });
             }
             KIND_COMMIT => {
                 if start != last_seq + 1 || count != 0 || r[R_STATE] != 0 {
@@ -274,7 +289,11 @@ mod tests {
     use super::*;
 
     fn file_with(runs: &[(u64, u32, u8)], commit: bool) -> Vec<u8> {
-        let h = Header { cluster_size: 65536, virtual_size: 100 * 65536, generation: 1 };
+        let h = Header {
+            cluster_size: 65536,
+            virtual_size: 100 * 65536,
+            generation: 1,
+        };
         let hb = h.encode();
         let mut chain = Header::chain_seed(&hb);
         let mut v = hb.to_vec();
@@ -322,7 +341,10 @@ mod tests {
         for i in 0..HEADER_SIZE {
             let mut g = f.clone();
             g[i] ^= 0x01;
-            assert!(replay(&g).is_err(), "flip at header byte {i} must be caught");
+            assert!(
+                replay(&g).is_err(),
+                "flip at header byte {i} must be caught"
+            );
         }
     }
 

@@ -38,7 +38,9 @@ pub struct CowOptions {
 
 impl Default for CowOptions {
     fn default() -> Self {
-        CowOptions { cluster_size: DEFAULT_CLUSTER }
+        CowOptions {
+            cluster_size: DEFAULT_CLUSTER,
+        }
     }
 }
 
@@ -71,7 +73,10 @@ fn open_err(path: &Path, e: std::io::Error) -> Error {
 }
 
 fn sync_dir(path: &Path) -> std::io::Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     File::open(dir)?.sync_all()
 }
 
@@ -84,7 +89,12 @@ pub fn map_path(overlay: &Path) -> PathBuf {
 
 impl CowDev {
     /// Open (or create) an overlay over `base`.
-    pub fn open(overlay_path: &Path, base: Arc<dyn BlockDev>, read_only: bool, opts: &CowOptions) -> Result<Self> {
+    pub fn open(
+        overlay_path: &Path,
+        base: Arc<dyn BlockDev>,
+        read_only: bool,
+        opts: &CowOptions,
+    ) -> Result<Self> {
         let size = base.size();
         let map_path = map_path(overlay_path);
         let exists = overlay_path.exists();
@@ -92,23 +102,50 @@ impl CowDev {
             let msg = if exists {
                 format!("the overlay has no map file {}; it was not made by roamdisk or its map was deleted", map_path.display())
             } else {
-                format!("the map file {} exists but its overlay does not; remove the map to start over", map_path.display())
+                format!(
+                    "the map file {} exists but its overlay does not; remove the map to start over",
+                    map_path.display()
+                )
             };
             return Err(Error::new(ErrorKind::Corrupt, Op::Open, "cow", msg).path(overlay_path));
         }
         if !exists {
             if read_only {
-                return Err(Error::new(ErrorKind::NotFound, Op::Open, "cow", "overlay does not exist and the stack is read-only").path(overlay_path));
+                return Err(Error::new(
+                    ErrorKind::NotFound,
+                    Op::Open,
+                    "cow",
+                    "overlay does not exist and the stack is read-only",
+                )
+                .path(overlay_path));
             }
             if !map::valid_cluster_size(opts.cluster_size) {
-                return Err(Error::new(ErrorKind::InvalidArgument, Op::Open, "cow", format!("cluster size {} must be a power of two between 4 KiB and 4 MiB", opts.cluster_size)));
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    Op::Open,
+                    "cow",
+                    format!(
+                        "cluster size {} must be a power of two between 4 KiB and 4 MiB",
+                        opts.cluster_size
+                    ),
+                ));
             }
             Self::create(overlay_path, &map_path, size, opts.cluster_size)?;
         }
-        let overlay = OpenOptions::new().read(true).write(!read_only).open(overlay_path).map_err(|e| open_err(overlay_path, e))?;
+        let overlay = OpenOptions::new()
+            .read(true)
+            .write(!read_only)
+            .open(overlay_path)
+            .map_err(|e| open_err(overlay_path, e))?;
         let bytes = std::fs::read(&map_path).map_err(|e| open_err(&map_path, e))?;
         let replay = map::replay(&bytes).map_err(|e| {
-            Error::new(ErrorKind::Corrupt, Op::Open, "cow", format!("map file is unusable: {e}")).path(&map_path)
+            Error::new(
+                ErrorKind::Corrupt,
+                Op::Open,
+                "cow",
+                format!("map file is unusable: {e}"),
+            )
+            .path(&map_path)
         })?;
         if replay.header.virtual_size != size {
             return Err(Error::new(
@@ -133,7 +170,11 @@ impl CowDev {
                 states[c as usize].store(run.state as u8, Ordering::Relaxed);
             }
         }
-        let log_file = OpenOptions::new().read(true).write(!read_only).open(&map_path).map_err(|e| open_err(&map_path, e))?;
+        let log_file = OpenOptions::new()
+            .read(true)
+            .write(!read_only)
+            .open(&map_path)
+            .map_err(|e| open_err(&map_path, e))?;
         let dev = CowDev {
             base,
             overlay,
@@ -162,10 +203,18 @@ impl CowDev {
     }
 
     fn create(overlay: &Path, map_path: &Path, size: u64, cluster_size: u32) -> Result<()> {
-        let f = OpenOptions::new().write(true).create_new(true).open(overlay).map_err(|e| open_err(overlay, e))?;
+        let f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(overlay)
+            .map_err(|e| open_err(overlay, e))?;
         f.set_len(size).map_err(|e| open_err(overlay, e))?;
         f.sync_all().map_err(|e| open_err(overlay, e))?;
-        let header = map::Header { cluster_size, virtual_size: size, generation: 1 };
+        let header = map::Header {
+            cluster_size,
+            virtual_size: size,
+            generation: 1,
+        };
         write_atomically(map_path, &header.encode()).map_err(|e| open_err(map_path, e))?;
         Ok(())
     }
@@ -173,7 +222,11 @@ impl CowDev {
     /// Rewrite the map as one run per state change plus a commit, through a
     /// temporary file, fsync and an atomic rename.
     fn compact(&self, log: &mut MapLog) -> Result<()> {
-        let header = map::Header { cluster_size: self.cluster as u32, virtual_size: self.size, generation: log.generation + 1 };
+        let header = map::Header {
+            cluster_size: self.cluster as u32,
+            virtual_size: self.size,
+            generation: log.generation + 1,
+        };
         let hb = header.encode();
         let mut chain = map::Header::chain_seed(&hb);
         let mut buf = hb.to_vec();
@@ -183,7 +236,10 @@ impl CowDev {
         while i < n {
             let s = self.states[i as usize].load(Ordering::Acquire);
             let mut j = i + 1;
-            while j < n && j - i < u32::MAX as u64 && self.states[j as usize].load(Ordering::Acquire) == s {
+            while j < n
+                && j - i < u32::MAX as u64
+                && self.states[j as usize].load(Ordering::Acquire) == s
+            {
                 j += 1;
             }
             if s != State::Base as u8 {
@@ -201,9 +257,15 @@ impl CowDev {
         let map_path = &self.map_path;
         let flush_err = |e| Error::io(Op::Flush, "cow", e).path(map_path);
         // Data must be durable before a map that claims it replaces the old one.
-        self.overlay.sync_data().map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.overlay_path))?;
+        self.overlay
+            .sync_data()
+            .map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.overlay_path))?;
         write_atomically(map_path, &buf).map_err(flush_err)?;
-        log.file = OpenOptions::new().read(true).write(true).open(map_path).map_err(flush_err)?;
+        log.file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(map_path)
+            .map_err(flush_err)?;
         log.chain = chain;
         log.seq = 1;
         log.records = records;
@@ -217,11 +279,16 @@ impl CowDev {
 
     fn set_state(&self, c: u64, s: State) {
         self.states[c as usize].store(s as u8, Ordering::Release);
-        self.pending.lock().unwrap_or_else(|p| p.into_inner()).push((c, s));
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((c, s));
     }
 
     fn lock(&self, c: u64) -> std::sync::MutexGuard<'_, ()> {
-        self.locks[(c as usize) % LOCK_STRIPES].lock().unwrap_or_else(|p| p.into_inner())
+        self.locks[(c as usize) % LOCK_STRIPES]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     fn cluster_len(&self, c: u64) -> u64 {
@@ -236,30 +303,42 @@ impl CowDev {
     /// overlay first if it is not there yet.
     fn write_in_cluster(&self, c: u64, off: u64, data: &[u8]) -> Result<()> {
         if self.state(c) == State::Data {
-            return self.overlay.write_all_at(data, off).map_err(|e| self.ow_err(Op::Write, off, e));
+            return self
+                .overlay
+                .write_all_at(data, off)
+                .map_err(|e| self.ow_err(Op::Write, off, e));
         }
         let _g = self.lock(c);
         let start = c * self.cluster;
         let clen = self.cluster_len(c);
         match self.state(c) {
             State::Data => {
-                return self.overlay.write_all_at(data, off).map_err(|e| self.ow_err(Op::Write, off, e));
+                return self
+                    .overlay
+                    .write_all_at(data, off)
+                    .map_err(|e| self.ow_err(Op::Write, off, e));
             }
             State::Base if data.len() as u64 != clen => {
                 let mut buf = vec![0u8; clen as usize];
                 self.base.read_at(&mut buf, start)?;
                 let at = (off - start) as usize;
                 buf[at..at + data.len()].copy_from_slice(data);
-                self.overlay.write_all_at(&buf, start).map_err(|e| self.ow_err(Op::Write, start, e))?;
+                self.overlay
+                    .write_all_at(&buf, start)
+                    .map_err(|e| self.ow_err(Op::Write, start, e))?;
             }
             State::Zero if data.len() as u64 != clen => {
                 let mut buf = vec![0u8; clen as usize];
                 let at = (off - start) as usize;
                 buf[at..at + data.len()].copy_from_slice(data);
-                self.overlay.write_all_at(&buf, start).map_err(|e| self.ow_err(Op::Write, start, e))?;
+                self.overlay
+                    .write_all_at(&buf, start)
+                    .map_err(|e| self.ow_err(Op::Write, start, e))?;
             }
             _ => {
-                self.overlay.write_all_at(data, off).map_err(|e| self.ow_err(Op::Write, off, e))?;
+                self.overlay
+                    .write_all_at(data, off)
+                    .map_err(|e| self.ow_err(Op::Write, off, e))?;
             }
         }
         self.set_state(c, State::Data);
@@ -286,7 +365,11 @@ impl CowDev {
     fn zero_range(&self, off: u64, len: u64) -> Result<()> {
         let end = off + len;
         let first_full = off.div_ceil(self.cluster);
-        let last_full = if end == self.size { self.states.len() as u64 } else { end / self.cluster };
+        let last_full = if end == self.size {
+            self.states.len() as u64
+        } else {
+            end / self.cluster
+        };
         if first_full >= last_full {
             return self.write_zeros_partial(off, end);
         }
@@ -304,7 +387,12 @@ impl CowDev {
     }
 
     /// Walk `[off, off+len)` in runs of clusters with the same state.
-    fn runs(&self, off: u64, len: u64, mut f: impl FnMut(State, u64, u64) -> Result<()>) -> Result<()> {
+    fn runs(
+        &self,
+        off: u64,
+        len: u64,
+        mut f: impl FnMut(State, u64, u64) -> Result<()>,
+    ) -> Result<()> {
         let end = off + len;
         let mut pos = off;
         while pos < end {
@@ -342,7 +430,11 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
     {
-        let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
     }
@@ -358,7 +450,11 @@ impl BlockDev for CowDev {
         Some(self.base.as_ref())
     }
     fn describe(&self) -> String {
-        format!("cow:{} (cluster {} bytes)", self.overlay_path.display(), self.cluster)
+        format!(
+            "cow:{} (cluster {} bytes)",
+            self.overlay_path.display(),
+            self.cluster
+        )
     }
     fn size(&self) -> u64 {
         self.size
@@ -380,7 +476,10 @@ impl BlockDev for CowDev {
             let dst = &mut buf[(pos - off) as usize..(pos - off + n) as usize];
             match s {
                 State::Base => self.base.read_at(dst, pos),
-                State::Data => self.overlay.read_exact_at(dst, pos).map_err(|e| self.ow_err(Op::Read, pos, e)),
+                State::Data => self
+                    .overlay
+                    .read_exact_at(dst, pos)
+                    .map_err(|e| self.ow_err(Op::Read, pos, e)),
                 State::Zero => {
                     dst.fill(0);
                     Ok(())
@@ -406,7 +505,9 @@ impl BlockDev for CowDev {
         let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
         let changes = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
         // 1. The overlay's data reaches the disk before any map record claims it.
-        self.overlay.sync_data().map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.overlay_path))?;
+        self.overlay
+            .sync_data()
+            .map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.overlay_path))?;
         if changes.is_empty() {
             return Ok(());
         }
@@ -439,9 +540,17 @@ impl BlockDev for CowDev {
         chain = map::record_crc(&r);
         buf.extend_from_slice(&r);
         // 3. Append the records and their commit, then sync the map.
-        let end = log.file.metadata().map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.map_path))?.len();
-        log.file.write_all_at(&buf, end).map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.map_path))?;
-        log.file.sync_data().map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.map_path))?;
+        let end = log
+            .file
+            .metadata()
+            .map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.map_path))?
+            .len();
+        log.file
+            .write_all_at(&buf, end)
+            .map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.map_path))?;
+        log.file
+            .sync_data()
+            .map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.map_path))?;
         log.records += (buf.len() / RECORD_SIZE) as u64;
         log.chain = chain;
         log.seq += 1;
@@ -452,7 +561,11 @@ impl BlockDev for CowDev {
         // which trim allows.
         let first = off.div_ceil(self.cluster);
         let end = off + len;
-        let last = if end == self.size { self.states.len() as u64 } else { end / self.cluster };
+        let last = if end == self.size {
+            self.states.len() as u64
+        } else {
+            end / self.cluster
+        };
         if first < last {
             self.zero_clusters(first, last)?;
         }
@@ -472,8 +585,20 @@ impl BlockDev for CowDev {
         let mut out = Vec::new();
         self.runs(off, len, |s, pos, n| {
             match s {
-                State::Data => push_extent(&mut out, Extent { len: n, state: Alloc::Data }),
-                State::Zero => push_extent(&mut out, Extent { len: n, state: Alloc::Hole }),
+                State::Data => push_extent(
+                    &mut out,
+                    Extent {
+                        len: n,
+                        state: Alloc::Data,
+                    },
+                ),
+                State::Zero => push_extent(
+                    &mut out,
+                    Extent {
+                        len: n,
+                        state: Alloc::Hole,
+                    },
+                ),
                 State::Base => {
                     for e in crate::dev::extents_covering(self.base.as_ref(), pos, n)? {
                         push_extent(&mut out, e);
@@ -485,7 +610,13 @@ impl BlockDev for CowDev {
         Ok(out)
     }
     fn cache(&self, off: u64, len: u64) -> Result<()> {
-        self.runs(off, len, |s, pos, n| if s == State::Base { self.base.cache(pos, n) } else { Ok(()) })
+        self.runs(off, len, |s, pos, n| {
+            if s == State::Base {
+                self.base.cache(pos, n)
+            } else {
+                Ok(())
+            }
+        })
     }
 }
 
@@ -536,7 +667,9 @@ mod tests {
         let ov = dir.path().join("ov");
         drop(CowDev::open(&ov, base(), false, &CowOptions::default()).unwrap());
         let other: Arc<dyn BlockDev> = Arc::new(MemDev::new(2 << 20));
-        let e = CowDev::open(&ov, other, false, &CowOptions::default()).err().unwrap();
+        let e = CowDev::open(&ov, other, false, &CowOptions::default())
+            .err()
+            .unwrap();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument);
     }
 }

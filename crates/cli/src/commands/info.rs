@@ -1,0 +1,119 @@
+//! `roamdisk info`: size, capabilities and allocation map of a stack.
+
+use anyhow::Context;
+use clap::Parser;
+use roamdisk_blockdev::units::format_size;
+use roamdisk_blockdev::{extents_covering, Alloc, BlockDev};
+
+/// Show a stack's size, capabilities, layers and allocation map.
+///
+/// The stack is opened read-only; nothing is changed.
+///
+/// Examples:
+///   roamdisk info raw:disk.img
+///   roamdisk info cow:overlay.img:raw:base.img --map
+///   roamdisk info raw:disk.img --json
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+pub struct Args {
+    /// The stack spec (see `roamdisk layers`).
+    spec: String,
+    /// Print the allocation map (data / zero / hole runs).
+    #[arg(long)]
+    map: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let reg = super::registry();
+    let dev = reg
+        .build(&a.spec, true)
+        .with_context(|| format!("cannot open stack '{}'", a.spec))?;
+    let size = dev.size();
+    let caps = dev.inner().caps();
+    let mut layers = Vec::new();
+    let mut cur: Option<&dyn BlockDev> = Some(dev.inner().as_ref());
+    while let Some(d) = cur {
+        layers.push(d.describe());
+        cur = d.next();
+    }
+    let extents = if size > 0 {
+        extents_covering(dev.as_ref(), 0, size)?
+    } else {
+        Vec::new()
+    };
+    let (mut data, mut zero, mut hole) = (0u64, 0u64, 0u64);
+    for e in &extents {
+        match e.state {
+            Alloc::Data => data += e.len,
+            Alloc::Zero => zero += e.len,
+            Alloc::Hole => hole += e.len,
+        }
+    }
+    if a.json {
+        let mut v = serde_json::json!({
+            "spec": a.spec,
+            "size": size,
+            "layers": layers,
+            "capabilities": {
+                "write": caps.can_write, "flush": caps.can_flush, "fua": caps.can_fua, "trim": caps.can_trim,
+                "zero": caps.can_zero, "fast_zero": caps.can_fast_zero, "multi_conn": caps.can_multi_conn,
+                "extents": caps.can_extents,
+            },
+            "allocation": {"data": data, "zero": zero, "hole": hole},
+        });
+        if a.map {
+            let mut off = 0u64;
+            let m: Vec<_> = extents
+                .iter()
+                .map(|e| {
+                    let r = serde_json::json!({"offset": off, "length": e.len, "state": format!("{:?}", e.state).to_lowercase()});
+                    off += e.len;
+                    r
+                })
+                .collect();
+            v["map"] = serde_json::Value::Array(m);
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("size:         {size} bytes ({})", format_size(size));
+    println!("layers:       {}", layers.join("  ->  "));
+    let yn = |b: bool| if b { "yes" } else { "no" };
+    println!(
+        "capabilities: write={} (info opens read-only) flush={} fua={} trim={} zero={} fast-zero={} multi-conn={} extents={}",
+        yn(dev.inner().caps().can_write), yn(caps.can_flush), yn(caps.can_fua), yn(caps.can_trim),
+        yn(caps.can_zero), yn(caps.can_fast_zero), yn(caps.can_multi_conn), yn(caps.can_extents)
+    );
+    let pct = |n: u64| {
+        if size == 0 {
+            0.0
+        } else {
+            n as f64 * 100.0 / size as f64
+        }
+    };
+    println!(
+        "allocation:   data {} ({:.1}%), zero {} ({:.1}%), hole {} ({:.1}%)",
+        format_size(data),
+        pct(data),
+        format_size(zero),
+        pct(zero),
+        format_size(hole),
+        pct(hole)
+    );
+    if a.map {
+        println!("{:>20} {:>20}  state", "offset", "length");
+        let mut off = 0u64;
+        for e in &extents {
+            println!(
+                "{off:>20} {:>20}  {}",
+                e.len,
+                format!("{:?}", e.state).to_lowercase()
+            );
+            off += e.len;
+        }
+    }
+    Ok(())
+}

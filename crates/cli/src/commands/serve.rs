@@ -1,0 +1,282 @@
+//! `roamdisk serve`: export stacks over NBD.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use roamdisk_blockdev::BlockDev;
+use roamdisk_nbd::{Export, Listen, Server, ServerConfig, TlsAcceptor, TlsMode, TlsOptions};
+use serde::Deserialize;
+
+/// Serve a stack (or several, from a TOML file) over NBD until SIGINT or
+/// SIGTERM; then finish in-flight requests, flush, and remove the socket.
+///
+/// Any NBD client can connect: qemu (-drive file=nbd:unix:SOCK or
+/// file.driver=nbd), qemu-img, qemu-io, nbdinfo, nbdcopy, fio's nbd engine,
+/// the Linux nbd-client.
+///
+/// Examples:
+///   roamdisk serve raw:disk.img --socket /tmp/disk.sock
+///   qemu-img info 'nbd+unix:///?socket=/tmp/disk.sock'
+///
+///   roamdisk serve cow:overlay.img:raw:base.img --listen 127.0.0.1:10809 --export vm1
+///   nbdinfo nbd://127.0.0.1:10809/vm1
+///
+///   roamdisk serve --config exports.toml
+///
+/// A config file names several exports and the listeners:
+///
+///   socket = "/tmp/roamdisk.sock"       # and/or: listen = ["127.0.0.1:10809"]
+///   [[export]]
+///   name = "golden"
+///   stack = "raw:/images/golden.img"
+///   read-only = true
+///   [[export]]
+///   name = "vm1"
+///   description = "user 1"
+///   stack = "cow:/var/vm1.ovl:raw:/images/golden.img"
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+pub struct Args {
+    /// The stack to export (see `roamdisk layers`). Omit with --config.
+    spec: Option<String>,
+    /// Listen on this Unix socket.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Listen on this TCP address (e.g. 127.0.0.1:10809; port 0 picks one).
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Vec<SocketAddr>,
+    /// Export name (clients asking for the empty name get the first export).
+    #[arg(long, default_value = "")]
+    export: String,
+    /// Human description shown by `nbdinfo`.
+    #[arg(long, default_value = "")]
+    description: String,
+    /// Refuse writes, trims and zeroing (EPERM).
+    #[arg(long)]
+    read_only: bool,
+    /// Serve the exports and listeners of a TOML file.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["spec", "export", "description", "read_only"])]
+    config: Option<PathBuf>,
+    /// TLS mode: off, on (clients may upgrade), require (default when
+    /// credentials are given).
+    #[arg(long, value_name = "MODE")]
+    tls: Option<String>,
+    /// PEM certificate chain for TLS.
+    #[arg(long, value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS.
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this CA (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_verify_ca: Option<PathBuf>,
+    /// Pre-shared keys for TLS-PSK (psktool format: IDENTITY:HEXKEY per line).
+    #[arg(long, value_name = "FILE")]
+    tls_psk: Option<PathBuf>,
+    /// Requests processed at once per connection.
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    max_in_flight: usize,
+    /// Connections served at once.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    max_connections: usize,
+    /// Threads doing block I/O (default: 64).
+    #[arg(long, value_name = "N")]
+    io_threads: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct ConfigFile {
+    socket: Option<PathBuf>,
+    #[serde(default)]
+    listen: Vec<SocketAddr>,
+    tls: Option<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_verify_ca: Option<PathBuf>,
+    tls_psk: Option<PathBuf>,
+    #[serde(default)]
+    export: Vec<ExportConfig>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct ExportConfig {
+    name: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    read_only: bool,
+    /// A spec string...
+    stack: Option<String>,
+    /// ...or a layer table.
+    layer: Option<toml::Table>,
+}
+
+fn open_export(
+    name: &str,
+    description: &str,
+    spec_text: Option<&str>,
+    table: Option<&toml::Table>,
+    read_only: bool,
+) -> anyhow::Result<Export> {
+    let reg = super::registry();
+    let spec = match (spec_text, table) {
+        (Some(s), None) => reg.parse(s)?,
+        (None, Some(t)) => reg.from_toml(t)?,
+        _ => {
+            bail!("export '{name}' needs exactly one of stack = \"SPEC\" or a [export.layer] table")
+        }
+    };
+    let dev = reg
+        .open(&spec, read_only)
+        .with_context(|| format!("cannot open the stack of export '{name}'"))?;
+    let dev: Arc<dyn BlockDev> = Arc::new(roamdisk_blockdev::Checked::new(dev, read_only));
+    Ok(Export {
+        name: name.to_string(),
+        description: description.to_string(),
+        dev,
+    })
+}
+
+pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
+    let mut socket = a.socket.clone();
+    let mut listen_tcp = a.listen.clone();
+    let mut tls = TlsOptions {
+        cert: a.tls_cert.clone(),
+        key: a.tls_key.clone(),
+        verify_ca: a.tls_verify_ca.clone(),
+        psk_file: a.tls_psk.clone(),
+    };
+    let mut tls_mode = a.tls.clone();
+    let exports = if let Some(path) = &a.config {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let cfg: ConfigFile =
+            toml::from_str(&text).with_context(|| format!("bad config file {}", path.display()))?;
+        if cfg.export.is_empty() {
+            bail!("{} has no [[export]] table", path.display());
+        }
+        socket = socket.or(cfg.socket);
+        listen_tcp.extend(cfg.listen);
+        tls.cert = tls.cert.or(cfg.tls_cert);
+        tls.key = tls.key.or(cfg.tls_key);
+        tls.verify_ca = tls.verify_ca.or(cfg.tls_verify_ca);
+        tls.psk_file = tls.psk_file.or(cfg.tls_psk);
+        tls_mode = tls_mode.or(cfg.tls);
+        let mut v = Vec::new();
+        for e in &cfg.export {
+            if v.iter().any(|x: &Export| x.name == e.name) {
+                bail!(
+                    "export name '{}' appears twice in {}",
+                    e.name,
+                    path.display()
+                );
+            }
+            v.push(open_export(
+                &e.name,
+                &e.description,
+                e.stack.as_deref(),
+                e.layer.as_ref(),
+                e.read_only,
+            )?);
+        }
+        v
+    } else {
+        let Some(spec) = &a.spec else {
+            bail!("give a stack to serve (e.g. `roamdisk serve raw:disk.img --socket /tmp/s`) or --config FILE");
+        };
+        vec![open_export(
+            &a.export,
+            &a.description,
+            Some(spec),
+            None,
+            a.read_only,
+        )?]
+    };
+    let mut listen = Vec::new();
+    if let Some(s) = socket {
+        listen.push(Listen::Unix(s));
+    }
+    listen.extend(listen_tcp.into_iter().map(Listen::Tcp));
+    if listen.is_empty() {
+        bail!("say where to listen: --socket PATH and/or --listen ADDR:PORT");
+    }
+    let has_creds = tls.cert.is_some() || tls.key.is_some() || tls.psk_file.is_some();
+    let mode = match tls_mode.as_deref() {
+        None if has_creds => TlsMode::Require,
+        None | Some("off") => TlsMode::Off,
+        Some("on") => TlsMode::Optional,
+        Some("require") => TlsMode::Require,
+        Some(other) => bail!("--tls must be off, on or require, not '{other}'"),
+    };
+    let acceptor = if mode == TlsMode::Off {
+        None
+    } else {
+        Some(TlsAcceptor::new(&tls).map_err(anyhow::Error::msg)?)
+    };
+    for l in &listen {
+        if let Listen::Tcp(addr) = l {
+            if !addr.ip().is_loopback() && acceptor.is_none() {
+                tracing::warn!(%addr, "serving without TLS on a non-loopback address: anyone on the network can read and write this disk");
+            }
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(a.io_threads.unwrap_or(64).max(1))
+        .thread_name("roamdisk")
+        .build()
+        .context("cannot start the runtime")?;
+    let names: Vec<String> = exports
+        .iter()
+        .map(|e| {
+            if e.name.is_empty() {
+                "(default)".into()
+            } else {
+                e.name.clone()
+            }
+        })
+        .collect();
+    rt.block_on(async move {
+        let cfg = ServerConfig {
+            exports,
+            listen: listen.clone(),
+            tls: acceptor,
+            tls_mode: mode,
+            max_in_flight: a.max_in_flight,
+            max_connections: a.max_connections,
+            handshake_timeout: Duration::from_secs(30),
+        };
+        let server = Server::bind(cfg).await?;
+        if !quiet {
+            for l in &listen {
+                match l {
+                    Listen::Tcp(_) => {}
+                    Listen::Unix(_) => eprintln!("roamdisk: serving {} on {l}", names.join(", ")),
+                }
+            }
+            for addr in server.tcp_addrs() {
+                eprintln!("roamdisk: serving {} on nbd://{addr}", names.join(", "));
+            }
+        }
+        let stop = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        };
+        server.run(stop).await?;
+        if !quiet {
+            eprintln!("roamdisk: stopped cleanly (exports flushed)");
+        }
+        Ok::<_, anyhow::Error>(())
+    })
+}

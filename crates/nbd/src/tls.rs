@@ -1,0 +1,176 @@
+//! TLS for NBD's STARTTLS, with X.509 certificates or pre-shared keys.
+//!
+//! OpenSSL rather than rustls: rustls has no server-side support for
+//! external pre-shared keys, and qemu, libnbd and nbdkit all offer PSK
+//! (GnuTLS `psktool` key files), so PSK interop needs OpenSSL.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+
+use openssl::ssl::{
+    Ssl, SslAcceptor, SslContext, SslContextBuilder, SslFiletype, SslMethod, SslVerifyMode,
+    SslVersion,
+};
+
+use crate::server::BoxStream;
+
+/// What TLS credentials to use.
+#[derive(Debug, Clone, Default)]
+pub struct TlsOptions {
+    /// PEM certificate chain.
+    pub cert: Option<PathBuf>,
+    /// PEM private key.
+    pub key: Option<PathBuf>,
+    /// PEM CA bundle: when set, clients must present a certificate it signed.
+    pub verify_ca: Option<PathBuf>,
+    /// GnuTLS psktool key file (`identity:hexkey` per line).
+    pub psk_file: Option<PathBuf>,
+}
+
+/// A configured TLS server context.
+#[derive(Clone)]
+pub struct TlsAcceptor {
+    ctx: SslContext,
+}
+
+fn read_psk_file(path: &Path) -> Result<HashMap<Vec<u8>, Vec<u8>>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read PSK file {}: {e}", path.display()))?;
+    let mut keys = HashMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (id, hex) = line.split_once(':').ok_or_else(|| {
+            format!(
+                "{}:{}: expected IDENTITY:HEXKEY (as written by psktool)",
+                path.display(),
+                i + 1
+            )
+        })?;
+        let key = decode_hex(hex.trim())
+            .ok_or_else(|| format!("{}:{}: key is not hexadecimal", path.display(), i + 1))?;
+        if key.is_empty() || key.len() > 256 {
+            return Err(format!(
+                "{}:{}: key must be 1 to 256 bytes",
+                path.display(),
+                i + 1
+            ));
+        }
+        keys.insert(id.as_bytes().to_vec(), key);
+    }
+    if keys.is_empty() {
+        return Err(format!("PSK file {} holds no keys", path.display()));
+    }
+    Ok(keys)
+}
+
+fn decode_hex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+fn ssl_err(what: &str, e: impl std::fmt::Display) -> String {
+    format!("{what}: {e}")
+}
+
+impl TlsAcceptor {
+    /// Build a context from certificate files or a PSK file.
+    pub fn new(o: &TlsOptions) -> Result<Self, String> {
+        let mut b: SslContextBuilder = match (&o.cert, &o.key, &o.psk_file) {
+            (Some(cert), Some(key), None) => {
+                let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server())
+                    .map_err(|e| ssl_err("TLS setup", e))?;
+                b.set_certificate_chain_file(cert)
+                    .map_err(|e| ssl_err(&format!("certificate {}", cert.display()), e))?;
+                b.set_private_key_file(key, SslFiletype::PEM)
+                    .map_err(|e| ssl_err(&format!("key {}", key.display()), e))?;
+                b.check_private_key()
+                    .map_err(|e| ssl_err("the key does not match the certificate", e))?;
+                if let Some(ca) = &o.verify_ca {
+                    b.set_ca_file(ca)
+                        .map_err(|e| ssl_err(&format!("CA {}", ca.display()), e))?;
+                    b.set_verify(SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT);
+                }
+                let built: SslAcceptor = b.build();
+                return Ok(TlsAcceptor {
+                    ctx: built.into_context(),
+                });
+            }
+            (None, None, Some(psk)) => {
+                let keys = read_psk_file(psk)?;
+                let mut b = SslContextBuilder::new(SslMethod::tls_server())
+                    .map_err(|e| ssl_err("TLS setup", e))?;
+                b.set_min_proto_version(Some(SslVersion::TLS1_2))
+                    .map_err(|e| ssl_err("TLS setup", e))?;
+                b.set_cipher_list("ECDHE-PSK:DHE-PSK:PSK:!aNULL:!eNULL:!MD5:!RC4:!3DES")
+                    .map_err(|e| ssl_err("PSK ciphers", e))?;
+                b.set_psk_server_callback(move |_ssl, identity, out| {
+                    let Some(key) = identity.and_then(|id| keys.get(id)) else {
+                        return Ok(0);
+                    };
+                    if key.len() > out.len() {
+                        return Ok(0);
+                    }
+                    out[..key.len()].copy_from_slice(key);
+                    Ok(key.len())
+                });
+                b
+            }
+            (Some(_), None, _) | (None, Some(_), _) => {
+                return Err(
+                    "TLS needs both a certificate (--tls-cert) and its key (--tls-key)".into(),
+                )
+            }
+            (Some(_), Some(_), Some(_)) => {
+                return Err("use either certificates or a PSK file, not both".into())
+            }
+            (None, None, None) => {
+                return Err("TLS needs --tls-cert and --tls-key, or --tls-psk".into())
+            }
+        };
+        b.set_session_id_context(b"roamdisk")
+            .map_err(|e| ssl_err("TLS setup", e))?;
+        Ok(TlsAcceptor { ctx: b.build() })
+    }
+}
+
+/// Run the server side of a TLS handshake over `s`.
+pub async fn accept(a: &TlsAcceptor, s: BoxStream) -> std::io::Result<BoxStream> {
+    let ssl = Ssl::new(&a.ctx).map_err(std::io::Error::other)?;
+    let mut st = tokio_openssl::SslStream::new(ssl, s).map_err(std::io::Error::other)?;
+    Pin::new(&mut st).accept().await.map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("TLS handshake failed: {e}"),
+        )
+    })?;
+    Ok(Box::new(st))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn psk_file_parses_and_rejects_garbage() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("k.psk");
+        std::fs::write(&p, "alice:0123abcd\n").unwrap();
+        assert_eq!(
+            read_psk_file(&p).unwrap()[b"alice".as_slice()],
+            vec![0x01, 0x23, 0xab, 0xcd]
+        );
+        std::fs::write(&p, "alice:xyz\n").unwrap();
+        assert!(read_psk_file(&p).is_err());
+        std::fs::write(&p, "\n").unwrap();
+        assert!(read_psk_file(&p).is_err());
+    }
+}
