@@ -1,0 +1,220 @@
+//! Helpers shared by the black-box tests: find the `roamdisk` binary, start
+//! a server on a temporary Unix socket, run real client tools.
+//!
+//! A missing tool fails the test with a message naming `scripts/test`,
+//! which installs every tool; nothing is skipped.
+
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `roamdisk` binary under test: `$ROAMDISK_BIN`, else the workspace's
+/// release build, else its debug build.
+pub fn bin() -> PathBuf {
+    if let Ok(p) = std::env::var("ROAMDISK_BIN") {
+        return PathBuf::from(p);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf();
+    for profile in ["release", "debug"] {
+        let p = root.join("target").join(profile).join("roamdisk");
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("roamdisk binary not found: run `cargo build -p roamdisk` or scripts/test (sets ROAMDISK_BIN)");
+}
+
+/// Fail loudly if a client tool is missing.
+pub fn require_tool(name: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|d| d.join(name).is_file()))
+        .unwrap_or(false);
+    assert!(found, "required tool '{name}' is not installed: run scripts/test, which installs every test dependency");
+}
+
+/// Run a command to completion; panic with its output if it fails.
+pub fn run(cmd: &str, args: &[&str]) -> Output {
+    require_tool(cmd);
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Run a command and return its stdout as a string (must succeed).
+pub fn run_stdout(cmd: &str, args: &[&str]) -> String {
+    String::from_utf8_lossy(&run(cmd, args).stdout).into_owned()
+}
+
+/// Run `roamdisk` with arguments; returns the output whatever the status.
+pub fn roamdisk(args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .output()
+        .expect("run roamdisk")
+}
+
+/// A running `roamdisk serve` on a Unix socket in a temporary directory.
+pub struct Server {
+    child: Option<Child>,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Server {
+    /// Start `roamdisk serve ARGS... --socket DIR/nbd.sock` and wait until
+    /// the socket accepts connections.
+    pub fn start(dir: &Path, args: &[&str]) -> Server {
+        Self::start_named(dir, "nbd.sock", args)
+    }
+
+    pub fn start_named(dir: &Path, sock: &str, args: &[&str]) -> Server {
+        let socket = dir.join(sock);
+        let log = dir.join(format!("{sock}.log"));
+        let logf = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(bin())
+            .arg("serve")
+            .args(args)
+            .arg("--socket")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(logf)
+            .spawn()
+            .expect("spawn roamdisk serve");
+        let mut s = Server {
+            child: Some(child),
+            socket,
+            log,
+        };
+        s.wait_ready();
+        s
+    }
+
+    fn wait_ready(&mut self) {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(20) {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                return;
+            }
+            if let Some(st) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("roamdisk serve exited early ({st}):\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "roamdisk serve did not listen within 20 s:\n{}",
+            self.log_text()
+        );
+    }
+
+    /// The NBD URI of the default export.
+    pub fn uri(&self) -> String {
+        format!("nbd+unix:///?socket={}", self.socket.display())
+    }
+
+    /// The NBD URI of a named export.
+    pub fn uri_of(&self, export: &str) -> String {
+        format!("nbd+unix:///{export}?socket={}", self.socket.display())
+    }
+
+    /// qemu's JSON-free image name for the default export.
+    pub fn qemu_name(&self) -> String {
+        format!("nbd:unix:{}", self.socket.display())
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// SIGTERM and wait; returns the exit status.
+    pub fn stop(mut self) -> ExitStatus {
+        self.terminate()
+    }
+
+    /// SIGKILL (a crash) and wait.
+    pub fn kill9(mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn terminate(&mut self) -> ExitStatus {
+        let mut c = self.child.take().expect("running");
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(c.id().to_string())
+            .status();
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = c.try_wait().expect("wait") {
+                return st;
+            }
+            if t0.elapsed() > Duration::from_secs(40) {
+                let _ = c.kill();
+                panic!("roamdisk serve did not stop within 40 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.terminate();
+        }
+    }
+}
+
+/// Write `size` bytes of deterministic pseudo-random data to `path`.
+pub fn random_file(path: &Path, size: u64, seed: u64) {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).expect("create"));
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = size;
+    while left > 0 {
+        for chunk in buf.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let b = x.to_le_bytes();
+            chunk.copy_from_slice(&b[..chunk.len()]);
+        }
+        let n = left.min(buf.len() as u64) as usize;
+        f.write_all(&buf[..n]).expect("write");
+        left -= n as u64;
+    }
+    f.flush().expect("flush");
+}
+
+/// A fresh temporary directory.
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("roamdisk-test-")
+        .tempdir()
+        .expect("tempdir")
+}
