@@ -672,4 +672,39 @@ mod tests {
             .unwrap();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument);
     }
+
+    #[test]
+    fn torn_map_tail_reverts_to_the_previous_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let ov = dir.path().join("ov");
+        let b = base();
+        let opts = CowOptions { cluster_size: 4096 };
+        let (state_a, full_len, len_a) = {
+            let d = CowDev::open(&ov, b.clone(), false, &opts).unwrap();
+            d.write_at(&[1u8; 5000], 0, WriteFlags::default()).unwrap();
+            d.flush().unwrap();
+            let mut a = vec![0u8; 1 << 20];
+            d.read_at(&mut a, 0).unwrap();
+            let len_a = std::fs::metadata(map_path(&ov)).unwrap().len();
+            // B touches only clusters that were still in the base.
+            d.write_at(&[2u8; 3000], 100_000, WriteFlags::default())
+                .unwrap();
+            d.write_zeroes(200_704, 8192, ZeroFlags::default()).unwrap();
+            d.flush().unwrap();
+            (a, std::fs::metadata(map_path(&ov)).unwrap().len(), len_a)
+        };
+        let saved = std::fs::read(map_path(&ov)).unwrap();
+        let saved_ov = std::fs::read(&ov).unwrap();
+        for cut in len_a..full_len {
+            std::fs::write(map_path(&ov), &saved[..cut as usize]).unwrap();
+            std::fs::write(&ov, &saved_ov).unwrap();
+            let d = CowDev::open(&ov, b.clone(), false, &opts).unwrap();
+            let mut got = vec![0u8; 1 << 20];
+            d.read_at(&mut got, 0).unwrap();
+            assert!(
+                got == state_a,
+                "cut at {cut}: a torn commit must revert to the previous flush"
+            );
+        }
+    }
 }
