@@ -240,7 +240,15 @@ pub fn write_zero_buffers(dev: &dyn BlockDev, off: u64, len: u64, fua: bool) -> 
 pub fn extents_covering(dev: &dyn BlockDev, off: u64, len: u64) -> Result<Vec<Extent>> {
     let mut out = Vec::new();
     let mut pos = off;
-    let end = off + len;
+    let end = off.checked_add(len).ok_or_else(|| {
+        Error::new(
+            ErrorKind::OutOfRange,
+            Op::BlockStatus,
+            dev.layer(),
+            "offset + length overflows",
+        )
+        .at(off)
+    })?;
     while pos < end {
         let got = dev.block_status(pos, end - pos)?;
         let mut advanced = 0;

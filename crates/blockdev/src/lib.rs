@@ -17,6 +17,7 @@ mod dev;
 mod error;
 pub mod layers;
 pub mod spec;
+pub mod testkit;
 pub mod units;
 
 pub use checked::Checked;

@@ -32,23 +32,59 @@ pub struct RawDev {
     can_punch: AtomicBool,
     /// Cleared the first time the file system refuses FALLOC_FL_ZERO_RANGE.
     can_zero_range: AtomicBool,
+    /// Opened with O_DIRECT: callers must pass 4 KiB-aligned buffers,
+    /// offsets and lengths.
+    direct: bool,
 }
 
 impl RawDev {
     /// Open an existing file or block device.
     pub fn open(path: &Path, read_only: bool) -> Result<Self> {
-        let file = File::options()
-            .read(true)
-            .write(!read_only)
-            .open(path)
-            .map_err(|e| {
-                let hint = if e.kind() == std::io::ErrorKind::NotFound {
-                    "the file does not exist; create it first (e.g. `truncate -s 1G FILE`)"
-                } else {
-                    "cannot open the file"
-                };
-                Error::io(Op::Open, "raw", e).path(path).msg(hint)
-            })?;
+        Self::open_with(path, read_only, false)
+    }
+
+    /// Open bypassing the page cache (O_DIRECT) where the file system
+    /// allows it, else as `open` does; [`RawDev::is_direct`] tells which.
+    /// With O_DIRECT every buffer, offset and length must be aligned to
+    /// 4 KiB.
+    pub fn open_direct(path: &Path, read_only: bool) -> Result<Self> {
+        match Self::open_with(path, read_only, true) {
+            Ok(d) => {
+                // Some file systems accept the flag but refuse the I/O.
+                let mut probe = vec![0u8; 2 * 4096];
+                let at = probe.as_ptr().align_offset(4096);
+                if d.size >= 4096 && d.file.read_exact_at(&mut probe[at..at + 4096], 0).is_err() {
+                    return Self::open_with(path, read_only, false);
+                }
+                Ok(d)
+            }
+            Err(e) if e.kind() == ErrorKind::InvalidArgument || e.raw_os_error() == Some(22) => {
+                Self::open_with(path, read_only, false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether O_DIRECT is in effect.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    fn open_with(path: &Path, read_only: bool, direct: bool) -> Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut oo = File::options();
+        oo.read(true).write(!read_only);
+        if direct {
+            oo.custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32);
+        }
+        let file = oo.open(path).map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::NotFound {
+                "the file does not exist; create it first (e.g. `truncate -s 1G FILE`)"
+            } else {
+                "cannot open the file"
+            };
+            Error::io(Op::Open, "raw", e).path(path).msg(hint)
+        })?;
         let meta = file
             .metadata()
             .map_err(|e| Error::io(Op::Open, "raw", e).path(path))?;
@@ -76,6 +112,7 @@ impl RawDev {
             block_device,
             can_punch: AtomicBool::new(true),
             can_zero_range: AtomicBool::new(true),
+            direct,
         })
     }
 
@@ -144,7 +181,11 @@ impl BlockDev for RawDev {
         "raw"
     }
     fn describe(&self) -> String {
-        format!("raw:{}", self.path.display())
+        if self.direct {
+            format!("raw:{} (O_DIRECT)", self.path.display())
+        } else {
+            format!("raw:{}", self.path.display())
+        }
     }
     fn size(&self) -> u64 {
         self.size

@@ -1,0 +1,631 @@
+//! The LBS on-disk format: data-file superblock, metadata header and log
+//! entries. Pure encoding and parsing, no I/O (fuzzed by
+//! `fuzz/fuzz_targets/lbs_log.rs`). The byte layout is specified in
+//! `docs/formats/lbs.md`; the constants here follow it.
+
+use crate::checksum::ChecksumKind;
+
+/// Data-file superblock magic.
+pub const DATA_MAGIC: [u8; 8] = *b"RDLBSDAT";
+/// Metadata-file magic.
+pub const META_MAGIC: [u8; 8] = *b"RDLBSMET";
+/// Format version of both files.
+pub const VERSION: u32 = 1;
+
+/// Bytes reserved for the data-file superblock (the data area starts at a
+/// cluster boundary at or after this).
+pub const SUPERBLOCK_SIZE: usize = 4096;
+/// Metadata header size.
+pub const META_HEADER_SIZE: usize = 256;
+
+// Data superblock field offsets.
+const D_MAGIC: usize = 0;
+const D_VERSION: usize = D_MAGIC + 8;
+const D_BLOCK: usize = D_VERSION + 4;
+const D_CLUSTER: usize = D_BLOCK + 4;
+const D_FLAGS: usize = D_CLUSTER + 4;
+const D_CLUSTERS: usize = D_FLAGS + 4;
+const D_DATA_OFFSET: usize = D_CLUSTERS + 8;
+const D_UUID: usize = D_DATA_OFFSET + 8;
+const D_END: usize = D_UUID + 16;
+const D_CRC: usize = 124;
+const _: () = assert!(D_END <= D_CRC);
+
+// Metadata header field offsets.
+const M_MAGIC: usize = 0;
+const M_VERSION: usize = M_MAGIC + 8;
+const M_HEADER_SIZE: usize = M_VERSION + 4;
+const M_UUID: usize = M_HEADER_SIZE + 4;
+const M_LOGICAL: usize = M_UUID + 16;
+const M_BLOCK: usize = M_LOGICAL + 8;
+const M_CLUSTER: usize = M_BLOCK + 4;
+const M_CLUSTERS: usize = M_CLUSTER + 4;
+const M_CHECKSUM: usize = M_CLUSTERS + 8;
+const M_CIPHER: usize = M_CHECKSUM + 1;
+const M_KEY_SOURCE: usize = M_CIPHER + 1;
+const M_RESERVED1: usize = M_KEY_SOURCE + 1;
+const M_ARGON_M: usize = M_RESERVED1 + 1;
+const M_ARGON_T: usize = M_ARGON_M + 4;
+const M_ARGON_P: usize = M_ARGON_T + 4;
+const M_SALT: usize = M_ARGON_P + 4;
+const M_KEY_CHECK: usize = M_SALT + 32;
+const M_GENERATION: usize = M_KEY_CHECK + 16;
+const M_END: usize = M_GENERATION + 8;
+const M_CRC: usize = 252;
+const _: () = assert!(M_END <= M_CRC);
+
+/// Entry header size (kind, reserved, length, seq).
+pub const ENTRY_HEADER: usize = 16;
+/// Entry trailer size (crc32c).
+pub const ENTRY_TRAILER: usize = 4;
+/// Largest entry accepted.
+pub const MAX_ENTRY: usize = 1 << 20;
+
+/// Entry kinds.
+pub const KIND_MAP: u8 = 1;
+pub const KIND_ZERO: u8 = 2;
+pub const KIND_TRIM: u8 = 3;
+pub const KIND_BARRIER: u8 = 4;
+
+/// Accepted block sizes.
+pub const BLOCK_SIZES: [u32; 2] = [1024, 4096];
+
+/// Encryption of data blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cipher {
+    None = 0,
+    /// XTS-AES-256 per block; tweak = PBN (low 64 bits) and write epoch
+    /// (high 64 bits).
+    Aes256Xts = 1,
+}
+
+/// Where the encryption key comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeySource {
+    None = 0,
+    /// A 64-byte key file.
+    KeyFile = 1,
+    /// A passphrase through Argon2id with the header's parameters.
+    Passphrase = 2,
+}
+
+/// A parse failure: what was wrong, for the error message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    #[error("truncated: {0} bytes, need {1}")]
+    Truncated(usize, usize),
+    #[error("bad magic: not an LBS {0} file")]
+    BadMagic(&'static str),
+    #[error("unsupported version {0} (this build reads version {VERSION})")]
+    BadVersion(u32),
+    #[error("header checksum mismatch: the header is damaged")]
+    BadCrc,
+    #[error("invalid header field: {0}")]
+    BadField(&'static str),
+}
+
+fn le32(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+}
+fn le64(b: &[u8], o: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[o..o + 8]);
+    u64::from_le_bytes(a)
+}
+fn put32(b: &mut [u8], o: usize, v: u32) {
+    b[o..o + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn put64(b: &mut [u8], o: usize, v: u64) {
+    b[o..o + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// The geometry both files agree on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    pub block_size: u32,
+    pub cluster_size: u32,
+    /// Physical clusters in the data file.
+    pub clusters: u64,
+}
+
+impl Geometry {
+    pub fn blocks_per_cluster(&self) -> u64 {
+        (self.cluster_size / self.block_size) as u64
+    }
+    pub fn physical_blocks(&self) -> u64 {
+        self.clusters * self.blocks_per_cluster()
+    }
+    /// Byte offset of PBN 0 in the data file.
+    pub fn data_offset(&self) -> u64 {
+        (self.cluster_size as u64).max(SUPERBLOCK_SIZE as u64)
+    }
+    /// Total data-file length.
+    pub fn data_file_len(&self) -> u64 {
+        self.data_offset() + self.clusters * self.cluster_size as u64
+    }
+    fn validate(&self) -> Result<(), FormatError> {
+        if !BLOCK_SIZES.contains(&self.block_size) {
+            return Err(FormatError::BadField("block size must be 1024 or 4096"));
+        }
+        let c = self.cluster_size;
+        if !c.is_power_of_two() || c < 16 * self.block_size || c > (16 << 20) {
+            return Err(FormatError::BadField(
+                "cluster size must be a power of two, 16 blocks to 16 MiB",
+            ));
+        }
+        if self.clusters < 4 || self.clusters > (u32::MAX as u64 - 2) / self.blocks_per_cluster() {
+            return Err(FormatError::BadField("cluster count out of range"));
+        }
+        Ok(())
+    }
+}
+
+/// The data file's superblock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataSuper {
+    pub geometry: Geometry,
+    pub encrypted: bool,
+    pub uuid: [u8; 16],
+}
+
+impl DataSuper {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; SUPERBLOCK_SIZE];
+        b[D_MAGIC..D_MAGIC + 8].copy_from_slice(&DATA_MAGIC);
+        put32(&mut b, D_VERSION, VERSION);
+        put32(&mut b, D_BLOCK, self.geometry.block_size);
+        put32(&mut b, D_CLUSTER, self.geometry.cluster_size);
+        put32(&mut b, D_FLAGS, self.encrypted as u32);
+        put64(&mut b, D_CLUSTERS, self.geometry.clusters);
+        put64(&mut b, D_DATA_OFFSET, self.geometry.data_offset());
+        b[D_UUID..D_UUID + 16].copy_from_slice(&self.uuid);
+        let crc = crc32c::crc32c(&b[..D_CRC]);
+        put32(&mut b, D_CRC, crc);
+        b
+    }
+
+    pub fn parse(b: &[u8]) -> Result<DataSuper, FormatError> {
+        if b.len() < D_CRC + 4 {
+            return Err(FormatError::Truncated(b.len(), D_CRC + 4));
+        }
+        if b[D_MAGIC..D_MAGIC + 8] != DATA_MAGIC {
+            return Err(FormatError::BadMagic("data (.lbsd)"));
+        }
+        let v = le32(b, D_VERSION);
+        if v != VERSION {
+            return Err(FormatError::BadVersion(v));
+        }
+        if crc32c::crc32c(&b[..D_CRC]) != le32(b, D_CRC) {
+            return Err(FormatError::BadCrc);
+        }
+        let flags = le32(b, D_FLAGS);
+        if flags > 1 {
+            return Err(FormatError::BadField("unknown data flags"));
+        }
+        let geometry = Geometry {
+            block_size: le32(b, D_BLOCK),
+            cluster_size: le32(b, D_CLUSTER),
+            clusters: le64(b, D_CLUSTERS),
+        };
+        geometry.validate()?;
+        if le64(b, D_DATA_OFFSET) != geometry.data_offset() {
+            return Err(FormatError::BadField("data offset"));
+        }
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(&b[D_UUID..D_UUID + 16]);
+        Ok(DataSuper {
+            geometry,
+            encrypted: flags == 1,
+            uuid,
+        })
+    }
+}
+
+/// The metadata file's header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaHeader {
+    pub uuid: [u8; 16],
+    pub logical_size: u64,
+    pub geometry: Geometry,
+    pub checksum: ChecksumKind,
+    pub cipher: Cipher,
+    pub key_source: KeySource,
+    /// Argon2id memory (KiB), iterations, lanes.
+    pub argon: (u32, u32, u32),
+    pub salt: [u8; 32],
+    /// First 16 bytes of SHA-256("roamdisk-lbs-key-check" || key).
+    pub key_check: [u8; 16],
+    pub generation: u64,
+}
+
+impl MetaHeader {
+    pub fn logical_blocks(&self) -> u64 {
+        self.logical_size / self.geometry.block_size as u64
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; META_HEADER_SIZE];
+        b[M_MAGIC..M_MAGIC + 8].copy_from_slice(&META_MAGIC);
+        put32(&mut b, M_VERSION, VERSION);
+        put32(&mut b, M_HEADER_SIZE, META_HEADER_SIZE as u32);
+        b[M_UUID..M_UUID + 16].copy_from_slice(&self.uuid);
+        put64(&mut b, M_LOGICAL, self.logical_size);
+        put32(&mut b, M_BLOCK, self.geometry.block_size);
+        put32(&mut b, M_CLUSTER, self.geometry.cluster_size);
+        put64(&mut b, M_CLUSTERS, self.geometry.clusters);
+        b[M_CHECKSUM] = self.checksum.id();
+        b[M_CIPHER] = self.cipher as u8;
+        b[M_KEY_SOURCE] = self.key_source as u8;
+        put32(&mut b, M_ARGON_M, self.argon.0);
+        put32(&mut b, M_ARGON_T, self.argon.1);
+        put32(&mut b, M_ARGON_P, self.argon.2);
+        b[M_SALT..M_SALT + 32].copy_from_slice(&self.salt);
+        b[M_KEY_CHECK..M_KEY_CHECK + 16].copy_from_slice(&self.key_check);
+        put64(&mut b, M_GENERATION, self.generation);
+        let crc = crc32c::crc32c(&b[..M_CRC]);
+        put32(&mut b, M_CRC, crc);
+        b
+    }
+
+    pub fn parse(b: &[u8]) -> Result<MetaHeader, FormatError> {
+        if b.len() < META_HEADER_SIZE {
+            return Err(FormatError::Truncated(b.len(), META_HEADER_SIZE));
+        }
+        if b[M_MAGIC..M_MAGIC + 8] != META_MAGIC {
+            return Err(FormatError::BadMagic("metadata (.lbsm)"));
+        }
+        let v = le32(b, M_VERSION);
+        if v != VERSION {
+            return Err(FormatError::BadVersion(v));
+        }
+        if crc32c::crc32c(&b[..M_CRC]) != le32(b, M_CRC) {
+            return Err(FormatError::BadCrc);
+        }
+        if le32(b, M_HEADER_SIZE) as usize != META_HEADER_SIZE {
+            return Err(FormatError::BadField("header size"));
+        }
+        let geometry = Geometry {
+            block_size: le32(b, M_BLOCK),
+            cluster_size: le32(b, M_CLUSTER),
+            clusters: le64(b, M_CLUSTERS),
+        };
+        geometry.validate()?;
+        let logical_size = le64(b, M_LOGICAL);
+        let bs = geometry.block_size as u64;
+        if logical_size == 0 || logical_size % bs != 0 {
+            return Err(FormatError::BadField(
+                "logical size must be a positive multiple of the block size",
+            ));
+        }
+        if logical_size / bs > geometry.physical_blocks() {
+            return Err(FormatError::BadField(
+                "logical size exceeds the physical space",
+            ));
+        }
+        let checksum = ChecksumKind::from_id(b[M_CHECKSUM])
+            .ok_or(FormatError::BadField("checksum algorithm"))?;
+        let cipher = match b[M_CIPHER] {
+            0 => Cipher::None,
+            1 => Cipher::Aes256Xts,
+            _ => return Err(FormatError::BadField("cipher")),
+        };
+        let key_source = match b[M_KEY_SOURCE] {
+            0 => KeySource::None,
+            1 => KeySource::KeyFile,
+            2 => KeySource::Passphrase,
+            _ => return Err(FormatError::BadField("key source")),
+        };
+        if (cipher == Cipher::None) != (key_source == KeySource::None) {
+            return Err(FormatError::BadField("cipher and key source disagree"));
+        }
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(&b[M_UUID..M_UUID + 16]);
+        let mut salt = [0u8; 32];
+        salt.copy_from_slice(&b[M_SALT..M_SALT + 32]);
+        let mut key_check = [0u8; 16];
+        key_check.copy_from_slice(&b[M_KEY_CHECK..M_KEY_CHECK + 16]);
+        Ok(MetaHeader {
+            uuid,
+            logical_size,
+            geometry,
+            checksum,
+            cipher,
+            key_source,
+            argon: (le32(b, M_ARGON_M), le32(b, M_ARGON_T), le32(b, M_ARGON_P)),
+            salt,
+            key_check,
+            generation: le64(b, M_GENERATION),
+        })
+    }
+}
+
+/// A log entry's body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    /// LBNs `lbn..lbn+count` live at PBNs `pbn..pbn+count`, written in
+    /// epoch `epoch`, with one checksum per block.
+    Map {
+        lbn: u64,
+        pbn: u64,
+        epoch: u64,
+        sums: Vec<u8>,
+    },
+    /// LBNs `lbn..lbn+count` read as zeroes and use no data block.
+    Zero { lbn: u64, count: u64 },
+    /// LBNs `lbn..lbn+count` are unmapped (trimmed); they read as zeroes.
+    Trim { lbn: u64, count: u64 },
+    /// Everything since the previous barrier is durable; `crc` is the
+    /// CRC-32C of all entry bytes since the previous barrier's end.
+    Barrier { number: u64, crc: u32 },
+}
+
+const MAP_FIXED: usize = 8 + 8 + 4 + 4 + 8;
+
+impl Entry {
+    /// Number of blocks of a MAP entry given the checksum width.
+    pub fn map_count(sums: &[u8], width: usize) -> u64 {
+        (sums.len() / width) as u64
+    }
+}
+
+/// Encode one entry with sequence number `seq`.
+pub fn encode_entry(e: &Entry, seq: u64, sum_width: usize) -> Vec<u8> {
+    let mut body = Vec::new();
+    let kind = match e {
+        Entry::Map {
+            lbn,
+            pbn,
+            epoch,
+            sums,
+        } => {
+            body.extend_from_slice(&lbn.to_le_bytes());
+            body.extend_from_slice(&pbn.to_le_bytes());
+            body.extend_from_slice(&((sums.len() / sum_width) as u32).to_le_bytes());
+            body.extend_from_slice(&0u32.to_le_bytes());
+            body.extend_from_slice(&epoch.to_le_bytes());
+            body.extend_from_slice(sums);
+            KIND_MAP
+        }
+        Entry::Zero { lbn, count } | Entry::Trim { lbn, count } => {
+            body.extend_from_slice(&lbn.to_le_bytes());
+            body.extend_from_slice(&count.to_le_bytes());
+            if matches!(e, Entry::Zero { .. }) {
+                KIND_ZERO
+            } else {
+                KIND_TRIM
+            }
+        }
+        Entry::Barrier { number, crc } => {
+            body.extend_from_slice(&number.to_le_bytes());
+            body.extend_from_slice(&crc.to_le_bytes());
+            body.extend_from_slice(&0u32.to_le_bytes());
+            KIND_BARRIER
+        }
+    };
+    while body.len() % 4 != 0 {
+        body.push(0);
+    }
+    let len = ENTRY_HEADER + body.len() + ENTRY_TRAILER;
+    let mut v = Vec::with_capacity(len);
+    v.push(kind);
+    v.push(0);
+    v.extend_from_slice(&0u16.to_le_bytes());
+    v.extend_from_slice(&(len as u32).to_le_bytes());
+    v.extend_from_slice(&seq.to_le_bytes());
+    v.extend_from_slice(&body);
+    let crc = crc32c::crc32c(&v);
+    v.extend_from_slice(&crc.to_le_bytes());
+    v
+}
+
+/// Why the log stopped being readable at some offset (the tail after it is
+/// cut at recovery).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TailError {
+    Truncated,
+    BadLength(u32),
+    BadCrc,
+    BadSequence { expected: u64, found: u64 },
+    BadEntry(&'static str),
+}
+
+/// Parse the entry starting at `b[0..]`. Returns the entry, its sequence
+/// number and its encoded length. Ranges are validated against `lblocks`
+/// logical and `pblocks` physical blocks and `bpc` blocks per cluster.
+pub fn parse_entry(
+    b: &[u8],
+    sum_width: usize,
+    lblocks: u64,
+    pblocks: u64,
+    bpc: u64,
+) -> Result<(Entry, u64, usize), TailError> {
+    if b.len() < ENTRY_HEADER + ENTRY_TRAILER {
+        return Err(TailError::Truncated);
+    }
+    let len = le32(b, 4);
+    let l = len as usize;
+    if l < ENTRY_HEADER + ENTRY_TRAILER || l > MAX_ENTRY || l % 4 != 0 {
+        return Err(TailError::BadLength(len));
+    }
+    if b.len() < l {
+        return Err(TailError::Truncated);
+    }
+    if crc32c::crc32c(&b[..l - ENTRY_TRAILER]) != le32(b, l - ENTRY_TRAILER) {
+        return Err(TailError::BadCrc);
+    }
+    if b[1] != 0 || b[2] != 0 || b[3] != 0 {
+        return Err(TailError::BadEntry("reserved header bytes"));
+    }
+    let seq = le64(b, 8);
+    let body = &b[ENTRY_HEADER..l - ENTRY_TRAILER];
+    let in_range = |start: u64, count: u64, limit: u64| {
+        count > 0 && start.checked_add(count).is_some_and(|e| e <= limit)
+    };
+    let e = match b[0] {
+        KIND_MAP => {
+            if body.len() < MAP_FIXED {
+                return Err(TailError::BadEntry("short MAP"));
+            }
+            let lbn = le64(body, 0);
+            let pbn = le64(body, 8);
+            let count = le32(body, 16) as u64;
+            let epoch = le64(body, 24);
+            let sums_len = count as usize * sum_width;
+            if le32(body, 20) != 0
+                || body.len() < MAP_FIXED + sums_len
+                || body[MAP_FIXED + sums_len..].iter().any(|&x| x != 0)
+                || body.len() - MAP_FIXED - sums_len >= 4
+            {
+                return Err(TailError::BadEntry("MAP layout"));
+            }
+            if !in_range(lbn, count, lblocks) || !in_range(pbn, count, pblocks) {
+                return Err(TailError::BadEntry("MAP range"));
+            }
+            if pbn / bpc != (pbn + count - 1) / bpc {
+                return Err(TailError::BadEntry("MAP run crosses a cluster"));
+            }
+            if epoch == 0 {
+                return Err(TailError::BadEntry("MAP epoch 0"));
+            }
+            Entry::Map {
+                lbn,
+                pbn,
+                epoch,
+                sums: body[MAP_FIXED..MAP_FIXED + sums_len].to_vec(),
+            }
+        }
+        KIND_ZERO | KIND_TRIM => {
+            if body.len() != 16 {
+                return Err(TailError::BadEntry("ZERO/TRIM layout"));
+            }
+            let lbn = le64(body, 0);
+            let count = le64(body, 8);
+            if !in_range(lbn, count, lblocks) {
+                return Err(TailError::BadEntry("ZERO/TRIM range"));
+            }
+            if b[0] == KIND_ZERO {
+                Entry::Zero { lbn, count }
+            } else {
+                Entry::Trim { lbn, count }
+            }
+        }
+        KIND_BARRIER => {
+            if body.len() != 16 || le32(body, 12) != 0 {
+                return Err(TailError::BadEntry("BARRIER layout"));
+            }
+            Entry::Barrier {
+                number: le64(body, 0),
+                crc: le32(body, 8),
+            }
+        }
+        _ => return Err(TailError::BadEntry("unknown kind")),
+    };
+    Ok((e, seq, l))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> MetaHeader {
+        MetaHeader {
+            uuid: [7; 16],
+            logical_size: 1 << 20,
+            geometry: Geometry {
+                block_size: 4096,
+                cluster_size: 65536,
+                clusters: 20,
+            },
+            checksum: ChecksumKind::Crc32c,
+            cipher: Cipher::None,
+            key_source: KeySource::None,
+            argon: (0, 0, 0),
+            salt: [0; 32],
+            key_check: [0; 16],
+            generation: 1,
+        }
+    }
+
+    #[test]
+    fn headers_round_trip_and_reject_damage() {
+        let h = header();
+        let b = h.encode();
+        assert_eq!(MetaHeader::parse(&b).unwrap(), h);
+        for i in 0..M_CRC + 4 {
+            let mut c = b.clone();
+            c[i] ^= 0x10;
+            assert!(MetaHeader::parse(&c).is_err(), "flip at {i}");
+        }
+        let d = DataSuper {
+            geometry: h.geometry,
+            encrypted: true,
+            uuid: [1; 16],
+        };
+        assert_eq!(DataSuper::parse(&d.encode()).unwrap(), d);
+        assert!(DataSuper::parse(&d.encode()[..100]).is_err());
+    }
+
+    #[test]
+    fn entries_round_trip() {
+        let es = [
+            Entry::Map {
+                lbn: 3,
+                pbn: 17,
+                epoch: 9,
+                sums: vec![1, 2, 3, 4, 5, 6, 7, 8],
+            },
+            Entry::Zero { lbn: 0, count: 5 },
+            Entry::Trim {
+                lbn: 200,
+                count: 56,
+            },
+            Entry::Barrier {
+                number: 4,
+                crc: 0xdead_beef,
+            },
+        ];
+        for (i, e) in es.iter().enumerate() {
+            let b = encode_entry(e, i as u64 + 1, 4);
+            let (p, seq, l) = parse_entry(&b, 4, 256, 320, 16).unwrap();
+            assert_eq!((&p, seq, l), (e, i as u64 + 1, b.len()));
+            for n in 0..b.len() {
+                assert!(parse_entry(&b[..n], 4, 256, 320, 16).is_err());
+            }
+            for j in 0..b.len() {
+                let mut c = b.clone();
+                c[j] ^= 1;
+                assert!(
+                    parse_entry(&c, 4, 256, 320, 16).is_err(),
+                    "flip at {j} of {e:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn out_of_range_entries_are_rejected() {
+        let b = encode_entry(
+            &Entry::Zero {
+                lbn: 250,
+                count: 10,
+            },
+            1,
+            4,
+        );
+        assert!(parse_entry(&b, 4, 256, 320, 16).is_err());
+        let b = encode_entry(
+            &Entry::Map {
+                lbn: 0,
+                pbn: 15,
+                epoch: 1,
+                sums: vec![0; 8],
+            },
+            1,
+            4,
+        );
+        assert_eq!(
+            parse_entry(&b, 4, 256, 320, 16),
+            Err(TailError::BadEntry("MAP run crosses a cluster"))
+        );
+    }
+}

@@ -1,0 +1,253 @@
+//! Garbage-collection policy: watermarks and the seed's four-term victim
+//! score (section 4.4). Pure functions over the cluster table, so the
+//! policy is tested apart from the I/O that moves blocks.
+
+/// Life-cycle of a physical cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterState {
+    /// No live block and safe to overwrite.
+    Free,
+    /// Being filled by the write position.
+    Active,
+    /// Holds live blocks.
+    Used,
+    /// No live block any more, but the durable map may still point into it:
+    /// becomes `Free` at the next barrier.
+    PendingFree,
+}
+
+/// Weights of the four scoring terms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Weights {
+    /// EMPTINESS: free blocks / blocks per cluster.
+    pub emptiness: f64,
+    /// LEFT EMPTY: the left neighbour is free.
+    pub left_empty: f64,
+    /// OUTLIER CORRECTION: an unusually full cluster among empty ones.
+    pub outlier: f64,
+    /// WRITE POSITION: the cluster right after the active one.
+    pub write_position: f64,
+}
+
+impl Default for Weights {
+    /// Equal weights, as in the seed's experiments.
+    fn default() -> Self {
+        Weights {
+            emptiness: 1.0,
+            left_empty: 1.0,
+            outlier: 1.0,
+            write_position: 1.0,
+        }
+    }
+}
+
+/// GC settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GcPolicy {
+    /// Start collecting when free clusters drop below this.
+    pub low: u64,
+    /// Stop when free clusters reach this.
+    pub high: u64,
+    pub weights: Weights,
+    /// When the free fraction of the physical space falls below this, the
+    /// other terms are scaled down by 10x so EMPTINESS dominates (the seed's
+    /// remark: below about 25% free). `None` disables it.
+    pub emptiness_dominates_below: Option<f64>,
+}
+
+impl GcPolicy {
+    /// Defaults for `clusters` physical clusters: low 3% (at least 3),
+    /// high 6% (at least low + 2), emptiness dominating below 25% free.
+    pub fn for_clusters(clusters: u64) -> GcPolicy {
+        let low = (clusters * 3 / 100).max(3);
+        let high = (clusters * 6 / 100).max(low + 2);
+        GcPolicy {
+            low,
+            high,
+            weights: Weights::default(),
+            emptiness_dominates_below: Some(0.25),
+        }
+    }
+}
+
+/// The scoring terms of one cluster (for `lbs info` and tests).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Terms {
+    pub emptiness: f64,
+    pub left_empty: f64,
+    pub outlier: f64,
+    pub write_position: f64,
+}
+
+fn emptiness_of(state: ClusterState, live: u32, bpc: u64) -> f64 {
+    match state {
+        ClusterState::Free | ClusterState::PendingFree => 1.0,
+        _ => 1.0 - live as f64 / bpc as f64,
+    }
+}
+
+/// The four terms for cluster `c`.
+pub fn terms(
+    c: usize,
+    states: &[ClusterState],
+    live: &[u32],
+    bpc: u64,
+    active: Option<usize>,
+) -> Terms {
+    let e = emptiness_of(states[c], live[c], bpc);
+    let left_empty = if c > 0
+        && matches!(
+            states[c - 1],
+            ClusterState::Free | ClusterState::PendingFree
+        ) {
+        1.0
+    } else {
+        0.0
+    };
+    let lo = c.saturating_sub(2);
+    let hi = (c + 2).min(states.len() - 1);
+    let neigh: Vec<f64> = (lo..=hi)
+        .filter(|&n| n != c)
+        .map(|n| emptiness_of(states[n], live[n], bpc))
+        .collect();
+    let mean = if neigh.is_empty() {
+        0.0
+    } else {
+        neigh.iter().sum::<f64>() / neigh.len() as f64
+    };
+    // An unusually full cluster among mostly empty ones is scored as if it
+    // were almost as empty as its surroundings.
+    let outlier = if mean >= 0.5 && mean - e > 0.25 {
+        mean - e
+    } else {
+        0.0
+    };
+    let write_position = match active {
+        Some(a) if (a + 1) % states.len() == c => 1.0,
+        _ => 0.0,
+    };
+    Terms {
+        emptiness: e,
+        left_empty,
+        outlier,
+        write_position,
+    }
+}
+
+/// The best victim: the `Used` cluster with the highest score that has at
+/// least one free block (moving a full cluster frees nothing). Ties go to
+/// the lowest index.
+pub fn pick_victim(
+    states: &[ClusterState],
+    live: &[u32],
+    bpc: u64,
+    active: Option<usize>,
+    policy: &GcPolicy,
+) -> Option<usize> {
+    let free = states
+        .iter()
+        .filter(|s| matches!(s, ClusterState::Free | ClusterState::PendingFree))
+        .count();
+    let mut w = policy.weights;
+    if let Some(th) = policy.emptiness_dominates_below {
+        if (free as f64) < th * states.len() as f64 {
+            w.left_empty *= 0.1;
+            w.outlier *= 0.1;
+            w.write_position *= 0.1;
+        }
+    }
+    let mut best: Option<(f64, usize)> = None;
+    for c in 0..states.len() {
+        if states[c] != ClusterState::Used || live[c] as u64 >= bpc {
+            continue;
+        }
+        let t = terms(c, states, live, bpc, active);
+        let s = w.emptiness * t.emptiness
+            + w.left_empty * t.left_empty
+            + w.outlier * t.outlier
+            + w.write_position * t.write_position;
+        if best.is_none_or(|(b, _)| s > b) {
+            best = Some((s, c));
+        }
+    }
+    best.map(|(_, c)| c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ClusterState::*;
+
+    #[test]
+    fn emptiest_cluster_wins_with_equal_context() {
+        let states = [Used, Used, Used, Used];
+        let live = [10, 2, 10, 10];
+        let p = GcPolicy {
+            low: 1,
+            high: 2,
+            weights: Weights::default(),
+            emptiness_dominates_below: None,
+        };
+        assert_eq!(pick_victim(&states, &live, 16, None, &p), Some(1));
+    }
+
+    #[test]
+    fn left_empty_and_write_position_break_ties() {
+        let p = GcPolicy {
+            low: 1,
+            high: 2,
+            weights: Weights::default(),
+            emptiness_dominates_below: None,
+        };
+        let states = [Used, Free, Used, Used, Used];
+        let live = [8, 0, 8, 8, 8];
+        // Cluster 2 has a free left neighbour.
+        assert_eq!(pick_victim(&states, &live, 16, None, &p), Some(2));
+        // Cluster 3 is next to the write position.
+        let states = [Used, Used, Active, Used, Used];
+        let live = [8, 8, 3, 8, 8];
+        assert_eq!(pick_victim(&states, &live, 16, Some(2), &p), Some(3));
+    }
+
+    #[test]
+    fn outlier_among_empty_neighbours_is_rewarded() {
+        let t = terms(
+            2,
+            &[Free, Free, Used, Free, Free],
+            &[0, 0, 14, 0, 0],
+            16,
+            None,
+        );
+        assert!(t.outlier > 0.8, "{t:?}");
+        let t = terms(
+            2,
+            &[Used, Used, Used, Used, Used],
+            &[14, 14, 14, 14, 14],
+            16,
+            None,
+        );
+        assert_eq!(t.outlier, 0.0);
+    }
+
+    #[test]
+    fn emptiness_dominates_when_space_is_short() {
+        // Without domination the write-position boost picks the fuller cluster 1.
+        let states = [Active, Used, Used, Used, Used, Used, Used, Used];
+        let live = [1, 15, 9, 16, 16, 16, 16, 16];
+        let mut p = GcPolicy {
+            low: 1,
+            high: 2,
+            weights: Weights::default(),
+            emptiness_dominates_below: None,
+        };
+        assert_eq!(pick_victim(&states, &live, 16, Some(0), &p), Some(1));
+        p.emptiness_dominates_below = Some(0.25);
+        assert_eq!(pick_victim(&states, &live, 16, Some(0), &p), Some(2));
+    }
+
+    #[test]
+    fn full_clusters_are_never_victims() {
+        let p = GcPolicy::for_clusters(4);
+        assert_eq!(pick_victim(&[Used, Used], &[16, 16], 16, None, &p), None);
+    }
+}
