@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 ///   raw:disk.img                     a plain file
 ///   mem:1G                           a RAM disk
 ///   cow:overlay.img:raw:base.img     copy-on-write over a read-only base
+///   lbs:vm.lbsd                      a Logging Block Store image (see `roamdisk lbs`)
 ///
 /// Run `roamdisk layers` for every layer and its options, and
 /// `roamdisk COMMAND --help` for each command.
@@ -35,6 +36,7 @@ enum Command {
     Serve(commands::serve::Args),
     Info(commands::info::Args),
     Layers(commands::layers::Args),
+    Lbs(commands::lbs::Args),
 }
 
 fn init_logging(verbose: u8, quiet: bool) {
@@ -47,7 +49,7 @@ fn init_logging(verbose: u8, quiet: bool) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!(
-            "roamdisk={level},roamdisk_nbd={level},roamdisk_blockdev={level}"
+            "roamdisk={level},roamdisk_nbd={level},roamdisk_blockdev={level},roamdisk_lbs={level}"
         ))
     });
     tracing_subscriber::fmt()
@@ -64,6 +66,7 @@ fn main() -> std::process::ExitCode {
         Command::Serve(a) => commands::serve::run(a, cli.quiet),
         Command::Info(a) => commands::info::run(a),
         Command::Layers(a) => commands::layers::run(a),
+        Command::Lbs(a) => commands::lbs::run(a, cli.quiet),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -60,7 +60,19 @@ fn create_opts(seed: u64) -> CreateOptions {
         cluster_size: 16 * BS as u32,
         overprovision_pct: 130,
         checksum: ChecksumKind::ALL[(seed % 4) as usize],
-        encryption: if seed % 2 == 1 { Encryption::RawKey([7u8; 32].iter().chain([9u8; 32].iter()).copied().collect::<Vec<_>>().try_into().unwrap()) } else { Encryption::None },
+        encryption: if seed % 2 == 1 {
+            Encryption::RawKey(
+                [7u8; 32]
+                    .iter()
+                    .chain([9u8; 32].iter())
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .try_into()
+                    .unwrap(),
+            )
+        } else {
+            Encryption::None
+        },
     }
 }
 
@@ -69,7 +81,12 @@ fn lbs_opts() -> LbsOptions {
         read_only: false,
         buffer_size: 4 * BS,
         background_gc: false,
-        gc: Some(GcPolicy { low: 3, high: 4, weights: Weights::default(), emptiness_dominates_below: Some(0.25) }),
+        gc: Some(GcPolicy {
+            low: 3,
+            high: 4,
+            weights: Weights::default(),
+            emptiness_dominates_below: Some(0.25),
+        }),
         compact_limit: 6 * 1024,
     }
 }
@@ -97,7 +114,10 @@ struct Model {
 
 impl Model {
     fn new() -> Model {
-        Model { cur: vec![None; BLOCKS as usize], allowed: vec![vec![None]; BLOCKS as usize] }
+        Model {
+            cur: vec![None; BLOCKS as usize],
+            allowed: vec![vec![None]; BLOCKS as usize],
+        }
     }
     fn set(&mut self, lbn: u64, v: Option<u64>) {
         self.allowed[lbn as usize].push(v);
@@ -114,7 +134,10 @@ impl Model {
 
 /// Run the workload until the countdown fires. Returns the image, the model
 /// and the I/Os spent.
-fn run(seed: u64, countdown: std::sync::Arc<Countdown>) -> (MemImage, Model, u64, Option<roamdisk_lbs::StatsSnapshot>) {
+fn run(
+    seed: u64,
+    countdown: std::sync::Arc<Countdown>,
+) -> (MemImage, Model, u64, Option<roamdisk_lbs::StatsSnapshot>) {
     let img = MemImage::new(&create_opts(seed), countdown.clone());
     let mut m = Model::new();
     let Ok(dev) = img.open(lbs_opts()) else {
@@ -131,7 +154,9 @@ fn run(seed: u64, countdown: std::sync::Arc<Countdown>) -> (MemImage, Model, u64
                     buf.extend_from_slice(&block(lbn + i, version));
                     m.set(lbn + i, Some(version));
                 }
-                let ok = dev.write_at(&buf, lbn * BS as u64, WriteFlags { fua }).is_ok();
+                let ok = dev
+                    .write_at(&buf, lbn * BS as u64, WriteFlags { fua })
+                    .is_ok();
                 if ok {
                     for i in 0..n {
                         m.ack(lbn + i, Some(first + i));
@@ -148,7 +173,9 @@ fn run(seed: u64, countdown: std::sync::Arc<Countdown>) -> (MemImage, Model, u64
                     m.set(lbn + i, None);
                 }
                 let r = match op {
-                    Op::Zero { .. } => dev.write_zeroes(lbn * BS as u64, n * BS as u64, ZeroFlags::default()),
+                    Op::Zero { .. } => {
+                        dev.write_zeroes(lbn * BS as u64, n * BS as u64, ZeroFlags::default())
+                    }
                     _ => dev.trim(lbn * BS as u64, n * BS as u64, WriteFlags::default()),
                 };
                 if r.is_ok() {
@@ -179,7 +206,9 @@ fn run(seed: u64, countdown: std::sync::Arc<Countdown>) -> (MemImage, Model, u64
 fn verify(seed: u64, n: u64, img: &MemImage, m: &Model) {
     let mut rng = Rng::new(seed.wrapping_mul(1_000_003) ^ n);
     let after = img.after_crash(&mut rng, Countdown::unarmed());
-    let dev = after.open(lbs_opts()).unwrap_or_else(|e| panic!("seed {seed} crash at {n}: reopen failed: {e}"));
+    let dev = after
+        .open(lbs_opts())
+        .unwrap_or_else(|e| panic!("seed {seed} crash at {n}: reopen failed: {e}"));
     let mut b = vec![0u8; BS];
     for lbn in 0..BLOCKS {
         dev.read_at(&mut b, lbn * BS as u64)
@@ -189,7 +218,10 @@ fn verify(seed: u64, n: u64, img: &MemImage, m: &Model) {
         } else {
             let l = u64::from_le_bytes(b[..8].try_into().unwrap());
             let v = u64::from_le_bytes(b[8..16].try_into().unwrap());
-            assert!(l == lbn && b == block(lbn, v), "seed {seed} crash at {n}: block {lbn} holds garbage");
+            assert!(
+                l == lbn && b == block(lbn, v),
+                "seed {seed} crash at {n}: block {lbn} holds garbage"
+            );
             Some(v)
         };
         assert!(
@@ -199,7 +231,8 @@ fn verify(seed: u64, n: u64, img: &MemImage, m: &Model) {
         );
     }
     // The recovered image keeps working.
-    dev.write_at(&block(0, u64::MAX), 0, WriteFlags { fua: true }).unwrap();
+    dev.write_at(&block(0, u64::MAX), 0, WriteFlags { fua: true })
+        .unwrap();
     drop(dev);
     let dev = after.open(lbs_opts()).unwrap();
     dev.read_at(&mut b, 0).unwrap();
@@ -224,7 +257,9 @@ fn every_crash_point_recovers_to_a_consistent_image() {
             let mut b = vec![0u8; BS];
             for lbn in 0..BLOCKS {
                 dev.read_at(&mut b, lbn * BS as u64).unwrap();
-                let want = m.cur[lbn as usize].map(|v| block(lbn, v)).unwrap_or_else(|| vec![0u8; BS]);
+                let want = m.cur[lbn as usize]
+                    .map(|v| block(lbn, v))
+                    .unwrap_or_else(|| vec![0u8; BS]);
                 assert_eq!(b, want, "seed {seed}: clean run, block {lbn}");
             }
         }
@@ -238,7 +273,13 @@ fn every_crash_point_recovers_to_a_consistent_image() {
     }
     eprintln!("crash points checked: {points} over {seeds} workloads (GC runs in clean workloads {gc_runs}, compactions {compactions})");
     if long {
-        assert!(points >= 10_000, "long mode must check at least 10,000 crash points, checked {points}");
+        assert!(
+            points >= 10_000,
+            "long mode must check at least 10,000 crash points, checked {points}"
+        );
     }
-    assert!(gc_runs > 0 && compactions > seeds, "the workload must exercise GC ({gc_runs}) and compaction ({compactions})");
+    assert!(
+        gc_runs > 0 && compactions > seeds,
+        "the workload must exercise GC ({gc_runs}) and compaction ({compactions})"
+    );
 }

@@ -1,0 +1,566 @@
+//! `roamdisk lbs`: create, inspect, check, compact, collect, import and
+//! export Logging Block Store images.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::{Args as ClapArgs, Parser, Subcommand};
+use roamdisk_blockdev::units::{format_size, parse_size};
+use roamdisk_blockdev::{extents_covering, BlockDev, WriteFlags, ZeroFlags};
+use roamdisk_lbs::create::{open_files, read_header, CreateOptions, Encryption, KeyOptions, Paths};
+use roamdisk_lbs::{ChecksumKind, LbsOptions};
+
+use super::progress::Progress;
+
+/// Logging Block Store images: log-structured, write-buffered, checksummed,
+/// optionally encrypted (XTS-AES-256), crash-safe, garbage-collected. An
+/// image is two files: IMAGE.lbsd (data) and IMAGE.lbsm (metadata log, can
+/// live elsewhere with --meta-dir). Serve one with `roamdisk serve lbs:IMAGE`.
+///
+/// Examples:
+///   roamdisk lbs create vm.lbsd --size 20G
+///   roamdisk lbs create vm.lbsd --size 20G --encrypt --key-file vm.key --checksum blake3
+///   roamdisk lbs import disk.qcow2 vm.lbsd
+///   roamdisk serve lbs[key-file=vm.key]:vm.lbsd --socket /tmp/vm.sock
+///   roamdisk lbs check vm.lbsd --key-file vm.key
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+pub struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    Create(CreateArgs),
+    Info(InfoArgs),
+    Check(OpenArgs),
+    Compact(OpenArgs),
+    Gc(OpenArgs),
+    Import(ImportArgs),
+    Export(ExportArgs),
+}
+
+#[derive(ClapArgs, Clone)]
+struct Where {
+    /// The image: IMAGE, IMAGE.lbsd or IMAGE.lbsm.
+    image: PathBuf,
+    /// Directory holding the .lbsm metadata file (default: beside the data).
+    #[arg(long, value_name = "DIR")]
+    meta_dir: Option<PathBuf>,
+    /// Key file of an encrypted image.
+    #[arg(long, value_name = "FILE")]
+    key_file: Option<PathBuf>,
+    /// File holding the passphrase of an encrypted image.
+    #[arg(long, value_name = "FILE")]
+    passphrase_file: Option<PathBuf>,
+}
+
+impl Where {
+    fn paths(&self) -> Paths {
+        Paths::resolve(&self.image, self.meta_dir.as_deref())
+    }
+    fn keys(&self) -> KeyOptions {
+        KeyOptions {
+            key_file: self.key_file.clone(),
+            passphrase_file: self.passphrase_file.clone(),
+        }
+    }
+}
+
+#[derive(ClapArgs, Clone)]
+struct Geometry {
+    /// Block size: 1K (as in the seed) or 4K.
+    #[arg(long, default_value = "4K", value_name = "SIZE")]
+    block_size: String,
+    /// Cluster size (unit of garbage collection).
+    #[arg(long, default_value = "256K", value_name = "SIZE")]
+    cluster_size: String,
+    /// Physical space as a percentage of the logical size.
+    #[arg(long, default_value_t = 112, value_name = "PCT")]
+    overprovision: u32,
+    /// Per-block checksum: crc32c, fletcher32, sha256 or blake3.
+    #[arg(long, default_value = "crc32c")]
+    checksum: String,
+    /// Encrypt with XTS-AES-256 (needs --key-file or --passphrase-file).
+    #[arg(long)]
+    encrypt: bool,
+}
+
+/// Create an empty image (fully preallocated).
+///
+/// Example:
+///   roamdisk lbs create vm.lbsd --size 20G --encrypt --key-file vm.key
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+struct CreateArgs {
+    #[command(flatten)]
+    at: Where,
+    /// Logical size (e.g. 20G).
+    #[arg(long)]
+    size: String,
+    #[command(flatten)]
+    geo: Geometry,
+}
+
+/// Show an image's geometry, algorithms, space and memory figures.
+///
+/// Example:
+///   roamdisk lbs info vm.lbsd --json
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+struct InfoArgs {
+    #[command(flatten)]
+    at: Where,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// check: verify every block's checksum, reporting corrupt blocks by LBN.
+/// compact: rewrite the metadata log. gc: collect free clusters now.
+///
+/// Example:
+///   roamdisk lbs check vm.lbsd --key-file vm.key
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+struct OpenArgs {
+    #[command(flatten)]
+    at: Where,
+}
+
+/// Create an image from any stack spec or disk image file and copy it in,
+/// skipping holes. qcow2 and other formats go through `qemu-img convert`.
+///
+/// Example:
+///   roamdisk lbs import disk.qcow2 vm.lbsd --encrypt --key-file vm.key
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+struct ImportArgs {
+    /// Source: a stack spec (raw:disk.img, ...) or an image file of any format qemu-img reads.
+    source: String,
+    #[command(flatten)]
+    at: Where,
+    #[command(flatten)]
+    geo: Geometry,
+}
+
+/// Copy an image out to a raw file (sparse) or, with --format, any format
+/// qemu-img writes.
+///
+/// Example:
+///   roamdisk lbs export vm.lbsd disk.raw
+///   roamdisk lbs export vm.lbsd disk.qcow2 --format qcow2
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+struct ExportArgs {
+    #[command(flatten)]
+    at: Where,
+    /// Destination file (must not exist).
+    dest: PathBuf,
+    /// Output format (raw, or any qemu-img format such as qcow2).
+    #[arg(long, default_value = "raw")]
+    format: String,
+}
+
+fn create_options(size: u64, g: &Geometry, at: &Where) -> anyhow::Result<CreateOptions> {
+    let checksum = ChecksumKind::from_name(&g.checksum).with_context(|| {
+        format!(
+            "unknown checksum '{}': use crc32c, fletcher32, sha256 or blake3",
+            g.checksum
+        )
+    })?;
+    let encryption = match (g.encrypt, &at.key_file, &at.passphrase_file) {
+        (false, None, None) => Encryption::None,
+        (false, _, _) => bail!("--key-file/--passphrase-file given without --encrypt"),
+        (true, Some(k), None) => Encryption::KeyFile(k.clone()),
+        (true, None, Some(p)) => {
+            let mut pw =
+                std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?;
+            while pw.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
+                pw.pop();
+            }
+            Encryption::Passphrase(pw)
+        }
+        (true, None, None) => {
+            bail!("--encrypt needs --key-file FILE (created if missing) or --passphrase-file FILE")
+        }
+        (true, Some(_), Some(_)) => bail!("give --key-file or --passphrase-file, not both"),
+    };
+    Ok(CreateOptions {
+        size,
+        block_size: parse_size(&g.block_size).map_err(anyhow::Error::msg)? as u32,
+        cluster_size: parse_size(&g.cluster_size).map_err(anyhow::Error::msg)? as u32,
+        overprovision_pct: g.overprovision,
+        checksum,
+        encryption,
+    })
+}
+
+pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
+    match a.cmd {
+        Cmd::Create(c) => {
+            let size = parse_size(&c.size).map_err(anyhow::Error::msg)?;
+            let o = create_options(size, &c.geo, &c.at)?;
+            let paths = c.at.paths();
+            let h = roamdisk_lbs::create(&paths, &o)?;
+            if !quiet {
+                eprintln!(
+                    "created {} ({} logical, {} physical in {} clusters) and {}",
+                    paths.data.display(),
+                    format_size(h.logical_size),
+                    format_size(h.geometry.physical_blocks() * h.geometry.block_size as u64),
+                    h.geometry.clusters,
+                    paths.meta.display()
+                );
+            }
+            Ok(())
+        }
+        Cmd::Info(i) => info(&i),
+        Cmd::Check(o) => {
+            let (lbs, _) = open_files(
+                &o.at.paths(),
+                &o.at.keys(),
+                LbsOptions {
+                    read_only: true,
+                    ..LbsOptions::default()
+                },
+            )?;
+            let p = Progress::new(quiet, lbs.header().logical_blocks(), "checking blocks");
+            let bad = lbs.check(|done, _| p.set(done))?;
+            p.finish();
+            if bad.is_empty() {
+                println!(
+                    "ok: every mapped block verifies ({} checksums)",
+                    lbs.header().checksum.name()
+                );
+                Ok(())
+            } else {
+                for l in &bad {
+                    println!(
+                        "corrupt block: LBN {l} (bytes {}..{})",
+                        l * lbs.header().geometry.block_size as u64,
+                        (l + 1) * lbs.header().geometry.block_size as u64
+                    );
+                }
+                bail!("{} corrupt blocks", bad.len())
+            }
+        }
+        Cmd::Compact(o) => {
+            let paths = o.at.paths();
+            let before = std::fs::metadata(&paths.meta).map(|m| m.len()).unwrap_or(0);
+            // Opening writable replays, rolls back and compacts.
+            let (lbs, _) = open_files(
+                &paths,
+                &o.at.keys(),
+                LbsOptions {
+                    background_gc: false,
+                    ..LbsOptions::default()
+                },
+            )?;
+            lbs.close()?;
+            let after = std::fs::metadata(&paths.meta).map(|m| m.len()).unwrap_or(0);
+            println!(
+                "metadata log: {} -> {}",
+                format_size(before),
+                format_size(after)
+            );
+            Ok(())
+        }
+        Cmd::Gc(o) => {
+            let (lbs, _) = open_files(
+                &o.at.paths(),
+                &o.at.keys(),
+                LbsOptions {
+                    background_gc: false,
+                    ..LbsOptions::default()
+                },
+            )?;
+            let n = lbs.gc_now()?;
+            let s = lbs.stats();
+            lbs.close()?;
+            println!(
+                "reclaimed {n} clusters ({} blocks moved); {} clusters free",
+                s.gc_moved, s.free_clusters
+            );
+            Ok(())
+        }
+        Cmd::Import(i) => import(&i, quiet),
+        Cmd::Export(e) => export(&e, quiet),
+    }
+}
+
+fn info(i: &InfoArgs) -> anyhow::Result<()> {
+    let paths = i.at.paths();
+    let h = read_header(&paths)?;
+    let bytes = std::fs::read(&paths.meta)
+        .with_context(|| format!("cannot read {}", paths.meta.display()))?;
+    let r = roamdisk_lbs::replay::replay(&bytes, &h).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let bpc = h.geometry.blocks_per_cluster();
+    let live = r.map.live_counts(bpc);
+    let mapped: u64 = live.iter().map(|&l| l as u64).sum();
+    let zero = r
+        .map
+        .l2p
+        .iter()
+        .filter(|&&p| p == roamdisk_lbs::replay::ZERO)
+        .count() as u64;
+    let used = live.iter().filter(|&&l| l > 0).count() as u64;
+    let direct = roamdisk_blockdev::layers::raw::RawDev::open_direct(&paths.data, true)
+        .map(|d| d.is_direct())
+        .unwrap_or(false);
+    let bs = h.geometry.block_size as u64;
+    let per_block = 4 + h.checksum.width() as u64;
+    let mem_per_gib = per_block as f64 * (1u64 << 30) as f64 / bs as f64 / 1e6;
+    let enc = match h.cipher {
+        roamdisk_lbs::format::Cipher::None => "none".to_string(),
+        _ => format!(
+            "xts-aes-256 ({})",
+            if h.key_source == roamdisk_lbs::format::KeySource::Passphrase {
+                "passphrase, Argon2id"
+            } else {
+                "key file"
+            }
+        ),
+    };
+    if i.json {
+        let v = serde_json::json!({
+            "data": paths.data, "meta": paths.meta, "logical_size": h.logical_size,
+            "block_size": bs, "cluster_size": h.geometry.cluster_size, "clusters": h.geometry.clusters,
+            "overprovision_pct": (h.geometry.physical_blocks() * 100) / h.logical_blocks(),
+            "checksum": h.checksum.name(), "encryption": enc, "o_direct": direct,
+            "mapped_blocks": mapped, "zero_blocks": zero, "used_clusters": used,
+            "log_bytes": bytes.len(), "log_discarded_bytes": r.discarded, "barriers": r.barriers,
+            "generation": h.generation, "map_memory_mb_per_gib": mem_per_gib,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("data:           {}", paths.data.display());
+    println!("metadata:       {}", paths.meta.display());
+    println!(
+        "logical size:   {} ({} blocks of {})",
+        format_size(h.logical_size),
+        h.logical_blocks(),
+        format_size(bs)
+    );
+    println!(
+        "physical:       {} clusters of {} = {} ({}% of logical)",
+        h.geometry.clusters,
+        format_size(h.geometry.cluster_size as u64),
+        format_size(h.geometry.physical_blocks() * bs),
+        h.geometry.physical_blocks() * 100 / h.logical_blocks()
+    );
+    println!("checksum:       {}", h.checksum.name());
+    println!("encryption:     {enc}");
+    println!(
+        "data I/O:       {}",
+        if direct {
+            "O_DIRECT (page cache bypassed)"
+        } else {
+            "buffered: this file system refuses O_DIRECT"
+        }
+    );
+    println!(
+        "mapped:         {} blocks ({}), {} zero blocks",
+        mapped,
+        format_size(mapped * bs),
+        zero
+    );
+    println!(
+        "clusters:       {used} holding live data, {} free",
+        h.geometry.clusters - used
+    );
+    println!(
+        "metadata log:   {} ({} barriers; {} bytes after the last barrier would be rolled back)",
+        format_size(bytes.len() as u64),
+        r.barriers,
+        r.discarded
+    );
+    println!("map memory:     {mem_per_gib:.1} MB per GiB of logical space (the seed: 12 MB)");
+    Ok(())
+}
+
+/// Open a source for import: a stack spec, or an image file of any format
+/// (converted to a temporary raw file with qemu-img when it is not raw).
+fn open_source(src: &str) -> anyhow::Result<(Arc<dyn BlockDev>, Option<tempfile_guard::TempFile>)> {
+    let path = Path::new(src);
+    if path.is_file() {
+        let out = std::process::Command::new("qemu-img")
+            .args(["info", "--output=json"])
+            .arg(path)
+            .output();
+        let fmt = match out {
+            Ok(o) if o.status.success() => serde_json::from_slice::<serde_json::Value>(&o.stdout)
+                .ok()
+                .and_then(|v| v["format"].as_str().map(str::to_string))
+                .unwrap_or_else(|| "raw".into()),
+            _ => "raw".into(),
+        };
+        if fmt != "raw" {
+            let tmp = tempfile_guard::TempFile::new(path)?;
+            let st = std::process::Command::new("qemu-img")
+                .args(["convert", "-O", "raw", "-f", &fmt])
+                .arg(path)
+                .arg(&tmp.0)
+                .status()
+                .context("cannot run qemu-img (install qemu-utils) to read this image format")?;
+            if !st.success() {
+                bail!("qemu-img could not convert {src} ({fmt}) to raw");
+            }
+            let dev = super::registry().build(&format!("raw:{}", tmp.0.display()), true)?;
+            return Ok((dev, Some(tmp)));
+        }
+    }
+    let dev = super::registry()
+        .build(src, true)
+        .with_context(|| format!("cannot open source '{src}'"))?;
+    Ok((dev, None))
+}
+
+mod tempfile_guard {
+    use std::path::{Path, PathBuf};
+
+    /// A temporary file next to the source, removed on drop.
+    pub struct TempFile(pub PathBuf);
+
+    impl TempFile {
+        pub fn new(near: &Path) -> anyhow::Result<TempFile> {
+            let dir = std::env::temp_dir();
+            let name = format!(
+                ".roamdisk-import-{}-{}.raw",
+                std::process::id(),
+                near.file_name()
+                    .map(|n| n.to_string_lossy().to_string())
+                    .unwrap_or_default()
+            );
+            Ok(TempFile(dir.join(name)))
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+/// Copy `src` into `dst`, writing only ranges that are not holes/zeroes.
+fn copy(
+    src: &dyn BlockDev,
+    dst: &dyn BlockDev,
+    quiet: bool,
+    what: &'static str,
+) -> anyhow::Result<u64> {
+    let size = src.size();
+    let p = Progress::new(quiet, size, what);
+    let mut off = 0u64;
+    let mut copied = 0u64;
+    let mut buf = vec![0u8; 4 << 20];
+    while off < size {
+        let n = (buf.len() as u64).min(size - off);
+        let extents = extents_covering(src, off, n)?;
+        let mut pos = off;
+        for e in extents {
+            if e.state.is_zero() {
+                if dst.caps().can_zero {
+                    dst.write_zeroes(
+                        pos,
+                        e.len,
+                        ZeroFlags {
+                            may_trim: true,
+                            ..Default::default()
+                        },
+                    )?;
+                }
+            } else {
+                let b = &mut buf[..e.len as usize];
+                src.read_at(b, pos)?;
+                dst.write_at(b, pos, WriteFlags::default())?;
+                copied += e.len;
+            }
+            pos += e.len;
+        }
+        off += n;
+        p.set(off);
+    }
+    dst.flush()?;
+    p.finish();
+    Ok(copied)
+}
+
+fn import(i: &ImportArgs, quiet: bool) -> anyhow::Result<()> {
+    let (src, _tmp) = open_source(&i.source)?;
+    let o = create_options(src.size(), &i.geo, &i.at)?;
+    let paths = i.at.paths();
+    roamdisk_lbs::create(&paths, &o)?;
+    let result = (|| {
+        let (lbs, _) = open_files(&paths, &i.at.keys(), LbsOptions::default())?;
+        let copied = copy(src.as_ref(), &lbs, quiet, "importing")?;
+        lbs.close()?;
+        Ok::<_, anyhow::Error>(copied)
+    })();
+    match result {
+        Ok(copied) => {
+            if !quiet {
+                eprintln!(
+                    "imported {} of data into {}",
+                    format_size(copied),
+                    paths.data.display()
+                );
+            }
+            Ok(())
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&paths.data);
+            let _ = std::fs::remove_file(&paths.meta);
+            Err(e.context("import failed; the partial image was removed"))
+        }
+    }
+}
+
+fn export(e: &ExportArgs, quiet: bool) -> anyhow::Result<()> {
+    if e.dest.exists() {
+        bail!("{} exists; remove it first", e.dest.display());
+    }
+    let (lbs, _) = open_files(
+        &e.at.paths(),
+        &e.at.keys(),
+        LbsOptions {
+            read_only: true,
+            ..LbsOptions::default()
+        },
+    )?;
+    let raw_path = if e.format == "raw" {
+        e.dest.clone()
+    } else {
+        e.dest.with_extension("export-tmp.raw")
+    };
+    let f = std::fs::File::create(&raw_path)
+        .with_context(|| format!("cannot create {}", raw_path.display()))?;
+    f.set_len(lbs.size())?;
+    drop(f);
+    let dst = super::registry().build(&format!("raw:{}", raw_path.display()), false)?;
+    let copied = copy(&lbs, dst.as_ref(), quiet, "exporting")?;
+    if e.format != "raw" {
+        let st = std::process::Command::new("qemu-img")
+            .args(["convert", "-f", "raw", "-O", &e.format])
+            .arg(&raw_path)
+            .arg(&e.dest)
+            .status()
+            .context("cannot run qemu-img (install qemu-utils)")?;
+        let _ = std::fs::remove_file(&raw_path);
+        if !st.success() {
+            bail!("qemu-img could not write {} format", e.format);
+        }
+    }
+    if !quiet {
+        eprintln!(
+            "exported {} of data to {}",
+            format_size(copied),
+            e.dest.display()
+        );
+    }
+    Ok(())
+}
