@@ -5,7 +5,7 @@
 mod common;
 use common::roamdisk;
 
-const COMMANDS: &[&str] = &["serve", "info", "layers"];
+const COMMANDS: &[&str] = &["serve", "info", "layers", "lbs"];
 
 #[test]
 fn top_level_help_lists_every_command() {
