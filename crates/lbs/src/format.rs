@@ -292,7 +292,7 @@ impl MetaHeader {
         geometry.validate()?;
         let logical_size = le64(b, M_LOGICAL);
         let bs = geometry.block_size as u64;
-        if logical_size == 0 || logical_size % bs != 0 {
+        if logical_size == 0 || !logical_size.is_multiple_of(bs) {
             return Err(FormatError::BadField(
                 "logical size must be a positive multiple of the block size",
             ));
@@ -444,7 +444,7 @@ pub fn parse_entry(
     }
     let len = le32(b, 4);
     let l = len as usize;
-    if l < ENTRY_HEADER + ENTRY_TRAILER || l > MAX_ENTRY || l % 4 != 0 {
+    if !(ENTRY_HEADER + ENTRY_TRAILER..=MAX_ENTRY).contains(&l) || !l.is_multiple_of(4) {
         return Err(TailError::BadLength(len));
     }
     if b.len() < l {

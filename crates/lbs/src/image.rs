@@ -146,6 +146,9 @@ pub struct Inner {
     describe: String,
 }
 
+/// A block to read: (lbn, pbn, epoch, checksum).
+type BlockRef = (u64, u64, u64, [u8; 16]);
+
 /// A buffer whose start is aligned for O_DIRECT.
 pub struct AlignedBuf {
     raw: Vec<u8>,
@@ -741,7 +744,7 @@ impl Inner {
 
     /// Read and verify blocks already on disk. `plan` holds (lbn, pbn,
     /// epoch, checksum) of consecutive PBNs; returns their plaintext.
-    fn read_blocks(&self, plan: &[(u64, u64, u64, [u8; 16])]) -> Result<AlignedBuf> {
+    fn read_blocks(&self, plan: &[BlockRef]) -> Result<AlignedBuf> {
         let n = plan.len();
         let mut b = AlignedBuf::new(n * self.bs);
         let off = self.geo.data_offset() + plan[0].1 * self.bs as u64;
@@ -772,7 +775,7 @@ impl Inner {
     /// Read whole blocks `first..first+n` into `out` (n * bs bytes).
     fn read_whole(&self, first: u64, out: &mut [u8]) -> Result<()> {
         let n = out.len() / self.bs;
-        let mut plan: Vec<(usize, (u64, u64, u64, [u8; 16]))> = Vec::new();
+        let mut plan: Vec<(usize, BlockRef)> = Vec::new();
         let _reuse;
         {
             let st = self.lock();
@@ -983,7 +986,7 @@ impl BlockDev for Inner {
         let first = off / bs;
         let end = off + buf.len() as u64;
         let last = end.div_ceil(bs);
-        if off % bs == 0 && end % bs == 0 {
+        if off.is_multiple_of(bs) && end.is_multiple_of(bs) {
             return self.read_whole(first, buf);
         }
         let mut tmp = vec![0u8; ((last - first) * bs) as usize];
@@ -1000,12 +1003,12 @@ impl BlockDev for Inner {
         // Partial edge blocks are read, merged and written whole.
         let mut head = None;
         let mut tail = None;
-        if off % bs != 0 {
+        if !off.is_multiple_of(bs) {
             let mut b = vec![0u8; self.bs];
             self.read_whole(first, &mut b)?;
             head = Some(b);
         }
-        if end % bs != 0 && (last - 1 != first || head.is_none()) {
+        if !end.is_multiple_of(bs) && (last - 1 != first || head.is_none()) {
             let mut b = vec![0u8; self.bs];
             self.read_whole(last - 1, &mut b)?;
             tail = Some(b);

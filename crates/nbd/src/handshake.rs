@@ -94,7 +94,12 @@ pub async fn negotiate(
     hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
     s.write_all(&hello).await?;
     s.flush().await?;
-    let cflags = s.read_u32().await?;
+    // A client that sits idle in the handshake must not hold up a shutdown.
+    let mut shutdown = shared.shutdown_rx();
+    let cflags = tokio::select! {
+        r = s.read_u32() => r?,
+        _ = shutdown.changed() => return Err(HandshakeEnd::Closed("server shutting down")),
+    };
     if cflags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
         return Err(violation("unknown client flags"));
     }
@@ -107,7 +112,10 @@ pub async fn negotiate(
 
     for _ in 0..MAX_OPTIONS {
         let mut h = [0u8; OPTION_HEADER_SIZE];
-        s.read_exact(&mut h).await?;
+        tokio::select! {
+            r = s.read_exact(&mut h) => { r?; }
+            _ = shutdown.changed() => return Err(HandshakeEnd::Closed("server shutting down")),
+        }
         let magic = u64::from_be_bytes(h[0..8].try_into().expect("8 bytes"));
         if magic != IHAVEOPT {
             return Err(violation("bad option magic"));
@@ -123,7 +131,10 @@ pub async fn negotiate(
             continue;
         }
         let mut payload = vec![0u8; len as usize];
-        s.read_exact(&mut payload).await?;
+        tokio::select! {
+            r = s.read_exact(&mut payload) => { r?; }
+            _ = shutdown.changed() => return Err(HandshakeEnd::Closed("server shutting down")),
+        }
 
         if shared.tls_mode == TlsMode::Require && !tls {
             match opt {

@@ -68,7 +68,7 @@ fn read_psk_file(path: &Path) -> Result<HashMap<Vec<u8>, Vec<u8>>, String> {
 }
 
 fn decode_hex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())

@@ -18,8 +18,39 @@ use crate::dev::{
 };
 use crate::error::{Error, ErrorKind, Op, Result};
 
-/// Most extents one `block_status` call returns; callers ask again for more.
-const MAX_EXTENTS: usize = 1024;
+/// Most extents one `block_status` call returns; callers ask again for
+/// more. Kept small: NBD clients often want one extent (REQ_ONE), and each
+/// extent costs two `lseek` calls.
+const MAX_EXTENTS: usize = 64;
+
+/// Lock `file` for this process: exclusively when it will be written,
+/// shared when only read, so two servers never write one image (nor one
+/// write an image another uses as a read-only base). Advisory (`flock`),
+/// like qemu's image locking.
+pub fn lock_file(file: &File, read_only: bool, layer: &'static str, path: &Path) -> Result<()> {
+    use rustix::fs::FlockOperation;
+    let op = if read_only {
+        FlockOperation::NonBlockingLockShared
+    } else {
+        FlockOperation::NonBlockingLockExclusive
+    };
+    match rustix::fs::flock(file, op) {
+        Ok(()) => Ok(()),
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK => Err(Error::new(
+            ErrorKind::PermissionDenied,
+            Op::Open,
+            layer,
+            if read_only {
+                "the file is open for writing by another process; stop it first"
+            } else {
+                "the file is in use by another process (another server, or a stack using it as a base); stop it first"
+            },
+        )
+        .path(path)),
+        // File systems without flock support: carry on unlocked.
+        Err(_) => Ok(()),
+    }
+}
 
 /// A file or block device used as a disk.
 pub struct RawDev {
@@ -35,6 +66,9 @@ pub struct RawDev {
     /// Opened with O_DIRECT: callers must pass 4 KiB-aligned buffers,
     /// offsets and lengths.
     direct: bool,
+    /// Something was written since the last `fdatasync`; a flush of a
+    /// clean file costs nothing.
+    dirty: AtomicBool,
 }
 
 impl RawDev {
@@ -54,6 +88,7 @@ impl RawDev {
                 let mut probe = vec![0u8; 2 * 4096];
                 let at = probe.as_ptr().align_offset(4096);
                 if d.size >= 4096 && d.file.read_exact_at(&mut probe[at..at + 4096], 0).is_err() {
+                    drop(d);
                     return Self::open_with(path, read_only, false);
                 }
                 Ok(d)
@@ -85,6 +120,7 @@ impl RawDev {
             };
             Error::io(Op::Open, "raw", e).path(path).msg(hint)
         })?;
+        lock_file(&file, read_only, "raw", path)?;
         let meta = file
             .metadata()
             .map_err(|e| Error::io(Op::Open, "raw", e).path(path))?;
@@ -113,6 +149,7 @@ impl RawDev {
             can_punch: AtomicBool::new(true),
             can_zero_range: AtomicBool::new(true),
             direct,
+            dirty: AtomicBool::new(false),
         })
     }
 
@@ -169,10 +206,17 @@ impl RawDev {
         }
     }
 
+    fn mark_dirty(&self) {
+        self.dirty.store(true, Ordering::Release);
+    }
+
     fn sync(&self, op: Op) -> Result<()> {
-        self.file
-            .sync_data()
-            .map_err(|e| Error::io(op, "raw", e).path(&self.path))
+        self.dirty.store(false, Ordering::Release);
+        self.file.sync_data().map_err(|e| {
+            // Still unsynced: the next flush must try again.
+            self.mark_dirty();
+            Error::io(op, "raw", e).path(&self.path)
+        })
     }
 }
 
@@ -211,23 +255,34 @@ impl BlockDev for RawDev {
         self.file
             .write_all_at(buf, off)
             .map_err(|e| self.err(Op::Write, off, e))?;
+        self.mark_dirty();
         if flags.fua {
             self.sync(Op::Write)?;
         }
         Ok(())
     }
     fn flush(&self) -> Result<()> {
+        if !self.dirty.load(Ordering::Acquire) {
+            return Ok(());
+        }
         self.sync(Op::Flush)
     }
     fn trim(&self, off: u64, len: u64, flags: WriteFlags) -> Result<()> {
         // Trim is advisory: a file system that cannot punch simply keeps the data.
-        if self.punch(off, len)? && flags.fua {
+        let punched = self.punch(off, len)?;
+        if punched {
+            self.mark_dirty();
+        }
+        if punched && flags.fua {
             self.sync(Op::Trim)?;
         }
         Ok(())
     }
     fn write_zeroes(&self, off: u64, len: u64, flags: ZeroFlags) -> Result<()> {
         let done = (flags.may_trim && self.punch(off, len)?) || self.zero_range(off, len)?;
+        if done {
+            self.mark_dirty();
+        }
         if !done {
             if flags.fast {
                 return Err(Error::new(

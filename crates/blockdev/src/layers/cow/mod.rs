@@ -137,6 +137,7 @@ impl CowDev {
             .write(!read_only)
             .open(overlay_path)
             .map_err(|e| open_err(overlay_path, e))?;
+        crate::layers::raw::lock_file(&overlay, read_only, "cow", overlay_path)?;
         let bytes = std::fs::read(&map_path).map_err(|e| open_err(&map_path, e))?;
         let replay = map::replay(&bytes).map_err(|e| {
             Error::new(
