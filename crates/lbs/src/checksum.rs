@@ -7,6 +7,9 @@ use sha2::Digest;
 /// The checksum algorithm of an image, chosen at create.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChecksumKind {
+    /// No checksum: blocks are not verified (for measuring the cost of the
+    /// others; never the default).
+    None,
     /// Fletcher-32 (the seed's fast option; not cryptographic).
     Fletcher32,
     /// CRC-32C (hardware accelerated; not cryptographic).
@@ -28,6 +31,7 @@ impl ChecksumKind {
     /// Identifier stored in the metadata header.
     pub fn id(self) -> u8 {
         match self {
+            ChecksumKind::None => 0,
             ChecksumKind::Fletcher32 => 1,
             ChecksumKind::Crc32c => 2,
             ChecksumKind::Sha256 => 3,
@@ -35,10 +39,13 @@ impl ChecksumKind {
         }
     }
     pub fn from_id(id: u8) -> Option<Self> {
-        ChecksumKind::ALL.into_iter().find(|k| k.id() == id)
+        std::iter::once(ChecksumKind::None)
+            .chain(ChecksumKind::ALL)
+            .find(|k| k.id() == id)
     }
     pub fn name(self) -> &'static str {
         match self {
+            ChecksumKind::None => "none",
             ChecksumKind::Fletcher32 => "fletcher32",
             ChecksumKind::Crc32c => "crc32c",
             ChecksumKind::Sha256 => "sha256",
@@ -46,11 +53,14 @@ impl ChecksumKind {
         }
     }
     pub fn from_name(s: &str) -> Option<Self> {
-        ChecksumKind::ALL.into_iter().find(|k| k.name() == s)
+        std::iter::once(ChecksumKind::None)
+            .chain(ChecksumKind::ALL)
+            .find(|k| k.name() == s)
     }
     /// Bytes stored per block.
     pub fn width(self) -> usize {
         match self {
+            ChecksumKind::None => 0,
             ChecksumKind::Fletcher32 | ChecksumKind::Crc32c => 4,
             ChecksumKind::Sha256 | ChecksumKind::Blake3 => 16,
         }
@@ -63,6 +73,7 @@ impl ChecksumKind {
         prefix[..8].copy_from_slice(&lbn.to_le_bytes());
         prefix[8..].copy_from_slice(&epoch.to_le_bytes());
         match self {
+            ChecksumKind::None => {}
             ChecksumKind::Fletcher32 => {
                 let mut f = Fletcher32::default();
                 f.update(&prefix);

@@ -347,6 +347,7 @@ pub enum Entry {
     Map {
         lbn: u64,
         pbn: u64,
+        count: u64,
         epoch: u64,
         sums: Vec<u8>,
     },
@@ -362,9 +363,14 @@ pub enum Entry {
 const MAP_FIXED: usize = 8 + 8 + 4 + 4 + 8;
 
 impl Entry {
-    /// Number of blocks of a MAP entry given the checksum width.
-    pub fn map_count(sums: &[u8], width: usize) -> u64 {
-        (sums.len() / width) as u64
+    /// Number of blocks an entry maps, zeroes or trims.
+    pub fn count(&self) -> u64 {
+        match self {
+            Entry::Map { count, .. } | Entry::Zero { count, .. } | Entry::Trim { count, .. } => {
+                *count
+            }
+            Entry::Barrier { .. } => 0,
+        }
     }
 }
 
@@ -375,12 +381,14 @@ pub fn encode_entry(e: &Entry, seq: u64, sum_width: usize) -> Vec<u8> {
         Entry::Map {
             lbn,
             pbn,
+            count,
             epoch,
             sums,
         } => {
+            debug_assert_eq!(sums.len(), *count as usize * sum_width);
             body.extend_from_slice(&lbn.to_le_bytes());
             body.extend_from_slice(&pbn.to_le_bytes());
-            body.extend_from_slice(&((sums.len() / sum_width) as u32).to_le_bytes());
+            body.extend_from_slice(&(*count as u32).to_le_bytes());
             body.extend_from_slice(&0u32.to_le_bytes());
             body.extend_from_slice(&epoch.to_le_bytes());
             body.extend_from_slice(sums);
@@ -490,6 +498,7 @@ pub fn parse_entry(
             Entry::Map {
                 lbn,
                 pbn,
+                count,
                 epoch,
                 sums: body[MAP_FIXED..MAP_FIXED + sums_len].to_vec(),
             }
@@ -571,6 +580,7 @@ mod tests {
             Entry::Map {
                 lbn: 3,
                 pbn: 17,
+                count: 2,
                 epoch: 9,
                 sums: vec![1, 2, 3, 4, 5, 6, 7, 8],
             },
@@ -617,6 +627,7 @@ mod tests {
             &Entry::Map {
                 lbn: 0,
                 pbn: 15,
+                count: 2,
                 epoch: 1,
                 sums: vec![0; 8],
             },

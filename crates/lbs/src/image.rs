@@ -496,6 +496,7 @@ impl Inner {
                 &Entry::Map {
                     lbn,
                     pbn: base + i as u64,
+                    count: (j - i) as u64,
                     epoch,
                     sums,
                 },
@@ -588,6 +589,7 @@ impl Inner {
                 &Entry::Map {
                     lbn: l0 as u64,
                     pbn: p0 as u64,
+                    count: (j - i) as u64,
                     epoch: st.epochs[c as usize],
                     sums,
                 },

@@ -87,6 +87,7 @@ impl MapState {
             Entry::Map {
                 lbn,
                 pbn,
+                count,
                 epoch,
                 sums,
             } => {
@@ -100,7 +101,7 @@ impl MapState {
                     }
                     self.epochs[c] = *epoch;
                 }
-                let n = sums.len() / width;
+                let n = *count as usize;
                 for i in 0..n {
                     let l = *lbn as usize + i;
                     release(&mut self.l2p, live, l);
@@ -263,6 +264,7 @@ mod tests {
         l.push(Entry::Map {
             lbn: 0,
             pbn: 0,
+            count: 2,
             epoch: 1,
             sums: vec![1; 8],
         });
@@ -302,12 +304,14 @@ mod tests {
         l.push(Entry::Map {
             lbn: 0,
             pbn: 0,
+            count: 1,
             epoch: 1,
             sums: vec![1; 4],
         });
         l.push(Entry::Map {
             lbn: 5,
             pbn: 1,
+            count: 1,
             epoch: 2,
             sums: vec![1; 4],
         });

@@ -80,7 +80,8 @@ struct Geometry {
     /// Physical space as a percentage of the logical size.
     #[arg(long, default_value_t = 112, value_name = "PCT")]
     overprovision: u32,
-    /// Per-block checksum: crc32c, fletcher32, sha256 or blake3.
+    /// Per-block checksum: crc32c, fletcher32, sha256, blake3, or none
+    /// (no integrity checking; only to measure the others' cost).
     #[arg(long, default_value = "crc32c")]
     checksum: String,
     /// Encrypt with XTS-AES-256 (needs --key-file or --passphrase-file).
