@@ -514,6 +514,9 @@ impl Inner {
     /// log; clusters emptied since the previous barrier become free.
     fn barrier(&self, st: &mut State) -> Result<()> {
         if !st.dirty && st.buf.lbns.is_empty() {
+            // Nothing new since the last barrier: every release behind the
+            // pending clusters is already durable.
+            self.free_pending(st);
             return Ok(());
         }
         self.flush_buffer(st)?;
@@ -535,16 +538,20 @@ impl Inner {
         st.running = 0;
         st.dirty = false;
         self.stats.barriers.fetch_add(1, Ordering::Relaxed);
+        self.free_pending(st);
+        if st.log.len() > self.opts.compact_limit {
+            self.compact(st)?;
+        }
+        Ok(())
+    }
+
+    fn free_pending(&self, st: &mut State) {
         for c in std::mem::take(&mut st.pending) {
             if st.cstate[c] == ClusterState::PendingFree && st.live[c] == 0 {
                 st.cstate[c] = ClusterState::Free;
                 st.free += 1;
             }
         }
-        if st.log.len() > self.opts.compact_limit {
-            self.compact(st)?;
-        }
-        Ok(())
     }
 
     /// Rewrite the log as the current (durable) state plus one barrier,
@@ -691,11 +698,11 @@ impl Inner {
             if self.take_cluster(st, for_gc)? {
                 continue;
             }
-            if !st.pending.is_empty() && st.dirty {
+            if !st.pending.is_empty() {
                 self.barrier(st)?;
                 continue;
             }
-            if !for_gc && self.collect_one(st)? {
+            if !for_gc && self.collect_to(st, self.policy.low.max(GC_RESERVE + 2))? > 0 {
                 continue;
             }
             return Err(err(
@@ -751,27 +758,44 @@ impl Inner {
         let mut b = AlignedBuf::new(n * self.bs);
         let off = self.geo.data_offset() + plan[0].1 * self.bs as u64;
         self.data.read_at(b.as_mut_slice(), off)?;
-        let mut sum = [0u8; 16];
         for (i, &(lbn, pbn, epoch, want)) in plan.iter().enumerate() {
             let blk = &mut b.as_mut_slice()[i * self.bs..(i + 1) * self.bs];
-            if let Some(x) = &self.cipher {
-                x.decrypt(pbn, epoch, blk);
-            }
-            self.header
-                .checksum
-                .compute(lbn, epoch, blk, &mut sum[..self.width]);
-            if sum[..self.width] != want[..self.width] {
-                self.stats.integrity_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(lbn, pbn, "integrity error: block checksum mismatch (damaged, tampered or replayed block)");
-                return Err(err(
-                    ErrorKind::Corrupt,
-                    Op::Read,
-                    format!("integrity error at LBN {lbn} (PBN {pbn}): checksum mismatch; the block was damaged, tampered with or replayed"),
-                )
-                .at(lbn * self.bs as u64));
-            }
+            self.decrypt_verify(lbn, pbn, epoch, &want, blk)?;
         }
         Ok(b)
+    }
+
+    /// Decrypt one block in place and check its checksum.
+    fn decrypt_verify(
+        &self,
+        lbn: u64,
+        pbn: u64,
+        epoch: u64,
+        want: &[u8; 16],
+        blk: &mut [u8],
+    ) -> Result<()> {
+        if let Some(x) = &self.cipher {
+            x.decrypt(pbn, epoch, blk);
+        }
+        let mut sum = [0u8; 16];
+        self.header
+            .checksum
+            .compute(lbn, epoch, blk, &mut sum[..self.width]);
+        if sum[..self.width] == want[..self.width] {
+            return Ok(());
+        }
+        self.stats.integrity_errors.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(
+            lbn,
+            pbn,
+            "integrity error: block checksum mismatch (damaged, tampered or replayed block)"
+        );
+        Err(err(
+            ErrorKind::Corrupt,
+            Op::Read,
+            format!("integrity error at LBN {lbn} (PBN {pbn}): checksum mismatch; the block was damaged, tampered with or replayed"),
+        )
+        .at(lbn * self.bs as u64))
     }
 
     /// Read whole blocks `first..first+n` into `out` (n * bs bytes).
@@ -843,51 +867,62 @@ impl Inner {
             .map(|(l, &p)| (p as u64, l as u64))
             .collect();
         moves.sort_unstable();
-        let epoch = st.epochs[v];
-        for chunk in moves.chunks(self.buf_cap()) {
-            for &(pbn, lbn) in chunk {
+        if let (Some(&(first, _)), Some(&(last, _))) = (moves.first(), moves.last()) {
+            // One read for the span of live blocks, then verify each.
+            let n = (last - first + 1) as usize;
+            let mut span = AlignedBuf::new(n * self.bs);
+            self.data.read_at(
+                span.as_mut_slice(),
+                self.geo.data_offset() + first * self.bs as u64,
+            )?;
+            let epoch = st.epochs[v];
+            for &(pbn, lbn) in &moves {
                 if st.l2p[lbn as usize] as u64 != pbn {
                     continue;
                 }
-                let mut s = [0u8; 16];
-                s[..self.width].copy_from_slice(
+                let i = (pbn - first) as usize;
+                let blk = &mut span.as_mut_slice()[i * self.bs..(i + 1) * self.bs];
+                let mut want = [0u8; 16];
+                want[..self.width].copy_from_slice(
                     &st.sums[lbn as usize * self.width..(lbn as usize + 1) * self.width],
                 );
-                let block = match self.read_blocks(&[(lbn, pbn, epoch, s)]) {
-                    Ok(b) => b,
-                    Err(e) if e.kind() == ErrorKind::Corrupt => {
-                        tracing::error!(
-                            cluster = v,
-                            lbn,
-                            "cannot move a corrupt block; the cluster is quarantined"
-                        );
-                        st.quarantined[v] = true;
-                        return Ok(true);
-                    }
-                    Err(e) => return Err(e),
-                };
-                self.insert(st, lbn, block.as_slice(), true)?;
+                if let Err(e) = self.decrypt_verify(lbn, pbn, epoch, &want, blk) {
+                    tracing::error!(cluster = v, lbn, error = %e, "cannot move a corrupt block; the cluster is quarantined");
+                    st.quarantined[v] = true;
+                    return Ok(true);
+                }
+                let copy = blk.to_vec();
+                self.insert(st, lbn, &copy, true)?;
                 self.stats.gc_moved.fetch_add(1, Ordering::Relaxed);
             }
         }
         self.stats.gc_clusters.fetch_add(1, Ordering::Relaxed);
-        self.barrier(st)?;
+        // The victim is free after the next barrier (see `barrier`).
         Ok(true)
+    }
+
+    /// Collect victims until free plus pending clusters reach `target`,
+    /// then one barrier frees them all. Returns clusters collected.
+    fn collect_to(&self, st: &mut State, target: u64) -> Result<u64> {
+        let mut n = 0;
+        while st.free + (st.pending.len() as u64) < target {
+            if !self.collect_one(st)? {
+                break;
+            }
+            n += 1;
+        }
+        if !st.pending.is_empty() {
+            self.barrier(st)?;
+        }
+        Ok(n)
     }
 
     /// Run the garbage collector until the high watermark (or nothing is
     /// left to collect). Returns clusters reclaimed.
     pub fn gc_now(&self) -> Result<u64> {
-        let mut n = 0;
         let mut st = self.lock();
         self.check_writable(&st, Op::Write)?;
-        while st.free < self.policy.high {
-            if !self.collect_one(&mut st)? {
-                break;
-            }
-            n += 1;
-        }
-        Ok(n)
+        self.collect_to(&mut st, self.policy.high)
     }
 
     /// Compact the metadata log now (after a barrier).
@@ -930,24 +965,27 @@ fn gc_thread(lbs: Arc<Inner>) {
         }
         let mut st = lbs.lock();
         let mut progressed = false;
-        while st.free < lbs.policy.low && st.poisoned.is_none() && !lbs.stop.load(Ordering::SeqCst)
-        {
-            // Collect up to the high watermark, one victim per lock hold.
-            match lbs.collect_one(&mut st) {
-                Ok(true) => progressed = true,
-                Ok(false) => break,
-                Err(e) => {
-                    tracing::error!(error = %e, "background garbage collection failed");
-                    break;
+        if st.free < lbs.policy.low && st.poisoned.is_none() {
+            // One victim per lock hold, up to the high watermark counting
+            // clusters that the next barrier frees; then that barrier.
+            while !lbs.stop.load(Ordering::SeqCst)
+                && st.free + (st.pending.len() as u64) < lbs.policy.high
+            {
+                match lbs.collect_one(&mut st) {
+                    Ok(true) => progressed = true,
+                    Ok(false) => break,
+                    Err(e) => {
+                        tracing::error!(error = %e, "background garbage collection failed");
+                        break;
+                    }
                 }
-            }
-            while st.free < lbs.policy.high && !lbs.stop.load(Ordering::SeqCst) {
                 drop(st);
                 std::thread::yield_now();
                 st = lbs.lock();
-                match lbs.collect_one(&mut st) {
-                    Ok(true) => {}
-                    _ => break,
+            }
+            if !st.pending.is_empty() {
+                if let Err(e) = lbs.barrier(&mut st) {
+                    tracing::error!(error = %e, "barrier after garbage collection failed");
                 }
             }
         }
