@@ -2,6 +2,8 @@
 //! which parses its options and calls the library crates.
 
 mod commands;
+#[allow(dead_code)]
+mod plot;
 
 use clap::{Parser, Subcommand};
 
