@@ -16,7 +16,11 @@ fn create_lbs(dir: &std::path::Path, name: &str, size: &str, extra: &[&str]) -> 
     let mut args = vec!["lbs", "create", &img, "--size", size];
     args.extend_from_slice(extra);
     let out = roamdisk(&args);
-    assert!(out.status.success(), "lbs create: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "lbs create: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     img
 }
 
@@ -29,34 +33,100 @@ fn ext4_image_round_trips_through_lbs_and_stays_clean() {
     std::fs::create_dir_all(content.join("etc")).unwrap();
     std::fs::create_dir_all(content.join("home/user")).unwrap();
     for i in 0..200 {
-        std::fs::write(content.join(format!("home/user/file{i}.txt")), format!("file {i}\n").repeat(200 + i * 7)).unwrap();
+        std::fs::write(
+            content.join(format!("home/user/file{i}.txt")),
+            format!("file {i}\n").repeat(200 + i * 7),
+        )
+        .unwrap();
     }
     common::random_file(&content.join("home/user/blob.bin"), 20 << 20, 7);
     let ext4 = dir.join("golden.img");
     run("truncate", &["-s", "128M", ext4.to_str().unwrap()]);
-    run("mke2fs", &["-q", "-t", "ext4", "-d", content.to_str().unwrap(), ext4.to_str().unwrap()]);
+    run(
+        "mke2fs",
+        &[
+            "-q",
+            "-t",
+            "ext4",
+            "-d",
+            content.to_str().unwrap(),
+            ext4.to_str().unwrap(),
+        ],
+    );
 
     let key = dir.join("vm.key");
-    let img = create_lbs(dir, "vm.lbsd", "128M", &["--encrypt", "--key-file", key.to_str().unwrap(), "--checksum", "blake3"]);
+    let img = create_lbs(
+        dir,
+        "vm.lbsd",
+        "128M",
+        &[
+            "--encrypt",
+            "--key-file",
+            key.to_str().unwrap(),
+            "--checksum",
+            "blake3",
+        ],
+    );
     let spec = format!("lbs[key-file={}]:{img}", key.display());
     {
         let s = Server::start(dir, &[&spec]);
-        run("qemu-img", &["convert", "-n", "-f", "raw", "-O", "raw", ext4.to_str().unwrap(), &s.uri()]);
+        run(
+            "qemu-img",
+            &[
+                "convert",
+                "-n",
+                "-f",
+                "raw",
+                "-O",
+                "raw",
+                ext4.to_str().unwrap(),
+                &s.uri(),
+            ],
+        );
         assert!(s.stop().success());
     }
     let back = dir.join("back.img");
     {
         let s = Server::start(dir, &[&spec, "--read-only"]);
-        run("qemu-img", &["convert", "-f", "raw", "-O", "raw", &s.uri(), back.to_str().unwrap()]);
-        run("qemu-img", &["compare", "-f", "raw", "-F", "raw", ext4.to_str().unwrap(), back.to_str().unwrap()]);
+        run(
+            "qemu-img",
+            &[
+                "convert",
+                "-f",
+                "raw",
+                "-O",
+                "raw",
+                &s.uri(),
+                back.to_str().unwrap(),
+            ],
+        );
+        run(
+            "qemu-img",
+            &[
+                "compare",
+                "-f",
+                "raw",
+                "-F",
+                "raw",
+                ext4.to_str().unwrap(),
+                back.to_str().unwrap(),
+            ],
+        );
     }
     run("e2fsck", &["-fn", back.to_str().unwrap()]);
     // The CLI's own check verifies every block.
     let out = roamdisk(&["lbs", "check", &img, "--key-file", key.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // And the data file holds no plaintext of the file system's text files.
     let raw = std::fs::read(dir.join("vm.lbsd")).unwrap();
-    assert!(!raw.windows(12).any(|w| w == b"file 17\nfile"), "plaintext in the encrypted data file");
+    assert!(
+        !raw.windows(12).any(|w| w == b"file 17\nfile"),
+        "plaintext in the encrypted data file"
+    );
 }
 
 const PY: &str = r#"
@@ -103,7 +173,10 @@ fn kill_9_loses_nothing_acknowledged_by_a_flush() {
         .filter_map(|n| n.trim().parse::<u64>().ok())
         .max()
         .expect("the client acknowledged at least one flush before the kill");
-    assert!(last >= 16, "too few writes before the kill ({last}); the machine is very slow");
+    assert!(
+        last >= 16,
+        "too few writes before the kill ({last}); the machine is very slow"
+    );
 
     // Reopen (recovery) and check every write up to the last flush.
     let s = Server::start(dir, &[&spec, "--read-only"]);
@@ -116,17 +189,38 @@ fn kill_9_loses_nothing_acknowledged_by_a_flush() {
         allowed.insert((i * 7919) % n, vec![((i % 250) + 1) as u8]);
     }
     for i in last..last + 9 {
-        allowed.entry((i * 7919) % n).or_insert_with(|| vec![0]).push(((i % 250) + 1) as u8);
+        allowed
+            .entry((i * 7919) % n)
+            .or_insert_with(|| vec![0])
+            .push(((i % 250) + 1) as u8);
     }
     let dump = dir.join("after.img");
-    run("qemu-img", &["convert", "-f", "raw", "-O", "raw", &s.uri(), dump.to_str().unwrap()]);
+    run(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &s.uri(),
+            dump.to_str().unwrap(),
+        ],
+    );
     let bytes = std::fs::read(&dump).unwrap();
     for blk in 0..n {
         let b = &bytes[(blk * 65536) as usize..((blk + 1) * 65536) as usize];
         let first = b[0];
-        assert!(b.iter().all(|&x| x == first), "block {blk} is torn or garbage after recovery");
+        assert!(
+            b.iter().all(|&x| x == first),
+            "block {blk} is torn or garbage after recovery"
+        );
         let ok = allowed.get(&blk).map_or(first == 0, |a| a.contains(&first));
-        assert!(ok, "block {blk} holds {first}, allowed {:?} (last acknowledged flush after write {last})", allowed.get(&blk));
+        assert!(
+            ok,
+            "block {blk} holds {first}, allowed {:?} (last acknowledged flush after write {last})",
+            allowed.get(&blk)
+        );
     }
     let info = run_stdout(&common::bin().to_string_lossy(), &["lbs", "info", &img]);
     assert!(info.contains("mapped:"), "{info}");
