@@ -56,6 +56,15 @@ impl Caps {
         preferred_block: 4096,
     };
 
+    /// `self`, made read-only when `read_only` is set.
+    pub fn restrict(self, read_only: bool) -> Caps {
+        if read_only {
+            self.read_only()
+        } else {
+            self
+        }
+    }
+
     /// The same capabilities with every write-like one switched off.
     pub fn read_only(self) -> Caps {
         Caps {

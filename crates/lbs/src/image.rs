@@ -1015,11 +1015,7 @@ impl BlockDev for Inner {
             preferred_block: self.bs as u32,
             ..Caps::FULL
         };
-        if self.opts.read_only {
-            c.read_only()
-        } else {
-            c
-        }
+        c.restrict(self.opts.read_only)
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
         let bs = self.bs as u64;

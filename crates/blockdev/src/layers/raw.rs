@@ -240,11 +240,7 @@ impl BlockDev for RawDev {
             can_fast_zero: !self.block_device,
             ..Caps::FULL
         };
-        if self.read_only {
-            caps.read_only()
-        } else {
-            caps
-        }
+        caps.restrict(self.read_only)
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
         self.file

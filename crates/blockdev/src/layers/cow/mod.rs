@@ -466,11 +466,7 @@ impl BlockDev for CowDev {
             rotational: base.rotational,
             ..Caps::FULL
         };
-        if self.read_only {
-            caps.read_only()
-        } else {
-            caps
-        }
+        caps.restrict(self.read_only)
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
         self.runs(off, buf.len() as u64, |s, pos, n| {
