@@ -1,0 +1,116 @@
+//! The LBS metadata log (`.lbsm`): `MetaHeader::parse`, `parse_entry` and
+//! `replay` on arbitrary bytes. The first byte is the mode:
+//!
+//! * 0: the rest is a whole `.lbsm` file as is;
+//! * 1: a valid header followed by the rest as raw entry bytes;
+//! * 2: a valid header followed by well-framed entries generated from the
+//!   rest (every entry CRC, sequence number and barrier CRC correct), so
+//!   mutations reach replay's semantic checks (ranges, epochs, cluster
+//!   reuse) instead of dying at a checksum.
+//!
+//! Replay must never panic. When it succeeds, the map must be consistent:
+//! every mapped PBN inside the data file and owned by a cluster whose epoch
+//! is set, `valid_len + discarded` the input length, and replaying just the
+//! valid prefix gives the same map.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use roamdisk_lbs::checksum::ChecksumKind;
+use roamdisk_lbs::format::{encode_entry, Cipher, Entry, Geometry, KeySource, MetaHeader, META_HEADER_SIZE};
+use roamdisk_lbs::replay::{replay, ZERO};
+
+fn header(sum: ChecksumKind) -> MetaHeader {
+    MetaHeader {
+        uuid: [1; 16],
+        logical_size: 64 * 1024,
+        geometry: Geometry { block_size: 1024, cluster_size: 16 * 1024, clusters: 6 },
+        checksum: sum,
+        cipher: Cipher::None,
+        key_source: KeySource::None,
+        argon: (0, 0, 0),
+        salt: [0; 32],
+        key_check: [0; 16],
+        generation: 1,
+    }
+}
+
+/// Turn fuzz bytes into well-formed entries (kind and small fields from
+/// each byte group), with correct framing.
+fn generated(h: &MetaHeader, data: &[u8]) -> Vec<u8> {
+    let w = h.checksum.width();
+    let mut out = h.encode();
+    let mut seq = 1u64;
+    let mut running = 0u32;
+    let mut barriers = 0u64;
+    for g in data.chunks(6) {
+        let b = |i: usize| *g.get(i).unwrap_or(&0) as u64;
+        let e = match b(0) % 5 {
+            0 | 1 => {
+                let count = 1 + b(3) % 4;
+                Entry::Map { lbn: b(1) % 70, pbn: b(2) % 100, count, epoch: 1 + b(4) % 4, sums: vec![b(5) as u8; count as usize * w] }
+            }
+            2 => Entry::Zero { lbn: b(1) % 70, count: 1 + b(3) % 8 },
+            3 => Entry::Trim { lbn: b(1) % 70, count: 1 + b(3) % 8 },
+            _ => {
+                barriers += 1;
+                // Occasionally a wrong number or checksum.
+                let number = if b(1) == 255 { barriers + 1 } else { barriers };
+                let crc = if b(2) == 255 { running ^ 1 } else { running };
+                Entry::Barrier { number, crc }
+            }
+        };
+        let bytes = encode_entry(&e, seq, w);
+        seq += 1;
+        if matches!(e, Entry::Barrier { .. }) {
+            running = 0;
+        } else {
+            running = crc32c::crc32c_append(running, &bytes);
+        }
+        out.extend_from_slice(&bytes);
+    }
+    out
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let sum = [ChecksumKind::Crc32c, ChecksumKind::Blake3, ChecksumKind::None][(mode as usize / 4) % 3];
+    let h0 = header(sum);
+    let file = match mode % 4 {
+        0 => rest.to_vec(),
+        1 => {
+            let mut v = h0.encode();
+            v.extend_from_slice(rest);
+            v
+        }
+        _ => generated(&h0, rest),
+    };
+    let h = match MetaHeader::parse(&file) {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = e.to_string();
+            return;
+        }
+    };
+    assert_eq!(MetaHeader::parse(&h.encode()), Ok(h.clone()), "header does not round-trip");
+    let r = match replay(&file, &h) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = e.to_string();
+            return;
+        }
+    };
+    assert_eq!(r.valid_len + r.discarded, file.len());
+    assert!(r.valid_len >= META_HEADER_SIZE.min(file.len()));
+    let bpc = h.geometry.blocks_per_cluster();
+    for &p in &r.map.l2p {
+        if p < ZERO {
+            assert!((p as u64) < h.geometry.physical_blocks(), "PBN outside the data file");
+            assert_ne!(r.map.epochs[(p as u64 / bpc) as usize], 0, "mapped block in a cluster without epoch");
+        }
+    }
+    let again = replay(&file[..r.valid_len], &h).expect("the valid prefix replays");
+    assert_eq!(again.map, r.map, "replaying the valid prefix changes the map");
+    assert_eq!(again.discarded, 0);
+});
