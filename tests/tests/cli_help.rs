@@ -5,7 +5,10 @@
 mod common;
 use common::roamdisk;
 
-const COMMANDS: &[&str] = &["serve", "info", "layers", "lbs"];
+const COMMANDS: &[&str] = &[
+    "serve", "info", "layers", "lbs", "trace", "replay", "sperf", "sim", "model", "commit", "log",
+    "checkout", "tag", "rm", "gc", "store", "borrow",
+];
 
 #[test]
 fn top_level_help_lists_every_command() {

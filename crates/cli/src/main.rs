@@ -39,6 +39,19 @@ enum Command {
     Info(commands::info::Args),
     Layers(commands::layers::Args),
     Lbs(commands::lbs::Args),
+    Trace(commands::trace::Args),
+    Replay(commands::replay::Args),
+    Sperf(commands::sperf::Args),
+    Commit(commands::commit::Args),
+    Log(commands::log::Args),
+    Checkout(commands::checkout::Args),
+    Tag(commands::tag::Args),
+    Rm(commands::rm::Args),
+    Gc(commands::gc::Args),
+    Store(commands::store::Args),
+    Borrow(commands::borrow::Args),
+    Sim(commands::sim::Args),
+    Model(commands::model::Args),
 }
 
 fn init_logging(verbose: u8, quiet: bool) {
@@ -51,7 +64,7 @@ fn init_logging(verbose: u8, quiet: bool) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!(
-            "roamdisk={level},roamdisk_nbd={level},roamdisk_blockdev={level},roamdisk_lbs={level}"
+            "roamdisk={level},roamdisk_nbd={level},roamdisk_blockdev={level},roamdisk_lbs={level},roamdisk_workload={level},roamdisk_cas={level}"
         ))
     });
     tracing_subscriber::fmt()
@@ -69,6 +82,19 @@ fn main() -> std::process::ExitCode {
         Command::Info(a) => commands::info::run(a),
         Command::Layers(a) => commands::layers::run(a),
         Command::Lbs(a) => commands::lbs::run(a, cli.quiet),
+        Command::Trace(a) => commands::trace::run(a, cli.quiet),
+        Command::Replay(a) => commands::replay::run(a, cli.quiet),
+        Command::Sperf(a) => commands::sperf::run(a, cli.quiet),
+        Command::Commit(a) => commands::commit::run(a, cli.quiet),
+        Command::Log(a) => commands::log::run(a),
+        Command::Checkout(a) => commands::checkout::run(a, cli.quiet),
+        Command::Tag(a) => commands::tag::run(a, cli.quiet),
+        Command::Rm(a) => commands::rm::run(a, cli.quiet),
+        Command::Gc(a) => commands::gc::run(a, cli.quiet),
+        Command::Store(a) => commands::store::run(a, cli.quiet),
+        Command::Borrow(a) => commands::borrow::run(a, cli.quiet),
+        Command::Sim(a) => commands::sim::run(a, cli.quiet),
+        Command::Model(a) => commands::model::run(a, cli.quiet),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

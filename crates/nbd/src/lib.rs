@@ -2,6 +2,8 @@
 //! server that exports any [`roamdisk_blockdev::BlockDev`] stack to real
 //! clients (qemu, qemu-img, qemu-io, nbdinfo, nbdcopy, fio, nbd-client).
 
+#[doc(hidden)]
+pub mod fuzzing;
 mod handshake;
 pub mod proto;
 mod server;

@@ -8,12 +8,14 @@ use std::time::Duration;
 
 use roamdisk_blockdev::BlockDev;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::watch;
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::runtime::Handle;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 
 use crate::handshake::{negotiate, HandshakeEnd};
 use crate::tls::TlsAcceptor;
+use crate::transmission::AllocMap;
 
 /// Any byte stream a connection runs over (TCP, Unix, TLS).
 pub trait AsyncStream: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -78,9 +80,69 @@ pub struct Shared {
     pub tls_mode: TlsMode,
     pub max_in_flight: usize,
     shutdown: watch::Receiver<bool>,
+    /// What is known of each export's allocation, index for index.
+    alloc: Vec<Arc<AllocMap>>,
+    /// The runtime whose blocking pool runs requests (sized by the caller,
+    /// e.g. `--io-threads`); connections may run on other runtimes.
+    blocking: Option<Handle>,
 }
 
 impl Shared {
+    /// Shared state without listeners, for in-process sessions (fuzzing,
+    /// tests). Sending `true` on the returned sender starts a shutdown.
+    pub fn detached(
+        exports: Vec<Export>,
+        tls_mode: TlsMode,
+        max_in_flight: usize,
+    ) -> (Arc<Shared>, watch::Sender<bool>) {
+        let (tx, rx) = watch::channel(false);
+        let shared = Shared::new(exports, None, tls_mode, max_in_flight, rx);
+        (Arc::new(shared), tx)
+    }
+
+    fn new(
+        exports: Vec<Export>,
+        tls: Option<TlsAcceptor>,
+        tls_mode: TlsMode,
+        max_in_flight: usize,
+        shutdown: watch::Receiver<bool>,
+    ) -> Shared {
+        let exports: Vec<Arc<Export>> = exports.into_iter().map(Arc::new).collect();
+        let alloc = exports
+            .iter()
+            .map(|e| Arc::new(AllocMap::new(e.dev.size())))
+            .collect();
+        Shared {
+            exports,
+            tls,
+            tls_mode,
+            max_in_flight: max_in_flight.max(1),
+            shutdown,
+            alloc,
+            blocking: Handle::try_current().ok(),
+        }
+    }
+
+    /// Run `f` on the blocking pool of the runtime the server was made in.
+    pub(crate) fn spawn_blocking<F, R>(&self, f: F) -> tokio::task::JoinHandle<R>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        match &self.blocking {
+            Some(h) => h.spawn_blocking(f),
+            None => tokio::task::spawn_blocking(f),
+        }
+    }
+
+    /// The allocation knowledge of `export`, shared by its connections.
+    pub(crate) fn alloc_map(&self, export: &Arc<Export>) -> Arc<AllocMap> {
+        match self.exports.iter().position(|e| Arc::ptr_eq(e, export)) {
+            Some(i) => self.alloc[i].clone(),
+            None => Arc::new(AllocMap::new(export.dev.size())),
+        }
+    }
+
     /// The export of that name; the empty name is the first export.
     pub fn find(&self, name: &str) -> Option<Arc<Export>> {
         if name.is_empty() {
@@ -150,13 +212,13 @@ impl Server {
         }
         let (unix, tcp) = bind(&cfg.listen).await?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let shared = Arc::new(Shared {
-            exports: cfg.exports.into_iter().map(Arc::new).collect(),
-            tls: cfg.tls,
-            tls_mode: cfg.tls_mode,
-            max_in_flight: cfg.max_in_flight.max(1),
-            shutdown: shutdown_rx,
-        });
+        let shared = Arc::new(Shared::new(
+            cfg.exports,
+            cfg.tls,
+            cfg.tls_mode,
+            cfg.max_in_flight,
+            shutdown_rx,
+        ));
         Ok(Server {
             shared,
             unix,
@@ -189,15 +251,16 @@ impl Server {
             max_connections,
             handshake_timeout,
         } = self;
-        let (conn_tx, mut conn_rx) = tokio::sync::mpsc::channel::<BoxStream>(64);
+        let io = IoThreads::start()?;
+        let (conn_tx, mut conn_rx) = tokio::sync::mpsc::channel::<Accepted>(64);
         let mut acceptors = JoinSet::new();
         for l in unix {
             let tx = conn_tx.clone();
             acceptors.spawn(async move {
                 loop {
-                    match l.accept().await {
-                        Ok((s, _)) => {
-                            if tx.send(Box::new(s) as BoxStream).await.is_err() {
+                    match l.accept().await.and_then(|(s, _)| s.into_std()) {
+                        Ok(s) => {
+                            if tx.send(Accepted::Unix(s)).await.is_err() {
                                 break;
                             }
                         }
@@ -213,11 +276,14 @@ impl Server {
             let tx = conn_tx.clone();
             acceptors.spawn(async move {
                 loop {
-                    match l.accept().await {
-                        Ok((s, peer)) => {
-                            let _ = s.set_nodelay(true);
-                            tracing::debug!(%peer, "connection");
-                            if tx.send(Box::new(s) as BoxStream).await.is_err() {
+                    let accepted = l.accept().await.and_then(|(s, peer)| {
+                        let _ = s.set_nodelay(true);
+                        tracing::debug!(%peer, "connection");
+                        s.into_std()
+                    });
+                    match accepted {
+                        Ok(s) => {
+                            if tx.send(Accepted::Tcp(s)).await.is_err() {
                                 break;
                             }
                         }
@@ -238,15 +304,24 @@ impl Server {
             tokio::select! {
                 _ = &mut stop => break,
                 Some(s) = conn_rx.recv() => {
-                    let Ok(permit) = limit.clone().acquire_owned().await else { break };
+                    // Over the connection limit a connection waits in its
+                    // own task: this loop must keep watching for a stop.
+                    let limit = limit.clone();
                     let shared = shared.clone();
                     let active = active.clone();
-                    conns.spawn(async move {
+                    let (rt, load) = io.pick();
+                    load.fetch_add(1, Ordering::Relaxed);
+                    conns.spawn_on(async move {
+                        let Ok(permit) = limit.acquire_owned().await else { return };
                         active.fetch_add(1, Ordering::Relaxed);
-                        handle_connection(s, shared, handshake_timeout).await;
+                        match s.register() {
+                            Ok(s) => handle_connection(s, shared, handshake_timeout).await,
+                            Err(e) => tracing::warn!(error = %e, "cannot set up a connection"),
+                        }
                         active.fetch_sub(1, Ordering::Relaxed);
+                        load.fetch_sub(1, Ordering::Relaxed);
                         drop(permit);
-                    });
+                    }, rt);
                 }
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
             }
@@ -284,6 +359,79 @@ impl Server {
             }
         }
         result
+    }
+}
+
+/// An accepted connection on its way to an I/O thread, not yet registered
+/// with any runtime.
+enum Accepted {
+    Unix(std::os::unix::net::UnixStream),
+    Tcp(std::net::TcpStream),
+}
+
+impl Accepted {
+    /// Register with the current runtime's reactor.
+    fn register(self) -> std::io::Result<BoxStream> {
+        Ok(match self {
+            Accepted::Unix(s) => Box::new(UnixStream::from_std(s)?),
+            Accepted::Tcp(s) => Box::new(TcpStream::from_std(s)?),
+        })
+    }
+}
+
+/// Threads that run connections, each a single-threaded runtime with its
+/// own epoll, one per CPU. A request wakes exactly the thread that owns its
+/// connection, which reads it, runs it (inline when small, see
+/// `transmission`) and writes the reply; in a work-stealing pool the
+/// workers hand connections to each other, and on a busy machine every
+/// hand-off waits for a CPU (4 KiB reads at queue depth 1: 1.8 times the
+/// IOPS). Blocking work still goes to the server's blocking pool.
+struct IoThreads {
+    threads: Vec<IoThread>,
+}
+
+struct IoThread {
+    handle: Handle,
+    /// Connections it runs.
+    load: Arc<AtomicUsize>,
+    /// Dropped to stop the thread.
+    _stop: oneshot::Sender<()>,
+}
+
+impl IoThreads {
+    fn start() -> std::io::Result<IoThreads> {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut threads = Vec::with_capacity(n);
+        for i in 0..n {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let handle = rt.handle().clone();
+            let (stop, stopped) = oneshot::channel::<()>();
+            std::thread::Builder::new()
+                .name(format!("roamdisk-io-{i}"))
+                .spawn(move || {
+                    rt.block_on(async {
+                        let _ = stopped.await;
+                    })
+                })?;
+            threads.push(IoThread {
+                handle,
+                load: Arc::new(AtomicUsize::new(0)),
+                _stop: stop,
+            });
+        }
+        Ok(IoThreads { threads })
+    }
+
+    /// The thread running the fewest connections.
+    fn pick(&self) -> (&Handle, Arc<AtomicUsize>) {
+        let t = self
+            .threads
+            .iter()
+            .min_by_key(|t| t.load.load(Ordering::Relaxed))
+            .expect("at least one I/O thread");
+        (&t.handle, t.load.clone())
     }
 }
 

@@ -218,3 +218,126 @@ pub fn tempdir() -> tempfile::TempDir {
         .tempdir()
         .expect("tempdir")
 }
+
+/// The system `python3`, which has libnbd's `nbd` module (Debian's
+/// python3-libnbd); the `python3` first on PATH may be another interpreter
+/// without it, which also breaks `nbdsh`.
+pub const PYTHON_NBD: &str = "/usr/bin/python3";
+
+/// Start a Python script that may `import nbd`; `args` become `sys.argv[1:]`.
+/// Fails the test if the interpreter or the module is missing. The script
+/// dies (SIGALRM) after two minutes, so a hung server cannot hang the test.
+pub fn python_nbd(script: &str, args: &[&str]) -> Command {
+    let probe = Command::new(PYTHON_NBD)
+        .args(["-c", "import nbd"])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {PYTHON_NBD}: {e}; run scripts/test"));
+    assert!(
+        probe.status.success(),
+        "{PYTHON_NBD} cannot import nbd (package python3-libnbd): run scripts/test\n{}",
+        String::from_utf8_lossy(&probe.stderr)
+    );
+    let mut c = Command::new(PYTHON_NBD);
+    c.arg("-c")
+        .arg(format!("import signal\nsignal.alarm(120)\n{script}"))
+        .args(args);
+    c
+}
+
+/// Run a libnbd Python script to completion; panic with its output if it
+/// fails. Returns its stdout.
+pub fn run_python_nbd(script: &str, args: &[&str]) -> String {
+    let out = python_nbd(script, args).output().expect("run python");
+    assert!(
+        out.status.success(),
+        "python script failed ({}):\n{script}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Panic unless a `qemu-io` run succeeded: exit status 0 and no failed
+/// command or pattern mismatch in its output (qemu-io reports some of
+/// those with exit status 0).
+pub fn check_qemu_io(out: &Output, what: &str) {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lower = text.to_lowercase();
+    assert!(
+        out.status.success()
+            && !lower.contains("pattern verification failed")
+            && !lower.contains("failed")
+            && !lower.contains("error"),
+        "qemu-io ({what}) failed ({}):\n{text}",
+        out.status
+    );
+}
+
+/// Run `qemu-io -f raw IMAGE -c CMD...` (IMAGE a file or an NBD URI) and
+/// check it with [`check_qemu_io`]. Returns its stdout.
+pub fn qemu_io(image: &str, cmds: &[String]) -> String {
+    require_tool("qemu-io");
+    let out = qemu_io_command(image, cmds).output().expect("run qemu-io");
+    check_qemu_io(&out, image);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The `qemu-io -f raw IMAGE -c CMD...` command, not started.
+pub fn qemu_io_command(image: &str, cmds: &[String]) -> Command {
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw", image]);
+    for cmd in cmds {
+        c.arg("-c").arg(cmd);
+    }
+    c
+}
+
+/// Panic at the first differing byte of two files (or if their sizes differ).
+pub fn assert_files_equal(a: &Path, b: &Path) {
+    use std::os::unix::fs::FileExt;
+    let (fa, fb) = (
+        std::fs::File::open(a).expect("open a"),
+        std::fs::File::open(b).expect("open b"),
+    );
+    let (la, lb) = (
+        fa.metadata().expect("meta").len(),
+        fb.metadata().expect("meta").len(),
+    );
+    assert_eq!(la, lb, "{} and {} differ in size", a.display(), b.display());
+    let mut ba = vec![0u8; 4 << 20];
+    let mut bb = vec![0u8; 4 << 20];
+    let mut off = 0u64;
+    while off < la {
+        let n = (la - off).min(ba.len() as u64) as usize;
+        fa.read_exact_at(&mut ba[..n], off).expect("read a");
+        fb.read_exact_at(&mut bb[..n], off).expect("read b");
+        if ba[..n] != bb[..n] {
+            let i = (0..n).find(|&i| ba[i] != bb[i]).expect("a difference");
+            panic!(
+                "{} and {} differ at byte {}: {:#04x} vs {:#04x}",
+                a.display(),
+                b.display(),
+                off + i as u64,
+                ba[i],
+                bb[i]
+            );
+        }
+        off += n as u64;
+    }
+}
+
+/// Panic at the first byte where `got` differs from `want`.
+pub fn assert_bytes_equal(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    if got != want {
+        let i = (0..got.len())
+            .find(|&i| got[i] != want[i])
+            .expect("a difference");
+        panic!("{what}: byte {i} is {:#04x}, want {:#04x}", got[i], want[i]);
+    }
+}

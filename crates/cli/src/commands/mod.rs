@@ -1,10 +1,24 @@
 //! One module per subcommand.
 
+pub mod borrow;
+pub mod cas;
+pub mod checkout;
+pub mod commit;
+pub mod gc;
 pub mod info;
 pub mod layers;
 pub mod lbs;
+pub mod log;
+pub mod model;
 pub mod progress;
+pub mod replay;
+pub mod rm;
 pub mod serve;
+pub mod sim;
+pub mod sperf;
+pub mod store;
+pub mod tag;
+pub mod trace;
 
 use roamdisk_blockdev::Registry;
 
@@ -12,5 +26,11 @@ use roamdisk_blockdev::Registry;
 pub fn registry() -> Registry {
     let mut r = Registry::with_builtin();
     r.add(&roamdisk_lbs::layer::LBS);
+    for k in roamdisk_workload::LAYERS {
+        r.add(k);
+    }
+    r.add(&roamdisk_cas::layer::CAS);
+    r.add(&roamdisk_cas::layer::CAS_VERSION);
+    r.add(&roamdisk_borrow::layer::BORROW);
     r
 }

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Commit of a disk image of new data (random bytes: nothing to deduplicate,
+# nothing to compress) against the hash functions' own speed on the same
+# file, in the same run: b3sum (all cores and one), sha256sum (one core,
+# and two at once on the two halves = all cores here), then
+# `roamdisk commit` into a fresh store for each hash function, with and
+# without zstd. Also prints the compressed index size of the commit.
+#
+# Usage: bench/cas-commit-speed.sh            (4 GiB image in /dev/shm)
+#        SIZE=1G DIR=/var/tmp/x bench/cas-commit-speed.sh
+# Needs: b3sum, sha256sum, a release build (cargo build --release -p roamdisk).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SIZE=${SIZE:-4G}
+DIR=${DIR:-/dev/shm/roamdisk-cas-bench}
+B=${ROAMDISK_BIN:-$PWD/target/release/roamdisk}
+mkdir -p "$DIR"
+img="$DIR/disk.img"
+if [ ! -f "$img" ] || [ "$(stat -c %s "$img")" != "$(numfmt --from=iec "$SIZE")" ]; then
+  echo "creating $SIZE of random data in $img" >&2
+  head -c "$SIZE" /dev/urandom > "$img"
+fi
+bytes=$(stat -c %s "$img")
+half=$((bytes / 2 / 4194304))
+cat "$img" > /dev/null
+
+secs() { local t0 t1; t0=$(date +%s.%N); "$@" > /dev/null; t1=$(date +%s.%N); echo "$t1 - $t0" | bc -l; }
+row() { printf "| %-44s | %8.2f | %8.0f |\n" "$1" "$2" "$(echo "$bytes / 1000000 / $2" | bc -l)"; }
+sha_halves() {
+  (dd if="$img" bs=4M count="$half" status=none | sha256sum > /dev/null) &
+  (dd if="$img" bs=4M skip="$half" status=none | sha256sum > /dev/null) &
+  wait
+}
+commit() {  # hash compression
+  rm -rf "$DIR/store"
+  "$B" -q store init "$DIR/store" --hash "$1" --compression "$2"
+  "$B" commit "$img" --to bench/disk --store "$DIR/store" --json -q > "$DIR/commit.json" 2>/dev/null
+}
+
+echo "# $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), image $SIZE of random data in $DIR"
+echo "| what | seconds | MB/s |"
+echo "| --- | ---: | ---: |"
+row "b3sum (all cores)" "$(secs b3sum "$img")"
+row "b3sum --num-threads 1" "$(secs b3sum --num-threads 1 "$img")"
+row "roamdisk commit, blake3, no compression" "$(secs commit blake3 none)"
+idx=$(grep -o '"index_bytes": [0-9]*' "$DIR/commit.json" | grep -o '[0-9]*$')
+row "roamdisk commit, blake3, zstd" "$(secs commit blake3 zstd)"
+row "sha256sum (one core)" "$(secs sha256sum "$img")"
+row "sha256sum x2 on the two halves (all cores)" "$(secs sha_halves)"
+row "roamdisk commit, sha256, no compression" "$(secs commit sha256 none)"
+echo
+echo "compressed index of the $SIZE commit: $idx bytes = $(echo "$idx * 100 / $bytes" | bc -l | cut -c1-6)% of the disk (every chunk non-zero: the worst case)"
+rm -rf "$DIR/store" "$DIR/commit.json"

@@ -1,0 +1,446 @@
+//! The plan: which host extents make up the borrowed disk, and the host
+//! identities they were taken from. Stored as JSON; the format is
+//! specified in `docs/formats/borrow-plan.md` (this module is the only
+//! reader and writer).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use roamdisk_blockdev::Error;
+
+use crate::bad_plan;
+
+/// `format` field of every plan file.
+pub const FORMAT: &str = "roamdisk-borrow-plan";
+/// Current plan version; readers accept exactly the versions they know.
+pub const VERSION: u32 = 1;
+/// Every extent starts and ends on this boundary: the unit of encryption
+/// and of the written-block maps.
+pub const UNIT: u64 = 4096;
+/// Sector size of device-mapper tables.
+pub const DM_SECTOR: u64 = 512;
+
+/// How a plan was chosen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanOptions {
+    /// Free extents shorter than this (after alignment) were ignored.
+    pub min_extent: u64,
+    /// At most this many extents (the largest) were kept.
+    pub max_extents: u64,
+    /// The plan was cut to this many bytes (0 = everything kept).
+    pub size_limit: u64,
+}
+
+/// A host device (disk or image file) as seen at scan time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Device {
+    /// Index used by partitions and extents.
+    pub id: u32,
+    /// Absolute path of the disk or image.
+    pub path: PathBuf,
+    /// Size in bytes.
+    pub size: u64,
+    /// `mbr`, `gpt` or `none`.
+    pub scheme: String,
+    /// SHA-256 (hex) of the partition-table sectors.
+    pub table_sha256: String,
+}
+
+/// Whether a partition's free space was used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Checked clean; extents may come from it.
+    Used,
+    /// Not touched; `reason` says why.
+    Skipped,
+}
+
+/// One partition of a host device and what the scan found in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Partition {
+    pub device: u32,
+    /// Partition number (0 = whole device without a table).
+    pub number: u32,
+    /// Byte offset and length on the device.
+    pub start: u64,
+    pub len: u64,
+    /// Partition type from the table.
+    pub type_name: String,
+    /// File system found (`ext4`, `ntfs`, `swap`, `vfat`, `unknown`...).
+    pub fs: String,
+    pub uuid: Option<String>,
+    pub label: Option<String>,
+    /// SHA-256 (hex) of the file system's identifying metadata.
+    pub identity_sha256: String,
+    pub status: Status,
+    /// Machine-readable reason when skipped (`not-clean`, `hibernated`,
+    /// `unsupported`, `corrupt`, `io-error`, ...).
+    pub reason: Option<String>,
+    /// Human explanation when skipped.
+    pub detail: Option<String>,
+    /// Free bytes and extents found (before the size filter).
+    pub free_bytes: u64,
+    pub free_extents: u64,
+    /// Bytes and extents taken into the plan.
+    pub borrowed_bytes: u64,
+    pub borrowed_extents: u64,
+}
+
+/// One extent of the borrowed disk, in logical order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanExtent {
+    pub device: u32,
+    pub partition: u32,
+    /// Byte offset on the device (not the partition).
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// Free-extent size histogram: `counts[i]` extents of `[2^i, 2^(i+1))`
+/// bytes, `bytes[i]` their total.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Histogram {
+    pub counts: Vec<u64>,
+    pub bytes: Vec<u64>,
+}
+
+impl Histogram {
+    pub fn add(&mut self, len: u64) {
+        if len == 0 {
+            return;
+        }
+        let b = 63 - len.leading_zeros() as usize;
+        if self.counts.len() <= b {
+            self.counts.resize(b + 1, 0);
+            self.bytes.resize(b + 1, 0);
+        }
+        self.counts[b] += 1;
+        self.bytes[b] += len;
+    }
+
+    /// Add another histogram's counts and bytes.
+    pub fn merge(&mut self, o: &Histogram) {
+        if self.counts.len() < o.counts.len() {
+            self.counts.resize(o.counts.len(), 0);
+            self.bytes.resize(o.counts.len(), 0);
+        }
+        for (i, (c, b)) in o.counts.iter().zip(&o.bytes).enumerate() {
+            self.counts[i] += c;
+            self.bytes[i] += b;
+        }
+    }
+}
+
+/// A borrow plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    pub format: String,
+    pub version: u32,
+    /// Seconds since the Unix epoch at scan time.
+    pub created_unix: u64,
+    /// Program that wrote the plan.
+    pub tool: String,
+    pub options: PlanOptions,
+    pub devices: Vec<Device>,
+    pub partitions: Vec<Partition>,
+    /// Free-extent histogram over every used partition (before filters).
+    pub free_histogram: Histogram,
+    /// Histogram of the extents in the plan.
+    pub borrowed_histogram: Histogram,
+    /// The borrowed disk: these extents back to back.
+    pub extents: Vec<PlanExtent>,
+    /// Sum of the extents' lengths: the borrowed disk's size.
+    pub total_bytes: u64,
+}
+
+impl Plan {
+    /// Read and validate a plan file.
+    pub fn load(path: &Path) -> Result<Plan, Error> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            bad_plan(format!(
+                "cannot read plan {}: {e} (make one with `roamdisk borrow scan DEVICE --plan FILE`)",
+                path.display()
+            ))
+        })?;
+        Self::from_json(&text).map_err(|e| e.path(path))
+    }
+
+    /// Parse and validate plan JSON.
+    pub fn from_json(text: &str) -> Result<Plan, Error> {
+        // Check the header first so an unknown version gets a clear error
+        // rather than a field mismatch.
+        #[derive(Deserialize)]
+        struct Head {
+            format: Option<String>,
+            version: Option<u32>,
+        }
+        let head: Head = serde_json::from_str(text)
+            .map_err(|e| bad_plan(format!("not a plan (bad JSON: {e})")))?;
+        if head.format.as_deref() != Some(FORMAT) {
+            return Err(bad_plan(format!(
+                "not a borrow plan (format is not \"{FORMAT}\")"
+            )));
+        }
+        match head.version {
+            Some(VERSION) => {}
+            Some(v) => {
+                return Err(bad_plan(format!(
+                    "plan version {v} is not supported (this roamdisk reads version {VERSION}); re-run `roamdisk borrow scan`"
+                )))
+            }
+            None => return Err(bad_plan("plan has no version")),
+        }
+        let plan: Plan =
+            serde_json::from_str(text).map_err(|e| bad_plan(format!("malformed plan: {e}")))?;
+        plan.validate()?;
+        Ok(plan)
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a plan serializes")
+    }
+
+    /// Write the plan atomically (temporary file + rename).
+    pub fn save(&self, path: &Path) -> Result<(), Error> {
+        let tmp = path.with_extension("tmp-plan");
+        std::fs::write(&tmp, self.to_json() + "\n")
+            .and_then(|_| std::fs::rename(&tmp, path))
+            .map_err(|e| {
+                roamdisk_blockdev::Error::io(roamdisk_blockdev::Op::Write, "borrow", e).path(path)
+            })
+    }
+
+    /// Internal consistency: ids, extents aligned, inside a used
+    /// partition of their device, not overlapping, and the total.
+    pub fn validate(&self) -> Result<(), Error> {
+        for (i, d) in self.devices.iter().enumerate() {
+            if d.id as usize != i {
+                return Err(bad_plan(format!("device {i} has id {}", d.id)));
+            }
+        }
+        for p in &self.partitions {
+            if p.device as usize >= self.devices.len() {
+                return Err(bad_plan(format!(
+                    "partition {} names device {} which is not listed",
+                    p.number, p.device
+                )));
+            }
+            let size = self.devices[p.device as usize].size;
+            if p.start.checked_add(p.len).is_none_or(|e| e > size) {
+                return Err(bad_plan(format!(
+                    "partition {} lies outside its device",
+                    p.number
+                )));
+            }
+        }
+        let mut total = 0u64;
+        let mut spans: Vec<(u32, u64, u64)> = Vec::with_capacity(self.extents.len());
+        for (i, e) in self.extents.iter().enumerate() {
+            if e.len == 0 || e.offset % UNIT != 0 || e.len % UNIT != 0 {
+                return Err(bad_plan(format!(
+                    "extent {i} is empty or not aligned to {UNIT} bytes"
+                )));
+            }
+            let p = self
+                .partitions
+                .iter()
+                .find(|p| p.device == e.device && p.number == e.partition)
+                .ok_or_else(|| {
+                    bad_plan(format!("extent {i} names a partition that is not listed"))
+                })?;
+            if p.status != Status::Used {
+                return Err(bad_plan(format!(
+                    "extent {i} lies in skipped partition {}",
+                    p.number
+                )));
+            }
+            let end = e
+                .offset
+                .checked_add(e.len)
+                .ok_or_else(|| bad_plan(format!("extent {i} overflows")))?;
+            if e.offset < p.start || end > p.start + p.len {
+                return Err(bad_plan(format!(
+                    "extent {i} lies outside partition {}",
+                    p.number
+                )));
+            }
+            total = total
+                .checked_add(e.len)
+                .ok_or_else(|| bad_plan("total size overflows"))?;
+            spans.push((e.device, e.offset, end));
+        }
+        spans.sort_unstable();
+        for w in spans.windows(2) {
+            if w[0].0 == w[1].0 && w[0].2 > w[1].1 {
+                return Err(bad_plan(format!(
+                    "extents overlap on device {} at byte {}",
+                    w[0].0, w[1].1
+                )));
+            }
+        }
+        if total != self.total_bytes {
+            return Err(bad_plan(format!(
+                "extents add up to {total} bytes, the plan says {}",
+                self.total_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// The device-mapper `linear` table (dmsetup format): one line per
+    /// extent, `LOGICAL_START LENGTH linear DEVICE OFFSET`, in 512-byte
+    /// sectors.
+    pub fn dm_table(&self) -> String {
+        let mut s = String::new();
+        let mut logical = 0u64;
+        for e in &self.extents {
+            let dev = &self.devices[e.device as usize].path;
+            s.push_str(&format!(
+                "{} {} linear {} {}\n",
+                logical / DM_SECTOR,
+                e.len / DM_SECTOR,
+                dev.display(),
+                e.offset / DM_SECTOR
+            ));
+            logical += e.len;
+        }
+        s
+    }
+}
+
+/// Human size with binary units.
+pub fn human(n: u64) -> String {
+    const U: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < U.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Plan {
+        Plan {
+            format: FORMAT.into(),
+            version: VERSION,
+            created_unix: 0,
+            tool: "test".into(),
+            options: PlanOptions {
+                min_extent: 4096,
+                max_extents: 10,
+                size_limit: 0,
+            },
+            devices: vec![Device {
+                id: 0,
+                path: "/dev/sdz".into(),
+                size: 1 << 30,
+                scheme: "gpt".into(),
+                table_sha256: "00".into(),
+            }],
+            partitions: vec![Partition {
+                device: 0,
+                number: 1,
+                start: 1 << 20,
+                len: 100 << 20,
+                type_name: "Linux filesystem".into(),
+                fs: "ext4".into(),
+                uuid: None,
+                label: None,
+                identity_sha256: "00".into(),
+                status: Status::Used,
+                reason: None,
+                detail: None,
+                free_bytes: 0,
+                free_extents: 0,
+                borrowed_bytes: 8192,
+                borrowed_extents: 2,
+            }],
+            free_histogram: Histogram::default(),
+            borrowed_histogram: Histogram::default(),
+            extents: vec![
+                PlanExtent {
+                    device: 0,
+                    partition: 1,
+                    offset: 2 << 20,
+                    len: 4096,
+                },
+                PlanExtent {
+                    device: 0,
+                    partition: 1,
+                    offset: 4 << 20,
+                    len: 4096,
+                },
+            ],
+            total_bytes: 8192,
+        }
+    }
+
+    #[test]
+    fn round_trip_and_dm_table() {
+        let p = sample();
+        let q = Plan::from_json(&p.to_json()).unwrap();
+        assert_eq!(p, q);
+        assert_eq!(
+            p.dm_table(),
+            "0 8 linear /dev/sdz 4096\n8 8 linear /dev/sdz 8192\n"
+        );
+    }
+
+    #[test]
+    fn validation_refuses_bad_plans() {
+        let mut p = sample();
+        p.extents[1].offset = 2 << 20;
+        assert!(p.validate().unwrap_err().to_string().contains("overlap"));
+        let mut p = sample();
+        p.extents[0].offset = 4095;
+        assert!(p.validate().is_err());
+        let mut p = sample();
+        p.extents[0].offset = 200 << 20;
+        assert!(p
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("outside partition"));
+        let mut p = sample();
+        p.partitions[0].status = Status::Skipped;
+        assert!(p.validate().is_err());
+        let mut p = sample();
+        p.total_bytes = 1;
+        assert!(p.validate().is_err());
+        let json = sample()
+            .to_json()
+            .replace("\"version\": 1", "\"version\": 9");
+        assert!(Plan::from_json(&json)
+            .unwrap_err()
+            .to_string()
+            .contains("version 9"));
+        assert!(Plan::from_json("{").is_err());
+    }
+
+    #[test]
+    fn histogram_buckets_by_power_of_two() {
+        let mut h = Histogram::default();
+        h.add(4096);
+        h.add(8191);
+        h.add(8192);
+        assert_eq!(h.counts[12], 2);
+        assert_eq!(h.counts[13], 1);
+    }
+}

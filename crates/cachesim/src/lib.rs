@@ -1,0 +1,44 @@
+//! roamdisk's cache science: replacement policies, a trace-driven cache
+//! simulator and the capacity models of the TransCom and Machine Bank
+//! seeds.
+//!
+//! - [`policy`]: FMPQ, LRU, 2Q, FBR, MQ, ARC and S3-FIFO behind one
+//!   [`Policy`](policy::Policy) trait, generic over the block key, used by
+//!   the simulator and by a running server's memory cache alike;
+//! - [`stack`]: one-pass LRU stack distances (exact LRU hit ratio for
+//!   every cache size, O(log n) per reference);
+//! - [`sim`]: the block-granular simulator with TransCom's sharing model,
+//!   temporal-distance split (the seed's Table 2) and two-level runs;
+//! - [`blocksize`]: Machine Bank's block-size latency model;
+//! - [`mva`]: exact mean value analysis of TransCom's closed queueing
+//!   network, and [`qnsim`], a discrete-event simulator of the same
+//!   network used to check it.
+//!
+//! The engine never draws progress bars: long runs report to a
+//! [`Progress`] the caller supplies.
+
+pub mod blocksize;
+pub mod index;
+mod list;
+pub mod mva;
+pub mod policy;
+pub mod qnsim;
+pub mod sim;
+pub mod stack;
+
+pub use index::{DenseIndex, HashIndex, KeyIndex};
+pub use policy::{Outcome, Policy, PolicyKind, PolicySpec};
+
+/// Where long computations report how far they got.
+pub trait Progress {
+    /// `done` units (bytes of trace, steps...) of the total announced by
+    /// the caller.
+    fn set(&self, done: u64);
+}
+
+/// A [`Progress`] that ignores reports.
+pub struct NoProgress;
+
+impl Progress for NoProgress {
+    fn set(&self, _done: u64) {}
+}

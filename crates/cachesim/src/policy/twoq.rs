@@ -1,0 +1,274 @@
+//! 2Q, the full version with A1in, A1out and Am.
+//!
+//! Source: T. Johnson and D. Shasha, "2Q: A Low Overhead High Performance
+//! Buffer Management Replacement Algorithm", VLDB 1994, section 2.2 (the
+//! "Full Version"; TransCom's reference [14]). Three queues:
+//!
+//! - **A1in**, a FIFO of resident blocks seen once recently;
+//! - **A1out**, a FIFO of *identifiers only* (ghosts) of blocks pushed out
+//!   of A1in;
+//! - **Am**, an LRU of resident blocks referenced again after leaving A1in.
+//!
+//! On a reference to X: in Am → move to Am's MRU end; in A1in → nothing
+//! (a correlated re-reference); in A1out → reclaim a frame and put X at
+//! Am's MRU end; otherwise → reclaim a frame and put X at A1in's tail.
+//! *Reclaim*: if there is a free frame use it; else if |A1in| > Kin, page
+//! out A1in's head and remember its id at A1out's tail (dropping A1out's
+//! head beyond Kout ids); else page out Am's LRU block (forgotten).
+//! The paper recommends Kin = 25% and Kout = 50% of the frames (our
+//! defaults, `kin=0.25`, `kout=0.5`). O(1) per access.
+//!
+//! `am=rest` additionally caps Am at capacity − Kin frames, which is how
+//! libCacheSim's `TwoQ` composes its sub-caches; with it our miss counts
+//! equal libCacheSim's exactly (see docs/cachesim.md). The cap only
+//! matters while the cache is filling.
+
+use std::hash::Hash;
+
+use super::{Outcome, Params, Policy, SpecError};
+use crate::index::{HashIndex, KeyIndex};
+use crate::list::{Arena, List};
+
+const A1IN: u8 = 0;
+const A1OUT: u8 = 1;
+const AM: u8 = 2;
+
+/// 2Q's parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TwoQConfig {
+    /// A1in's threshold as a fraction of the capacity.
+    pub kin: f64,
+    /// A1out's length (ghost ids) as a fraction of the capacity.
+    pub kout: f64,
+    /// Cap Am at capacity − Kin (libCacheSim's composition).
+    pub am_rest: bool,
+}
+
+impl Default for TwoQConfig {
+    fn default() -> Self {
+        TwoQConfig {
+            kin: 0.25,
+            kout: 0.5,
+            am_rest: false,
+        }
+    }
+}
+
+impl TwoQConfig {
+    pub(crate) fn from_params(p: &Params) -> Result<Self, SpecError> {
+        let mut c = TwoQConfig::default();
+        for (k, v) in p.iter() {
+            match k.as_str() {
+                "kin" => c.kin = p.fraction(k, v)?,
+                "kout" => c.kout = p.ratio(k, v)?,
+                "am" => {
+                    c.am_rest = match v.as_str() {
+                        "full" => false,
+                        "rest" => true,
+                        _ => return Err(p.bad(k, v, "full or rest")),
+                    }
+                }
+                _ => return Err(p.unknown(k, "kin, kout, am")),
+            }
+        }
+        Ok(c)
+    }
+}
+
+pub struct TwoQ<K, I = HashIndex<K>> {
+    cap: usize,
+    kin: usize,
+    kout: usize,
+    am_limit: usize,
+    arena: Arena<K, ()>,
+    lists: [List; 3],
+    index: I,
+}
+
+impl<K: Copy + Hash + Eq + Send> TwoQ<K> {
+    pub fn new(capacity: usize, cfg: &TwoQConfig) -> Self {
+        Self::with_index(capacity, cfg)
+    }
+}
+
+impl<K: Copy + Send, I: KeyIndex<K>> TwoQ<K, I> {
+    pub fn with_index(capacity: usize, cfg: &TwoQConfig) -> Self {
+        // Truncation as in libCacheSim (int64 = double * int64).
+        let kin = (capacity as f64 * cfg.kin) as usize;
+        let kout = (capacity as f64 * cfg.kout) as usize;
+        let am_limit = if cfg.am_rest {
+            capacity - kin
+        } else {
+            capacity
+        };
+        let budget = capacity + kout + 2;
+        TwoQ {
+            cap: capacity,
+            kin,
+            kout,
+            am_limit,
+            arena: Arena::with_budget(budget),
+            lists: [List::default(); 3],
+            index: I::with_capacity(budget),
+        }
+    }
+
+    /// (A1in, A1out, Am) keys, oldest first (tests).
+    pub fn queues(&self) -> (Vec<K>, Vec<K>, Vec<K>) {
+        (
+            self.arena.keys(&self.lists[A1IN as usize]),
+            self.arena.keys(&self.lists[A1OUT as usize]),
+            self.arena.keys(&self.lists[AM as usize]),
+        )
+    }
+
+    fn resident(&self) -> usize {
+        self.lists[A1IN as usize].len + self.lists[AM as usize].len
+    }
+
+    /// Free one frame if the cache is full; returns the paged-out key.
+    fn reclaim(&mut self) -> Option<K> {
+        if self.resident() < self.cap {
+            return None;
+        }
+        let [a1in, a1out, am] = &mut self.lists;
+        if a1in.len > self.kin || am.len == 0 {
+            let y = a1in.front;
+            let key = self.arena.get(y).key;
+            if self.kout == 0 {
+                self.arena.unlink(a1in, y);
+                self.index.remove(&key);
+                self.arena.free(y);
+            } else {
+                self.arena.move_back(a1in, a1out, y, A1OUT);
+                if a1out.len > self.kout {
+                    let z = a1out.front;
+                    let zk = self.arena.get(z).key;
+                    self.arena.unlink(a1out, z);
+                    self.index.remove(&zk);
+                    self.arena.free(z);
+                }
+            }
+            Some(key)
+        } else {
+            Some(self.drop_am_lru())
+        }
+    }
+
+    fn drop_am_lru(&mut self) -> K {
+        let am = &mut self.lists[AM as usize];
+        let y = am.front;
+        let key = self.arena.get(y).key;
+        self.arena.unlink(am, y);
+        self.index.remove(&key);
+        self.arena.free(y);
+        key
+    }
+}
+
+impl<K: Copy + Send, I: KeyIndex<K>> Policy<K> for TwoQ<K, I> {
+    fn name(&self) -> String {
+        "2Q".into()
+    }
+    fn capacity(&self) -> usize {
+        self.cap
+    }
+    fn len(&self) -> usize {
+        self.resident()
+    }
+    fn contains(&self, key: &K) -> bool {
+        matches!(self.index.get(key), Some(i) if self.arena.get(i).tag != A1OUT)
+    }
+
+    fn access(&mut self, key: K) -> Outcome<K> {
+        if self.cap == 0 {
+            return Outcome::Miss { evicted: None };
+        }
+        match self.index.get(&key) {
+            Some(i) => match self.arena.get(i).tag {
+                AM => {
+                    self.arena.refresh(&mut self.lists[AM as usize], i);
+                    Outcome::Hit
+                }
+                A1IN => Outcome::Hit,
+                _ => {
+                    // A ghost in A1out: the block goes to Am.
+                    self.arena.unlink(&mut self.lists[A1OUT as usize], i);
+                    let mut evicted = self.reclaim();
+                    if self.lists[AM as usize].len >= self.am_limit {
+                        // Only with am=rest: Am is full although the
+                        // cache is not; Am drops its LRU block.
+                        debug_assert!(evicted.is_none());
+                        evicted = Some(self.drop_am_lru());
+                    }
+                    self.arena.push_back(&mut self.lists[AM as usize], i, AM);
+                    Outcome::Miss { evicted }
+                }
+            },
+            None => {
+                let evicted = self.reclaim();
+                let i = self.arena.alloc(key, A1IN, ());
+                self.arena
+                    .push_back(&mut self.lists[A1IN as usize], i, A1IN);
+                self.index.insert(key, i);
+                Outcome::Miss { evicted }
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &K) -> bool {
+        match self.index.get(key) {
+            Some(i) => {
+                let tag = self.arena.get(i).tag;
+                self.arena.unlink(&mut self.lists[tag as usize], i);
+                self.index.remove(key);
+                self.arena.free(i);
+                tag != A1OUT
+            }
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hand-worked from the paper's full-version pseudo-code with 4
+    /// frames, Kin = 1, Kout = 2.
+    #[test]
+    fn full_version_by_hand() {
+        let cfg = TwoQConfig::default();
+        let mut q = TwoQ::new(4, &cfg); // kin = 1, kout = 2
+                                        // 1 2 3 4 fill A1in (free frames).
+        for k in 1u32..=4 {
+            assert_eq!(q.access(k), Outcome::Miss { evicted: None });
+        }
+        // A correlated re-reference in A1in changes nothing.
+        assert!(q.access(2).is_hit());
+        assert_eq!(q.queues(), (vec![1, 2, 3, 4], vec![], vec![]));
+        // 5: |A1in| = 4 > Kin, so A1in's head (1) goes to A1out.
+        assert_eq!(q.access(5), Outcome::Miss { evicted: Some(1) });
+        // 6: again, 2 goes to A1out.
+        assert_eq!(q.access(6), Outcome::Miss { evicted: Some(2) });
+        assert_eq!(q.queues(), (vec![3, 4, 5, 6], vec![1, 2], vec![]));
+        // 1 is remembered in A1out: a miss, but it enters Am (leaving
+        // A1out); to make room 3 is paged out of A1in into A1out.
+        assert_eq!(q.access(1), Outcome::Miss { evicted: Some(3) });
+        assert_eq!(q.queues(), (vec![4, 5, 6], vec![2, 3], vec![1]));
+        // 7: A1in still holds 3 > Kin blocks: 4 goes out, A1out drops 2.
+        assert_eq!(q.access(7), Outcome::Miss { evicted: Some(4) });
+        assert_eq!(q.queues(), (vec![5, 6, 7], vec![3, 4], vec![1]));
+        // Hits in Am move to its MRU end.
+        assert!(q.access(1).is_hit());
+        // 3 comes back from A1out into Am; 5 leaves A1in.
+        assert_eq!(q.access(3), Outcome::Miss { evicted: Some(5) });
+        // 4 comes back too; 6 leaves A1in, leaving A1in at Kin = 1.
+        assert_eq!(q.access(4), Outcome::Miss { evicted: Some(6) });
+        assert_eq!(q.queues(), (vec![7], vec![5, 6], vec![1, 3, 4]));
+        // Now |A1in| = Kin: a new block pages out Am's LRU (1), forgotten.
+        assert_eq!(q.access(8), Outcome::Miss { evicted: Some(1) });
+        assert_eq!(q.queues(), (vec![7, 8], vec![5, 6], vec![3, 4]));
+        assert!(!q.contains(&1) && !q.contains(&5) && q.contains(&8));
+    }
+}

@@ -1,0 +1,369 @@
+//! The stored form of a chunk (or of any object: version packages are
+//! stored the same way): a 16-byte envelope header and the payload,
+//! optionally zstd-compressed, optionally encrypted with a key derived
+//! from the content (convergent encryption). Byte layout:
+//! `docs/formats/cas-chunk.md`.
+//!
+//! The name (id) of a plain chunk is the hash of its plaintext, so the same
+//! content gets the same name whatever the compression; the name of an
+//! encrypted chunk is the hash of its ciphertext (domain separated), so a
+//! store can verify every object without keys. Every read is verified by
+//! [`ChunkCodec::open`]: a chunk that does not match its name is reported
+//! by name and never used.
+
+use openssl::symm::{Cipher, Crypter, Mode};
+
+use crate::error::corrupt;
+use crate::hash::{ChunkId, HashKind};
+use roamdisk_blockdev::Result;
+
+pub const MAGIC: [u8; 4] = *b"RDCK";
+pub const VERSION: u8 = 1;
+pub const FLAG_ZSTD: u8 = 1;
+pub const FLAG_ENCRYPTED: u8 = 2;
+const KNOWN_FLAGS: u8 = FLAG_ZSTD | FLAG_ENCRYPTED;
+
+const E_MAGIC: usize = 0;
+const E_VERSION: usize = E_MAGIC + 4;
+const E_FLAGS: usize = E_VERSION + 1;
+const E_HASH: usize = E_FLAGS + 1;
+const E_RESERVED: usize = E_HASH + 1;
+const E_PAYLOAD_LEN: usize = E_RESERVED + 1;
+const E_ORIGINAL_LEN: usize = E_PAYLOAD_LEN + 4;
+/// Size of the envelope header.
+pub const HEADER_SIZE: usize = E_ORIGINAL_LEN + 4;
+
+/// Largest object (payload or plaintext) accepted: 1 GiB.
+pub const MAX_OBJECT: usize = 1 << 30;
+
+/// Domain string of the id of an encrypted chunk.
+const ENC_ID_DOMAIN: &[u8] = b"roamdisk-cas encrypted chunk v1\0";
+/// Domain string of the convergent key.
+const KEY_DOMAIN: &str = "roamdisk-cas convergent key v1";
+
+/// A 256-bit key (convergent chunk key or user key).
+pub type Key = [u8; 32];
+
+/// How chunks are written to a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkCodec {
+    pub hash: HashKind,
+    /// zstd level, or `None` for no compression.
+    pub zstd_level: Option<i32>,
+}
+
+/// A chunk ready to be stored.
+#[derive(Debug, Clone)]
+pub struct Sealed {
+    pub id: ChunkId,
+    /// The convergent key, for encrypted chunks (goes into the index).
+    pub key: Option<Key>,
+    /// The envelope to store under `id`.
+    pub object: Vec<u8>,
+}
+
+/// The parsed envelope header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Envelope {
+    pub flags: u8,
+    pub hash: HashKind,
+    pub payload_len: usize,
+    pub original_len: usize,
+}
+
+impl Envelope {
+    pub fn parse(object: &[u8]) -> Result<Envelope> {
+        if object.len() < HEADER_SIZE {
+            return Err(corrupt(format!(
+                "object of {} bytes is shorter than the {HEADER_SIZE}-byte chunk header",
+                object.len()
+            )));
+        }
+        if object[E_MAGIC..E_MAGIC + 4] != MAGIC {
+            return Err(corrupt("bad magic: not a roamdisk chunk"));
+        }
+        if object[E_VERSION] != VERSION {
+            return Err(corrupt(format!(
+                "chunk format version {} (this build reads {VERSION})",
+                object[E_VERSION]
+            )));
+        }
+        let flags = object[E_FLAGS];
+        if flags & !KNOWN_FLAGS != 0 || object[E_RESERVED] != 0 {
+            return Err(corrupt(format!("unknown chunk flags {flags:#x}")));
+        }
+        let hash = HashKind::from_u8(object[E_HASH])?;
+        let le = |o: usize| u32::from_le_bytes(object[o..o + 4].try_into().expect("4")) as usize;
+        let payload_len = le(E_PAYLOAD_LEN);
+        let original_len = le(E_ORIGINAL_LEN);
+        if payload_len != object.len() - HEADER_SIZE {
+            return Err(corrupt(format!(
+                "chunk payload is {} bytes but its header says {payload_len} (truncated or padded)",
+                object.len() - HEADER_SIZE
+            )));
+        }
+        if original_len > MAX_OBJECT || (flags & FLAG_ZSTD == 0 && original_len != payload_len) {
+            return Err(corrupt(format!(
+                "chunk original length {original_len} is invalid"
+            )));
+        }
+        Ok(Envelope {
+            flags,
+            hash,
+            payload_len,
+            original_len,
+        })
+    }
+
+    fn encode(&self) -> [u8; HEADER_SIZE] {
+        let mut h = [0u8; HEADER_SIZE];
+        h[E_MAGIC..E_MAGIC + 4].copy_from_slice(&MAGIC);
+        h[E_VERSION] = VERSION;
+        h[E_FLAGS] = self.flags;
+        h[E_HASH] = self.hash as u8;
+        h[E_PAYLOAD_LEN..E_PAYLOAD_LEN + 4]
+            .copy_from_slice(&(self.payload_len as u32).to_le_bytes());
+        h[E_ORIGINAL_LEN..E_ORIGINAL_LEN + 4]
+            .copy_from_slice(&(self.original_len as u32).to_le_bytes());
+        h
+    }
+}
+
+fn aes_ctr(key: &Key, data: &[u8]) -> Vec<u8> {
+    // AES-256-CTR with a zero IV: each key encrypts exactly one plaintext
+    // (the key is derived from it), so the keystream is never reused for
+    // different data.
+    let cipher = Cipher::aes_256_ctr();
+    let mut c = Crypter::new(cipher, Mode::Encrypt, key, Some(&[0u8; 16])).expect("aes-256-ctr");
+    let mut out = vec![0u8; data.len() + cipher.block_size()];
+    let n = c.update(data, &mut out).expect("ctr update");
+    let m = c.finalize(&mut out[n..]).expect("ctr final");
+    out.truncate(n + m);
+    out
+}
+
+impl ChunkCodec {
+    /// The convergent key of a plaintext.
+    pub fn convergent_key(&self, data: &[u8]) -> Key {
+        match self.hash {
+            HashKind::Blake3 => blake3::derive_key(KEY_DOMAIN, data),
+            HashKind::Sha256 => {
+                self.hash
+                    .hash_parts(&[KEY_DOMAIN.as_bytes(), b"\0", data])
+                    .0
+            }
+        }
+    }
+
+    /// The id an encrypted payload is stored under.
+    fn encrypted_id(&self, payload: &[u8]) -> ChunkId {
+        self.hash.hash_parts(&[ENC_ID_DOMAIN, payload])
+    }
+
+    fn maybe_compress(&self, data: &[u8]) -> (u8, Option<Vec<u8>>) {
+        if let Some(level) = self.zstd_level {
+            if let Ok(c) = zstd::bulk::compress(data, level) {
+                // Kept only when it saves at least 1/64 of the size.
+                if c.len() + data.len() / 64 < data.len() {
+                    return (FLAG_ZSTD, Some(c));
+                }
+            }
+        }
+        (0, None)
+    }
+
+    /// Seal a plain chunk whose id (`hash(data)`) is already known.
+    pub fn seal_plain(&self, id: ChunkId, data: &[u8]) -> Sealed {
+        let (flags, compressed) = self.maybe_compress(data);
+        let payload = compressed.as_deref().unwrap_or(data);
+        let env = Envelope {
+            flags,
+            hash: self.hash,
+            payload_len: payload.len(),
+            original_len: data.len(),
+        };
+        let mut object = Vec::with_capacity(HEADER_SIZE + payload.len());
+        object.extend_from_slice(&env.encode());
+        object.extend_from_slice(payload);
+        Sealed {
+            id,
+            key: None,
+            object,
+        }
+    }
+
+    /// Seal a chunk: plain (`encrypt == false`) or convergently encrypted.
+    pub fn seal(&self, data: &[u8], encrypt: bool) -> Sealed {
+        if !encrypt {
+            return self.seal_plain(self.hash.hash(data), data);
+        }
+        let key = self.convergent_key(data);
+        let (flags, compressed) = self.maybe_compress(data);
+        let body = compressed.as_deref().unwrap_or(data);
+        let payload = aes_ctr(&key, body);
+        let env = Envelope {
+            flags: flags | FLAG_ENCRYPTED,
+            hash: self.hash,
+            payload_len: payload.len(),
+            original_len: data.len(),
+        };
+        let id = self.encrypted_id(&payload);
+        let mut object = Vec::with_capacity(HEADER_SIZE + payload.len());
+        object.extend_from_slice(&env.encode());
+        object.extend_from_slice(&payload);
+        Sealed {
+            id,
+            key: Some(key),
+            object,
+        }
+    }
+
+    /// Check that `object` is a well-formed envelope stored under the right
+    /// name, without keys (what a store does on every write). Plain chunks
+    /// are decompressed and hashed; encrypted ones have their ciphertext
+    /// hashed.
+    pub fn verify(&self, id: &ChunkId, object: &[u8]) -> Result<Envelope> {
+        let env =
+            Envelope::parse(object).map_err(|e| crate::error::context(e, format!("chunk {id}")))?;
+        if env.hash != self.hash {
+            return Err(corrupt(format!(
+                "chunk {id} was hashed with {} but this store uses {}",
+                env.hash.name(),
+                self.hash.name()
+            )));
+        }
+        let payload = &object[HEADER_SIZE..];
+        let got = if env.flags & FLAG_ENCRYPTED != 0 {
+            self.encrypted_id(payload)
+        } else if env.flags & FLAG_ZSTD != 0 {
+            self.hash.hash(&decompress(id, payload, env.original_len)?)
+        } else {
+            self.hash.hash(payload)
+        };
+        if got != *id {
+            return Err(mismatch(id));
+        }
+        Ok(env)
+    }
+
+    /// Verify and decode a chunk read from a store. `key` is the chunk's
+    /// convergent key from the index (required for encrypted chunks).
+    pub fn open(&self, id: &ChunkId, key: Option<&Key>, object: &[u8]) -> Result<Vec<u8>> {
+        let env =
+            Envelope::parse(object).map_err(|e| crate::error::context(e, format!("chunk {id}")))?;
+        let payload = &object[HEADER_SIZE..];
+        if env.flags & FLAG_ENCRYPTED == 0 {
+            let data = if env.flags & FLAG_ZSTD != 0 {
+                decompress(id, payload, env.original_len)?
+            } else {
+                payload.to_vec()
+            };
+            if env.hash.hash(&data) != *id || env.hash != self.hash {
+                return Err(mismatch(id));
+            }
+            return Ok(data);
+        }
+        if self.encrypted_id(payload) != *id || env.hash != self.hash {
+            return Err(mismatch(id));
+        }
+        let key = key.ok_or_else(|| {
+            corrupt(format!(
+                "chunk {id} is encrypted but the index gives no key for it"
+            ))
+        })?;
+        let body = aes_ctr(key, payload);
+        let data = if env.flags & FLAG_ZSTD != 0 {
+            decompress(id, &body, env.original_len)?
+        } else {
+            body
+        };
+        if data.len() != env.original_len || self.convergent_key(&data) != *key {
+            return Err(corrupt(format!(
+                "chunk {id} does not decrypt to the content its key was derived from (wrong key in the index, or a tampered chunk)"
+            )));
+        }
+        Ok(data)
+    }
+}
+
+fn mismatch(id: &ChunkId) -> roamdisk_blockdev::Error {
+    corrupt(format!(
+        "chunk {id} is corrupt: its content does not hash to its name; it was not used (restore it from another store or re-commit the image that holds it)"
+    ))
+}
+
+fn decompress(id: &ChunkId, payload: &[u8], original_len: usize) -> Result<Vec<u8>> {
+    let d = zstd::bulk::decompress(payload, original_len)
+        .map_err(|e| corrupt(format!("chunk {id} does not decompress: {e}")))?;
+    if d.len() != original_len {
+        return Err(corrupt(format!(
+            "chunk {id} decompresses to {} bytes, not the {original_len} its header says",
+            d.len()
+        )));
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data() -> Vec<u8> {
+        (0..65536u32).map(|i| (i % 7) as u8).collect()
+    }
+
+    #[test]
+    fn plain_and_compressed_round_trip_and_share_the_name() {
+        let d = data();
+        let a = ChunkCodec {
+            hash: HashKind::Blake3,
+            zstd_level: None,
+        };
+        let b = ChunkCodec {
+            zstd_level: Some(3),
+            ..a
+        };
+        let sa = a.seal(&d, false);
+        let sb = b.seal(&d, false);
+        assert_eq!(sa.id, sb.id);
+        assert!(sb.object.len() < sa.object.len() / 10);
+        assert_eq!(a.open(&sa.id, None, &sb.object).unwrap(), d);
+        b.verify(&sb.id, &sb.object).unwrap();
+    }
+
+    #[test]
+    fn encrypted_is_convergent_and_verified() {
+        let d = data();
+        let c = ChunkCodec {
+            hash: HashKind::Sha256,
+            zstd_level: Some(1),
+        };
+        let s1 = c.seal(&d, true);
+        let s2 = c.seal(&d, true);
+        assert_eq!(s1.id, s2.id, "same content, same name");
+        assert_eq!(s1.object, s2.object);
+        assert!(!s1.object.windows(7).any(|w| w == [0, 1, 2, 3, 4, 5, 6]));
+        c.verify(&s1.id, &s1.object).unwrap();
+        assert_eq!(c.open(&s1.id, s1.key.as_ref(), &s1.object).unwrap(), d);
+        let wrong = [7u8; 32];
+        assert!(c.open(&s1.id, Some(&wrong), &s1.object).is_err());
+        assert!(c.open(&s1.id, None, &s1.object).is_err());
+    }
+
+    #[test]
+    fn damage_is_detected_by_name() {
+        let c = ChunkCodec {
+            hash: HashKind::Blake3,
+            zstd_level: Some(3),
+        };
+        let s = c.seal(&data(), false);
+        for i in [0, 5, 9, HEADER_SIZE, s.object.len() - 1] {
+            let mut bad = s.object.clone();
+            bad[i] ^= 0x40;
+            let e = c.open(&s.id, None, &bad).unwrap_err().to_string();
+            assert!(e.contains(&s.id.to_hex()), "byte {i}: {e}");
+        }
+        let e = c.open(&s.id, None, &s.object[..20]).unwrap_err();
+        assert_eq!(e.kind(), roamdisk_blockdev::ErrorKind::Corrupt);
+    }
+}

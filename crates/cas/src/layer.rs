@@ -1,0 +1,88 @@
+//! The layer kinds of this crate for stack specs:
+//!
+//! - `cas[store=S,key-file=F,zero-detect=on|off]:SESSION` — a session's
+//!   writable disk (see `crate::session`);
+//! - `cas-version[store=S,key-file=F]:USER/IMAGE[@REV]` — a committed
+//!   version, read-only (time travel without materialising).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use roamdisk_blockdev::{BlockDev, LayerKind, OpenCtx, Result};
+
+use crate::error::bad_arg;
+use crate::session::dev::{CasDev, SessionOpen};
+use crate::view::VersionView;
+
+/// The store used when none is named: `$ROAMDISK_STORE`, else
+/// `$XDG_DATA_HOME/roamdisk/store`, else `~/.local/share/roamdisk/store`.
+pub fn default_store() -> String {
+    if let Ok(s) = std::env::var("ROAMDISK_STORE") {
+        if !s.is_empty() {
+            return s;
+        }
+    }
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    base.join("roamdisk/store").display().to_string()
+}
+
+fn on_off(v: Option<&str>, name: &str) -> Result<Option<bool>> {
+    match v {
+        None => Ok(None),
+        Some("on") | Some("true") | Some("yes") => Ok(Some(true)),
+        Some("off") | Some("false") | Some("no") => Ok(Some(false)),
+        Some(o) => Err(bad_arg(format!("{name} must be on or off, not '{o}'"))),
+    }
+}
+
+/// `cas:SESSION`.
+pub static CAS: LayerKind = LayerKind {
+    name: "cas",
+    summary: "a content-addressed image session (roamdisk checkout --session): private cache of this session's sectors over a version in a chunk store",
+    args: &["session"],
+    options: &[
+        ("store", "chunk store (directory or http:// URL) instead of the session's"),
+        ("key-file", "the user's key file (encrypted images)"),
+        ("zero-detect", "P1 at write time: a sector of zeroes is kept as ZERO with no data (on/off, default on)"),
+    ],
+    wraps: false,
+    inner_read_only: false,
+    open: |ctx: &OpenCtx<'_>, _next| {
+        let dir = ctx.path("cas", "session")?;
+        let opts = SessionOpen {
+            read_only: ctx.read_only,
+            store: ctx.opt("store").map(str::to_string),
+            key_file: ctx.opt("key-file").map(PathBuf::from),
+            zero_detect: on_off(ctx.opt("zero-detect"), "zero-detect")?,
+        };
+        Ok(Arc::new(CasDev::open(&dir, &opts, ctx.registry)?) as Arc<dyn BlockDev>)
+    },
+};
+
+/// `cas-version:USER/IMAGE[@REV]`.
+pub static CAS_VERSION: LayerKind = LayerKind {
+    name: "cas-version",
+    summary: "a committed version of a content-addressed image, read-only (time travel: @VERSION, @TAG or @DATE)",
+    args: &["image"],
+    options: &[
+        ("store", "chunk store (directory or http:// URL; default $ROAMDISK_STORE)"),
+        ("key-file", "the user's key file (encrypted images)"),
+    ],
+    wraps: false,
+    inner_read_only: false,
+    open: |ctx: &OpenCtx<'_>, _next| {
+        let target = ctx.get("cas-version", "image")?;
+        let loc = ctx.opt("store").map(str::to_string).unwrap_or_else(default_store);
+        let store = crate::store::open(&loc, &Default::default())?;
+        let key = match ctx.opt("key-file") {
+            Some(k) => Some(crate::version::read_key_file(std::path::Path::new(k))?),
+            None => None,
+        };
+        let (_, entry) = crate::repo::resolve(&*store, target)?;
+        let view = VersionView::open(store, entry.version, key.as_ref())?;
+        Ok(Arc::new(view) as Arc<dyn BlockDev>)
+    },
+};

@@ -1,0 +1,208 @@
+//! Chunk stores, layered as read → write → prune (as desync layers them):
+//! [`ChunkRead`] fetches objects by name, [`ChunkWrite`] adds objects,
+//! catalogs (named refs updated by compare-and-swap) and commit leases,
+//! [`ChunkPrune`] lists and removes objects for garbage collection.
+//!
+//! Implementations: [`local::LocalStore`] (a directory: the embedded
+//! default), [`http::HttpStore`] (the client of `roamdisk store serve`),
+//! and the decorator [`quota::QuotaStore`] (a size limit: writes past it
+//! fail with `no-space`, exactly like a full disk). Layout of a local store:
+//! `docs/formats/cas-store.md`; HTTP protocol: `docs/formats/cas-http.md`.
+//!
+//! A store returns the stored bytes as they are; callers verify every
+//! object against its name with [`fetch`] (or [`crate::chunk::ChunkCodec`]).
+
+pub mod config;
+pub mod http;
+pub mod local;
+pub mod quota;
+pub mod wire;
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::chunk::{ChunkCodec, Key};
+use crate::error::{bad_arg, context};
+use crate::hash::ChunkId;
+use roamdisk_blockdev::Result;
+
+pub use config::StoreConfig;
+
+/// What a put did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// The object was new and is now stored.
+    Stored,
+    /// The store already had it (its reference time was refreshed).
+    Existed,
+}
+
+/// A commit in progress, registered so that a concurrent gc keeps every
+/// object it references (see `docs/formats/cas-store.md`, "gc and commits").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub id: String,
+    /// When the lease was taken, by the store's clock.
+    pub started: SystemTime,
+    /// When it was last refreshed, by the store's clock.
+    pub refreshed: SystemTime,
+}
+
+/// One stored object, as listed for gc.
+#[derive(Debug, Clone, Copy)]
+pub struct ObjectEntry {
+    pub id: ChunkId,
+    /// Last time the object was stored or referenced by a commit.
+    pub mtime: SystemTime,
+    /// Stored bytes.
+    pub size: u64,
+}
+
+/// Fetch objects by name.
+pub trait ChunkRead: Send + Sync {
+    /// One line naming the store (a path or URL) for messages.
+    fn describe(&self) -> String;
+    /// The store's settings (hash function, compression).
+    fn config(&self) -> &StoreConfig;
+    /// The stored bytes of one object; `not-found` if absent. Unverified:
+    /// use [`fetch`].
+    fn get(&self, id: &ChunkId) -> Result<Vec<u8>>;
+    /// Several objects at once (in parallel where the store can).
+    fn get_many(&self, ids: &[ChunkId]) -> Vec<Result<Vec<u8>>> {
+        ids.iter().map(|id| self.get(id)).collect()
+    }
+    /// Which of `ids` the store holds. With `touch`, every object found
+    /// has its reference time refreshed (a commit that reuses an object
+    /// must touch it, so a concurrent gc keeps it).
+    fn has_many(&self, ids: &[ChunkId], touch: bool) -> Result<Vec<bool>>;
+    /// A named ref (a catalog: `USER/IMAGE`), or `None`.
+    fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>>;
+    /// Every ref name.
+    fn ref_list(&self) -> Result<Vec<String>>;
+}
+
+/// Add objects, update refs, take leases.
+pub trait ChunkWrite: ChunkRead {
+    /// Store objects (already sealed envelopes) under their names. Each is
+    /// written under a temporary name, made durable and renamed, so a crash
+    /// never leaves a partial object under a real name.
+    fn put_many(&self, items: &[(ChunkId, &[u8])]) -> Result<Vec<PutOutcome>>;
+    /// Make every earlier put durable (directory entries included).
+    fn sync(&self) -> Result<()>;
+    /// Compare-and-swap a ref: succeeds (true) only if its current content
+    /// hashes to `expected` (`None`: the ref must not exist). `new = None`
+    /// deletes it. False means someone else changed it: re-read and retry.
+    fn ref_update(&self, name: &str, expected: Option<ChunkId>, new: Option<&[u8]>)
+        -> Result<bool>;
+    /// Register a commit in progress.
+    fn lease_begin(&self) -> Result<Lease>;
+    /// Tell gc the commit is still alive.
+    fn lease_refresh(&self, id: &str) -> Result<()>;
+    /// The commit is over (its version is in a catalog, or it failed).
+    fn lease_end(&self, id: &str) -> Result<()>;
+}
+
+/// List and remove objects (garbage collection).
+pub trait ChunkPrune: ChunkWrite {
+    /// The store's clock (object times and lease times use it).
+    fn now(&self) -> Result<SystemTime>;
+    /// Call `f` for every stored object.
+    fn list_objects(&self, f: &mut dyn FnMut(ObjectEntry)) -> Result<()>;
+    /// Remove an object unless it was stored or referenced at or after
+    /// `cutoff`; atomic with respect to a concurrent touch (the object is
+    /// first moved aside, its time re-read, and moved back if recent).
+    /// Returns the bytes freed, or `None` if it was kept.
+    fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>>;
+    /// Every registered lease.
+    fn leases(&self) -> Result<Vec<Lease>>;
+    /// Undo what a crashed gc left half done (objects moved aside are put
+    /// back) and remove temporary files older than `cutoff`. Returns
+    /// (objects restored, temporary files removed).
+    fn recover(&self, cutoff: SystemTime) -> Result<(u64, u64)>;
+}
+
+/// Ref tag used for compare-and-swap: the BLAKE3 hash of the ref's bytes.
+pub fn ref_tag(bytes: &[u8]) -> ChunkId {
+    ChunkId(*blake3::hash(bytes).as_bytes())
+}
+
+/// Fetch one object and verify it against its name (and decrypt it with
+/// its convergent key). Errors name the object and the store.
+pub fn fetch<S: ChunkRead + ?Sized>(store: &S, id: &ChunkId, key: Option<&Key>) -> Result<Vec<u8>> {
+    let raw = store.get(id)?;
+    store
+        .config()
+        .codec()
+        .open(id, key, &raw)
+        .map_err(|e| context(e, format!("in store {}", store.describe())))
+}
+
+/// The codec of a store.
+pub fn codec<S: ChunkRead + ?Sized>(store: &S) -> ChunkCodec {
+    store.config().codec()
+}
+
+/// Validate a ref (catalog) name: `USER/IMAGE`, each part 1-64 of
+/// `[A-Za-z0-9._-]`, not starting with a dot.
+pub fn check_ref_name(name: &str) -> Result<()> {
+    let parts: Vec<&str> = name.split('/').collect();
+    let ok_part = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 64
+            && !p.starts_with('.')
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+    };
+    if parts.len() != 2 || !parts.iter().all(|p| ok_part(p)) {
+        return Err(bad_arg(format!(
+            "'{name}' is not USER/IMAGE (each part 1-64 letters, digits, '.', '_' or '-', not starting with '.')"
+        )));
+    }
+    Ok(())
+}
+
+/// A store of any kind.
+pub type DynStore = Arc<dyn ChunkPrune>;
+
+/// Options for [`open`].
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// Create a local store with this configuration if the directory has
+    /// none (never for HTTP stores).
+    pub create: Option<StoreConfig>,
+    /// Parallel requests for HTTP stores (default 8).
+    pub parallel: Option<usize>,
+}
+
+/// Open a store from a location: a directory path, or an `http://` URL of
+/// a `roamdisk store serve`.
+pub fn open(location: &str, opts: &OpenOptions) -> Result<DynStore> {
+    let store: DynStore = if location.starts_with("http://") || location.starts_with("https://") {
+        Arc::new(http::HttpStore::connect(
+            location,
+            opts.parallel.unwrap_or(8),
+        )?)
+    } else {
+        let path = std::path::Path::new(location);
+        Arc::new(local::LocalStore::open(path, opts.create.as_ref())?)
+    };
+    match store.config().quota {
+        Some(q) if !location.starts_with("http") => {
+            Ok(Arc::new(quota::QuotaStore::new(store, q)?) as DynStore)
+        }
+        _ => Ok(store),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ref_names_are_checked() {
+        check_ref_name("alice/desktop-1.0").unwrap();
+        for bad in ["alice", "a/b/c", "../x", "a/.hidden", "a/b c", "/x", "a/"] {
+            assert!(check_ref_name(bad).is_err(), "{bad}");
+        }
+    }
+}

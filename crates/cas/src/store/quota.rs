@@ -1,0 +1,181 @@
+//! A size limit in front of any store: a put that would take the store's
+//! stored bytes past the quota fails with `no-space`, exactly as a write to
+//! a full disk does (ENOSPC), naming the object that did not fit. Set by
+//! `roamdisk store init --quota SIZE`; also how the tests make a store run
+//! out of space without mounting a small file system.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+use roamdisk_blockdev::units::format_size;
+use roamdisk_blockdev::{ErrorKind, Op, Result};
+
+use super::{
+    ChunkPrune, ChunkRead, ChunkWrite, DynStore, Lease, ObjectEntry, PutOutcome, StoreConfig,
+};
+use crate::error::err;
+use crate::hash::ChunkId;
+
+pub struct QuotaStore {
+    inner: DynStore,
+    quota: u64,
+    used: AtomicU64,
+}
+
+impl QuotaStore {
+    /// Wrap `inner`, counting what it holds now.
+    pub fn new(inner: DynStore, quota: u64) -> Result<QuotaStore> {
+        let mut used = 0;
+        inner.list_objects(&mut |e| used += e.size)?;
+        Ok(QuotaStore {
+            inner,
+            quota,
+            used: AtomicU64::new(used),
+        })
+    }
+}
+
+impl ChunkRead for QuotaStore {
+    fn describe(&self) -> String {
+        format!(
+            "{} (quota {})",
+            self.inner.describe(),
+            format_size(self.quota)
+        )
+    }
+    fn config(&self) -> &StoreConfig {
+        self.inner.config()
+    }
+    fn get(&self, id: &ChunkId) -> Result<Vec<u8>> {
+        self.inner.get(id)
+    }
+    fn get_many(&self, ids: &[ChunkId]) -> Vec<Result<Vec<u8>>> {
+        self.inner.get_many(ids)
+    }
+    fn has_many(&self, ids: &[ChunkId], touch: bool) -> Result<Vec<bool>> {
+        self.inner.has_many(ids, touch)
+    }
+    fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        self.inner.ref_get(name)
+    }
+    fn ref_list(&self) -> Result<Vec<String>> {
+        self.inner.ref_list()
+    }
+}
+
+impl ChunkWrite for QuotaStore {
+    fn put_many(&self, items: &[(ChunkId, &[u8])]) -> Result<Vec<PutOutcome>> {
+        let ids: Vec<ChunkId> = items.iter().map(|(id, _)| *id).collect();
+        let have = self.inner.has_many(&ids, true)?;
+        let mut out = vec![PutOutcome::Existed; items.len()];
+        let mut todo = Vec::new();
+        let mut idx = Vec::new();
+        for (i, (item, h)) in items.iter().zip(have).enumerate() {
+            if !h {
+                let len = item.1.len() as u64;
+                let used = self.used.fetch_add(len, Ordering::SeqCst) + len;
+                if used > self.quota {
+                    self.used.fetch_sub(len, Ordering::SeqCst);
+                    for (_, b) in &todo {
+                        let b: &&[u8] = b;
+                        self.used.fetch_sub(b.len() as u64, Ordering::SeqCst);
+                    }
+                    return Err(err(
+                        ErrorKind::NoSpace,
+                        Op::Write,
+                        format!(
+                            "store {} is full: object {} ({} bytes) does not fit in the quota of {} ({} used); free space with `roamdisk rm` + `roamdisk gc`, or raise the quota",
+                            self.inner.describe(),
+                            item.0,
+                            len,
+                            format_size(self.quota),
+                            format_size(used - len)
+                        ),
+                    ));
+                }
+                todo.push(*item);
+                idx.push(i);
+            }
+        }
+        let got = self.inner.put_many(&todo)?;
+        for (k, o) in idx.into_iter().zip(got) {
+            if o == PutOutcome::Existed {
+                self.used
+                    .fetch_sub(items[k].1.len() as u64, Ordering::SeqCst);
+            }
+            out[k] = o;
+        }
+        Ok(out)
+    }
+    fn sync(&self) -> Result<()> {
+        self.inner.sync()
+    }
+    fn ref_update(
+        &self,
+        name: &str,
+        expected: Option<ChunkId>,
+        new: Option<&[u8]>,
+    ) -> Result<bool> {
+        self.inner.ref_update(name, expected, new)
+    }
+    fn lease_begin(&self) -> Result<Lease> {
+        self.inner.lease_begin()
+    }
+    fn lease_refresh(&self, id: &str) -> Result<()> {
+        self.inner.lease_refresh(id)
+    }
+    fn lease_end(&self, id: &str) -> Result<()> {
+        self.inner.lease_end(id)
+    }
+}
+
+impl ChunkPrune for QuotaStore {
+    fn now(&self) -> Result<SystemTime> {
+        self.inner.now()
+    }
+    fn list_objects(&self, f: &mut dyn FnMut(ObjectEntry)) -> Result<()> {
+        self.inner.list_objects(f)
+    }
+    fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
+        let r = self.inner.remove_if_older(id, cutoff)?;
+        if let Some(n) = r {
+            self.used
+                .fetch_sub(n.min(self.used.load(Ordering::SeqCst)), Ordering::SeqCst);
+        }
+        Ok(r)
+    }
+    fn leases(&self) -> Result<Vec<Lease>> {
+        self.inner.leases()
+    }
+    fn recover(&self, cutoff: SystemTime) -> Result<(u64, u64)> {
+        self.inner.recover(cutoff)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::local::LocalStore;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_full_store_fails_with_no_space_naming_the_object() {
+        let d = tempfile::tempdir().unwrap();
+        let inner: DynStore =
+            Arc::new(LocalStore::open(&d.path().join("s"), Some(&StoreConfig::default())).unwrap());
+        let q = QuotaStore::new(inner, 1000).unwrap();
+        let c = StoreConfig {
+            zstd_level: None,
+            ..Default::default()
+        }
+        .codec();
+        let a = c.seal(&[1u8; 600], false);
+        let b = c.seal(&[2u8; 600], false);
+        q.put_many(&[(a.id, &a.object)]).unwrap();
+        // Re-putting what exists costs nothing.
+        q.put_many(&[(a.id, &a.object)]).unwrap();
+        let e = q.put_many(&[(b.id, &b.object)]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NoSpace);
+        assert!(e.to_string().contains(&b.id.to_hex()), "{e}");
+    }
+}

@@ -1,0 +1,270 @@
+//! A committed version as a read-only block device (what checkout
+//! materialises or serves, and the base a session reads its EMPTY sectors
+//! from), plus [`materialise`], which copies a version into any writable
+//! device fetching chunks in parallel.
+//!
+//! Every chunk is verified against its name when fetched; a bad chunk is
+//! an error naming it, never data.
+
+use std::sync::{Arc, Mutex};
+
+use rayon::prelude::*;
+use roamdisk_blockdev::{push_extent, Alloc, BlockDev, Caps, Extent, Op, Result, WriteFlags};
+
+use crate::chunk::Key;
+use crate::error::{context, err};
+use crate::hash::ChunkId;
+use crate::index::{SectorState, SECTOR};
+use crate::progress::Progress;
+use crate::store::{fetch, ChunkRead, DynStore};
+use crate::version::Version;
+
+/// Chunks kept decoded in memory per view (sequential readers re-read a
+/// chunk many times, 4 KiB at a time).
+const CACHE_CHUNKS: usize = 64;
+
+/// Fetch, verify and decode a version package.
+pub fn load_version<S: ChunkRead + ?Sized>(
+    store: &S,
+    id: &ChunkId,
+    user_key: Option<&Key>,
+) -> Result<Version> {
+    let bytes = fetch(store, id, None).map_err(|e| context(e, format!("version {id}")))?;
+    Version::decode(&bytes, user_key).map_err(|e| context(e, format!("version {id}")))
+}
+
+/// A version, readable as a disk.
+pub struct VersionView {
+    store: DynStore,
+    pub id: ChunkId,
+    pub version: Version,
+    cache: Mutex<Vec<(usize, Arc<Vec<u8>>)>>,
+}
+
+impl VersionView {
+    pub fn open(store: DynStore, id: ChunkId, user_key: Option<&Key>) -> Result<VersionView> {
+        let version = load_version(&*store, &id, user_key)?;
+        Ok(Self::from_parts(store, id, version))
+    }
+
+    pub fn from_parts(store: DynStore, id: ChunkId, version: Version) -> VersionView {
+        VersionView {
+            store,
+            id,
+            version,
+            cache: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn store(&self) -> &DynStore {
+        &self.store
+    }
+
+    /// The decoded content of chunk `i` (all zeroes for no chunk).
+    pub fn chunk(&self, i: usize) -> Result<Arc<Vec<u8>>> {
+        let idx = &self.version.index;
+        if idx.ids[i].is_zero() {
+            return Ok(Arc::new(vec![0u8; idx.chunk_len(i)]));
+        }
+        {
+            let mut c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(p) = c.iter().position(|(k, _)| *k == i) {
+                let e = c.remove(p);
+                let data = e.1.clone();
+                c.insert(0, e);
+                return Ok(data);
+            }
+        }
+        let data = Arc::new(self.fetch_chunk(i)?);
+        let mut c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        c.insert(0, (i, data.clone()));
+        c.truncate(CACHE_CHUNKS);
+        Ok(data)
+    }
+
+    fn fetch_chunk(&self, i: usize) -> Result<Vec<u8>> {
+        let idx = &self.version.index;
+        let data = fetch(&*self.store, &idx.ids[i], idx.key(i)).map_err(|e| {
+            context(
+                e,
+                format!(
+                    "chunk {} of version {} (bytes {}..{})",
+                    i,
+                    self.id.short(),
+                    i as u64 * idx.chunk_size as u64,
+                    i as u64 * idx.chunk_size as u64 + idx.chunk_len(i) as u64
+                ),
+            )
+        })?;
+        check_len(&data, idx.chunk_len(i), &idx.ids[i])?;
+        Ok(data)
+    }
+
+    /// Whether sectors `[s0, s1)` of chunk `i` all read as zero.
+    fn zero_sectors(&self, i: usize, s0: usize, s1: usize) -> bool {
+        let idx = &self.version.index;
+        idx.ids[i].is_zero() || (s0..s1).all(|s| idx.state(i, s) == SectorState::Zero)
+    }
+}
+
+fn check_len(data: &[u8], want: usize, id: &ChunkId) -> Result<()> {
+    if data.len() != want {
+        return Err(crate::error::corrupt(format!(
+            "chunk {id} holds {} bytes but the index expects {want}",
+            data.len()
+        )));
+    }
+    Ok(())
+}
+
+impl BlockDev for VersionView {
+    fn layer(&self) -> &'static str {
+        "cas-version"
+    }
+    fn describe(&self) -> String {
+        format!(
+            "cas version {} in {}",
+            self.id.short(),
+            self.store.describe()
+        )
+    }
+    fn size(&self) -> u64 {
+        self.version.index.disk_size
+    }
+    fn caps(&self) -> Caps {
+        Caps {
+            min_block: 1,
+            preferred_block: self.version.index.chunk_size,
+            ..Caps::FULL.read_only()
+        }
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
+        let cs = self.version.index.chunk_size as u64;
+        let end = off + buf.len() as u64;
+        let mut pos = off;
+        while pos < end {
+            let i = (pos / cs) as usize;
+            let within = pos % cs;
+            let n = (cs - within).min(end - pos);
+            let dst = &mut buf[(pos - off) as usize..(pos - off + n) as usize];
+            let s0 = (within / SECTOR) as usize;
+            let s1 = (within + n).div_ceil(SECTOR) as usize;
+            if self.zero_sectors(i, s0, s1) {
+                dst.fill(0);
+            } else {
+                let c = self.chunk(i)?;
+                dst.copy_from_slice(&c[within as usize..(within + n) as usize]);
+            }
+            pos += n;
+        }
+        Ok(())
+    }
+    fn write_at(&self, _: &[u8], off: u64, _: WriteFlags) -> Result<()> {
+        Err(err(
+            roamdisk_blockdev::ErrorKind::ReadOnly,
+            Op::Write,
+            "a committed version is read-only: check it out into a session to change it",
+        )
+        .at(off))
+    }
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+    fn block_status(&self, off: u64, len: u64) -> Result<Vec<Extent>> {
+        let idx = &self.version.index;
+        let mut out = Vec::new();
+        let end = off + len;
+        let mut pos = off;
+        while pos < end {
+            let i = (pos / idx.chunk_size as u64) as usize;
+            let s = ((pos % idx.chunk_size as u64) / SECTOR) as usize;
+            let next = ((pos / SECTOR + 1) * SECTOR).min(end);
+            let state = if idx.ids[i].is_zero() {
+                Alloc::Hole
+            } else if idx.state(i, s) == SectorState::Zero {
+                Alloc::Zero
+            } else {
+                Alloc::Data
+            };
+            push_extent(
+                &mut out,
+                Extent {
+                    len: next - pos,
+                    state,
+                },
+            );
+            pos = next;
+            if out.len() > 1024 {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Copy every non-zero sector of a version into `dst` (which must read
+/// as zeroes beforehand: a new sparse file or image). Chunks are fetched
+/// and verified in parallel batches. Returns the bytes written.
+pub fn materialise(view: &VersionView, dst: &dyn BlockDev, progress: &dyn Progress) -> Result<u64> {
+    let idx = &view.version.index;
+    progress.phase("checking out", idx.disk_size);
+    let batch = 64usize;
+    let mut written = 0u64;
+    for first in (0..idx.records()).step_by(batch) {
+        let recs: Vec<usize> = (first..(first + batch).min(idx.records())).collect();
+        let wanted: Vec<usize> = recs
+            .iter()
+            .copied()
+            .filter(|&i| !idx.ids[i].is_zero())
+            .collect();
+        let ids: Vec<ChunkId> = wanted.iter().map(|&i| idx.ids[i]).collect();
+        let raw = view.store.get_many(&ids);
+        let codec = view.store.config().codec();
+        let decoded: Vec<Result<Vec<u8>>> = wanted
+            .par_iter()
+            .zip(raw)
+            .map(|(&i, r)| {
+                let ctx = |e| {
+                    context(
+                        e,
+                        format!(
+                            "chunk {i} of version {} in store {}",
+                            view.id.short(),
+                            view.store.describe()
+                        ),
+                    )
+                };
+                let obj = r.map_err(ctx)?;
+                let data = codec.open(&idx.ids[i], idx.key(i), &obj).map_err(ctx)?;
+                check_len(&data, idx.chunk_len(i), &idx.ids[i])?;
+                Ok(data)
+            })
+            .collect();
+        for (&i, data) in wanted.iter().zip(decoded) {
+            let data = data?;
+            let base = i as u64 * idx.chunk_size as u64;
+            // Write runs of non-ZERO sectors; ZERO ones stay holes.
+            let sectors = data.len().div_ceil(SECTOR as usize);
+            let mut s = 0;
+            while s < sectors {
+                if idx.state(i, s) == SectorState::Zero {
+                    s += 1;
+                    continue;
+                }
+                let mut e = s + 1;
+                while e < sectors && idx.state(i, e) != SectorState::Zero {
+                    e += 1;
+                }
+                let a = s * SECTOR as usize;
+                let b = (e * SECTOR as usize).min(data.len());
+                dst.write_at(&data[a..b], base + a as u64, WriteFlags::default())?;
+                written += (b - a) as u64;
+                s = e;
+            }
+        }
+        let done: u64 = recs.iter().map(|&i| idx.chunk_len(i) as u64).sum();
+        progress.advance(done);
+    }
+    dst.flush()?;
+    Ok(written)
+}

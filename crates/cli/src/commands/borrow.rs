@@ -1,0 +1,558 @@
+//! `roamdisk borrow`: a transient disk made of a host's free blocks
+//! (TransPart): scan, plans, device-mapper tables, the session workflow.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Args as ClapArgs, Parser, Subcommand};
+use roamdisk_blockdev::layers::raw::RawDev;
+use roamdisk_blockdev::units::parse_size;
+use roamdisk_blockdev::BlockDev;
+use roamdisk_borrow::session::{CopyIn, Session, SessionOptions, Timings};
+use roamdisk_borrow::verify::{verify, Depth};
+use roamdisk_borrow::{BorrowOptions, Plan, ScanOptions, Verify};
+use roamdisk_nbd::{Export, Listen, Server, ServerConfig, TlsMode};
+
+use super::progress::Progress;
+
+/// Borrow the free blocks of a host's disks as a fast transient disk for a
+/// VM (TransPart). The host's file systems are only read; nothing
+/// allocated is ever read or written, and the borrowed blocks are
+/// encrypted with a key that never leaves memory.
+///
+/// Only borrow from a host whose operating system is not running (boot
+/// the host from roamdisk's USB stick). Partitions that are not cleanly
+/// unmounted, have errors, need journal recovery, hold a hibernation
+/// image or Windows fast-startup state are skipped, as are file systems
+/// roamdisk does not read (each with its reason).
+///
+/// Examples:
+///   roamdisk borrow scan /dev/sda --plan sda.plan
+///   roamdisk borrow scan /dev/sda --min-size 20G --dm-table - | dmsetup create transient
+///   roamdisk borrow free disk.img
+///   roamdisk serve borrow:sda.plan --socket /tmp/t.sock
+///   roamdisk borrow run --host /dev/sda --state /media/usb/vm.img --socket /tmp/vm.sock
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+pub struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    Scan(ScanArgs),
+    Free(FreeArgs),
+    Show(ShowArgs),
+    Check(CheckArgs),
+    Run(RunArgs),
+}
+
+#[derive(ClapArgs, Clone)]
+struct Filters {
+    /// Ignore free extents shorter than this.
+    #[arg(long, default_value = "4M", value_parser = parse_size, value_name = "SIZE")]
+    min_extent: u64,
+    /// Keep at most this many extents (the largest).
+    #[arg(long, default_value_t = 100_000, value_name = "N")]
+    max_extents: u64,
+}
+
+/// Scan host disks (or disk images): partitions, file systems, safety
+/// checks, free extents; print a summary and write a plan.
+///
+/// Extents shorter than --min-extent are ignored, the largest
+/// --max-extents are kept, then they are sorted by partition and offset.
+///
+/// Examples:
+///   roamdisk borrow scan /dev/sda /dev/sdb --plan host.plan
+///   roamdisk borrow scan disk.img --min-extent 1M --json
+///   roamdisk borrow scan /dev/sda --min-size 20G --dm-table table.txt
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+struct ScanArgs {
+    /// Host disks or disk images (read only).
+    #[arg(required = true)]
+    devices: Vec<PathBuf>,
+    #[command(flatten)]
+    filters: Filters,
+    /// Fail unless at least this much is found (the error says how much
+    /// was found and where).
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    min_size: Option<u64>,
+    /// Use only this much (the largest extents first).
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    size: Option<u64>,
+    /// Write the plan (JSON) here; serve it with `roamdisk serve borrow:FILE`.
+    #[arg(long, value_name = "FILE")]
+    plan: Option<PathBuf>,
+    /// Write the device-mapper linear table here ('-': stdout).
+    #[arg(long, value_name = "FILE")]
+    dm_table: Option<PathBuf>,
+    /// Print the plan as JSON instead of the summary.
+    #[arg(long)]
+    json: bool,
+}
+
+/// List every free extent of every partition, before any size filter:
+/// exactly what each file system's allocation map says is free.
+///
+/// Text output: one line per partition `# DEVICE PART FS HEALTH FREE_BYTES
+/// EXTENTS`, then one `START LENGTH` line (absolute bytes of the device)
+/// per extent.
+///
+/// Examples:
+///   roamdisk borrow free disk.img
+///   roamdisk borrow free /dev/sda --json
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+struct FreeArgs {
+    /// Disks or images (read only).
+    #[arg(required = true)]
+    devices: Vec<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Show a plan: summary, JSON, device-mapper table, or one tab-separated
+/// line per partition (DEVICE NUMBER FS STATUS REASON FREE BORROWED
+/// EXTENTS; REASON is - when used).
+///
+/// Examples:
+///   roamdisk borrow show host.plan
+///   roamdisk borrow show host.plan --dm-table | dmsetup create transient
+///   roamdisk borrow show host.plan --partitions
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+struct ShowArgs {
+    plan: PathBuf,
+    /// Print the JSON plan.
+    #[arg(long, conflicts_with_all = ["dm_table", "partitions"])]
+    json: bool,
+    /// Print the device-mapper linear table.
+    #[arg(long, conflicts_with = "partitions")]
+    dm_table: bool,
+    /// Print one tab-separated line per partition.
+    #[arg(long)]
+    partitions: bool,
+}
+
+/// Check that a plan still matches the host (read only): sizes, partition
+/// tables, file-system identities, health, and that every extent is still
+/// free.
+///
+/// Examples:
+///   roamdisk borrow check host.plan
+///   roamdisk borrow check host.plan --identity-only
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+struct CheckArgs {
+    plan: PathBuf,
+    /// Compare hashes only; do not re-read the allocation maps.
+    #[arg(long)]
+    identity_only: bool,
+}
+
+/// A whole session: scan the host, allocate a borrowed disk as large as
+/// the VM disk, copy the VM disk in (whole, or on demand), serve it over
+/// NBD, and when the session ends (SIGINT/SIGTERM, or the --exec command
+/// exits) copy the modified blocks back to the VM disk and release the
+/// host's blocks. Prints the time of each phase.
+///
+/// Examples:
+///   roamdisk borrow run --host /dev/sda --state /media/usb/vm.img --socket /tmp/vm.sock
+///   roamdisk borrow run --host host.img --state raw:vm.img --socket /tmp/vm.sock \
+///       --exec 'qemu-system-x86_64 -drive file=nbd:unix:/tmp/vm.sock,format=raw' --json
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+struct RunArgs {
+    /// Host disk or image to borrow from (repeat for several).
+    #[arg(long = "host", required = true, value_name = "DEVICE")]
+    hosts: Vec<PathBuf>,
+    /// The VM disk on the portable medium: a path or any stack spec.
+    #[arg(long, value_name = "SPEC")]
+    state: String,
+    /// Serve on this Unix socket.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Serve on this TCP address (loopback recommended).
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<std::net::SocketAddr>,
+    /// Run this shell command once serving (ROAMDISK_NBD_URI is set for
+    /// it); the session ends when it exits.
+    #[arg(long, value_name = "CMD")]
+    exec: Option<String>,
+    /// Fetch each block from the VM disk when first used instead of
+    /// copying it all before serving.
+    #[arg(long)]
+    on_demand: bool,
+    /// Write zeroes over every host block written, at release.
+    #[arg(long)]
+    scrub: bool,
+    /// Do not encrypt (the guest's data stays readable on the host).
+    #[arg(long)]
+    no_encrypt: bool,
+    #[command(flatten)]
+    filters: Filters,
+    /// Also write the plan here.
+    #[arg(long, value_name = "FILE")]
+    plan_out: Option<PathBuf>,
+    /// Print the timings as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
+    match a.cmd {
+        Cmd::Scan(s) => scan(s, quiet),
+        Cmd::Free(f) => free(f),
+        Cmd::Show(s) => show(s),
+        Cmd::Check(c) => check(c),
+        Cmd::Run(r) => session(r, quiet),
+    }
+}
+
+/// The engine's progress, drawn by the CLI's bars or lines.
+struct Bars {
+    quiet: bool,
+    cur: Mutex<Option<Progress>>,
+}
+
+impl Bars {
+    fn new(quiet: bool) -> Bars {
+        Bars {
+            quiet,
+            cur: Mutex::new(None),
+        }
+    }
+}
+
+impl roamdisk_borrow::Progress for Bars {
+    fn begin(&self, what: &'static str, total: u64) {
+        *self.cur.lock().expect("progress") = Some(Progress::new(self.quiet, total, what));
+    }
+    fn set(&self, done: u64) {
+        if let Some(p) = &*self.cur.lock().expect("progress") {
+            p.set(done);
+        }
+    }
+    fn end(&self) {
+        if let Some(p) = self.cur.lock().expect("progress").take() {
+            p.finish();
+        }
+    }
+}
+
+fn scan(a: ScanArgs, quiet: bool) -> anyhow::Result<()> {
+    let opts = ScanOptions {
+        min_extent: a.filters.min_extent,
+        max_extents: a.filters.max_extents,
+        min_size: a.min_size.unwrap_or(0),
+        size_limit: a.size.unwrap_or(0),
+    };
+    let plan = roamdisk_borrow::scan(&a.devices, &opts, &Bars::new(quiet || a.json))?;
+    if let Some(p) = &a.plan {
+        plan.save(p)?;
+    }
+    if let Some(t) = &a.dm_table {
+        write_out(t, &plan.dm_table())?;
+    }
+    if a.json {
+        println!("{}", plan.to_json());
+    } else if a.dm_table.as_deref() != Some(std::path::Path::new("-")) {
+        print!("{}", plan.summary());
+        if let Some(p) = &a.plan {
+            println!(
+                "Plan written to {}; serve it with `roamdisk serve borrow:{} --socket SOCK`",
+                p.display(),
+                p.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn write_out(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    if path == std::path::Path::new("-") {
+        std::io::stdout().write_all(text.as_bytes())?;
+        Ok(())
+    } else {
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+    }
+}
+
+fn free(a: FreeArgs) -> anyhow::Result<()> {
+    let mut json = Vec::new();
+    let mut out = String::new();
+    for path in &a.devices {
+        let dev = RawDev::open(path, true)?;
+        let table = roamdisk_fsmeta::read_table(&dev)
+            .with_context(|| format!("cannot read the partition table of {}", path.display()))?;
+        for p in &table.partitions {
+            match roamdisk_fsmeta::free_space(&dev, p.start, p.len) {
+                Ok(f) => {
+                    let health = match &f.probe.health {
+                        roamdisk_fsmeta::Health::Clean => "clean".to_string(),
+                        roamdisk_fsmeta::Health::Unsafe { reason, .. } => {
+                            reason.as_str().to_string()
+                        }
+                    };
+                    out.push_str(&format!(
+                        "# {} {} {} {} {} {}\n",
+                        path.display(),
+                        p.number,
+                        f.probe.type_name,
+                        health,
+                        f.free_bytes,
+                        f.extents.len()
+                    ));
+                    for e in &f.extents {
+                        out.push_str(&format!("{} {}\n", e.start, e.len));
+                    }
+                    json.push(serde_json::json!({"device": path, "partition": p, "free": f}));
+                }
+                Err(e) => {
+                    out.push_str(&format!(
+                        "# {} {} error corrupt 0 0\n",
+                        path.display(),
+                        p.number
+                    ));
+                    eprintln!("roamdisk: {} partition {}: {e}", path.display(), p.number);
+                    json.push(
+                        serde_json::json!({"device": path, "partition": p, "error": e.to_string()}),
+                    );
+                }
+            }
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    } else {
+        print!("{out}");
+    }
+    Ok(())
+}
+
+fn show(a: ShowArgs) -> anyhow::Result<()> {
+    let plan = Plan::load(&a.plan)?;
+    if a.json {
+        println!("{}", plan.to_json());
+    } else if a.dm_table {
+        print!("{}", plan.dm_table());
+    } else if a.partitions {
+        for p in &plan.partitions {
+            println!(
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                plan.devices[p.device as usize].path.display(),
+                p.number,
+                p.fs,
+                match p.status {
+                    roamdisk_borrow::Status::Used => "used",
+                    roamdisk_borrow::Status::Skipped => "skipped",
+                },
+                p.reason.as_deref().unwrap_or("-"),
+                p.free_bytes,
+                p.borrowed_bytes,
+                p.borrowed_extents
+            );
+        }
+    } else {
+        print!("{}", plan.summary());
+    }
+    Ok(())
+}
+
+fn check(a: CheckArgs) -> anyhow::Result<()> {
+    let plan = Plan::load(&a.plan)?;
+    let devs: Vec<RawDev> = plan
+        .devices
+        .iter()
+        .map(|d| RawDev::open(&d.path, true))
+        .collect::<Result<_, _>>()?;
+    let refs: Vec<&dyn BlockDev> = devs.iter().map(|d| d as &dyn BlockDev).collect();
+    let depth = if a.identity_only {
+        Depth::Identity
+    } else {
+        Depth::Full
+    };
+    verify(&plan, &refs, depth)?;
+    println!(
+        "plan {} matches the host: {} in {} extents{}",
+        a.plan.display(),
+        roamdisk_borrow::human(plan.total_bytes),
+        plan.extents.len(),
+        if a.identity_only {
+            " (identity only)"
+        } else {
+            ", all still free"
+        }
+    );
+    Ok(())
+}
+
+fn session(a: RunArgs, quiet: bool) -> anyhow::Result<()> {
+    let mut listen = Vec::new();
+    if let Some(s) = &a.socket {
+        listen.push(Listen::Unix(s.clone()));
+    }
+    if let Some(t) = a.listen {
+        listen.push(Listen::Tcp(t));
+    }
+    if listen.is_empty() {
+        bail!("say where to serve the VM disk: --socket PATH and/or --listen ADDR:PORT");
+    }
+    let reg = super::registry();
+    let spec = reg.parse(&a.state)?;
+    let state = reg
+        .open(&spec, false)
+        .with_context(|| format!("cannot open the VM disk '{}'", a.state))?;
+    let opts = SessionOptions {
+        hosts: a.hosts.clone(),
+        scan: ScanOptions {
+            min_extent: a.filters.min_extent,
+            max_extents: a.filters.max_extents,
+            ..ScanOptions::default()
+        },
+        borrow: BorrowOptions {
+            encrypt: !a.no_encrypt,
+            scrub: a.scrub,
+            verify: Verify::Full,
+            size: None,
+        },
+        copy_in: if a.on_demand {
+            CopyIn::OnDemand
+        } else {
+            CopyIn::Whole
+        },
+        plan_out: a.plan_out.clone(),
+    };
+    if a.no_encrypt {
+        tracing::warn!(
+            "encryption is off: the VM's data will stay readable in the host's free blocks"
+        );
+    }
+    let bars = Bars::new(quiet || a.json);
+    let sess = Session::start(&opts, state, &bars)?;
+    if !quiet && !a.json {
+        eprintln!(
+            "roamdisk: borrowed {} in {} extents (scan {:.2} s, allocate {:.2} s, copy-in {:.2} s)",
+            roamdisk_borrow::human(sess.plan.total_bytes),
+            sess.plan.extents.len(),
+            sess.timings.scan_s,
+            sess.timings.allocate_s,
+            sess.timings.copy_in_s
+        );
+    }
+    let dev: Arc<dyn BlockDev> = Arc::new(roamdisk_blockdev::Checked::new(sess.export(), false));
+    let t_serve = Instant::now();
+    let exec_status = serve(dev, listen.clone(), a.exec.as_deref(), quiet || a.json)?;
+    let serve_s = t_serve.elapsed().as_secs_f64();
+    let mut t: Timings = sess.finish(&bars)?;
+    t.serve_s = serve_s;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&t)?);
+    } else {
+        println!(
+            "Start-up:  scan {:.3} s + allocate {:.3} s + copy-in {:.3} s ({})",
+            t.scan_s,
+            t.allocate_s,
+            t.copy_in_s,
+            roamdisk_borrow::human(t.copy_in_bytes)
+        );
+        println!("Served:    {:.3} s", t.serve_s);
+        println!(
+            "Shut-down: copy-back {:.3} s ({}) + release {:.3} s{}",
+            t.copy_back_s,
+            roamdisk_borrow::human(t.copy_back_bytes),
+            t.release_s,
+            if t.scrubbed_bytes > 0 {
+                format!(" (scrubbed {})", roamdisk_borrow::human(t.scrubbed_bytes))
+            } else {
+                String::new()
+            }
+        );
+    }
+    if let Some(st) = exec_status {
+        if !st.success() {
+            bail!("the --exec command failed ({st}); modified blocks were copied back");
+        }
+    }
+    Ok(())
+}
+
+/// Serve `dev` until a signal arrives or the `exec` command exits.
+fn serve(
+    dev: Arc<dyn BlockDev>,
+    listen: Vec<Listen>,
+    exec: Option<&str>,
+    quiet: bool,
+) -> anyhow::Result<Option<ExitStatus>> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("roamdisk")
+        .build()
+        .context("cannot start the runtime")?;
+    let uri = listen.first().map(|l| l.to_string()).unwrap_or_default();
+    rt.block_on(async move {
+        let cfg = ServerConfig {
+            exports: vec![Export {
+                name: String::new(),
+                description: "roamdisk borrowed transient disk".into(),
+                dev,
+            }],
+            listen: listen.clone(),
+            tls: None,
+            tls_mode: TlsMode::Off,
+            max_in_flight: 64,
+            max_connections: 16,
+            handshake_timeout: Duration::from_secs(30),
+        };
+        let server = Server::bind(cfg).await?;
+        if !quiet {
+            for l in &listen {
+                eprintln!("roamdisk: serving the borrowed disk on {l}");
+            }
+        }
+        let status = Arc::new(Mutex::new(None));
+        let st2 = status.clone();
+        let child = match exec {
+            Some(c) => Some(
+                tokio::process::Command::new("sh")
+                    .arg("-c")
+                    .arg(c)
+                    .env("ROAMDISK_NBD_URI", &uri)
+                    .spawn()
+                    .with_context(|| format!("cannot run --exec command '{c}'"))?,
+            ),
+            None => None,
+        };
+        let stop = async move {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            match child {
+                Some(mut child) => {
+                    tokio::select! {
+                        r = child.wait() => { *st2.lock().expect("status") = r.ok(); }
+                        _ = tokio::signal::ctrl_c() => { let _ = child.kill().await; }
+                        _ = term.recv() => { let _ = child.kill().await; }
+                    }
+                }
+                None => {
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => {}
+                        _ = term.recv() => {}
+                    }
+                }
+            }
+        };
+        server.run(stop).await?;
+        let st = *status.lock().expect("status");
+        Ok::<_, anyhow::Error>(st)
+    })
+}

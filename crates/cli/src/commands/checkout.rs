@@ -1,0 +1,271 @@
+//! `roamdisk checkout`: time travel — materialise any version as a raw,
+//! LBS or qemu-img image, start a session on it, or serve it read-only.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use roamdisk_blockdev::units::format_size;
+use roamdisk_blockdev::BlockDev;
+use roamdisk_cas::catalog::format_time;
+use roamdisk_cas::repo::{check_rev, resolve};
+use roamdisk_cas::session::{self, SessionConfig};
+use roamdisk_cas::store::fetch;
+use roamdisk_cas::view::{materialise, VersionView};
+
+use super::cas::{Progress, StoreArgs};
+
+/// Check out a version of an image: USER/IMAGE (latest), USER/IMAGE@VERSION
+/// (an id prefix from `roamdisk log`), USER/IMAGE@TAG, or USER/IMAGE@DATE
+/// (the latest version committed at or before YYYY-MM-DD[THH:MM[:SS]] UTC;
+/// a bare date means the end of that day). Every chunk is verified against
+/// its hash as it is fetched.
+///
+///   --output FILE      write it to a new image file: raw (sparse), lbs, or
+///                      any format qemu-img writes (--format qcow2)
+///   --session DIR      start a session: serve it with `roamdisk serve
+///                      cas:DIR`, commit it with `roamdisk commit cas:DIR`
+///   --serve            serve the version read-only over NBD
+///
+/// Examples:
+///   roamdisk checkout alice/desktop@2026-11-20 --output old.raw
+///   roamdisk checkout golden/win10 --session ~/s/alice --as alice/desktop
+///   roamdisk serve cas:~/s/alice --socket /tmp/alice.sock
+///   roamdisk checkout alice/desktop@stable --serve --socket /tmp/ro.sock
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+pub struct Args {
+    /// USER/IMAGE[@VERSION|@TAG|@DATE].
+    version: String,
+    /// Write the disk to this new file.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["session", "serve"])]
+    output: Option<PathBuf>,
+    /// Format of --output: raw, lbs, or a qemu-img format (qcow2, vmdk...).
+    #[arg(long, default_value = "raw")]
+    format: String,
+    /// Create a session in this directory.
+    #[arg(long, value_name = "DIR", conflicts_with = "serve")]
+    session: Option<PathBuf>,
+    /// The image a session commits to (default: the one checked out).
+    #[arg(long = "as", value_name = "USER/IMAGE")]
+    as_image: Option<String>,
+    /// The session's private cache: raw (a sparse file) or lbs.
+    #[arg(long, default_value = "raw")]
+    cache: String,
+    /// Serve the version read-only over NBD.
+    #[arg(long)]
+    serve: bool,
+    /// With --serve: listen on this Unix socket.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// With --serve: listen on this TCP address.
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<String>,
+    /// Also write the version's VM configuration file here.
+    #[arg(long, value_name = "FILE")]
+    config_out: Option<PathBuf>,
+    /// Also write the version's memory image here.
+    #[arg(long, value_name = "FILE")]
+    memory_out: Option<PathBuf>,
+    #[command(flatten)]
+    st: StoreArgs,
+}
+
+fn absolute_location(loc: &str) -> String {
+    if loc.starts_with("http://") || loc.starts_with("https://") {
+        return loc.to_string();
+    }
+    std::fs::canonicalize(loc)
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| loc.to_string())
+}
+
+fn write_output(
+    view: &VersionView,
+    dest: &Path,
+    format: &str,
+    progress: &Progress,
+) -> anyhow::Result<u64> {
+    let size = view.size();
+    match format {
+        "lbs" => {
+            let paths = roamdisk_lbs::Paths::resolve(dest, None);
+            roamdisk_lbs::create(
+                &paths,
+                &roamdisk_lbs::CreateOptions {
+                    size,
+                    ..Default::default()
+                },
+            )?;
+            let r = (|| {
+                let (lbs, _) = roamdisk_lbs::create::open_files(
+                    &paths,
+                    &Default::default(),
+                    roamdisk_lbs::LbsOptions::default(),
+                )?;
+                let n = materialise(view, &lbs, progress)?;
+                lbs.close()?;
+                Ok::<_, anyhow::Error>(n)
+            })();
+            if r.is_err() {
+                let _ = std::fs::remove_file(&paths.data);
+                let _ = std::fs::remove_file(&paths.meta);
+            }
+            r
+        }
+        _ => {
+            let raw = if format == "raw" {
+                dest.to_path_buf()
+            } else {
+                dest.with_extension("checkout-tmp.raw")
+            };
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&raw)
+                .with_context(|| format!("cannot create {}", raw.display()))?;
+            f.set_len(size)?;
+            drop(f);
+            let r = (|| {
+                let dst = super::registry().build(&format!("raw:{}", raw.display()), false)?;
+                let n = materialise(view, dst.as_ref(), progress)?;
+                if format != "raw" {
+                    let st = std::process::Command::new("qemu-img")
+                        .args(["convert", "-f", "raw", "-O", format])
+                        .arg(&raw)
+                        .arg(dest)
+                        .status()
+                        .context("cannot run qemu-img (install qemu-utils)")?;
+                    if !st.success() {
+                        bail!("qemu-img could not write {format}");
+                    }
+                    let _ = std::fs::remove_file(&raw);
+                }
+                Ok(n)
+            })();
+            if r.is_err() {
+                let _ = std::fs::remove_file(&raw);
+            }
+            r
+        }
+    }
+}
+
+pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
+    check_rev(&a.version)?;
+    let store = a.st.open(false)?;
+    let key = a.st.key()?;
+    let (name, entry) = resolve(&*store, &a.version)?;
+    let progress = Progress::new(quiet, a.st.json);
+    let view = VersionView::open(store.clone(), entry.version, key.as_ref())
+        .with_context(|| format!("cannot check out {name}@{}", entry.version.short()))?;
+    let describe = format!(
+        "{name}@{} ({}, {})",
+        entry.version.short(),
+        format_time(entry.created),
+        format_size(entry.disk_size)
+    );
+    if let Some(p) = &a.config_out {
+        std::fs::write(p, &view.version.config)
+            .with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    if let Some(p) = &a.memory_out {
+        let mem = &view.version.memory;
+        let mut f =
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
+        let mut left = mem.size;
+        for (i, id) in mem.ids.iter().enumerate() {
+            let n = left.min(view.version.index.chunk_size as u64) as usize;
+            let data = if id.is_zero() {
+                vec![0u8; n]
+            } else {
+                fetch(&*store, id, mem.keys.get(i))?
+            };
+            f.write_all(&data[..n.min(data.len())])?;
+            left -= n as u64;
+        }
+        f.sync_all()?;
+    }
+    if let Some(dest) = &a.output {
+        if dest.exists() {
+            bail!("{} exists; remove it first", dest.display());
+        }
+        let n = write_output(&view, dest, &a.format, &progress)?;
+        progress.finish();
+        if a.st.json {
+            println!(
+                "{}",
+                serde_json::json!({"version": entry.version.to_hex(), "output": dest, "format": a.format, "bytes_written": n})
+            );
+        } else if !quiet {
+            println!(
+                "checked out {describe} to {} ({} of data)",
+                dest.display(),
+                format_size(n)
+            );
+        }
+        return Ok(());
+    }
+    if let Some(dir) = &a.session {
+        let target = a.as_image.clone().unwrap_or_else(|| name.clone());
+        roamdisk_cas::store::check_ref_name(&target)?;
+        let mut cfg = SessionConfig::new(&absolute_location(&a.st.location()), &target);
+        cfg.key_file =
+            a.st.key_file
+                .as_ref()
+                .map(|k| std::fs::canonicalize(k).unwrap_or_else(|_| k.clone()));
+        match a.cache.as_str() {
+            "raw" => {}
+            "lbs" => {
+                std::fs::create_dir_all(dir)?;
+                let paths = roamdisk_lbs::Paths::resolve(&dir.join("cache.lbsd"), None);
+                roamdisk_lbs::create(
+                    &paths,
+                    &roamdisk_lbs::CreateOptions {
+                        size: view.size(),
+                        ..Default::default()
+                    },
+                )?;
+                cfg.cache = "lbs:cache.lbsd".into();
+            }
+            other => bail!("--cache must be raw or lbs, not '{other}'"),
+        }
+        session::create(dir, &cfg, entry.version, view.size())?;
+        if !quiet {
+            println!(
+                "session {} on {describe}; commits go to {target}\n  serve it:  roamdisk serve cas:{} --socket /tmp/vm.sock\n  commit it: roamdisk commit cas:{} -m \"...\"",
+                dir.display(),
+                dir.display(),
+                dir.display()
+            );
+        }
+        return Ok(());
+    }
+    if a.serve {
+        let mut opts = vec![format!("store={}", absolute_location(&a.st.location()))];
+        if let Some(k) = &a.st.key_file {
+            opts.push(format!("key-file={}", k.display()));
+        }
+        let spec = format!(
+            "cas-version[{}]:{name}@{}",
+            opts.join(","),
+            entry.version.to_hex()
+        );
+        let mut args = vec!["serve".to_string(), spec, "--read-only".into()];
+        if let Some(s) = &a.socket {
+            args.push("--socket".into());
+            args.push(s.display().to_string());
+        }
+        if let Some(l) = &a.listen {
+            args.push("--listen".into());
+            args.push(l.clone());
+        }
+        if !quiet {
+            eprintln!("roamdisk: serving {describe} read-only");
+        }
+        let sa = super::serve::Args::try_parse_from(args).map_err(|e| anyhow::anyhow!("{e}"))?;
+        return super::serve::run(sa, quiet);
+    }
+    bail!("say what to do with {describe}: --output FILE, --session DIR or --serve --socket PATH")
+}

@@ -1,0 +1,366 @@
+//! `roamdisk store`: create, serve, inspect and verify chunk stores; make
+//! user keys.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use rayon::prelude::*;
+use roamdisk_blockdev::units::{format_size, parse_size};
+use roamdisk_cas::hash::HashKind;
+use roamdisk_cas::repo::read_catalog;
+use roamdisk_cas::store::{self, local::LocalStore, StoreConfig};
+use roamdisk_cas::version::{Header, Version};
+use roamdisk_cas::ChunkId;
+
+use super::cas::{Progress, StoreArgs};
+
+/// Chunk stores: where content-addressed images live. A store is a
+/// directory (chunks as hash-named files under 2-hex-digit folders,
+/// catalogs, leases) or an HTTP chunk server in front of one.
+///
+/// Examples:
+///   roamdisk store init /srv/store --hash blake3 --compression zstd
+///   roamdisk store serve /srv/store --listen 127.0.0.1:8700
+///   roamdisk store info --store http://127.0.0.1:8700
+///   roamdisk store verify --store /srv/store
+///   roamdisk store keygen alice.key
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+pub struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    Init(InitArgs),
+    Serve(ServeArgs),
+    Info(InfoArgs),
+    Verify(VerifyArgs),
+    Keygen(KeygenArgs),
+}
+
+/// Create a chunk store in a directory.
+///
+/// Example:
+///   roamdisk store init /srv/store --hash sha256 --quota 500G
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+struct InitArgs {
+    dir: PathBuf,
+    /// Hash function naming every chunk: blake3 or sha256 (fixed for the
+    /// store's life).
+    #[arg(long, default_value = "blake3")]
+    hash: String,
+    /// Chunk compression: zstd, zstd:LEVEL (1-19) or none. A chunk is kept
+    /// compressed only when that saves space.
+    #[arg(long, default_value = "zstd")]
+    compression: String,
+    /// Refuse writes past this many stored bytes (no-space, like a full
+    /// disk).
+    #[arg(long, value_name = "SIZE")]
+    quota: Option<String>,
+}
+
+/// Serve a store directory over HTTP (GET/HEAD/PUT of chunks by hash,
+/// batch queries, catalogs, leases, gc). Every uploaded chunk is verified
+/// before it is stored. No authentication or TLS: listen on loopback, or
+/// put it behind a TLS proxy.
+///
+/// Example:
+///   roamdisk store serve /srv/store --listen 127.0.0.1:8700
+///   roamdisk commit disk.img --to alice/vm --store http://127.0.0.1:8700
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+struct ServeArgs {
+    dir: PathBuf,
+    /// Address to listen on (port 0 picks one; the chosen address is
+    /// printed).
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: SocketAddr,
+}
+
+/// Show what a store holds: objects, bytes, versions, deduplication, and
+/// per-user usage.
+///
+/// Example:
+///   roamdisk store info --store /srv/store --json
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+struct InfoArgs {
+    #[command(flatten)]
+    st: StoreArgs,
+}
+
+/// Read every object and check it against its name; list the bad ones.
+///
+/// Example:
+///   roamdisk store verify --store /srv/store
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+struct VerifyArgs {
+    #[command(flatten)]
+    st: StoreArgs,
+}
+
+/// Make a user key file (256 random bits, mode 0600) for encrypted images.
+///
+/// Example:
+///   roamdisk store keygen alice.key
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+struct KeygenArgs {
+    file: PathBuf,
+}
+
+pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
+    match a.cmd {
+        Cmd::Init(i) => {
+            let mut cfg = StoreConfig {
+                hash: HashKind::from_name(&i.hash)?,
+                ..Default::default()
+            };
+            cfg.set_compression(&i.compression)?;
+            cfg.quota = match &i.quota {
+                Some(q) => Some(parse_size(q).map_err(anyhow::Error::msg)?),
+                None => None,
+            };
+            LocalStore::init(&i.dir, &cfg)?;
+            if !quiet {
+                println!(
+                    "created chunk store {} ({}, {})",
+                    i.dir.display(),
+                    cfg.hash.name(),
+                    cfg.compression_name()
+                );
+            }
+            Ok(())
+        }
+        Cmd::Serve(s) => serve(s, quiet),
+        Cmd::Info(i) => info(i),
+        Cmd::Verify(v) => verify(v, quiet),
+        Cmd::Keygen(k) => {
+            roamdisk_cas::version::create_key_file(&k.file)?;
+            if !quiet {
+                println!("wrote a new 256-bit key to {} (keep it safe: without it the encrypted images cannot be read)", k.file.display());
+            }
+            Ok(())
+        }
+    }
+}
+
+fn serve(s: ServeArgs, quiet: bool) -> anyhow::Result<()> {
+    let st = store::open(
+        s.dir.to_str().context("store path is not UTF-8")?,
+        &Default::default(),
+    )?;
+    if !s.listen.ip().is_loopback() {
+        tracing::warn!(addr = %s.listen, "serving a chunk store without authentication or TLS on a non-loopback address");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("roamdisk-store")
+        .build()
+        .context("cannot start the runtime")?;
+    rt.block_on(async move {
+        let stop = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        };
+        let dir = s.dir.clone();
+        roamdisk_cas::server::serve(
+            st,
+            s.listen,
+            move |addr| {
+                if !quiet {
+                    eprintln!(
+                        "roamdisk: serving chunk store {} on http://{addr}",
+                        dir.display()
+                    );
+                }
+            },
+            stop,
+        )
+        .await
+        .with_context(|| format!("cannot serve on {}", s.listen))
+    })
+}
+
+fn info(i: InfoArgs) -> anyhow::Result<()> {
+    let st = i.st.open(false)?;
+    let mut sizes: HashMap<ChunkId, u64> = HashMap::new();
+    st.list_objects(&mut |e| {
+        sizes.insert(e.id, e.size);
+    })?;
+    let stored: u64 = sizes.values().sum();
+    struct User {
+        images: u64,
+        versions: u64,
+        logical: u64,
+        refs: HashSet<ChunkId>,
+    }
+    let mut users: HashMap<String, User> = HashMap::new();
+    let mut all_refs: HashMap<ChunkId, HashSet<String>> = HashMap::new();
+    let mut logical_total = 0u64;
+    let mut versions = 0u64;
+    let mut packages = 0u64;
+    let mut unreadable = Vec::new();
+    for name in st.ref_list()? {
+        let (cat, _) = read_catalog(&*st, &name)?;
+        let user = name.split('/').next().unwrap_or("").to_string();
+        let u = users.entry(user.clone()).or_insert(User {
+            images: 0,
+            versions: 0,
+            logical: 0,
+            refs: HashSet::new(),
+        });
+        u.images += 1;
+        for e in &cat.entries {
+            versions += 1;
+            u.versions += 1;
+            u.logical += e.data_bytes;
+            logical_total += e.data_bytes;
+            let pkg = match store::fetch(&*st, &e.version, None) {
+                Ok(p) => p,
+                Err(err) => {
+                    unreadable.push(format!("{name}@{}: {err}", e.version.short()));
+                    continue;
+                }
+            };
+            packages += 1;
+            u.refs.insert(e.version);
+            all_refs.entry(e.version).or_default().insert(user.clone());
+            let _ = Header::parse(&pkg)?;
+            for r in Version::references_of(&pkg)? {
+                u.refs.insert(r);
+                all_refs.entry(r).or_default().insert(user.clone());
+            }
+        }
+    }
+    let referenced: u64 = all_refs.keys().filter_map(|id| sizes.get(id)).sum();
+    let mut per_user: Vec<serde_json::Value> = Vec::new();
+    let mut names: Vec<_> = users.keys().cloned().collect();
+    names.sort();
+    for n in &names {
+        let u = &users[n];
+        let bytes: u64 = u.refs.iter().filter_map(|id| sizes.get(id)).sum();
+        let own: u64 = u
+            .refs
+            .iter()
+            .filter(|id| all_refs.get(id).is_some_and(|s| s.len() == 1))
+            .filter_map(|id| sizes.get(id))
+            .sum();
+        per_user.push(serde_json::json!({
+            "user": n, "images": u.images, "versions": u.versions,
+            "logical_bytes": u.logical, "referenced_bytes": bytes, "unshared_bytes": own,
+        }));
+    }
+    let cfg = st.config();
+    let v = serde_json::json!({
+        "store": st.describe(), "hash": cfg.hash.name(), "compression": cfg.compression_name(),
+        "quota": cfg.quota, "objects": sizes.len(), "stored_bytes": stored,
+        "versions": versions, "version_packages": packages, "referenced_bytes": referenced,
+        "unreferenced_bytes": stored.saturating_sub(referenced),
+        "logical_bytes": logical_total,
+        "dedup_ratio": logical_total as f64 / referenced.max(1) as f64,
+        "users": per_user, "unreadable_versions": unreadable,
+    });
+    if i.st.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "store:        {} ({}, {})",
+        st.describe(),
+        cfg.hash.name(),
+        cfg.compression_name()
+    );
+    if let Some(q) = cfg.quota {
+        println!("quota:        {}", format_size(q));
+    }
+    println!("objects:      {} ({})", sizes.len(), format_size(stored));
+    println!(
+        "versions:     {versions}; their data {} is stored in {} (dedup ratio {:.2})",
+        format_size(logical_total),
+        format_size(referenced),
+        logical_total as f64 / referenced.max(1) as f64
+    );
+    println!(
+        "unreferenced: {} (freed by `roamdisk gc`)",
+        format_size(stored.saturating_sub(referenced))
+    );
+    println!(
+        "{:<16} {:>7} {:>9} {:>12} {:>12} {:>12}",
+        "USER", "IMAGES", "VERSIONS", "LOGICAL", "REFERENCED", "UNSHARED"
+    );
+    for u in &per_user {
+        println!(
+            "{:<16} {:>7} {:>9} {:>12} {:>12} {:>12}",
+            u["user"].as_str().unwrap_or(""),
+            u["images"].as_u64().unwrap_or(0),
+            u["versions"].as_u64().unwrap_or(0),
+            format_size(u["logical_bytes"].as_u64().unwrap_or(0)),
+            format_size(u["referenced_bytes"].as_u64().unwrap_or(0)),
+            format_size(u["unshared_bytes"].as_u64().unwrap_or(0)),
+        );
+    }
+    for u in &unreadable {
+        println!("unreadable version: {u}");
+    }
+    Ok(())
+}
+
+fn verify(v: VerifyArgs, quiet: bool) -> anyhow::Result<()> {
+    let st = v.st.open(false)?;
+    let mut ids = Vec::new();
+    st.list_objects(&mut |e| ids.push(e.id))?;
+    let progress = Progress::new(quiet, v.st.json);
+    roamdisk_cas::Progress::phase(&progress, "verifying", ids.len() as u64);
+    let codec = st.config().codec();
+    let bad: Vec<String> = ids
+        .par_chunks(256)
+        .flat_map_iter(|part| {
+            let got = st.get_many(part);
+            let out: Vec<String> = part
+                .iter()
+                .zip(got)
+                .filter_map(
+                    |(id, r)| match r.and_then(|b| codec.verify(id, &b).map(|_| ())) {
+                        Ok(()) => None,
+                        Err(e) => Some(format!("{id}: {e}")),
+                    },
+                )
+                .collect();
+            roamdisk_cas::Progress::advance(&progress, part.len() as u64);
+            out
+        })
+        .collect();
+    progress.finish();
+    if v.st.json {
+        println!("{}", serde_json::json!({"objects": ids.len(), "bad": bad}));
+    }
+    if bad.is_empty() {
+        if !quiet && !v.st.json {
+            println!("ok: all {} objects match their names", ids.len());
+        }
+        return Ok(());
+    }
+    if !v.st.json {
+        for b in &bad {
+            println!("bad object {b}");
+        }
+    }
+    bail!(
+        "{} of {} objects are damaged or unreadable",
+        bad.len(),
+        ids.len()
+    )
+}

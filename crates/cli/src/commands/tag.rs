@@ -1,0 +1,71 @@
+//! `roamdisk tag`: name a version.
+
+use anyhow::bail;
+use clap::Parser;
+use roamdisk_cas::catalog::check_tag;
+use roamdisk_cas::repo::{resolve, split_target, update_catalog};
+
+use super::cas::StoreArgs;
+
+/// Give a version a name (a tag) to check it out by, or remove a tag. A
+/// tag is unique within an image: tagging another version moves it.
+///
+/// Examples:
+///   roamdisk tag alice/desktop@3f2a1b9c stable
+///   roamdisk checkout alice/desktop@stable --output stable.raw
+///   roamdisk tag alice/desktop --delete stable
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+pub struct Args {
+    /// The version: USER/IMAGE[@VERSION|@TAG|@DATE] (latest without @).
+    version: String,
+    /// The tag to give it.
+    name: Option<String>,
+    /// Remove this tag instead.
+    #[arg(long, value_name = "TAG", conflicts_with = "name")]
+    delete: Option<String>,
+    #[command(flatten)]
+    st: StoreArgs,
+}
+
+pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
+    let store = a.st.open(false)?;
+    if let Some(t) = &a.delete {
+        let (name, _) = split_target(&a.version)?;
+        let mut found = false;
+        update_catalog(&*store, &name, |c| {
+            found = false;
+            for e in &mut c.entries {
+                let before = e.tags.len();
+                e.tags.retain(|x| x != t);
+                found |= e.tags.len() != before;
+            }
+            Ok(())
+        })?;
+        if !found {
+            bail!("{name} has no tag '{t}'");
+        }
+        if !quiet {
+            println!("removed tag {t} from {name}");
+        }
+        return Ok(());
+    }
+    let Some(tag) = &a.name else {
+        bail!("give the tag name (or --delete TAG)");
+    };
+    check_tag(tag)?;
+    let (name, entry) = resolve(&*store, &a.version)?;
+    update_catalog(&*store, &name, |c| {
+        for e in &mut c.entries {
+            e.tags.retain(|x| x != tag);
+            if e.version == entry.version {
+                e.tags.push(tag.clone());
+            }
+        }
+        Ok(())
+    })?;
+    if !quiet {
+        println!("tagged {name}@{} as {tag}", entry.version.short());
+    }
+    Ok(())
+}

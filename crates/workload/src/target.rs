@@ -1,0 +1,324 @@
+//! What `replay` and `sperf` drive: a stack spec, an NBD export, or a file
+//! or block device opened with O_DIRECT (so the page cache does not hide
+//! the device, as blksim and sperf do in the seed).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use roamdisk_blockdev::layers::raw::RawDev;
+use roamdisk_blockdev::{
+    BlockDev, Checked, Error, ErrorKind, LayerSpec, Op, OpenCtx, Registry, Result, WriteFlags,
+};
+
+use crate::flashsim::FlashSimDev;
+use crate::nbdclient::{NbdDev, NbdUri};
+
+/// Alignment O_DIRECT needs.
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// A heap buffer whose start is aligned for O_DIRECT.
+pub struct AlignedBuf {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    pub fn new(len: usize) -> Self {
+        let raw = vec![0u8; len + DIRECT_ALIGN];
+        let start = raw.as_ptr().align_offset(DIRECT_ALIGN);
+        AlignedBuf { raw, start, len }
+    }
+    /// Grow (never shrink) to at least `len` bytes.
+    pub fn ensure(&mut self, len: usize) {
+        if len > self.len {
+            *self = AlignedBuf::new(len);
+        }
+    }
+    pub fn get(&self, len: usize) -> &[u8] {
+        &self.raw[self.start..self.start + len]
+    }
+    pub fn get_mut(&mut self, len: usize) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + len]
+    }
+}
+
+/// A file opened with O_DIRECT taking requests of any alignment: aligned
+/// requests go straight through, others through an aligned bounce buffer
+/// (read-modify-write for writes, serialised so two never interleave).
+pub struct DirectFile {
+    next: Arc<RawDev>,
+    rmw: Mutex<()>,
+}
+
+impl DirectFile {
+    /// Open `path` with O_DIRECT where the file system allows it, else
+    /// buffered (with a warning).
+    pub fn open(path: &Path, read_only: bool) -> Result<DirectFile> {
+        let raw = RawDev::open_direct(path, read_only)?;
+        if !raw.is_direct() {
+            tracing::warn!(path = %path.display(), "O_DIRECT is not available here; the page cache is in the way");
+        }
+        Ok(DirectFile {
+            next: Arc::new(raw),
+            rmw: Mutex::new(()),
+        })
+    }
+
+    pub fn is_direct(&self) -> bool {
+        self.next.is_direct()
+    }
+
+    fn aligned(&self, ptr: *const u8, off: u64, len: usize) -> bool {
+        !self.next.is_direct()
+            || (ptr.align_offset(DIRECT_ALIGN) == 0
+                && off.is_multiple_of(DIRECT_ALIGN as u64)
+                && len.is_multiple_of(DIRECT_ALIGN))
+    }
+
+    fn span(&self, off: u64, len: usize) -> (u64, usize) {
+        let a = off / DIRECT_ALIGN as u64 * DIRECT_ALIGN as u64;
+        let end = (off + len as u64).div_ceil(DIRECT_ALIGN as u64) * DIRECT_ALIGN as u64;
+        (a, (end - a) as usize)
+    }
+}
+
+impl BlockDev for DirectFile {
+    fn layer(&self) -> &'static str {
+        "direct"
+    }
+    fn next(&self) -> Option<&dyn BlockDev> {
+        Some(&*self.next)
+    }
+    fn describe(&self) -> String {
+        format!(
+            "direct: {} ({})",
+            self.next.describe(),
+            if self.is_direct() {
+                "O_DIRECT"
+            } else {
+                "buffered"
+            }
+        )
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
+        if self.aligned(buf.as_ptr(), off, buf.len()) {
+            return self.next.read_at(buf, off);
+        }
+        let (a, n) = self.span(off, buf.len());
+        if a + n as u64 > self.next.size() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                Op::Read,
+                "direct",
+                "an unaligned request at the end of a file whose size is not a multiple of 4 KiB; use --no-direct",
+            )
+            .at(off));
+        }
+        let mut b = AlignedBuf::new(n);
+        self.next.read_at(b.get_mut(n), a)?;
+        let s = (off - a) as usize;
+        buf.copy_from_slice(&b.get(n)[s..s + buf.len()]);
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
+        if self.aligned(buf.as_ptr(), off, buf.len()) {
+            return self.next.write_at(buf, off, flags);
+        }
+        let (a, n) = self.span(off, buf.len());
+        let mut b = AlignedBuf::new(n);
+        let s = (off - a) as usize;
+        let whole = s == 0 && n == buf.len();
+        let _g = self.rmw.lock().unwrap_or_else(|p| p.into_inner());
+        if !whole {
+            if a + n as u64 > self.next.size() {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    Op::Write,
+                    "direct",
+                    "an unaligned request at the end of a file whose size is not a multiple of 4 KiB; use --no-direct",
+                )
+                .at(off));
+            }
+            self.next.read_at(b.get_mut(n), a)?;
+        }
+        b.get_mut(n)[s..s + buf.len()].copy_from_slice(buf);
+        self.next.write_at(b.get(n), a, flags)
+    }
+}
+
+/// How to open a target.
+#[derive(Debug, Clone)]
+pub struct TargetOptions {
+    pub read_only: bool,
+    /// Open plain files and block devices with O_DIRECT.
+    pub direct: bool,
+}
+
+impl Default for TargetOptions {
+    fn default() -> Self {
+        TargetOptions {
+            read_only: false,
+            direct: true,
+        }
+    }
+}
+
+enum Kind {
+    Shared(Arc<dyn BlockDev>),
+    Nbd(NbdUri),
+}
+
+/// An opened target: hands out devices (one NBD connection each, or the
+/// one shared stack) and the flashsim layers inside, whose simulated
+/// clocks tools report.
+pub struct Target {
+    kind: Kind,
+    name: String,
+    size: u64,
+    sims: Vec<Arc<FlashSimDev>>,
+}
+
+/// Open `spec` as the factory does, keeping hold of every flashsim layer.
+fn open_spec(
+    reg: &Registry,
+    spec: &LayerSpec,
+    read_only: bool,
+    sims: &mut Vec<Arc<FlashSimDev>>,
+) -> Result<Arc<dyn BlockDev>> {
+    let kind = reg.get(&spec.kind).ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidArgument,
+            Op::Open,
+            "spec",
+            format!("unknown layer '{}'", spec.kind),
+        )
+    })?;
+    let next = match &spec.next {
+        Some(n) => Some(open_spec(reg, n, read_only || kind.inner_read_only, sims)?),
+        None => None,
+    };
+    if spec.kind == crate::flashsim::FLASHSIM.name {
+        let next = next.ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                Op::Open,
+                "flashsim",
+                "needs an inner stack",
+            )
+        })?;
+        let d = crate::flashsim::open(&spec.params, next)?;
+        sims.push(Arc::clone(&d));
+        return Ok(d);
+    }
+    (kind.open)(
+        &OpenCtx {
+            read_only,
+            params: &spec.params,
+            registry: reg,
+        },
+        next,
+    )
+}
+
+impl Target {
+    /// Open a target string: an NBD URI, a path to an existing file or
+    /// block device (O_DIRECT unless `opts.direct` is off), or a stack.
+    pub fn open(reg: &Registry, s: &str, opts: &TargetOptions) -> Result<Target> {
+        if NbdUri::is_uri(s) {
+            let uri = NbdUri::parse(s)
+                .map_err(|m| Error::new(ErrorKind::InvalidArgument, Op::Open, "nbd-client", m))?;
+            let probe = NbdDev::connect(&uri)?;
+            let size = probe.size();
+            return Ok(Target {
+                kind: Kind::Nbd(uri),
+                name: s.to_string(),
+                size,
+                sims: Vec::new(),
+            });
+        }
+        let head = s.split([':', '[']).next().unwrap_or("");
+        let path = PathBuf::from(s);
+        let dev: Arc<dyn BlockDev>;
+        let mut sims = Vec::new();
+        if reg.get(head).is_none() && path.exists() && opts.direct {
+            dev = Arc::new(DirectFile::open(&path, opts.read_only)?);
+        } else {
+            let spec = reg.parse(s)?;
+            dev = open_spec(reg, &spec, opts.read_only, &mut sims)?;
+        }
+        let dev: Arc<dyn BlockDev> = Arc::new(Checked::new(dev, opts.read_only));
+        Ok(Target {
+            size: dev.size(),
+            kind: Kind::Shared(dev),
+            name: s.to_string(),
+            sims,
+        })
+    }
+
+    /// A device for one client: a new NBD connection, or the shared stack.
+    pub fn connect(&self) -> Result<Arc<dyn BlockDev>> {
+        match &self.kind {
+            Kind::Shared(d) => Ok(Arc::clone(d)),
+            Kind::Nbd(u) => Ok(Arc::new(NbdDev::connect(u)?)),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Total simulated card time of the flashsim layers in the stack, if
+    /// any.
+    pub fn simulated_ns(&self) -> Option<u64> {
+        if self.sims.is_empty() {
+            None
+        } else {
+            Some(self.sims.iter().map(|s| s.stats().elapsed_ns).sum())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn direct_files_take_unaligned_requests() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f.img");
+        std::fs::write(&p, vec![0u8; 64 << 10]).unwrap();
+        let reg = Registry::with_builtin();
+        let t = Target::open(&reg, p.to_str().unwrap(), &TargetOptions::default()).unwrap();
+        let d = t.connect().unwrap();
+        d.write_at(b"hello", 4093, WriteFlags::default()).unwrap();
+        let mut b = [0u8; 9];
+        d.read_at(&mut b, 4091).unwrap();
+        assert_eq!(&b, b"\0\0hello\0\0");
+        d.flush().unwrap();
+        drop((d, t));
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(&bytes[4093..4098], b"hello");
+        assert_eq!(bytes.len(), 64 << 10);
+    }
+
+    #[test]
+    fn stacks_expose_their_simulated_clock() {
+        let mut reg = Registry::with_builtin();
+        reg.add(&crate::flashsim::FLASHSIM);
+        let t = Target::open(&reg, "flashsim:class6:mem:16M", &TargetOptions::default()).unwrap();
+        assert_eq!(t.simulated_ns(), Some(0));
+        t.connect()
+            .unwrap()
+            .write_at(&[1; 4096], 0, WriteFlags::default())
+            .unwrap();
+        assert!(t.simulated_ns().unwrap() > 0);
+        let t = Target::open(&reg, "mem:1M", &TargetOptions::default()).unwrap();
+        assert_eq!(t.simulated_ns(), None);
+        assert_eq!(t.size(), 1 << 20);
+    }
+}

@@ -1,0 +1,250 @@
+//! `roamdisk sim` and `roamdisk model` end to end: exact counts on a
+//! hand-made trace, plots, the exported key stream, generated traces, and
+//! errors that say what to do.
+
+mod common;
+use common::roamdisk;
+
+use std::path::Path;
+
+fn ok(args: &[&str]) -> String {
+    let out = roamdisk(args);
+    assert!(
+        out.status.success(),
+        "roamdisk {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn fails(args: &[&str]) -> String {
+    let out = roamdisk(args);
+    assert!(!out.status.success(), "roamdisk {args:?} should fail");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The whitespace-separated cells of the first table row naming `policy`.
+fn row(text: &str, policy: &str) -> Vec<String> {
+    text.lines()
+        .map(|l| l.split_whitespace().map(String::from).collect::<Vec<_>>())
+        .find(|c| c.first().map(String::as_str) == Some(policy))
+        .unwrap_or_else(|| panic!("no {policy} row in:\n{text}"))
+}
+
+/// Two clients, 4 KiB blocks. Block accesses under the copy-on-write
+/// sharing model: A0 A1 (client 0 reads blocks 0-1), A0 (client 1 reads
+/// the shared block 0), P0 (client 0's first write to block 0 creates its
+/// private copy), P0 (client 0 reads its copy), A1 (client 1). Flush and
+/// trim touch no cached data.
+const TRACE: &str = "time_ns,client,device,op,offset,len,fragment
+1,0,0,read,0,8192,0
+2,1,0,read,0,4096,0
+3,0,0,write,0,4096,0
+4,0,0,read,0,4096,0
+5,1,0,read,4096,4096,0
+6,0,0,flush,0,0,0
+7,0,0,trim,0,4096,0
+";
+
+fn write_trace(dir: &Path) -> String {
+    let p = dir.join("t.csv");
+    std::fs::write(&p, TRACE).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+#[test]
+fn sim_counts_a_hand_made_trace_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_trace(dir.path());
+    let keys = dir.path().join("keys.txt");
+    let text = ok(&[
+        "sim",
+        &t,
+        "--size",
+        "8K",
+        "--policy",
+        "lru,fmpq,2q",
+        "--export-keys",
+        keys.to_str().unwrap(),
+    ]);
+    assert!(
+        text.contains("5 requests, 6 block accesses of 4 KiB (5 reads, 1 writes), 2 clients"),
+        "{text}"
+    );
+    assert!(text.contains("working set: 3 blocks"), "{text}");
+    assert!(text.contains("1 private copies"), "{text}");
+    // LRU of 2 blocks: A0 A1 [A0 hit] P0 (evicts A1) [P0 hit] A1 (miss).
+    // Temporal distances: A0 2 and P0 1 and A1 4 are short; 3 are cold.
+    let lru = row(&text, "LRU");
+    assert_eq!(lru[1..5], ["2", "1", "0", "3"], "{text}");
+    assert_eq!(lru[5], "33.33");
+    let exported = std::fs::read_to_string(&keys).unwrap();
+    assert_eq!(
+        exported.split_whitespace().collect::<Vec<_>>(),
+        ["0", "1", "0", "2", "2", "1"]
+    );
+
+    // Without sharing, client 1's reads are its own blocks.
+    let text = ok(&[
+        "sim",
+        &t,
+        "--size",
+        "8K",
+        "--policy",
+        "lru",
+        "--sharing",
+        "private",
+    ]);
+    assert!(text.contains("working set: 4 blocks"), "{text}");
+}
+
+#[test]
+fn sim_plots_and_two_levels() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("desk.rdtrace");
+    ok(&[
+        "trace",
+        "synth",
+        "desktop",
+        "--clients",
+        "3",
+        "--requests",
+        "3000",
+        "-o",
+        trace.to_str().unwrap(),
+    ]);
+    let stem = dir.path().join("plots/desk");
+    let text = ok(&[
+        "sim",
+        trace.to_str().unwrap(),
+        "--size",
+        "1/32,1/16,1/8",
+        "--client-size",
+        "256K,1M",
+        "--plot",
+        stem.to_str().unwrap(),
+    ]);
+    for p in ["FMPQ", "2Q", "FBR", "LRU", "ARC", "S3-FIFO"] {
+        row(&text, p);
+    }
+    assert!(text.contains("[Table 2 form]"), "{text}");
+    assert!(text.contains("level 3: two levels"), "{text}");
+    assert!(text.contains("exact LRU hit ratio by size"), "{text}");
+    for name in ["desk-hit-ratio", "desk-table2", "desk-two-level"] {
+        for ext in ["png", "svg"] {
+            let p = dir.path().join(format!("plots/{name}.{ext}"));
+            assert!(
+                std::fs::metadata(&p)
+                    .map(|m| m.len() > 1000)
+                    .unwrap_or(false),
+                "{} missing or empty",
+                p.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn model_blocksize_on_a_sequential_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut csv = String::from("time_ns,client,device,op,offset,len,fragment\n");
+    for i in 0..256u64 {
+        csv.push_str(&format!("{i},0,0,read,{},4096,0\n", i * 4096));
+    }
+    let t = dir.path().join("seq.csv");
+    std::fs::write(&t, csv).unwrap();
+    let stem = dir.path().join("bs");
+    let text = ok(&[
+        "model",
+        "blocksize",
+        t.to_str().unwrap(),
+        "--fix-delay",
+        "8ms",
+        "--bandwidth",
+        "6MB/s",
+        "--plot",
+        stem.to_str().unwrap(),
+    ]);
+    // 1 MiB read sequentially: 256 blocks of 4 KiB, 1 block of 1 MiB.
+    assert_eq!(row(&text, "4")[2], "256", "{text}");
+    assert!(text.contains("optimum: 1 MiB (the largest size"), "{text}");
+    assert!(dir.path().join("bs-latency.png").exists());
+    assert!(dir.path().join("bs-accessed-blocks.svg").exists());
+}
+
+#[test]
+fn model_mva_names_the_bottleneck_and_agrees_with_simulation() {
+    let text = ok(&[
+        "model",
+        "mva",
+        "--hit",
+        "0.5,1",
+        "--max-clients",
+        "5",
+        "--simulate",
+    ]);
+    assert!(text.contains("hit ratio 0.500: bottleneck disk"), "{text}");
+    assert!(
+        text.contains("hit ratio 1.000: bottleneck network"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the disk is the bottleneck up to a hit ratio of 0.975"),
+        "{text}"
+    );
+    // Every simulated row is within 2% of MVA.
+    let diffs: Vec<f64> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_suffix('%'))
+        .filter_map(|l| l.split_whitespace().last()?.parse().ok())
+        .collect();
+    assert_eq!(diffs.len(), 10, "{text}");
+    assert!(diffs.iter().all(|&d| d < 2.0), "{diffs:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let stem = dir.path().join("mva");
+    ok(&[
+        "model",
+        "mva",
+        "--demands",
+        "32k",
+        "--plot",
+        stem.to_str().unwrap(),
+    ]);
+    for name in [
+        "mva-throughput",
+        "mva-response",
+        "mva-utilization",
+        "mva-vs-hit",
+    ] {
+        assert!(dir.path().join(format!("{name}.png")).exists(), "{name}");
+    }
+}
+
+#[test]
+fn errors_say_what_to_do() {
+    let e = fails(&["sim", "/nonexistent/trace.rdtrace"]);
+    assert!(
+        e.contains("cannot read trace") && e.contains("trace synth"),
+        "{e}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let t = write_trace(dir.path());
+    let e = fails(&["sim", &t, "--policy", "lfu"]);
+    assert!(
+        e.contains("unknown policy 'lfu'") && e.contains("fmpq"),
+        "{e}"
+    );
+    let e = fails(&["sim", &t, "--policy", "fmpq[w=0]"]);
+    assert!(e.contains("w=0"), "{e}");
+    let e = fails(&["sim", &t, "--size", "lots"]);
+    assert!(e.contains("1/16"), "{e}");
+    let e = fails(&["model", "blocksize", &t, "--bandwidth", "6MB"]);
+    assert!(e.contains("6MB/s"), "{e}");
+    let e = fails(&["model", "mva", "--demands", "8k"]);
+    assert!(e.contains("4k or 32k"), "{e}");
+    let empty = dir.path().join("empty.csv");
+    std::fs::write(&empty, "time_ns,client,device,op,offset,len,fragment\n").unwrap();
+    let e = fails(&["sim", empty.to_str().unwrap()]);
+    assert!(e.contains("no read or write requests"), "{e}");
+}
