@@ -184,8 +184,10 @@ def main():
     for tool in ("fio", "qemu-nbd", "qemu-img", "cargo"):
         if not shutil.which(tool):
             die(f"{tool} is not installed (scripts/test installs the tools)")
-    run(["cargo", "build", "--release", "--quiet", "-p", "roamdisk"], cwd=REPO)
-    roamdisk = os.path.join(REPO, "target", "release", "roamdisk")
+    roamdisk = os.environ.get("ROAMDISK_BIN")
+    if not roamdisk:
+        run(["cargo", "build", "--release", "--quiet", "-p", "roamdisk"], cwd=REPO)
+        roamdisk = os.path.join(REPO, "target", "release", "roamdisk")
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     size = int(a.size[:-1]) * units[a.size[-1]] if a.size[-1] in units else int(a.size)
     names = [c for c in a.configs.split(",") if c]
