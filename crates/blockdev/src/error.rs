@@ -220,13 +220,9 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_ref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
-    }
-}
+// `Display` already includes the OS error's text, so it is not exposed as a
+// `source` too (error reporters would print it twice).
+impl std::error::Error for Error {}
 
 #[cfg(test)]
 mod tests {
