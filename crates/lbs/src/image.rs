@@ -702,7 +702,7 @@ impl Inner {
                 self.barrier(st)?;
                 continue;
             }
-            if !for_gc && self.collect_to(st, self.policy.low.max(GC_RESERVE + 2))? > 0 {
+            if !for_gc && self.collect_to(st, GC_RESERVE + 2)? > 0 {
                 continue;
             }
             return Err(err(
