@@ -10,7 +10,7 @@ R=$ROOT/target/release/roamdisk
 WORK=${WORK:-/tmp/roamdisk-cachesim-bench}
 OUT=$ROOT/bench/results/cachesim
 mkdir -p "$WORK" "$OUT"
-(cd "$ROOT" && cargo build --release -q -p roamdisk && \
+[ -n "${NO_BUILD:-}" ] || (cd "$ROOT" && cargo build --release -q -p roamdisk && \
   cargo build --release -q -p roamdisk-cachesim --example blocksize_sweep)
 B=$WORK/boot.rdtrace
 [ -f "$B" ] || "$R" trace synth boot --seed 1 -o "$B" -q

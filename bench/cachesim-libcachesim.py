@@ -15,6 +15,8 @@ this repository (default /tmp/libcachesim, Debian's libglib2.0-dev and
 libzstd-dev), nothing of it is kept here.
 
     bench/cachesim-libcachesim.py [--lcs-dir /tmp/libcachesim] [--work DIR]
+
+NO_BUILD=1 skips rebuilding roamdisk (uses target/release as it is).
 """
 
 import argparse
@@ -48,7 +50,7 @@ int main(int argc, char **argv) {
   for (char *a = strtok(algos, ","); a; a = strtok(NULL, ",")) {
     double best = 1e30; int64_t misses = 0;
     for (int r = 0; r < repeat; r++) {
-      common_cache_params_t cc = {.cache_size = cap, .hashpower = 24, .consider_obj_metadata = false};
+      common_cache_params_t cc = {.cache_size = cap, .hashpower = getenv("HP") ? atoi(getenv("HP")) : 24, .consider_obj_metadata = false};
       cache_t *c;
       if (!strcmp(a, "LRU")) c = LRU_init(cc, NULL);
       else if (!strcmp(a, "TwoQ")) c = TwoQ_init(cc, NULL);
@@ -113,8 +115,10 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
-    sh(["cargo", "build", "--release", "-q", "-p", "roamdisk"], cwd=ROOT)
-    sh(["cargo", "build", "--release", "-q", "-p", "roamdisk-cachesim", "--example", "policy_speed"], cwd=ROOT)
+    if not os.environ.get("NO_BUILD"):
+        sh(["cargo", "build", "--release", "-q", "-p", "roamdisk"], cwd=ROOT)
+        sh(["cargo", "build", "--release", "-q", "-p", "roamdisk-cachesim", "--example", "policy_speed"],
+           cwd=ROOT)
     drv, commit = build_libcachesim(args.lcs_dir)
 
     traces = {
@@ -159,10 +163,16 @@ def main():
             m = re.match(r"^(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", line)
             if m:
                 ours_speed[m.group(1)] = (float(m.group(2)), float(m.group(3)))
+        # libCacheSim's speed depends on its hash table's initial size
+        # (hashpower); report the best of three.
         lcs_speed = {}
-        for line in sh([drv, keys, str(cap), ",".join(OURS), str(args.repeat)]).splitlines():
-            a, _, s = line.split()
-            lcs_speed[a] = float(s)
+        for hp in (16, 20, 24):
+            env = dict(os.environ, HP=str(hp))
+            out = subprocess.run([drv, keys, str(cap), ",".join(OURS), str(args.repeat)],
+                                 check=True, text=True, capture_output=True, env=env).stdout
+            for line in out.splitlines():
+                a, _, s = line.split()
+                lcs_speed[a] = max(lcs_speed.get(a, 0.0), float(s))
         results["runs"].append({"trace": name, "capacity": cap, "ours_mreq_s": ours_speed,
                                 "libcachesim_mreq_s": lcs_speed})
     results["misses"] = rows
@@ -179,7 +189,8 @@ def main():
         eq = "yes" if r["roamdisk"] == r["libcachesim"] else "NO"
         print(f"| {r['trace']} | {r['requests']} | {r['working_set']} | {r['capacity']} | {r['policy']} "
               f"| {r['roamdisk']}{note} | {r['libcachesim']} | {eq} |")
-    print("\n| trace | cache | policy | roamdisk dense ids (Mreq/s) | roamdisk u64 hash (Mreq/s) | libCacheSim (Mreq/s) |")
+    print("\n| trace | cache | policy | roamdisk dense ids (Mreq/s) | roamdisk u64 hash (Mreq/s) "
+          "| libCacheSim, best hashpower (Mreq/s) |")
     print("|---|---:|---|---:|---:|---:|")
     for run in results["runs"]:
         for a, p in OURS.items():

@@ -9,8 +9,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 R=$ROOT/target/release/roamdisk
 OUT=$ROOT/bench/results/cachesim
 mkdir -p "$OUT"
-(cd "$ROOT" && cargo build --release -q -p roamdisk)
+[ -n "${NO_BUILD:-}" ] || (cd "$ROOT" && cargo build --release -q -p roamdisk)
 "$R" model mva --demands 4k --hit 0,0.5,0.8,0.9,0.95,1 --clients 50 --simulate \
   --plot "$OUT/mva-4k" | tee "$OUT/mva-4k.txt"
-"$R" model mva --demands 32k --hit 0.5,0.9,0.931,1 --clients 50 --simulate \
+"$R" model mva --demands 32k --hit 0.5,0.9,0.931,1 --clients 50 --simulate --step 1 \
   --plot "$OUT/mva-32k" | tee "$OUT/mva-32k.txt"

@@ -5,13 +5,14 @@
 # with u64 keys in a hash index (a server's memory cache) and with the
 # simulator's dense ids; plus the whole `roamdisk sim` pass (trace decoding,
 # block split, sharing model, six policies and the exact LRU curve).
-# See docs/BENCHMARKS.md, "Cache policies and models (issue 7)".
+# NO_BUILD=1 uses target/release as it is. See docs/BENCHMARKS.md,
+# "Cache policies and models (issue 7)".
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 R=$ROOT/target/release/roamdisk
 WORK=${WORK:-/tmp/roamdisk-cachesim-bench}
 mkdir -p "$WORK"
-(cd "$ROOT" && cargo build --release -q -p roamdisk && \
+[ -n "${NO_BUILD:-}" ] || (cd "$ROOT" && cargo build --release -q -p roamdisk && \
   cargo build --release -q -p roamdisk-cachesim --example policy_speed)
 T=$WORK/desktop-1.rdtrace
 [ -f "$T" ] || "$R" trace synth desktop --clients 15 --seed 1 -o "$T" -q

@@ -5,14 +5,15 @@
 # sizes from 1/64 to 1/2 of the working set (Table 2 form at 1/16), then
 # two-level runs behind 1 MiB and 16 MiB client caches; an FMPQ parameter
 # sweep at 1/16. Text and plots go to bench/results/cachesim/.
-# See docs/BENCHMARKS.md, "Cache policies and models (issue 7)".
+# NO_BUILD=1 uses target/release as it is. See docs/BENCHMARKS.md,
+# "Cache policies and models (issue 7)".
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 R=$ROOT/target/release/roamdisk
 WORK=${WORK:-/tmp/roamdisk-cachesim-bench}
 OUT=$ROOT/bench/results/cachesim
 mkdir -p "$WORK" "$OUT"
-(cd "$ROOT" && cargo build --release -q -p roamdisk)
+[ -n "${NO_BUILD:-}" ] || (cd "$ROOT" && cargo build --release -q -p roamdisk)
 POLICIES=fmpq,2q,fbr,lru,arc,s3fifo,mq
 
 for seed in 1 2; do
@@ -27,7 +28,7 @@ T=$WORK/desktop-1.rdtrace
   --plot "$OUT/desktop-two-level" -q | tee "$OUT/desktop-two-level.txt"
 
 "$R" sim "$T" --size 1/16 --no-lru-curve -q --policy \
-  'lru,mq,fmpq[duration=1x],fmpq[duration=2x],fmpq,fmpq[duration=8x],fmpq[duration=16x],fmpq[w=4],fmpq[w=16],fmpq[qoff=1x],fmpq[qoff=16x]' \
+  'lru,mq,fmpq[duration=1x],fmpq[duration=2x],fmpq,fmpq[duration=8x],fmpq[duration=16x],fmpq[w=4],fmpq[w=16],fmpq[qoff=1x],fmpq[qoff=16x],2q,2q[kout=2],2q[kout=4],fbr,fbr[fold=0.25],fbr[fnew=0.1]' \
   | tee "$OUT/desktop-fmpq-sweep.txt"
 
 B=$WORK/boot.rdtrace

@@ -31,6 +31,9 @@ sha_halves() {
   (dd if="$img" bs=4M skip="$half" status=none | sha256sum > /dev/null) &
   wait
 }
+recommit() {  # the same image again: every chunk is already stored
+  "$B" commit "$img" --to bench/disk --store "$DIR/store" --json -q > /dev/null 2>&1
+}
 commit() {  # hash compression
   rm -rf "$DIR/store"
   "$B" -q store init "$DIR/store" --hash "$1" --compression "$2"
@@ -44,10 +47,17 @@ row "b3sum (all cores)" "$(secs b3sum "$img")"
 row "b3sum --num-threads 1" "$(secs b3sum --num-threads 1 "$img")"
 row "roamdisk commit, blake3, no compression" "$(secs commit blake3 none)"
 idx=$(grep -o '"index_bytes": [0-9]*' "$DIR/commit.json" | grep -o '[0-9]*$')
+row "roamdisk commit again (all chunks stored)" "$(secs recommit)"
 row "roamdisk commit, blake3, zstd" "$(secs commit blake3 zstd)"
 row "sha256sum (one core)" "$(secs sha256sum "$img")"
 row "sha256sum x2 on the two halves (all cores)" "$(secs sha_halves)"
 row "roamdisk commit, sha256, no compression" "$(secs commit sha256 none)"
+row "roamdisk commit again, sha256 (all stored)" "$(secs recommit)"
+if [ -n "${DISK_STORE:-}" ]; then  # a store on a real disk (fsync per chunk)
+  rm -rf "$DISK_STORE"; "$B" -q store init "$DISK_STORE" --compression none
+  t=$(secs "$B" commit "$img" --to bench/disk --store "$DISK_STORE" -q)
+  row "roamdisk commit, blake3, store on $DISK_STORE" "$t"; rm -rf "$DISK_STORE"
+fi
 echo
 echo "compressed index of the $SIZE commit: $idx bytes = $(echo "$idx * 100 / $bytes" | bc -l | cut -c1-6)% of the disk (every chunk non-zero: the worst case)"
 rm -rf "$DIR/store" "$DIR/commit.json"

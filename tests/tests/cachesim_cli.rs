@@ -131,7 +131,12 @@ fn sim_plots_and_two_levels() {
     assert!(text.contains("[Table 2 form]"), "{text}");
     assert!(text.contains("level 3: two levels"), "{text}");
     assert!(text.contains("exact LRU hit ratio by size"), "{text}");
-    for name in ["desk-hit-ratio", "desk-table2", "desk-two-level"] {
+    for name in [
+        "desk-hit-ratio",
+        "desk-table2-short",
+        "desk-table2-long",
+        "desk-two-level",
+    ] {
         for ext in ["png", "svg"] {
             let p = dir.path().join(format!("plots/{name}.{ext}"));
             assert!(

@@ -78,7 +78,17 @@ fn accesses_do_not_allocate() {
             }
         }
         let after = ALLOCS.load(Ordering::Relaxed);
-        assert_eq!(after, before, "{} allocated {} times", kind.name(), after - before);
-        assert!(hits > 10_000, "{}: the run exercised hits ({hits})", kind.name());
+        assert_eq!(
+            after,
+            before,
+            "{} allocated {} times",
+            kind.name(),
+            after - before
+        );
+        assert!(
+            hits > 10_000,
+            "{}: the run exercised hits ({hits})",
+            kind.name()
+        );
     }
 }

@@ -3,7 +3,7 @@
 //! statistics. The seed's Catalog File (section 3.5): browsing it and
 //! checking out an older entry is time travel. Stored as a ref of the
 //! chunk store, updated by compare-and-swap. Byte layout:
-//! `docs/formats/cas-catalog.md`. Pure encoding and parsing (fuzzed).
+//! `docs/formats/cas-catalog.md`. Pure encoding and parsing (a fuzz target).
 
 use crate::bytes::{Reader, Writer};
 use crate::error::{bad_arg, corrupt, not_found};

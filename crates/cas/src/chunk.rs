@@ -293,7 +293,7 @@ fn mismatch(id: &ChunkId) -> roamdisk_blockdev::Error {
 }
 
 fn decompress(id: &ChunkId, payload: &[u8], original_len: usize) -> Result<Vec<u8>> {
-    let d = zstd::bulk::decompress(payload, original_len)
+    let d = decompress_bounded(payload, original_len)
         .map_err(|e| corrupt(format!("chunk {id} does not decompress: {e}")))?;
     if d.len() != original_len {
         return Err(corrupt(format!(
@@ -302,6 +302,18 @@ fn decompress(id: &ChunkId, payload: &[u8], original_len: usize) -> Result<Vec<u
         )));
     }
     Ok(d)
+}
+
+/// Decompress one zstd frame into at most `limit` bytes (one more is read
+/// to detect an overlong frame). Memory grows with the output actually
+/// produced, not with a length a damaged header claims.
+pub fn decompress_bounded(payload: &[u8], limit: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::with_capacity(limit.min(4 << 20));
+    zstd::stream::read::Decoder::new(payload)?
+        .take(limit as u64 + 1)
+        .read_to_end(&mut out)?;
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -148,6 +148,20 @@ fn read_batches(src: Source<'_>, chunk: usize, tx: std::sync::mpsc::SyncSender<R
     let n = size.div_ceil(chunk as u64) as usize;
     let per = (BATCH_BYTES / chunk).max(1);
     let mut src = src;
+    // The allocation map of the whole source, once (asking per batch makes
+    // SEEK_HOLE rescan the rest of the file every time).
+    let extents = match &src {
+        Source::Dev(dev) => match extents_covering(*dev, 0, size) {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+        },
+        Source::Stream(..) => Vec::new(),
+    };
+    let mut ext_at = 0usize;
+    let mut ext_off = 0u64;
     for first in (0..n).step_by(per) {
         let last = (first + per).min(n);
         let off = first as u64 * chunk as u64;
@@ -159,16 +173,23 @@ fn read_batches(src: Source<'_>, chunk: usize, tx: std::sync::mpsc::SyncSender<R
                 Source::Dev(dev) => {
                     // Chunks entirely inside zero/hole extents are not read.
                     holes.fill(true);
-                    let mut pos = off;
-                    for e in extents_covering(*dev, off, len as u64)? {
-                        if !e.state.is_zero() {
-                            let a = ((pos - off) / chunk as u64) as usize;
-                            let b = ((pos + e.len - off).div_ceil(chunk as u64)) as usize;
-                            for h in &mut holes[a..b.min(last - first)] {
+                    let end = off + len as u64;
+                    while ext_at < extents.len() && ext_off < end {
+                        let e = extents[ext_at];
+                        let (a, b) = (ext_off.max(off), (ext_off + e.len).min(end));
+                        if !e.state.is_zero() && b > a {
+                            let ka = ((a - off) / chunk as u64) as usize;
+                            let kb = ((b - off).div_ceil(chunk as u64)) as usize;
+                            for h in &mut holes[ka..kb.min(last - first)] {
                                 *h = false;
                             }
                         }
-                        pos += e.len;
+                        if ext_off + e.len <= end {
+                            ext_off += e.len;
+                            ext_at += 1;
+                        } else {
+                            break;
+                        }
                     }
                     // Read runs of non-hole chunks, one request each.
                     let mut k = 0;
@@ -298,8 +319,9 @@ pub(crate) fn finish_commit<S: ChunkWrite + ?Sized>(
     started: Instant,
     filters: Option<FilterReport>,
 ) -> Result<CommitSummary> {
-    let package = version.encode(opts.user_key.as_ref())?;
-    let index_bytes = version.index.encode(Some(9)).len();
+    let index = version.index.encode(Some(9));
+    let index_bytes = index.len();
+    let package = version.encode_with_index(&index, opts.user_key.as_ref())?;
     up.sync()?;
     let id = up.put_object(&package)?;
     up.sync()?;

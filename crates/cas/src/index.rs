@@ -1,7 +1,7 @@
 //! The index of an image version: one record per chunk with the chunk's
 //! name (and convergent key, in encrypted stores) and the 2-bit state of
 //! each of its 512-byte sectors (seed: Machine Bank, Figure 3). Byte layout:
-//! `docs/formats/cas-index.md`. Pure encoding and parsing, no I/O (fuzzed).
+//! `docs/formats/cas-index.md`. Pure encoding and parsing, no I/O (a fuzz target).
 //!
 //! In a committed version every sector is `EMPTY` (its data is in the
 //! chunk) or `ZERO` (it reads as zeroes); a chunk whose sectors are all
@@ -46,6 +46,9 @@ pub const MIN_CHUNK: u32 = 4096;
 pub const MAX_CHUNK: u32 = 4 << 20;
 /// Largest disk an index describes (16 TiB).
 pub const MAX_DISK: u64 = 16 << 40;
+/// Largest decompressed index accepted (1 GiB: 16 TiB in 1 MiB chunks,
+/// 2 TiB in 64 KiB chunks).
+pub const MAX_RAW: usize = 1 << 30;
 
 /// Per-sector state (2 bits; the seed's encoding).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -351,9 +354,14 @@ impl Index {
         let rec = ID_LEN + if encrypted { 32 } else { 0 } + sb;
         let raw_len = rec
             .checked_mul(n as usize)
-            .ok_or_else(|| corrupt("index too large"))?;
+            .filter(|&l| l <= MAX_RAW)
+            .ok_or_else(|| {
+                corrupt(format!(
+                    "index of {n} records is larger than this build reads"
+                ))
+            })?;
         let raw = if flags & FLAG_ZSTD != 0 {
-            let d = zstd::bulk::decompress(payload, raw_len)
+            let d = crate::chunk::decompress_bounded(payload, raw_len)
                 .map_err(|e| corrupt(format!("index payload does not decompress: {e}")))?;
             if d.len() != raw_len {
                 return Err(corrupt(format!(

@@ -2,7 +2,7 @@
 //! image (the seed's "VMI package": index + VM configuration file, plus an
 //! optional memory image, itself chunked), stored in the chunk store under
 //! the hash of its bytes before any catalog names it. Byte layout:
-//! `docs/formats/cas-version.md`. Pure encoding and parsing (fuzzed).
+//! `docs/formats/cas-version.md`. Pure encoding and parsing (a fuzz target).
 //!
 //! With encryption the body (which holds the index and so every chunk's
 //! key) is sealed with the user's key (AES-256-GCM); the list of objects
@@ -150,7 +150,7 @@ impl Version {
         v
     }
 
-    fn encode_body(&self) -> Vec<u8> {
+    fn encode_body(&self, idx: &[u8]) -> Vec<u8> {
         let mut w = Writer::new();
         w.i64(self.created)
             .id(&self.parent.unwrap_or(ChunkId::ZERO))
@@ -165,14 +165,19 @@ impl Version {
                 w.bytes(self.memory.keys.get(i).unwrap_or(&[0; 32]));
             }
         }
-        let idx = self.index.encode(Some(9));
-        w.u64(idx.len() as u64).bytes(&idx);
+        w.u64(idx.len() as u64).bytes(idx);
         w.buf
     }
 
     /// Encode the package. `user_key` is required exactly when the index
     /// carries chunk keys (an encrypted image).
     pub fn encode(&self, user_key: Option<&Key>) -> Result<Vec<u8>> {
+        self.encode_with_index(&self.index.encode(Some(9)), user_key)
+    }
+
+    /// Encode with the index already encoded (`Index::encode`), e.g. to
+    /// know its size without compressing it twice.
+    pub fn encode_with_index(&self, idx: &[u8], user_key: Option<&Key>) -> Result<Vec<u8>> {
         if self.config.len() > MAX_CONFIG {
             return Err(bad_arg(format!(
                 "the VM configuration file is {} bytes; at most {MAX_CONFIG} are kept",
@@ -192,7 +197,7 @@ impl Version {
                 "a user key was given for a version that is not encrypted"
             }));
         }
-        let body = self.encode_body();
+        let body = self.encode_body(idx);
         let refs = if encrypted {
             let mut w = Writer::new();
             let r = self.references();
@@ -356,7 +361,7 @@ impl Version {
         }
         let refs = &b[HEADER_SIZE..HEADER_SIZE + h.refs_len as usize];
         let max = h.disk_size.div_ceil(h.chunk_size.max(1) as u64) as usize * 2 * 32 + 64;
-        let raw = zstd::bulk::decompress(refs, max.min(1 << 30))
+        let raw = crate::chunk::decompress_bounded(refs, max.min(1 << 30))
             .map_err(|e| corrupt(format!("refs section does not decompress: {e}")))?;
         let mut r = Reader::new(&raw, "refs section");
         let n = r.u64("count")? as usize;

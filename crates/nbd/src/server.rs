@@ -251,7 +251,6 @@ impl Server {
             max_connections,
             handshake_timeout,
         } = self;
-        let io = IoThreads::start()?;
         let (conn_tx, mut conn_rx) = tokio::sync::mpsc::channel::<Accepted>(64);
         let mut acceptors = JoinSet::new();
         for l in unix {
@@ -309,19 +308,27 @@ impl Server {
                     let limit = limit.clone();
                     let shared = shared.clone();
                     let active = active.clone();
-                    let (rt, load) = io.pick();
-                    load.fetch_add(1, Ordering::Relaxed);
-                    conns.spawn_on(async move {
+                    conns.spawn(async move {
                         let Ok(permit) = limit.acquire_owned().await else { return };
+                        let (rt, done) = match connection_thread() {
+                            Ok(t) => t,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "cannot start a connection thread");
+                                return;
+                            }
+                        };
+                        let mut conn = AbortOnDrop(rt.spawn(async move {
+                            let _done = done;
+                            match s.register() {
+                                Ok(s) => handle_connection(s, shared, handshake_timeout).await,
+                                Err(e) => tracing::warn!(error = %e, "cannot set up a connection"),
+                            }
+                        }));
                         active.fetch_add(1, Ordering::Relaxed);
-                        match s.register() {
-                            Ok(s) => handle_connection(s, shared, handshake_timeout).await,
-                            Err(e) => tracing::warn!(error = %e, "cannot set up a connection"),
-                        }
+                        let _ = (&mut conn.0).await;
                         active.fetch_sub(1, Ordering::Relaxed);
-                        load.fetch_sub(1, Ordering::Relaxed);
                         drop(permit);
-                    }, rt);
+                    });
                 }
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
             }
@@ -379,59 +386,37 @@ impl Accepted {
     }
 }
 
-/// Threads that run connections, each a single-threaded runtime with its
-/// own epoll, one per CPU. A request wakes exactly the thread that owns its
-/// connection, which reads it, runs it (inline when small, see
-/// `transmission`) and writes the reply; in a work-stealing pool the
-/// workers hand connections to each other, and on a busy machine every
-/// hand-off waits for a CPU (4 KiB reads at queue depth 1: 1.8 times the
-/// IOPS). Blocking work still goes to the server's blocking pool.
-struct IoThreads {
-    threads: Vec<IoThread>,
+/// Start the thread a connection runs on: a single-threaded runtime with
+/// its own epoll, until the returned sender is dropped. A request then
+/// wakes just that thread, which reads it, runs it (inline when small, see
+/// `transmission`) and writes the reply. In a work-stealing pool the
+/// workers pass connections between them, and on a busy machine every
+/// hand-off waits for a CPU (4 KiB reads at queue depth 1 got 1.8 times
+/// the IOPS this way); a connection per thread also keeps one client's
+/// slow request from delaying another's. Blocking work still goes to the
+/// server's blocking pool.
+fn connection_thread() -> std::io::Result<(Handle, oneshot::Sender<()>)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let handle = rt.handle().clone();
+    let (done, stopped) = oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name("roamdisk-conn".into())
+        .spawn(move || {
+            rt.block_on(async {
+                let _ = stopped.await;
+            })
+        })?;
+    Ok((handle, done))
 }
 
-struct IoThread {
-    handle: Handle,
-    /// Connections it runs.
-    load: Arc<AtomicUsize>,
-    /// Dropped to stop the thread.
-    _stop: oneshot::Sender<()>,
-}
+/// A task that is cancelled when its handle is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
 
-impl IoThreads {
-    fn start() -> std::io::Result<IoThreads> {
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let mut threads = Vec::with_capacity(n);
-        for i in 0..n {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            let handle = rt.handle().clone();
-            let (stop, stopped) = oneshot::channel::<()>();
-            std::thread::Builder::new()
-                .name(format!("roamdisk-io-{i}"))
-                .spawn(move || {
-                    rt.block_on(async {
-                        let _ = stopped.await;
-                    })
-                })?;
-            threads.push(IoThread {
-                handle,
-                load: Arc::new(AtomicUsize::new(0)),
-                _stop: stop,
-            });
-        }
-        Ok(IoThreads { threads })
-    }
-
-    /// The thread running the fewest connections.
-    fn pick(&self) -> (&Handle, Arc<AtomicUsize>) {
-        let t = self
-            .threads
-            .iter()
-            .min_by_key(|t| t.load.load(Ordering::Relaxed))
-            .expect("at least one I/O thread");
-        (&t.handle, t.load.clone())
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

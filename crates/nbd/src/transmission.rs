@@ -329,9 +329,10 @@ pub fn errno(e: &Error) -> u32 {
 }
 
 /// Run the transmission phase until the client disconnects or the server
-/// shuts down. Waits for in-flight requests and flushes the export if this
-/// connection wrote anything, so nothing acknowledged is left in a layer's
-/// volatile buffers when a client vanishes.
+/// shuts down. Waits for in-flight requests and, once the connection is
+/// closed, flushes the export if this connection wrote anything, so nothing
+/// acknowledged is left in a layer's volatile buffers when a client
+/// vanishes.
 pub async fn serve(
     stream: BoxStream,
     session: Session,
@@ -451,11 +452,17 @@ pub async fn serve(
             drop(permit);
         });
     };
-    // Wait for every in-flight request, then flush what this client wrote.
+    // Wait for every in-flight request and send the replies; close the
+    // connection, then flush what this client wrote: the client, which
+    // asked for no flush, need not wait for it, and the server still does
+    // not finish (nor shut down) before it is done.
     let _all = running
         .acquire_many(max as u32)
         .await
         .expect("semaphore never closed");
+    drop(tx);
+    let _ = writer.await;
+    drop(rd);
     if conn.wrote.load(Ordering::Acquire) {
         let dev = conn.session.export.dev.clone();
         let flushed = shared.spawn_blocking(move || dev.flush()).await;
@@ -463,8 +470,6 @@ pub async fn serve(
             tracing::error!(error = %e, "flush at disconnect failed");
         }
     }
-    drop(tx);
-    let _ = writer.await;
     result
 }
 

@@ -4,7 +4,7 @@
 //! state runs, committed at every flush after the private cache's data is
 //! durable, compacted through a temporary file and an atomic rename. Byte
 //! layout and crash argument: `docs/formats/cas-session.md`. Pure encoding
-//! and parsing (fuzzed).
+//! and parsing (a fuzz target).
 
 use crate::hash::ChunkId;
 

@@ -1,6 +1,6 @@
 //! Binary bodies of the HTTP chunk protocol (`docs/formats/cas-http.md`):
 //! the batch "which of these do you have" request and answer, and the
-//! object listing. Pure encoding and parsing (fuzzed).
+//! object listing. Pure encoding and parsing (a fuzz target).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

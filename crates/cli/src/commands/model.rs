@@ -117,6 +117,10 @@ struct MvaArgs {
     /// Largest population of the sweep over N.
     #[arg(long, value_name = "N", default_value_t = 100)]
     max_clients: usize,
+    /// Print (and with --simulate, simulate) populations 1-5 and every
+    /// STEP-th one beyond; 1 prints every population.
+    #[arg(long, value_name = "STEP", default_value_t = 5)]
+    step: usize,
     /// Also run the discrete-event simulation of the same network (until
     /// its 99% confidence intervals are within ±1%) and print its
     /// throughput and response time beside MVA's, with the larger relative
@@ -394,8 +398,8 @@ fn mva_cmd(a: MvaArgs) -> anyhow::Result<()> {
     if hits.is_empty() {
         bail!("--hit: give at least one hit ratio");
     }
-    if a.clients == 0 || a.max_clients == 0 {
-        bail!("--clients and --max-clients must be at least 1");
+    if a.clients == 0 || a.max_clients == 0 || a.step == 0 {
+        bail!("--clients, --max-clients and --step must be at least 1");
     }
     if a.max_clients > 100_000 {
         bail!("--max-clients: at most 100000");

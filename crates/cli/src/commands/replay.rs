@@ -15,6 +15,18 @@ use roamdisk_workload::trace::payload::sidecar_path;
 use super::progress::Progress;
 use crate::plot::bar_chart;
 
+/// `println!` that keeps quiet when stdout is closed early (`| head`).
+macro_rules! outln {
+    () => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock());
+    }};
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+
 /// Replay a trace (blksim; IOEmu for many clients). The trace is loaded
 /// into one command stream per client and partition (--per client: one
 /// per client), then each stream runs in its own thread, one request at a
@@ -151,6 +163,9 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let loaded = replay::load(&a.trace, &opts, &|n| lp.set((n * 5).min(size)))
         .with_context(|| format!("cannot load {}", a.trace.display()))?;
     lp.finish();
+    if loaded.records() == 0 {
+        bail!("{}: the trace holds no records", a.trace.display());
+    }
     let targets = TargetMap::new(
         a.target.clone(),
         map,
@@ -165,7 +180,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let rep = replay::replay(&loaded, &targets, &opts, &|d, _| p.set(d))?;
     p.finish();
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&rep)?);
+        outln!("{}", serde_json::to_string_pretty(&rep)?);
     } else {
         print_report(&rep, a.one_at_a_time, loaded.streams());
     }
@@ -183,7 +198,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
 }
 
 fn print_report(r: &ReplayReport, per_stream: bool, streams: usize) {
-    println!(
+    outln!(
         "replayed {} requests ({:.1} MiB) in {} streams: {:.3} s, {:.0} requests/s, {:.1} MB/s",
         r.requests,
         r.bytes as f64 / 1048576.0,
@@ -193,15 +208,23 @@ fn print_report(r: &ReplayReport, per_stream: bool, streams: usize) {
         r.bytes as f64 / r.wall_s.max(1e-9) / 1e6
     );
     if let Some(s) = r.simulated_s {
-        println!("simulated card time: {s:.3} s");
+        outln!("simulated card time: {s:.3} s");
     }
-    println!();
-    println!(
+    outln!();
+    outln!(
         "{:<13} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "op", "count", "MiB", "mean µs", "p50 µs", "p90 µs", "p99 µs", "p99.9 µs", "max µs"
+        "op",
+        "count",
+        "MiB",
+        "mean µs",
+        "p50 µs",
+        "p90 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "max µs"
     );
     for (name, o) in &r.ops {
-        println!(
+        outln!(
             "{name:<13} {:>10} {:>12.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
             o.count,
             o.bytes as f64 / 1048576.0,
@@ -213,9 +236,9 @@ fn print_report(r: &ReplayReport, per_stream: bool, streams: usize) {
             o.max_us
         );
     }
-    println!();
+    outln!();
     let rows = if per_stream { &r.streams } else { &r.clients };
-    println!(
+    outln!(
         "{:>8} {:>9} {:>10} {:>10} {:>10} {:>8} {:>7}",
         "client",
         if per_stream { "device" } else { "" },
@@ -226,7 +249,7 @@ fn print_report(r: &ReplayReport, per_stream: bool, streams: usize) {
         "errors"
     );
     for c in rows {
-        println!(
+        outln!(
             "{:>8} {:>9} {:>10} {:>10.1} {:>10.3} {:>8} {:>7}",
             c.client,
             c.device.map(|d| d.to_string()).unwrap_or_default(),
@@ -242,7 +265,7 @@ fn print_report(r: &ReplayReport, per_stream: bool, streams: usize) {
         let min = times.iter().copied().fold(f64::MAX, f64::min);
         let max = times.iter().copied().fold(0.0, f64::max);
         let mean = times.iter().sum::<f64>() / times.len() as f64;
-        println!(
+        outln!(
             "per-client runtime: min {min:.3} s, mean {mean:.3} s, max {max:.3} s over {} clients",
             times.len()
         );

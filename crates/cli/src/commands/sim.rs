@@ -84,8 +84,8 @@ pub struct Args {
     /// its plot (default: the configured size nearest 1/16 of the working set).
     #[arg(long, value_name = "SIZE")]
     focus: Option<String>,
-    /// Write plots: STEM-hit-ratio, STEM-table2 (and STEM-two-level with
-    /// --client-size), each as .png and .svg.
+    /// Write plots: STEM-hit-ratio, STEM-table2-short, STEM-table2-long
+    /// (and STEM-two-level with --client-size), each as .png and .svg.
     #[arg(long, value_name = "STEM")]
     plot: Option<PathBuf>,
     /// Print the whole report as JSON instead of tables.
@@ -322,7 +322,7 @@ fn run_pass(a: &Args, sim: &mut Simulator, total: u64, quiet: bool) -> anyhow::R
         if let Some(req) = r? {
             sim.feed(&req);
         }
-        if n % 65536 == 0 {
+        if n.is_multiple_of(65536) {
             progress.set(n);
         }
     }
@@ -555,6 +555,8 @@ fn plots(
     let bs = r.block_size;
     let mib = |c: usize| c as f64 * bs as f64 / 1048576.0;
     let (lo, hi) = (capacities[0], *capacities.last().unwrap());
+    // A logarithmic axis only labels decades: use it for wide ranges.
+    let log_x = hi >= 8 * lo;
     let mut written = Vec::new();
     let single = &r.levels[0];
 
@@ -589,30 +591,43 @@ fn plots(
             title: &format!("Server cache hit ratio, {} blocks", format_size(bs)),
             x_label: "cache size (MiB)",
             y_label: "hit ratio",
-            log_x: true,
+            log_x,
             log_y: false,
             series: &series,
         },
     )?;
     written.extend([png, svg]);
 
-    // Table 2: misses by temporal distance at the focus size.
+    // Table 2: misses by temporal distance at the focus size, one chart
+    // per class.
     let split = r.split.to_string();
-    let mut bars = Vec::new();
-    for (label, s, l) in rows_at(single, specs, focus_cap) {
-        bars.push((format!("{label} <{split}"), s.misses as f64));
-        bars.push((format!("{label} ≥{split}"), l.misses as f64));
-    }
-    let (png, svg) = bar_chart(
-        &stem_with(stem, "table2"),
-        &format!(
-            "Misses by temporal distance, server cache {}",
-            format_size(focus_cap as u64 * bs)
+    let rows = rows_at(single, specs, focus_cap);
+    let size = format_size(focus_cap as u64 * bs);
+    for (suffix, title, pick) in [
+        (
+            "table2-short",
+            format!("Misses at temporal distance < {split}, server cache {size}"),
+            0usize,
         ),
-        "misses",
-        &bars,
-    )?;
-    written.extend([png, svg]);
+        (
+            "table2-long",
+            format!(
+                "Misses at temporal distance ≥ {split} (incl. {} first accesses), server cache {size}",
+                single.cold
+            ),
+            1,
+        ),
+    ] {
+        let bars: Vec<(String, f64)> = rows
+            .iter()
+            .map(|(label, s, l)| {
+                let hm = if pick == 0 { s } else { l };
+                (label.clone(), hm.misses as f64)
+            })
+            .collect();
+        let (png, svg) = bar_chart(&stem_with(stem, suffix), &title, "misses", &bars)?;
+        written.extend([png, svg]);
+    }
 
     // Two-level view.
     if r.levels.len() > 1 {
@@ -656,7 +671,7 @@ fn plots(
                 title: "Server hit ratio behind client caches",
                 x_label: "server cache size (MiB)",
                 y_label: "server hit ratio",
-                log_x: true,
+                log_x,
                 log_y: false,
                 series: &series,
             },

@@ -11,6 +11,18 @@ use roamdisk_workload::target::{Target, TargetOptions};
 use super::progress::Progress;
 use crate::plot::{line_chart, LineChart, Series};
 
+/// `println!` that keeps quiet when stdout is closed early (`| head`).
+macro_rules! outln {
+    () => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock());
+    }};
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+
 /// Measure bandwidth of I/O patterns within the first --area bytes of a
 /// target (the seed's sperf): sequential, random, strided (a stride of N
 /// blocks between requests) and partitioned (N interleaved sequential
@@ -259,7 +271,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
                 serde_json::json!({"figure": f, "target": targets[*ti].name(), "curve": name, "x": x, "result": m})
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     }
     let multi = targets.len() > 1;
     let groups: Vec<u32> = if figures.is_empty() {
@@ -317,7 +329,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             ),
         };
         if !a.json {
-            println!(
+            outln!(
                 "{title}{}",
                 if simulated {
                     " (simulated card time)"
@@ -331,10 +343,10 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
                     .iter()
                     .map(|(x, y)| format!("{x}:{y:.3}"))
                     .collect();
-                println!("  {:<40} {}", c.name, pts.join("  "));
+                outln!("  {:<40} {}", c.name, pts.join("  "));
             }
-            println!("  ({x_label} : {y_label})");
-            println!();
+            outln!("  ({x_label} : {y_label})");
+            outln!();
         }
         if let Some(dir) = &a.plot {
             let stem = if f == 0 {

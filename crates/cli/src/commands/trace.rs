@@ -14,6 +14,18 @@ use roamdisk_workload::trace::{Format, Reader, Record, TraceError, Writer};
 use super::progress::Progress;
 use crate::plot::{bar_chart, line_chart, LineChart, Series};
 
+/// `println!` that keeps quiet when stdout is closed early (`| head`).
+macro_rules! outln {
+    () => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock());
+    }};
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+
 /// Block-I/O traces: statistics, synthetic workloads, conversion.
 ///
 /// A trace holds one record per request: time (ns), client, device
@@ -245,7 +257,7 @@ fn read_trace(path: &Path, quiet: bool, mut f: impl FnMut(&Record)) -> anyhow::R
         })?;
         f(&r);
         n += 1;
-        if n % 65536 == 0 {
+        if n.is_multiple_of(65536) {
             p.set(((n as f64 * per_byte) as u64).min(size));
         }
     }
@@ -275,7 +287,7 @@ fn run_stats(a: StatsArgs, quiet: bool) -> anyhow::Result<()> {
                 .map(|(d, g)| (d.to_string(), Table3Row::from(g)))
                 .collect::<BTreeMap<_, _>>(),
         )?;
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_stats(&a.trace, &s, &names, a.max_clients);
     }
@@ -316,7 +328,7 @@ fn table3_line(name: &str, g: &GroupStats) -> String {
 
 fn print_stats(path: &Path, s: &Stats, names: &BTreeMap<u32, String>, max_clients: usize) {
     let t = &s.total;
-    println!(
+    outln!(
         "{}: {} requests, {} clients, {} partitions, {:.3} s",
         path.display(),
         t.requests(),
@@ -324,26 +336,30 @@ fn print_stats(path: &Path, s: &Stats, names: &BTreeMap<u32, String>, max_client
         s.partitions.len(),
         t.duration_s()
     );
-    println!();
-    println!("LBS Table 3 columns per partition (KB = KiB; sizes: 1 = below 2 KiB, <=4 = 2-4 KiB, >4 = above 4 KiB)");
-    println!(
+    outln!();
+    outln!("LBS Table 3 columns per partition (KB = KiB; sizes: 1 = below 2 KiB, <=4 = 2-4 KiB, >4 = above 4 KiB)");
+    outln!(
         "{:<10} | {:>9} {:>7} {:>6} {:>6} {:>6} {:>5} | {:>9} {:>7} {:>6} {:>6} {:>6} {:>5} | {:>6} {:>8}",
         "partition", "read KB", "count", "1", "<=4", ">4", "skip%", "write KB", "count", "1", "<=4", ">4",
         "skip%", "write%", "barrier%"
     );
     for (d, g) in &s.partitions {
         let name = names.get(d).cloned().unwrap_or_else(|| d.to_string());
-        println!("{}", table3_line(&name, g));
+        outln!("{}", table3_line(&name, g));
     }
     if s.partitions.len() > 1 {
-        println!("{}", table3_line("all", t));
+        outln!("{}", table3_line("all", t));
     }
-    println!();
+    outln!();
     let total_n = t.requests().max(1) as f64;
     let total_b = (t.read.bytes + t.write.bytes + t.trim_bytes + t.zero_bytes).max(1) as f64;
-    println!(
+    outln!(
         "{:<13} {:>10} {:>7} {:>14} {:>7}",
-        "mix", "count", "%", "KiB", "%"
+        "mix",
+        "count",
+        "%",
+        "KiB",
+        "%"
     );
     for (name, c, b) in [
         ("read", t.read.count, t.read.bytes),
@@ -352,17 +368,17 @@ fn print_stats(path: &Path, s: &Stats, names: &BTreeMap<u32, String>, max_client
         ("write-zeroes", t.zero_count, t.zero_bytes),
         ("flush", t.flushes, 0),
     ] {
-        println!(
+        outln!(
             "{name:<13} {c:>10} {:>7.2} {:>14.0} {:>7.2}",
             100.0 * c as f64 / total_n,
             kib(b),
             100.0 * b as f64 / total_b
         );
     }
-    println!();
+    outln!();
     if let Some(min) = s.min_size {
         let (top, share) = s.most_frequent_size().unwrap_or((0, 0.0));
-        println!(
+        outln!(
             "sizes: min {:.1} KiB, max {:.1} KiB, mean {:.2} KiB, most frequent {:.1} KiB ({:.1}%), at most 4 KiB {:.1}%",
             kib(min as u64),
             kib(s.max_size as u64),
@@ -376,14 +392,14 @@ fn print_stats(path: &Path, s: &Stats, names: &BTreeMap<u32, String>, max_client
         d.sequential_pct()
             .map_or("-".into(), |v| format!("{v:.1}%"))
     };
-    println!(
+    outln!(
         "sequential requests: reads {}, writes {}, all {:.1}%",
         seq(&t.read),
         seq(&t.write),
         100.0 * (t.read.sequential + t.write.sequential) as f64 / t.rw_count().max(1) as f64
     );
     let mib = |blocks: u64| blocks as f64 * s.block as f64 / 1048576.0;
-    println!(
+    outln!(
         "working set ({} B blocks): read {:.1} MiB, written {:.1} MiB, either {:.1} MiB; read:write {:.3}",
         s.block,
         mib(s.read_working_set_blocks),
@@ -405,17 +421,26 @@ fn print_stats(path: &Path, s: &Stats, names: &BTreeMap<u32, String>, max_client
             break;
         }
     }
-    println!(
+    outln!(
         "reuse distance (block accesses in between): {} first accesses, {} re-accesses, median {}",
-        s.cold_accesses, reused, median
+        s.cold_accesses,
+        reused,
+        median
     );
-    println!();
-    println!(
+    outln!();
+    outln!(
         "{:>8} {:>10} {:>12} {:>12} {:>8} {:>7} {:>9} {:>10}",
-        "client", "requests", "read KiB", "write KiB", "barrier%", "seq%", "WS MiB", "seconds"
+        "client",
+        "requests",
+        "read KiB",
+        "write KiB",
+        "barrier%",
+        "seq%",
+        "WS MiB",
+        "seconds"
     );
     for (c, g) in s.clients.iter().take(max_clients) {
-        println!(
+        outln!(
             "{c:>8} {:>10} {:>12.0} {:>12.0} {:>8.1} {:>7.1} {:>9.1} {:>10.3}",
             g.requests(),
             kib(g.read.bytes),
@@ -427,7 +452,7 @@ fn print_stats(path: &Path, s: &Stats, names: &BTreeMap<u32, String>, max_client
         );
     }
     if s.clients.len() > max_clients {
-        println!(
+        outln!(
             "... {} more clients (--max-clients, or --json)",
             s.clients.len() - max_clients
         );
@@ -520,7 +545,7 @@ fn file_stem(p: &Path) -> String {
 fn run_synth(a: SynthArgs, quiet: bool) -> anyhow::Result<()> {
     if a.list {
         for (name, _, title) in Kind::all() {
-            println!("{name:<20} {title}");
+            outln!("{name:<20} {title}");
         }
         return Ok(());
     }
@@ -569,7 +594,7 @@ fn run_synth(a: SynthArgs, quiet: bool) -> anyhow::Result<()> {
         clients.insert(r.client);
         last = r.time_ns;
         n += 1;
-        if n % 65536 == 0 {
+        if n.is_multiple_of(65536) {
             p.set(n.min(expected));
         }
     }
@@ -639,7 +664,7 @@ fn run_convert(a: ConvertArgs, quiet: bool) -> anyhow::Result<()> {
     let p = Progress::new(quiet || stdin, file_size(&a.input).max(1), "converting");
     let mut sink = |r: &Record| -> Result<(), TraceError> {
         w.write(r)?;
-        if w.count() % 65536 == 0 {
+        if w.count().is_multiple_of(65536) {
             p.set(w.count() * 40);
         }
         Ok(())
