@@ -35,3 +35,11 @@ B=$WORK/boot.rdtrace
 "$R" trace synth boot --seed 1 -o "$B" -q
 "$R" sim "$B" --policy $POLICIES --size 1/64,1/32,1/16,1/8,1/4 \
   --plot "$OUT/boot" -q | tee "$OUT/boot.txt"
+
+# The client side (seed Figure 9): client cache hit ratio against block size
+# and client cache size.
+for b in 4K 8K 16K 32K 64K; do
+  echo "block $b:"
+  "$R" sim "$T" --block $b --policy fmpq --size 1/16 --client-size 1M,16M --no-lru-curve -q \
+    | grep -E "^level|client caches"
+done | tee "$OUT/desktop-client-block-size.txt"

@@ -341,8 +341,15 @@ fn kill_9_mid_gc_loses_nothing_referenced() {
     let r = rd(&["gc", "--store", &s, "--json"]);
     assert!(json_num(&r, "restored") >= 1, "{r}");
     assert_eq!(json_num(&r, "referenced"), 65);
-    assert_eq!(object_files(store).len(), 65, "{r}");
+    // An unreferenced object the killed gc had already moved aside comes
+    // back touched (a commit may have wanted it), so it is kept as recent
+    // by this run and collected by a later one.
+    let recent = json_num(&r, "kept_recent") as usize;
+    assert_eq!(object_files(store).len(), 65 + recent, "{r}");
     assert_eq!(std::fs::read_dir(store.join("trash")).unwrap().count(), 0);
+    age_objects(store);
+    let r = rd(&["gc", "--store", &s, "--json"]);
+    assert_eq!(object_files(store).len(), 65, "{r}");
     rd(&["store", "verify", "--store", &s]);
     checkout_same(&s, "u/keep", &keep, &dir.join("out2.raw"));
 }

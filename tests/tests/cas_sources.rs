@@ -1,6 +1,7 @@
 //! The initial commit reads any disk: an NBD export (through `nbdcopy`),
 //! an LBS image (a stack spec) and a raw file give the same version, stored
-//! once; each checks out byte-identical (`qemu-img compare`).
+//! once; each checks out byte-identical (`qemu-img compare`). A version
+//! keeps the VM configuration file and a memory image too.
 
 mod cas_common;
 mod common;
@@ -83,4 +84,39 @@ fn nbd_export_lbs_image_and_raw_file_commit_to_the_same_version() {
             ],
         );
     }
+    // The VM configuration file and a memory image travel with a version.
+    let mem = dir.join("mem.bin");
+    random_file(&mem, 300_001, 42);
+    let conf = dir.join("vm.conf");
+    std::fs::write(&conf, "memory = 2G\ncpus = 2\n").unwrap();
+    rd(&[
+        "commit",
+        raw.to_str().unwrap(),
+        "--to",
+        "f/vm",
+        "--store",
+        s,
+        "--memory",
+        mem.to_str().unwrap(),
+        "--config",
+        conf.to_str().unwrap(),
+    ]);
+    let (m2, c2) = (dir.join("m2.bin"), dir.join("c2.conf"));
+    rd(&[
+        "checkout",
+        "f/vm",
+        "--store",
+        s,
+        "--memory-out",
+        m2.to_str().unwrap(),
+        "--config-out",
+        c2.to_str().unwrap(),
+        "--output",
+        dir.join("vm.raw").to_str().unwrap(),
+    ]);
+    assert!(
+        std::fs::read(&m2).unwrap() == std::fs::read(&mem).unwrap(),
+        "memory image"
+    );
+    assert_eq!(std::fs::read(&c2).unwrap(), std::fs::read(&conf).unwrap());
 }

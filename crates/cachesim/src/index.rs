@@ -105,107 +105,37 @@ impl BuildHasher for FastBuild {
 /// A hash map with the fast hasher.
 pub type FastMap<K, V> = HashMap<K, V, FastBuild>;
 
-/// [`KeyIndex`] for any hashable key: open addressing with linear probing
-/// at a load factor of at most 1/2 and backward-shift deletion (no
-/// tombstones), sized once for the policy's node budget, so lookups touch
-/// one or two neighbouring slots and nothing is ever reallocated.
+/// [`KeyIndex`] for any hashable key.
 pub struct HashIndex<K> {
-    slots: Vec<(K, u32)>,
-    mask: usize,
-    build: FastBuild,
+    map: FastMap<K, u32>,
 }
 
-impl<K: Hash + Eq + Copy> HashIndex<K> {
-    #[inline]
-    fn home(&self, key: &K) -> usize {
-        (self.build.hash_one(key) as usize) & self.mask
-    }
-}
-
-impl<K: Hash + Eq + Copy + Send> KeyIndex<K> for HashIndex<K> {
+impl<K: Hash + Eq + Send> KeyIndex<K> for HashIndex<K> {
     fn with_capacity(n: usize) -> Self {
-        let size = (n.max(8) * 2).next_power_of_two();
+        // Twice the budget: deletions leave tombstones, and the table
+        // rehashes in place (no allocation) only while it is at most half
+        // full, so this keeps the hot path free of allocation.
         HashIndex {
-            slots: Vec::with_capacity(size),
-            mask: size - 1,
-            build: FastBuild::default(),
+            map: HashMap::with_capacity_and_hasher(
+                n.saturating_mul(2).max(16),
+                FastBuild::default(),
+            ),
         }
     }
     #[inline]
     fn get(&self, key: &K) -> Option<u32> {
-        if self.slots.is_empty() {
-            return None;
-        }
-        let mut i = self.home(key);
-        loop {
-            let (k, v) = self.slots[i];
-            if v == NIL {
-                return None;
-            }
-            if k == *key {
-                return Some(v);
-            }
-            i = (i + 1) & self.mask;
-        }
+        self.map.get(key).copied()
     }
     #[inline]
     fn insert(&mut self, key: K, node: u32) {
-        if self.slots.is_empty() {
-            self.slots.resize(self.mask + 1, (key, NIL));
-        }
-        let mut i = self.home(&key);
-        loop {
-            let (k, v) = self.slots[i];
-            if v == NIL || k == key {
-                self.slots[i] = (key, node);
-                return;
-            }
-            i = (i + 1) & self.mask;
-        }
+        self.map.insert(key, node);
     }
     #[inline]
     fn remove(&mut self, key: &K) {
-        if self.slots.is_empty() {
-            return;
-        }
-        let mut i = self.home(key);
-        loop {
-            let (k, v) = self.slots[i];
-            if v == NIL {
-                return;
-            }
-            if k == *key {
-                break;
-            }
-            i = (i + 1) & self.mask;
-        }
-        // Backward shift: pull later entries of the cluster into the hole
-        // when their home position allows it.
-        let mut hole = i;
-        let mut j = (i + 1) & self.mask;
-        loop {
-            let (k, v) = self.slots[j];
-            if v == NIL {
-                break;
-            }
-            let h = self.home(&k);
-            // Move (k, v) to the hole if its home lies cyclically in
-            // (j, hole], i.e. not strictly between hole and j.
-            let between = if hole <= j {
-                hole < h && h <= j
-            } else {
-                hole < h || h <= j
-            };
-            if !between {
-                self.slots[hole] = (k, v);
-                hole = j;
-            }
-            j = (j + 1) & self.mask;
-        }
-        self.slots[hole].1 = NIL;
+        self.map.remove(key);
     }
     fn clear(&mut self) {
-        self.slots.iter_mut().for_each(|s| s.1 = NIL);
+        self.map.clear();
     }
 }
 

@@ -35,7 +35,8 @@ pub struct UploadStats {
     pub new_objects: u64,
     /// Objects the store already had (reused).
     pub reused_objects: u64,
-    /// Bytes uploaded (stored object sizes, after compression).
+    /// Chunk bytes uploaded (stored sizes, after compression; the
+    /// version package is not counted).
     pub uploaded_bytes: u64,
     /// Bytes of chunk content hashed.
     pub hashed_bytes: u64,
@@ -190,10 +191,7 @@ impl<'a, S: ChunkWrite + ?Sized> Uploader<'a, S> {
         self.refresh()?;
         let id = self.codec.hash.hash(bytes);
         let sealed = self.codec.seal_plain(id, bytes);
-        let out = self.store.put_many(&[(id, &sealed.object)])?;
-        if out[0] == PutOutcome::Stored {
-            self.stats.uploaded_bytes += sealed.object.len() as u64;
-        }
+        self.store.put_many(&[(id, &sealed.object)])?;
         Ok(id)
     }
 

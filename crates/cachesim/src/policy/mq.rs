@@ -91,6 +91,10 @@ pub struct MultiQueue<K, I = HashIndex<K>> {
     arena: Arena<K, Meta>,
     /// Queues 0..w are resident; index w is the history (ghost) FIFO.
     lists: Vec<List>,
+    /// Expiry time of each resident queue's head (u64::MAX when empty),
+    /// so the per-access demotion check reads no nodes.
+    head_expire: Vec<u64>,
+    resident: usize,
     index: I,
 }
 
@@ -132,6 +136,8 @@ impl<K: Copy + Send, I: KeyIndex<K>> MultiQueue<K, I> {
             now: 0,
             arena: Arena::with_budget(budget),
             lists: vec![List::default(); queues + 1],
+            head_expire: vec![u64::MAX; queues],
+            resident: 0,
             index: I::with_capacity(budget),
         }
     }
@@ -175,14 +181,35 @@ impl<K: Copy + Send, I: KeyIndex<K>> MultiQueue<K, I> {
     }
 
     fn resident(&self) -> usize {
-        self.lists[..self.w()].iter().map(|l| l.len).sum()
+        self.resident
     }
 
+    /// Take node `i` off resident queue `q`, keeping `head_expire`.
+    #[inline]
+    fn q_unlink(&mut self, q: usize, i: u32) {
+        let was_head = self.lists[q].front == i;
+        self.arena.unlink(&mut self.lists[q], i);
+        self.resident -= 1;
+        if was_head {
+            let f = self.lists[q].front;
+            self.head_expire[q] = if f == crate::index::NIL {
+                u64::MAX
+            } else {
+                self.arena.get(f).x.expire
+            };
+        }
+    }
+
+    /// Append node `i` to resident queue `q` with a fresh expiry time.
     #[inline]
     fn enqueue(&mut self, i: u32, q: usize) {
         let expire = self.now + self.lifetime;
         self.arena.get_mut(i).x.expire = expire;
+        if self.lists[q].len == 0 {
+            self.head_expire[q] = expire;
+        }
         self.arena.push_back(&mut self.lists[q], i, q as u8);
+        self.resident += 1;
     }
 
     /// Evict the head of the lowest non-empty queue into the history.
@@ -193,13 +220,13 @@ impl<K: Copy + Send, I: KeyIndex<K>> MultiQueue<K, I> {
             .expect("a full cache has a non-empty queue");
         let v = self.lists[q].front;
         let key = self.arena.get(v).key;
+        self.q_unlink(q, v);
         if self.qout_cap == 0 {
-            self.arena.unlink(&mut self.lists[q], v);
             self.index.remove(&key);
             self.arena.free(v);
         } else {
-            let (lo, hi) = self.lists.split_at_mut(w);
-            self.arena.move_back(&mut lo[q], &mut hi[0], v, w as u8);
+            let (_, hi) = self.lists.split_at_mut(w);
+            self.arena.push_back(&mut hi[0], v, w as u8);
             if hi[0].len > self.qout_cap {
                 let z = hi[0].front;
                 let zk = self.arena.get(z).key;
@@ -215,15 +242,10 @@ impl<K: Copy + Send, I: KeyIndex<K>> MultiQueue<K, I> {
     #[inline]
     fn adjust(&mut self) {
         for k in 1..self.w() {
-            let h = self.lists[k].front;
-            if h == crate::index::NIL {
-                continue;
-            }
-            if self.arena.get(h).x.expire < self.now {
-                let (lo, hi) = self.lists.split_at_mut(k);
-                self.arena.unlink(&mut hi[0], h);
-                self.arena.get_mut(h).x.expire = self.now + self.lifetime;
-                self.arena.push_back(&mut lo[k - 1], h, (k - 1) as u8);
+            if self.head_expire[k] < self.now {
+                let h = self.lists[k].front;
+                self.q_unlink(k, h);
+                self.enqueue(h, k - 1);
             }
         }
     }
@@ -252,7 +274,7 @@ impl<K: Copy + Send, I: KeyIndex<K>> Policy<K> for MultiQueue<K, I> {
         let out = match self.index.get(&key) {
             Some(i) if (self.arena.get(i).tag as usize) < w => {
                 let tag = self.arena.get(i).tag as usize;
-                self.arena.unlink(&mut self.lists[tag], i);
+                self.q_unlink(tag, i);
                 let f = self.arena.get(i).x.freq.saturating_add(1);
                 self.arena.get_mut(i).x.freq = f;
                 let q = self.queue_for(f);
@@ -290,7 +312,11 @@ impl<K: Copy + Send, I: KeyIndex<K>> Policy<K> for MultiQueue<K, I> {
         match self.index.get(key) {
             Some(i) => {
                 let tag = self.arena.get(i).tag as usize;
-                self.arena.unlink(&mut self.lists[tag], i);
+                if tag < self.w() {
+                    self.q_unlink(tag, i);
+                } else {
+                    self.arena.unlink(&mut self.lists[tag], i);
+                }
                 self.index.remove(key);
                 self.arena.free(i);
                 tag < self.w()

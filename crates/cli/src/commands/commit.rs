@@ -152,10 +152,19 @@ pub fn print_summary(s: &CommitSummary, json: bool) -> anyhow::Result<()> {
         format_size(u.uploaded_bytes),
         u.reused_objects
     );
+    if u.uploaded_bytes == 0 {
+        println!("  dedup       nothing new: every chunk was already stored");
+    } else {
+        println!(
+            "  dedup       {:.2}x (bytes hashed / bytes uploaded, compression included)",
+            u.hashed_bytes as f64 / u.uploaded_bytes as f64
+        );
+    }
     println!(
-        "  index       {} compressed ({:.3}% of the disk){}",
+        "  index       {} compressed ({:.3}% of the disk), in a {} version package{}",
         format_size(s.index_bytes as u64),
         s.index_bytes as f64 * 100.0 / s.disk_size as f64,
+        format_size(s.package_bytes as u64),
         if s.encrypted {
             ", sealed with the user's key"
         } else {

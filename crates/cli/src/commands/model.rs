@@ -481,7 +481,7 @@ fn mva_cmd(a: MvaArgs) -> anyhow::Result<()> {
             );
             for p in curve
                 .iter()
-                .filter(|p| p.clients <= 5 || p.clients % 5 == 0 || p.clients == a.max_clients)
+                .filter(|p| p.clients <= 5 || p.clients % a.step == 0 || p.clients == a.max_clients)
             {
                 let sim = if a.simulate {
                     let s = qnsim::estimate(&net, p.clients, 0.01, 2_000_000, p.clients as u64);
