@@ -6,7 +6,7 @@
 # simulator's dense ids; plus the whole `roamdisk sim` pass (trace decoding,
 # block split, sharing model, six policies and the exact LRU curve).
 # NO_BUILD=1 uses target/release as it is. See docs/BENCHMARKS.md,
-# "Cache policies and models (issue 7)".
+# "Cache policies, simulator and models (issue 7)".
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 R=$ROOT/target/release/roamdisk

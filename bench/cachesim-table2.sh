@@ -6,7 +6,7 @@
 # two-level runs behind 1 MiB and 16 MiB client caches; an FMPQ parameter
 # sweep at 1/16. Text and plots go to bench/results/cachesim/.
 # NO_BUILD=1 uses target/release as it is. See docs/BENCHMARKS.md,
-# "Cache policies and models (issue 7)".
+# "Cache policies, simulator and models (issue 7)".
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 R=$ROOT/target/release/roamdisk

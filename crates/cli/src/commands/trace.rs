@@ -113,11 +113,22 @@ struct StatsArgs {
 ///       a boot storm: --clients (default 50) boot one shared image;
 ///       mostly sequential reads, a shared hot set, few writes; --requests
 ///       per client (default 4000)
+///   vpc-boot, vpc-office
+///       Machine Bank's own traces (section 3.3, Figures 4-5): Windows XP
+///       under Virtual PC booting, and launching Word, Excel and
+///       PowerPoint. Almost all reads are 64 or 32 KiB at 32 KiB-aligned
+///       offsets of a 2.9 GB installed system (a 768 MiB page file follows,
+///       written, never read); boot: 65% of reads sequential, 10% writes,
+///       1800 requests; office: 40% sequential ("a lot of random reads"),
+///       5% writes, 1100 requests. The lengths give the seed's ~30 s and
+///       ~20 s fetch stall at 64 KiB. For `roamdisk model blocksize`;
+///       --clients N makes N independent VMs
 ///
 /// Examples:
 ///   roamdisk trace synth android-email -o email.rdtrace
 ///   roamdisk trace synth android-boot --scale 5 --seed 7 -o boot5.rdtrace
 ///   roamdisk trace synth desktop --clients 15 -o desk.csv
+///   roamdisk trace synth vpc-boot -o xp-boot.rdtrace
 ///   roamdisk trace synth --list
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
@@ -138,7 +149,7 @@ struct SynthArgs {
     /// they share one boot script).
     #[arg(long, value_name = "N")]
     clients: Option<u32>,
-    /// Desktop and boot: requests per client.
+    /// Desktop, boot and vpc-*: requests per client.
     #[arg(long, value_name = "N")]
     requests: Option<u64>,
     /// List the workloads.
@@ -579,6 +590,14 @@ fn run_synth(a: SynthArgs, quiet: bool) -> anyhow::Result<()> {
             let n = a.requests.unwrap_or(synth::boot::DEFAULT_REQUESTS)
                 * a.clients.unwrap_or(synth::boot::DEFAULT_CLIENTS) as u64;
             n + n / 80
+        }
+        Kind::VpcBoot | Kind::VpcOffice => {
+            let p = if k == Kind::VpcBoot {
+                synth::vpc::VpcParams::boot()
+            } else {
+                synth::vpc::VpcParams::office()
+            };
+            a.requests.unwrap_or(p.requests) * a.clients.unwrap_or(1) as u64
         }
     };
     let gen = synth::generate(k, &opts).map_err(anyhow::Error::msg)?;

@@ -1,5 +1,6 @@
 //! Generators of the seeds' workloads: the five Android traces of LBS
-//! Table 3, the TransCom desktop mix and a many-client boot trace. Every
+//! Table 3, the TransCom desktop mix, a many-client boot trace and
+//! Machine Bank's Windows XP traces under Virtual PC. Every
 //! generator is seeded (the same seed gives the same trace), streams its
 //! records in time order, and produces any length.
 //!
@@ -11,6 +12,7 @@ pub mod android;
 pub mod boot;
 pub mod desktop;
 mod sizes;
+pub mod vpc;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -30,6 +32,10 @@ pub enum Kind {
     Desktop,
     /// Many clients booting one shared image.
     Boot,
+    /// Machine Bank's Windows XP boot under Virtual PC (section 3.3).
+    VpcBoot,
+    /// Machine Bank's Office launch under Virtual PC (section 3.3).
+    VpcOffice,
 }
 
 impl Kind {
@@ -49,6 +55,16 @@ impl Kind {
             "boot".into(),
             Kind::Boot,
             "many clients booting one shared image: sequential reads, a shared hot set, few writes",
+        ));
+        v.push((
+            "vpc-boot".into(),
+            Kind::VpcBoot,
+            "Machine Bank 3.3: Windows XP booting under Virtual PC: 32/64 KiB reads, 65% sequential",
+        ));
+        v.push((
+            "vpc-office".into(),
+            Kind::VpcOffice,
+            "Machine Bank 3.3: Word, Excel, PowerPoint launched under Virtual PC: 32/64 KiB reads, 40% sequential",
         ));
         v
     }
@@ -73,7 +89,7 @@ pub struct SynthOptions {
     /// Android traces: multiple of the published trace length (1.0 = the
     /// published counts; 5.0 = the seed's five repetitions).
     pub scale: f64,
-    /// Desktop and boot: requests per client (default per kind).
+    /// Desktop, boot and vpc-*: requests per client (default per kind).
     pub requests: Option<u64>,
     /// Number of clients (boot default 50, others 1).
     pub clients: Option<u32>,
@@ -130,6 +146,18 @@ pub fn generate(kind: Kind, opts: &SynthOptions) -> Result<RecordStream, String>
             },
             opts.seed,
         )),
+        Kind::VpcBoot | Kind::VpcOffice => {
+            let mut p = if kind == Kind::VpcBoot {
+                vpc::VpcParams::boot()
+            } else {
+                vpc::VpcParams::office()
+            };
+            p.requests = opts.requests.unwrap_or(p.requests);
+            p.validate()?;
+            per_client(opts, move |client, seed| {
+                Box::new(vpc::Generator::new(&p, seed, client))
+            })
+        }
     })
 }
 
