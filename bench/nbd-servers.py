@@ -259,7 +259,8 @@ def main():
     a = ap.parse_args()
 
     check_tools()
-    binary = os.path.join(REPO, "target", "release", "roamdisk")
+    # ROAMDISK_BIN: a frozen copy (others may rebuild target/release meanwhile).
+    binary = os.environ.get("ROAMDISK_BIN") or os.path.join(REPO, "target", "release", "roamdisk")
     if a.no_build:
         if not os.access(binary, os.X_OK):
             die(f"--no-build, but there is no {binary}")

@@ -225,3 +225,57 @@ fn kill_9_loses_nothing_acknowledged_by_a_flush() {
     let info = run_stdout(&common::bin().to_string_lossy(), &["lbs", "info", &img]);
     assert!(info.contains("mapped:"), "{info}");
 }
+
+/// Writes a client never flushed are still there after it disconnects and
+/// the server is then killed with SIGKILL: a disconnect settles the export
+/// (for LBS, its write buffer is flushed) before the connection closes.
+#[test]
+fn writes_settled_at_disconnect_survive_kill_9() {
+    let d = tempdir();
+    let dir = d.path();
+    let img = create_lbs(dir, "s.lbsd", "16M", &[]);
+    let spec = format!("lbs:{img}");
+    let s = Server::start(dir, &[&spec]);
+    // 40 writes of 4 KiB: 160 KiB, less than LBS's 256 KiB write buffer, so
+    // without the settle they would live only in the server's memory.
+    let script = r#"
+import nbd, sys
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+for i in range(40):
+    h.pwrite(bytes([i + 1]) * 4096, i * 65536)
+h.shutdown()
+print("done")
+"#;
+    let out = common::python_nbd(script, &[&s.uri()])
+        .output()
+        .expect("run the writer");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("done"),
+        "writer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    s.kill9();
+    let s = Server::start(dir, &[&spec, "--read-only"]);
+    let dump = dir.join("after.img");
+    run(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &s.uri(),
+            dump.to_str().unwrap(),
+        ],
+    );
+    let bytes = std::fs::read(&dump).unwrap();
+    for i in 0..40usize {
+        let b = &bytes[i * 65536..i * 65536 + 4096];
+        assert!(
+            b.iter().all(|&x| x == (i + 1) as u8),
+            "write {i} was lost or torn after the disconnect and kill -9"
+        );
+    }
+}

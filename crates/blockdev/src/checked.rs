@@ -93,6 +93,9 @@ impl BlockDev for Checked {
     fn flush(&self) -> Result<()> {
         self.next.flush()
     }
+    fn settle(&self) -> Result<()> {
+        self.next.settle()
+    }
     fn trim(&self, off: u64, len: u64, flags: WriteFlags) -> Result<()> {
         self.writable(Op::Trim)?;
         self.range(Op::Trim, off, len)?;

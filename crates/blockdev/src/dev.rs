@@ -186,6 +186,19 @@ pub trait BlockDev: Send + Sync + 'static {
         self.pass(Op::Flush)?.flush()
     }
 
+    /// Make every acknowledged write independent of this process, without
+    /// the promise of a barrier: after it returns, a crash of the process
+    /// (not of the machine) loses nothing. Called when a client disconnects
+    /// without a final FLUSH, which is all such a client was promised.
+    ///
+    /// The default is a full [`flush`](Self::flush), always safe. A layer
+    /// whose writes already live outside the process (`raw`: the kernel's
+    /// page cache) does nothing; a stateless pass-through layer forwards
+    /// the call.
+    fn settle(&self) -> Result<()> {
+        self.flush()
+    }
+
     /// Hint that a range is no longer needed. Contents afterwards are
     /// unspecified until rewritten.
     fn trim(&self, off: u64, len: u64, flags: WriteFlags) -> Result<()> {

@@ -2,6 +2,12 @@
 //! the generic layers (`raw`, `mem`, `cow`) and the factory that builds a
 //! stack from a spec string or TOML table.
 //!
+//! Operations carry no caller; the front end that receives a request runs
+//! it inside [`context::with_context`], and a layer that needs to know who
+//! issued it (the `trace` recorder's client ids) reads
+//! [`context::current`]. A layer that hands part of a request to another
+//! thread carries the context there itself (see [`context`]).
+//!
 //! ```
 //! use roamdisk_blockdev::{BlockDev, Registry, WriteFlags};
 //! let reg = Registry::with_builtin();
@@ -13,6 +19,7 @@
 //! ```
 
 mod checked;
+pub mod context;
 mod dev;
 mod error;
 pub mod layers;

@@ -74,7 +74,29 @@ fn init_logging(verbose: u8, quiet: bool) {
         .init();
 }
 
+/// A reader that went away (`roamdisk sim ... | head`) ends the command
+/// quietly, as it would end `cat`: `println!` panics on a closed stdout,
+/// and this hook turns exactly that panic into exit status 141 (128 +
+/// SIGPIPE). SIGPIPE itself stays ignored, so a server or a store client
+/// never dies of a peer closing its socket.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> std::process::ExitCode {
+    quiet_on_closed_stdout();
     let cli = Cli::parse();
     init_logging(cli.verbose, cli.quiet);
     let result = match cli.command {

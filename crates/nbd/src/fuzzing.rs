@@ -101,7 +101,8 @@ async fn session(input: &[u8]) -> SessionOutcome {
         let s: BoxStream = Box::new(server);
         match negotiate(s, &shared).await {
             Ok((stream, session)) => {
-                let _ = serve(stream, session, shared.clone()).await;
+                let client = shared.new_client(&session.export);
+                let _ = serve(stream, session, shared.clone(), client).await;
                 true
             }
             Err(_) => false,

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -82,6 +82,8 @@ pub struct Shared {
     shutdown: watch::Receiver<bool>,
     /// What is known of each export's allocation, index for index.
     alloc: Vec<Arc<AllocMap>>,
+    /// The last client id given out per export, index for index.
+    clients: Vec<AtomicU32>,
     /// The runtime whose blocking pool runs requests (sized by the caller,
     /// e.g. `--io-threads`); connections may run on other runtimes.
     blocking: Option<Handle>,
@@ -112,6 +114,7 @@ impl Shared {
             .iter()
             .map(|e| Arc::new(AllocMap::new(e.dev.size())))
             .collect();
+        let clients = exports.iter().map(|_| AtomicU32::new(0)).collect();
         Shared {
             exports,
             tls,
@@ -119,6 +122,7 @@ impl Shared {
             max_in_flight: max_in_flight.max(1),
             shutdown,
             alloc,
+            clients,
             blocking: Handle::try_current().ok(),
         }
     }
@@ -140,6 +144,21 @@ impl Shared {
         match self.exports.iter().position(|e| Arc::ptr_eq(e, export)) {
             Some(i) => self.alloc[i].clone(),
             None => Arc::new(AllocMap::new(export.dev.size())),
+        }
+    }
+
+    /// A new client id for a connection to `export`: its connections are
+    /// numbered from 1 in the order they reach transmission (for clients
+    /// that connect one after another, the order they connect). The layers
+    /// see it in [`roamdisk_blockdev::context`] while they run the
+    /// connection's requests.
+    pub(crate) fn new_client(&self, export: &Arc<Export>) -> u32 {
+        match self.exports.iter().position(|e| Arc::ptr_eq(e, export)) {
+            // Wraps after 2^32 connections, which no trace tells apart anyway.
+            Some(i) => self.clients[i]
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_add(1),
+            None => 1,
         }
     }
 
@@ -257,9 +276,21 @@ impl Server {
             let tx = conn_tx.clone();
             acceptors.spawn(async move {
                 loop {
-                    match l.accept().await.and_then(|(s, _)| s.into_std()) {
-                        Ok(s) => {
-                            if tx.send(Accepted::Unix(s)).await.is_err() {
+                    let accepted = l.accept().await.and_then(|(s, _)| {
+                        // Unix peers have no address; their process says
+                        // which VM or tool a client id belongs to.
+                        let peer = match s.peer_cred() {
+                            Ok(c) => match c.pid() {
+                                Some(pid) => format!("unix pid {pid} uid {}", c.uid()),
+                                None => format!("unix uid {}", c.uid()),
+                            },
+                            Err(_) => "unix".to_string(),
+                        };
+                        Ok((s.into_std()?, peer))
+                    });
+                    match accepted {
+                        Ok((s, peer)) => {
+                            if tx.send(Accepted::Unix(s, peer)).await.is_err() {
                                 break;
                             }
                         }
@@ -278,11 +309,11 @@ impl Server {
                     let accepted = l.accept().await.and_then(|(s, peer)| {
                         let _ = s.set_nodelay(true);
                         tracing::debug!(%peer, "connection");
-                        s.into_std()
+                        Ok((s.into_std()?, peer))
                     });
                     match accepted {
-                        Ok(s) => {
-                            if tx.send(Accepted::Tcp(s)).await.is_err() {
+                        Ok((s, peer)) => {
+                            if tx.send(Accepted::Tcp(s, peer)).await.is_err() {
                                 break;
                             }
                         }
@@ -319,8 +350,9 @@ impl Server {
                         };
                         let mut conn = AbortOnDrop(rt.spawn(async move {
                             let _done = done;
+                            let peer = s.peer();
                             match s.register() {
-                                Ok(s) => handle_connection(s, shared, handshake_timeout).await,
+                                Ok(s) => handle_connection(s, peer, shared, handshake_timeout).await,
                                 Err(e) => tracing::warn!(error = %e, "cannot set up a connection"),
                             }
                         }));
@@ -370,18 +402,26 @@ impl Server {
 }
 
 /// An accepted connection on its way to an I/O thread, not yet registered
-/// with any runtime.
+/// with any runtime, with its peer for the log.
 enum Accepted {
-    Unix(std::os::unix::net::UnixStream),
-    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream, String),
+    Tcp(std::net::TcpStream, SocketAddr),
 }
 
 impl Accepted {
+    /// Who is on the other end, for the log.
+    fn peer(&self) -> String {
+        match self {
+            Accepted::Unix(_, p) => p.clone(),
+            Accepted::Tcp(_, a) => a.to_string(),
+        }
+    }
+
     /// Register with the current runtime's reactor.
     fn register(self) -> std::io::Result<BoxStream> {
         Ok(match self {
-            Accepted::Unix(s) => Box::new(UnixStream::from_std(s)?),
-            Accepted::Tcp(s) => Box::new(TcpStream::from_std(s)?),
+            Accepted::Unix(s, _) => Box::new(UnixStream::from_std(s)?),
+            Accepted::Tcp(s, _) => Box::new(TcpStream::from_std(s)?),
         })
     }
 }
@@ -420,7 +460,7 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
-async fn handle_connection(s: BoxStream, shared: Arc<Shared>, timeout: Duration) {
+async fn handle_connection(s: BoxStream, peer: String, shared: Arc<Shared>, timeout: Duration) {
     let negotiated = tokio::time::timeout(timeout, negotiate(s, &shared)).await;
     let (stream, session) = match negotiated {
         Err(_) => {
@@ -437,8 +477,18 @@ async fn handle_connection(s: BoxStream, shared: Arc<Shared>, timeout: Duration)
         }
         Ok(Ok(x)) => x,
     };
-    tracing::debug!(export = %session.export.name, structured = session.structured, tls = session.tls, "transmission");
-    if let Err(e) = crate::transmission::serve(stream, session, shared).await {
-        tracing::debug!(error = %e, "connection ended with an error");
+    let client = shared.new_client(&session.export);
+    let name = session.export.name.clone();
+    tracing::info!(
+        export = %name,
+        client,
+        %peer,
+        structured = session.structured,
+        tls = session.tls,
+        "client connected"
+    );
+    if let Err(e) = crate::transmission::serve(stream, session, shared, client).await {
+        tracing::debug!(export = %name, client, error = %e, "connection ended with an error");
     }
+    tracing::info!(export = %name, client, "client disconnected");
 }

@@ -14,6 +14,11 @@
 //! its reply is written; with none free the reader stops reading, which
 //! pushes back on the client (also one that does not read its replies).
 //!
+//! Every request runs, start to finish, on one thread (inline or on the
+//! pool) inside [`context::with_context`] with the connection's client id,
+//! so layers such as the `trace` recorder know which client issued it; so
+//! does the settle at disconnect.
+//!
 //! READ data and WRITE payloads live in reused per-connection buffers
 //! ([`buffers`]); whether a structured READ must look for holes comes from
 //! what the export's connections have learnt of its allocation ([`alloc`]).
@@ -21,12 +26,15 @@
 mod alloc;
 mod buffers;
 mod pace;
+#[cfg(test)]
+mod tests;
 
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use roamdisk_blockdev::context::{self, IoContext};
 use roamdisk_blockdev::{
     extents_covering, Alloc, BlockDev, Error, ErrorKind, Op, WriteFlags, ZeroFlags,
 };
@@ -59,6 +67,8 @@ const WRITE_BUFFER: usize = 256 << 10;
 /// Per-connection state the request workers share.
 struct Conn {
     session: Session,
+    /// What the layers see while they run this connection's requests.
+    ctx: IoContext,
     wrote: AtomicBool,
     pace: Pace,
     buffers: Buffers,
@@ -104,18 +114,22 @@ pub fn errno(e: &Error) -> u32 {
 }
 
 /// Run the transmission phase until the client disconnects or the server
-/// shuts down. Waits for in-flight requests and, once the connection is
-/// closed, flushes the export if this connection wrote anything, so nothing
-/// acknowledged is left in a layer's volatile buffers when a client
-/// vanishes.
+/// shuts down. Waits for in-flight requests and, before the connection
+/// closes, settles the export if this connection wrote anything
+/// ([`BlockDev::settle`]), so nothing acknowledged is left in a layer's
+/// process memory when a client vanishes; durability against power loss is
+/// what FLUSH is for, and a client that did not ask for it does not pay for
+/// it. The layers see `client` as the issuer of every request.
 pub async fn serve(
     stream: BoxStream,
     session: Session,
     shared: Arc<Shared>,
+    client: u32,
 ) -> std::io::Result<()> {
     let (rd, wr) = tokio::io::split(stream);
     let mut rd = BufReader::with_capacity(READ_BUFFER, rd);
     let conn = Arc::new(Conn {
+        ctx: IoContext::for_client(client),
         wrote: AtomicBool::new(false),
         pace: Pace::default(),
         buffers: Buffers::default(),
@@ -226,24 +240,27 @@ pub async fn serve(
             drop(permit);
         });
     };
-    // Wait for every in-flight request and send the replies; close the
-    // connection, then flush what this client wrote: the client, which
-    // asked for no flush, need not wait for it, and the server still does
-    // not finish (nor shut down) before it is done.
+    // Wait for every in-flight request, settle what this client wrote
+    // (free for `raw`, a flush for layers holding writes in memory), then
+    // send the last replies and close: once the connection is closed, a
+    // crash of this process loses nothing the client was told succeeded.
     let _all = running
         .acquire_many(max as u32)
         .await
         .expect("semaphore never closed");
+    if conn.wrote.load(Ordering::Acquire) {
+        let dev = conn.session.export.dev.clone();
+        let ctx = conn.ctx;
+        let settled = shared
+            .spawn_blocking(move || context::with_context(ctx, || dev.settle()))
+            .await;
+        if let Ok(Err(e)) = settled {
+            tracing::error!(error = %e, "settling writes at disconnect failed");
+        }
+    }
     drop(tx);
     let _ = writer.await;
     drop(rd);
-    if conn.wrote.load(Ordering::Acquire) {
-        let dev = conn.session.export.dev.clone();
-        let flushed = shared.spawn_blocking(move || dev.flush()).await;
-        if let Ok(Err(e)) = flushed {
-            tracing::error!(error = %e, "flush at disconnect failed");
-        }
-    }
     result
 }
 
@@ -323,10 +340,12 @@ fn fail(s: &Session, handle: u64, e: &Error) -> Reply {
     error_reply(s, handle, n, &e.to_string())
 }
 
-/// `handle`, but a bug that panics in a layer becomes an EIO reply for that
-/// request instead of a client waiting forever.
+/// `handle` in the connection's context, but a bug that panics in a layer
+/// becomes an EIO reply for that request instead of a client waiting
+/// forever.
 fn handle_guarded(conn: &Conn, req: Request, payload: &[u8]) -> Reply {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle(conn, req, payload))) {
+    let run = || context::with_context(conn.ctx, || handle(conn, req, payload));
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
         Ok(r) => r,
         Err(_) => {
             tracing::error!(

@@ -2,6 +2,12 @@
 //! trace file (binary, or CSV when FILE ends in `.csv`), optionally with
 //! the written bytes in `FILE.data` so a replay reproduces the image.
 //!
+//! Each record carries the id of the client that issued the request: the
+//! `client=N` option when given, else the client of the request's
+//! [`IoContext`](roamdisk_blockdev::context::IoContext) (the NBD server
+//! numbers each export's connections from 1), else 0 (no client: an
+//! in-process stack, or the server's own flush at shutdown).
+//!
 //! The cost on the I/O path is one short critical section that appends a
 //! few bytes to a buffer (see docs/BENCHMARKS.md); the file is written in
 //! 64 KiB pieces and pushed to the OS at every flush, so the trace holds
@@ -14,6 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use roamdisk_blockdev::context;
 use roamdisk_blockdev::{
     BlockDev, Error, ErrorKind, Extent, LayerKind, Op, OpenCtx, Result, WriteFlags, ZeroFlags,
 };
@@ -26,9 +33,9 @@ use crate::trace::{Format, Record, TraceError, TraceOp, Writer};
 pub struct RecorderOptions {
     /// Also record the bytes of every write in `FILE.data`.
     pub data: bool,
-    /// Client id written into every record (the NBD server does not tell
-    /// layers which connection a request came from).
-    pub client: u32,
+    /// Client id written into every record; `None`: the client of each
+    /// request's context (0 when it has none).
+    pub client: Option<u32>,
     /// Device id written into every record.
     pub device: u32,
 }
@@ -81,6 +88,11 @@ impl TraceDev {
         if self.broken.load(Ordering::Relaxed) {
             return;
         }
+        let client = self
+            .opts
+            .client
+            .or_else(|| context::current().client)
+            .unwrap_or(0);
         let mut guard = self.sink.lock().unwrap_or_else(|p| p.into_inner());
         let Some(sink) = guard.as_mut() else { return };
         let time_ns = self.start.elapsed().as_nanos() as u64;
@@ -93,7 +105,7 @@ impl TraceDev {
                 let piece = (len - done).min(u32::MAX as u64 & !4095);
                 let rec = Record {
                     time_ns,
-                    client: self.opts.client,
+                    client,
                     device: self.opts.device,
                     op,
                     offset: offset + done,
@@ -181,6 +193,11 @@ impl BlockDev for TraceDev {
         self.record(TraceOp::Flush, 0, 0, None);
         self.next.flush()
     }
+    fn settle(&self) -> Result<()> {
+        // Not a client request (the server settles at a disconnect), so it
+        // is not recorded; the recorder holds no acknowledged writes.
+        self.next.settle()
+    }
     fn trim(&self, off: u64, len: u64, flags: WriteFlags) -> Result<()> {
         self.record(TraceOp::Trim, off, len, None);
         self.next.trim(off, len, flags)
@@ -194,10 +211,10 @@ impl BlockDev for TraceDev {
     }
 }
 
-fn parse_u32(ctx: &OpenCtx<'_>, name: &str) -> Result<u32> {
+fn parse_u32(ctx: &OpenCtx<'_>, name: &str) -> Result<Option<u32>> {
     match ctx.opt(name) {
-        None => Ok(0),
-        Some(v) => v.parse().map_err(|_| {
+        None => Ok(None),
+        Some(v) => v.parse().map(Some).map_err(|_| {
             Error::new(
                 ErrorKind::InvalidArgument,
                 Op::Open,
@@ -215,7 +232,7 @@ pub static TRACE: LayerKind = LayerKind {
     args: &["file"],
     options: &[
         ("data", "on: also record the written bytes in FILE.data, for byte-exact replay (default off)"),
-        ("client", "client id written in every record (default 0)"),
+        ("client", "client id written in every record, overriding the requester's (default: the NBD connection's id, 1, 2, ... per export; in `roamdisk replay`, the replayed client's; else 0)"),
         ("device", "device id written in every record (default 0)"),
     ],
     wraps: true,
@@ -240,7 +257,7 @@ pub static TRACE: LayerKind = LayerKind {
         let opts = RecorderOptions {
             data,
             client: parse_u32(ctx, "client")?,
-            device: parse_u32(ctx, "device")?,
+            device: parse_u32(ctx, "device")?.unwrap_or(0),
         };
         Ok(Arc::new(TraceDev::create(&file, next, opts)?) as Arc<dyn BlockDev>)
     },
@@ -296,6 +313,32 @@ mod tests {
             .unwrap();
         assert_eq!(buf, vec![1u8; 4096]);
         assert!(idx.next(4096).is_err(), "only one write was recorded");
+    }
+
+    /// The client of each request's context, unless `client=N` says
+    /// otherwise; 0 outside any context.
+    #[test]
+    fn records_the_requesting_client_unless_overridden() {
+        use roamdisk_blockdev::context::{with_context, IoContext};
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = Registry::with_builtin();
+        reg.add(&TRACE);
+        for (opt, want) in [("", [3, 4, 0]), ("[client=9]", [9, 9, 9])] {
+            let path = dir.path().join("t.rdtrace");
+            let dev = reg
+                .build(&format!("trace{opt}:{}:mem:1M", path.display()), false)
+                .unwrap();
+            let w = |off| dev.write_at(&[1u8; 512], off, WriteFlags::default());
+            with_context(IoContext::for_client(3), || w(0)).unwrap();
+            with_context(IoContext::for_client(4), || w(512)).unwrap();
+            w(1024).unwrap();
+            drop(dev);
+            let clients: Vec<u32> = Reader::open(&path)
+                .unwrap()
+                .map(|r| r.unwrap().client)
+                .collect();
+            assert_eq!(clients, want, "trace{opt}");
+        }
     }
 
     #[test]

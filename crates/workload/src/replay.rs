@@ -14,6 +14,7 @@ use std::sync::{Arc, Barrier, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use roamdisk_blockdev::context::{self, IoContext};
 use roamdisk_blockdev::{BlockDev, Registry, WriteFlags, ZeroFlags};
 use serde::Serialize;
 
@@ -580,8 +581,11 @@ pub fn replay(
                     let (barrier, start_at, finished, sh) = (&barrier, &start_at, &finished, &sh);
                     scope.spawn(move || {
                         barrier.wait();
-                        let r =
-                            run_stream(s, devs, *start_at.get().expect("set before release"), sh);
+                        // A recorder in an in-process target records the
+                        // replayed client's id.
+                        let ctx = IoContext::for_client(s.client);
+                        let start = *start_at.get().expect("set before release");
+                        let r = context::with_context(ctx, || run_stream(s, devs, start, sh));
                         finished.fetch_add(1, Ordering::Release);
                         r
                     })
@@ -760,6 +764,40 @@ mod tests {
         mem.read_at(&mut a, 4096 * 7).unwrap();
         assert_ne!(a, vec![0u8; 4096]);
         assert_eq!(&a[..], &pattern()[4096 * 7..4096 * 8]);
+    }
+
+    /// A recorder in an in-process target sees each replayed request's
+    /// client, so re-recording a trace keeps its client ids.
+    #[test]
+    fn a_recorder_in_the_target_records_the_replayed_clients() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, again) = (
+            dir.path().join("t.rdtrace"),
+            dir.path().join("again.rdtrace"),
+        );
+        let recs: Vec<Record> = (0..100u64)
+            .map(|i| Record {
+                client: if i % 3 == 0 { 5 } else { 7 },
+                ..rec(i * 1000, 0, TraceOp::Write, i * 4096, 4096)
+            })
+            .collect();
+        write_trace(&p, &recs);
+        let opts = ReplayOptions::default();
+        let loaded = load(&p, &opts, &|_| {}).unwrap();
+        let mut reg = Registry::with_builtin();
+        reg.add(&crate::recorder::TRACE);
+        let dev = reg
+            .build(&format!("trace:{}:mem:1M", again.display()), false)
+            .unwrap();
+        replay(&loaded, &One(dev), &opts, &|_, _| {}).unwrap();
+        let mut got: Vec<(u32, u64)> = crate::trace::Reader::open(&again)
+            .unwrap()
+            .map(|r| r.map(|r| (r.client, r.offset)).unwrap())
+            .collect();
+        got.sort_unstable();
+        let mut want: Vec<(u32, u64)> = recs.iter().map(|r| (r.client, r.offset)).collect();
+        want.sort_unstable();
+        assert_eq!(got, want);
     }
 
     #[test]

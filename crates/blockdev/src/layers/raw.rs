@@ -263,6 +263,11 @@ impl BlockDev for RawDev {
         }
         self.sync(Op::Flush)
     }
+    fn settle(&self) -> Result<()> {
+        // Every write is already in the kernel's page cache, which outlives
+        // the process; only a flush waits for the disk.
+        Ok(())
+    }
     fn trim(&self, off: u64, len: u64, flags: WriteFlags) -> Result<()> {
         // Trim is advisory: a file system that cannot punch simply keeps the data.
         let punched = self.punch(off, len)?;

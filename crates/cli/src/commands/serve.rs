@@ -16,7 +16,8 @@ use serde::Deserialize;
 ///
 /// Any NBD client can connect: qemu (-drive file=nbd:unix:SOCK or
 /// file.driver=nbd), qemu-img, qemu-io, nbdinfo, nbdcopy, fio's nbd engine,
-/// the Linux nbd-client.
+/// the Linux nbd-client. Each export numbers its connections 1, 2, ...
+/// (logged with the peer at -v); a trace: layer records that client id.
 ///
 /// Examples:
 ///   roamdisk serve raw:disk.img --socket /tmp/disk.sock
