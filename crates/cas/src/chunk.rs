@@ -172,6 +172,19 @@ impl ChunkCodec {
         (0, None)
     }
 
+    /// The envelope header of a plain, uncompressed object of `len` bytes
+    /// (the object is this header followed by the content itself, so a
+    /// writer can send both with one vectored write and no copy).
+    pub fn plain_header(&self, len: usize) -> [u8; HEADER_SIZE] {
+        Envelope {
+            flags: 0,
+            hash: self.hash,
+            payload_len: len,
+            original_len: len,
+        }
+        .encode()
+    }
+
     /// Seal a plain chunk whose id (`hash(data)`) is already known.
     pub fn seal_plain(&self, id: ChunkId, data: &[u8]) -> Sealed {
         let (flags, compressed) = self.maybe_compress(data);
@@ -341,6 +354,22 @@ mod tests {
         assert!(sb.object.len() < sa.object.len() / 10);
         assert_eq!(a.open(&sa.id, None, &sb.object).unwrap(), d);
         b.verify(&sb.id, &sb.object).unwrap();
+    }
+
+    #[test]
+    fn plain_header_then_content_is_the_sealed_object() {
+        let d = data();
+        for hash in [HashKind::Blake3, HashKind::Sha256] {
+            let c = ChunkCodec {
+                hash,
+                zstd_level: None,
+            };
+            let id = hash.hash(&d);
+            let mut joined = c.plain_header(d.len()).to_vec();
+            joined.extend_from_slice(&d);
+            assert_eq!(joined, c.seal_plain(id, &d).object);
+            c.verify(&id, &joined).unwrap();
+        }
     }
 
     #[test]

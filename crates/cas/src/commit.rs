@@ -136,14 +136,24 @@ impl Source<'_> {
 const BATCH_BYTES: usize = 16 << 20;
 
 /// Chunks read together: records `first..first + holes.len()`, their
-/// bytes back to back in `data` (hole chunks are not read and stay zero).
+/// bytes back to back in `data` (hole chunks are not read: their bytes are
+/// left over from an earlier batch and never used).
 struct Batch {
     first: usize,
     data: Vec<u8>,
     holes: Vec<bool>,
 }
 
-fn read_batches(src: Source<'_>, chunk: usize, tx: std::sync::mpsc::SyncSender<Result<Batch>>) {
+/// Read the source batch by batch into buffers taken from `free` (the
+/// consumer sends each batch's buffer back when done, so the same few
+/// buffers are filled again and again: no page faults or zeroing of fresh
+/// memory per batch).
+fn read_batches(
+    src: Source<'_>,
+    chunk: usize,
+    tx: std::sync::mpsc::SyncSender<Result<Batch>>,
+    free: std::sync::mpsc::Receiver<Vec<u8>>,
+) {
     let size = src.size();
     let n = size.div_ceil(chunk as u64) as usize;
     let per = (BATCH_BYTES / chunk).max(1);
@@ -167,7 +177,9 @@ fn read_batches(src: Source<'_>, chunk: usize, tx: std::sync::mpsc::SyncSender<R
         let off = first as u64 * chunk as u64;
         let len = ((last as u64 * chunk as u64).min(size) - off) as usize;
         let r = (|| {
-            let mut data = vec![0u8; len];
+            // Bytes of hole chunks are left as they are: they are not used.
+            let mut data = free.try_recv().unwrap_or_default();
+            data.resize(len, 0);
             let mut holes = vec![false; last - first];
             match &mut src {
                 Source::Dev(dev) => {
@@ -227,6 +239,28 @@ fn read_batches(src: Source<'_>, chunk: usize, tx: std::sync::mpsc::SyncSender<R
     }
 }
 
+/// Chunks stored as one group when workers read their own chunks (one
+/// round of "make durable, then name" each).
+const PER_CHUNK_GROUP: usize = 128;
+
+/// Which chunks of `dev` lie entirely in holes or zero extents (they are
+/// not read), from its allocation map asked once.
+fn hole_map(dev: &dyn BlockDev, chunk: usize) -> Result<Vec<bool>> {
+    let size = dev.size();
+    let n = size.div_ceil(chunk as u64) as usize;
+    let mut holes = vec![true; n];
+    let mut off = 0u64;
+    for e in extents_covering(dev, 0, size)? {
+        if !e.state.is_zero() && e.len > 0 {
+            let a = (off / chunk as u64) as usize;
+            let b = ((off + e.len).div_ceil(chunk as u64) as usize).min(n);
+            holes[a..b].fill(false);
+        }
+        off += e.len;
+    }
+    Ok(holes)
+}
+
 /// Chunk, hash and upload a whole source into `index` (whose geometry
 /// matches the source).
 pub(crate) fn upload_source<S: ChunkWrite + ?Sized>(
@@ -241,9 +275,48 @@ pub(crate) fn upload_source<S: ChunkWrite + ?Sized>(
     progress.phase(phase, src.size());
     let t0 = Instant::now();
     let mut done = 0u64;
+    let pace = |done: u64| {
+        if let Some(rate) = rate_limit.filter(|&r| r > 0) {
+            let due = Duration::from_secs_f64(done as f64 / rate as f64);
+            if let Some(wait) = due.checked_sub(t0.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+    };
+    if let (Source::Dev(dev), true) = (&src, up.per_chunk()) {
+        // Each worker reads, hashes and writes its own chunks.
+        let dev = *dev;
+        let size = dev.size();
+        let holes = hole_map(dev, chunk)?;
+        let read = |i: usize, buf: &mut Vec<u8>| -> Result<()> {
+            let off = i as u64 * chunk as u64;
+            buf.resize((size - off).min(chunk as u64) as usize, 0);
+            dev.read_at(buf, off)
+        };
+        for first in (0..holes.len()).step_by(PER_CHUNK_GROUP) {
+            let last = (first + PER_CHUNK_GROUP).min(holes.len());
+            let mut records = Vec::with_capacity(last - first);
+            for (i, hole) in holes.iter().enumerate().take(last).skip(first) {
+                if *hole {
+                    index.set_zero(i);
+                    up.stats.chunks += 1;
+                    up.stats.zero_chunks += 1;
+                } else {
+                    records.push(i);
+                }
+            }
+            up.upload_each(index, &records, chunk, &read)?;
+            let bytes = (last as u64 * chunk as u64).min(size) - first as u64 * chunk as u64;
+            progress.advance(bytes);
+            done += bytes;
+            pace(done);
+        }
+        return Ok(());
+    }
     std::thread::scope(|scope| {
         let (tx, rx) = std::sync::mpsc::sync_channel(2);
-        scope.spawn(move || read_batches(src, chunk, tx));
+        let (free_tx, free_rx) = std::sync::mpsc::channel();
+        scope.spawn(move || read_batches(src, chunk, tx, free_rx));
         for batch in rx {
             let batch = batch?;
             let bytes = batch.data.len() as u64;
@@ -262,14 +335,11 @@ pub(crate) fn upload_source<S: ChunkWrite + ?Sized>(
                 }
             }
             up.upload(index, &data)?;
+            drop(data);
+            let _ = free_tx.send(batch.data);
             progress.advance(bytes);
             done += bytes;
-            if let Some(rate) = rate_limit.filter(|&r| r > 0) {
-                let due = Duration::from_secs_f64(done as f64 / rate as f64);
-                if let Some(wait) = due.checked_sub(t0.elapsed()) {
-                    std::thread::sleep(wait);
-                }
-            }
+            pace(done);
         }
         Ok(())
     })

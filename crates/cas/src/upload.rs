@@ -1,24 +1,28 @@
 //! Turning chunk contents into stored objects: hash (on all cores), ask
 //! the store which it lacks, seal (compress, encrypt) and upload only
 //! those, in parallel, and fill in the index. Used by every commit.
+//! Batches ([`Uploader::upload`]) suit remote stores (one "which do you
+//! have" per batch); with a local store, [`Uploader::upload_each`] takes
+//! each chunk from read to write on one thread while it is in that CPU's
+//! cache (memory bandwidth, not the hash, limits a commit of new data).
 //!
 //! An [`Uploader`] holds a lease in the store for as long as it lives, and
 //! touches every object it references (new or reused), so that a gc
 //! running at the same time keeps them all (`docs/formats/cas-store.md`,
 //! "gc and commits").
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::chunk::{ChunkCodec, Key};
+use crate::chunk::{ChunkCodec, Key, HEADER_SIZE};
 use crate::error::context;
 use crate::hash::ChunkId;
 use crate::index::Index;
-use crate::store::{ChunkWrite, Lease, PutOutcome};
+use crate::store::{ChunkWrite, Lease, ObjectParts, PutOutcome};
 use roamdisk_blockdev::Result;
 
 /// How often a commit refreshes its lease.
@@ -54,6 +58,37 @@ enum Prep {
         object: Vec<u8>,
         states: Vec<u8>,
     },
+}
+
+/// What became of one chunk in [`Uploader::upload_each`].
+struct Each {
+    prep: Prep,
+    len: usize,
+    /// The store had it (touched).
+    found: bool,
+    /// Handed to the put group: the stored size.
+    written: Option<u64>,
+}
+
+impl Each {
+    fn zero(len: usize) -> Each {
+        Each {
+            prep: Prep::Zero,
+            len,
+            found: false,
+            written: None,
+        }
+    }
+}
+
+/// How a missing chunk is stored.
+enum Stored<'p> {
+    /// Plain, uncompressed: this header, then chunk `.1` as it is.
+    Header([u8; HEADER_SIZE], usize),
+    /// A sealed envelope.
+    Object(Vec<u8>),
+    /// An envelope sealed while hashing (encrypted chunks).
+    Borrowed(&'p [u8]),
 }
 
 /// Uploads chunks for one commit.
@@ -142,26 +177,45 @@ impl<'a, S: ChunkWrite + ?Sized> Uploader<'a, S> {
             .filter(|(_, h)| !**h)
             .map(|(id, _)| first[id])
             .collect();
-        let sealed: Vec<(ChunkId, Vec<u8>)> = missing
+        // A plain chunk stored uncompressed is written as a 16-byte header
+        // and the chunk itself, straight from the caller's buffer; others
+        // are sealed (compressed, encrypted) first.
+        let sealed: Vec<(ChunkId, Stored)> = missing
             .par_iter()
             .map(|&k| match &preps[k] {
-                Prep::Plain { id, .. } => (*id, codec.seal_plain(*id, chunks[k].1).object),
-                Prep::Sealed { id, object, .. } => (*id, object.clone()),
+                Prep::Plain { id, .. } => {
+                    let data = chunks[k].1;
+                    let object = match codec.zstd_level {
+                        None => Stored::Header(codec.plain_header(data.len()), k),
+                        Some(_) => Stored::Object(codec.seal_plain(*id, data).object),
+                    };
+                    (*id, object)
+                }
+                Prep::Sealed { id, object, .. } => (*id, Stored::Borrowed(object)),
                 Prep::Zero => unreachable!("zero chunks are never uploaded"),
             })
             .collect();
-        let items: Vec<(ChunkId, &[u8])> =
-            sealed.iter().map(|(id, o)| (*id, o.as_slice())).collect();
-        let outcomes = self.store.put_many(&items).map_err(|e| {
+        let items: Vec<ObjectParts<'_>> = sealed
+            .iter()
+            .map(|(id, o)| {
+                let parts: [&[u8]; 2] = match o {
+                    Stored::Header(h, k) => [h, chunks[*k].1],
+                    Stored::Object(v) => [v, &[]],
+                    Stored::Borrowed(v) => [v, &[]],
+                };
+                (*id, parts)
+            })
+            .collect();
+        let outcomes = self.store.put_many_parts(&items).map_err(|e| {
             context(
                 e,
                 "commit stopped while uploading chunks; the previous version is intact",
             )
         })?;
-        for ((_, o), out) in sealed.iter().zip(&outcomes) {
+        for ((_, [a, b]), out) in items.iter().zip(&outcomes) {
             if *out == PutOutcome::Stored {
                 self.stats.new_objects += 1;
-                self.stats.uploaded_bytes += o.len() as u64;
+                self.stats.uploaded_bytes += (a.len() + b.len()) as u64;
             } else {
                 self.stats.reused_objects += 1;
             }
@@ -186,12 +240,157 @@ impl<'a, S: ChunkWrite + ?Sized> Uploader<'a, S> {
         Ok(())
     }
 
+    /// Whether [`Uploader::upload_each`] suits the store.
+    pub fn per_chunk(&self) -> bool {
+        self.store.cheap_lookups()
+    }
+
+    /// Store the chunks `records`, each read by `read(record, buf)` on
+    /// the worker thread that then hashes it, asks the store about it and
+    /// writes it if new — so a chunk stays in that CPU's cache from the
+    /// read to the write. For stores with cheap lookups
+    /// ([`ChunkWrite::cheap_lookups`]); the records form one group of puts
+    /// (a few hundred at most).
+    pub fn upload_each(
+        &mut self,
+        index: &mut Index,
+        records: &[usize],
+        chunk_size: usize,
+        read: &(dyn Fn(usize, &mut Vec<u8>) -> Result<()> + Sync),
+    ) -> Result<()> {
+        self.refresh()?;
+        let codec = self.codec;
+        let encrypt = self.encrypt;
+        let store = self.store;
+        let group = store.put_group();
+        // Ids claimed by a chunk of this group: duplicates are looked up
+        // and written once.
+        let claimed: Mutex<HashSet<ChunkId>> = Mutex::new(HashSet::new());
+        let idx: &Index = index;
+        let done: Vec<Each> = records
+            .par_iter()
+            .map_init(
+                || Vec::with_capacity(chunk_size),
+                |buf, &i| -> Result<Each> {
+                    read(i, buf)?;
+                    let data = &buf[..];
+                    let (all_zero, states) = idx.content_states(data);
+                    if all_zero {
+                        return Ok(Each::zero(data.len()));
+                    }
+                    let (prep, sealed) = if encrypt {
+                        let s = codec.seal(data, true);
+                        let prep = Prep::Sealed {
+                            id: s.id,
+                            key: s.key.expect("encrypted chunk has a key"),
+                            object: Vec::new(),
+                            states,
+                        };
+                        (prep, Some(s.object))
+                    } else {
+                        let id = codec.hash.hash(data);
+                        (Prep::Plain { id, states }, None)
+                    };
+                    let id = match &prep {
+                        Prep::Plain { id, .. } | Prep::Sealed { id, .. } => *id,
+                        Prep::Zero => unreachable!(),
+                    };
+                    let mut each = Each {
+                        prep,
+                        len: data.len(),
+                        found: false,
+                        written: None,
+                    };
+                    let first = claimed.lock().unwrap_or_else(|e| e.into_inner()).insert(id);
+                    if !first {
+                        return Ok(each);
+                    }
+                    if store.has_many(&[id], true)?[0] {
+                        each.found = true;
+                        return Ok(each);
+                    }
+                    let size = match (sealed, codec.zstd_level) {
+                        (Some(object), _) => {
+                            group.write(&id, [&object, &[]])?;
+                            object.len()
+                        }
+                        (None, None) => {
+                            let header = codec.plain_header(data.len());
+                            group.write(&id, [&header, data])?;
+                            header.len() + data.len()
+                        }
+                        (None, Some(_)) => {
+                            let object = codec.seal_plain(id, data).object;
+                            group.write(&id, [&object, &[]])?;
+                            object.len()
+                        }
+                    };
+                    each.written = Some(size as u64);
+                    Ok(each)
+                },
+            )
+            .collect::<Result<_>>()
+            .map_err(|e| {
+                context(
+                    e,
+                    "commit stopped while uploading chunks; the previous version is intact",
+                )
+            })?;
+        let outcomes: HashMap<ChunkId, PutOutcome> = group
+            .finish()
+            .map_err(|e| {
+                context(
+                    e,
+                    "commit stopped while uploading chunks; the previous version is intact",
+                )
+            })?
+            .into_iter()
+            .collect();
+        for (&i, e) in records.iter().zip(&done) {
+            self.stats.chunks += 1;
+            match &e.prep {
+                Prep::Zero => {
+                    self.stats.zero_chunks += 1;
+                    index.set_zero(i);
+                    continue;
+                }
+                Prep::Plain { id, states } => index.set_record_states(i, *id, None, states),
+                Prep::Sealed {
+                    id, key, states, ..
+                } => index.set_record_states(i, *id, Some(*key), states),
+            }
+            self.stats.hashed_bytes += e.len as u64;
+            if e.found {
+                self.stats.reused_objects += 1;
+            }
+            if let (Some(size), Prep::Plain { id, .. } | Prep::Sealed { id, .. }) =
+                (e.written, &e.prep)
+            {
+                if outcomes.get(id) == Some(&PutOutcome::Stored) {
+                    self.stats.new_objects += 1;
+                    self.stats.uploaded_bytes += size;
+                } else {
+                    self.stats.reused_objects += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Store a version package (or any whole object); returns its name.
     pub fn put_object(&mut self, bytes: &[u8]) -> Result<ChunkId> {
         self.refresh()?;
         let id = self.codec.hash.hash(bytes);
-        let sealed = self.codec.seal_plain(id, bytes);
-        self.store.put_many(&[(id, &sealed.object)])?;
+        match self.codec.zstd_level {
+            None => {
+                let header = self.codec.plain_header(bytes.len());
+                self.store.put_many_parts(&[(id, [&header, bytes])])?;
+            }
+            Some(_) => {
+                let sealed = self.codec.seal_plain(id, bytes);
+                self.store.put_many(&[(id, &sealed.object)])?;
+            }
+        }
         Ok(id)
     }
 

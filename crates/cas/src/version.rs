@@ -360,8 +360,15 @@ impl Version {
             return Ok(Version::decode(b, None)?.references());
         }
         let refs = &b[HEADER_SIZE..HEADER_SIZE + h.refs_len as usize];
-        let max = h.disk_size.div_ceil(h.chunk_size.max(1) as u64) as usize * 2 * 32 + 64;
-        let raw = crate::chunk::decompress_bounded(refs, max.min(1 << 30))
+        // At most two ids per chunk of the disk, plus the count; saturating,
+        // since the header's sizes are not validated before this point.
+        let max = h
+            .disk_size
+            .div_ceil(h.chunk_size.max(1) as u64)
+            .saturating_mul(2 * 32)
+            .saturating_add(64)
+            .min(1 << 30) as usize;
+        let raw = crate::chunk::decompress_bounded(refs, max)
             .map_err(|e| corrupt(format!("refs section does not decompress: {e}")))?;
         let mut r = Reader::new(&raw, "refs section");
         let n = r.u64("count")? as usize;
@@ -445,6 +452,26 @@ mod tests {
         for cut in [0, 30, 64, b.len() - 1] {
             assert!(Version::decode(&b[..cut], None).is_err(), "cut {cut}");
         }
+    }
+
+    /// Regression (fuzz target `cas_version`): `references_of` sized its
+    /// decompression bound as `disk_size / chunk_size * 64 + 64` without
+    /// overflow checks, before anything validated those header fields. An
+    /// encrypted package whose (CRC-correct) header claimed a disk of
+    /// 2^64 - 1 bytes in 1-byte chunks panicked with "attempt to multiply
+    /// with overflow" (debug builds; release wrapped to a tiny bound) in
+    /// gc, which reads the references of every package without keys. The
+    /// bound now saturates at the 1 GiB cap.
+    #[test]
+    fn references_of_a_header_with_huge_sizes_does_not_overflow() {
+        let key = [42u8; 32];
+        let mut b = version(true).encode(Some(&key)).unwrap();
+        b[20..24].copy_from_slice(&1u32.to_le_bytes());
+        b[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..H_CRC]);
+        b[H_CRC..HEADER_SIZE].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(Version::references_of(&b).unwrap().len(), 3);
+        assert!(Version::decode(&b, Some(&key)).is_err());
     }
 
     #[test]

@@ -37,6 +37,10 @@ pub enum PutOutcome {
     Existed,
 }
 
+/// An object to store as two pieces written back to back: usually the
+/// envelope header and the chunk's content (`ChunkCodec::plain_header`).
+pub type ObjectParts<'a> = (ChunkId, [&'a [u8]; 2]);
+
 /// A commit in progress, registered so that a concurrent gc keeps every
 /// object it references (see `docs/formats/cas-store.md`, "gc and commits").
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +91,35 @@ pub trait ChunkWrite: ChunkRead {
     /// written under a temporary name, made durable and renamed, so a crash
     /// never leaves a partial object under a real name.
     fn put_many(&self, items: &[(ChunkId, &[u8])]) -> Result<Vec<PutOutcome>>;
+    /// [`ChunkWrite::put_many`] with each object given as two pieces
+    /// stored back to back (the envelope header and the payload), so a
+    /// caller need not concatenate them. Stores that write files override
+    /// it with one vectored write per object.
+    fn put_many_parts(&self, items: &[ObjectParts<'_>]) -> Result<Vec<PutOutcome>> {
+        let joined: Vec<Vec<u8>> = items.iter().map(|(_, p)| p.concat()).collect();
+        let items: Vec<(ChunkId, &[u8])> = items
+            .iter()
+            .zip(&joined)
+            .map(|((id, _), b)| (*id, b.as_slice()))
+            .collect();
+        self.put_many(&items)
+    }
+    /// Start a group of puts: objects handed to [`PutGroup::write`] (from
+    /// any thread, as they are ready) are stored by [`PutGroup::finish`]
+    /// with the guarantees of `put_many`. Keep groups to a few hundred
+    /// objects. The default collects copies and calls `put_many`.
+    fn put_group(&self) -> Box<dyn PutGroup + '_> {
+        Box::new(CollectGroup {
+            store: self,
+            items: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+    /// Whether asking about one object (`has_many` of one id) is cheap — a
+    /// local lookup, not a round trip: a commit then checks and writes each
+    /// chunk as soon as it is hashed, while it is still in the CPU's cache.
+    fn cheap_lookups(&self) -> bool {
+        false
+    }
     /// Make every earlier put durable (directory entries included).
     fn sync(&self) -> Result<()>;
     /// Compare-and-swap a ref: succeeds (true) only if its current content
@@ -100,6 +133,39 @@ pub trait ChunkWrite: ChunkRead {
     fn lease_refresh(&self, id: &str) -> Result<()>;
     /// The commit is over (its version is in a catalog, or it failed).
     fn lease_end(&self, id: &str) -> Result<()>;
+}
+
+/// Objects written one by one and stored together
+/// ([`ChunkWrite::put_group`]).
+pub trait PutGroup: Send + Sync {
+    /// Hand over one object as two pieces written back to back.
+    fn write(&self, id: &ChunkId, parts: [&[u8]; 2]) -> Result<()>;
+    /// Store everything handed over (durable, named); the outcomes in the
+    /// order the objects were handed over.
+    fn finish(self: Box<Self>) -> Result<Vec<(ChunkId, PutOutcome)>>;
+}
+
+/// The default [`PutGroup`]: copies, stored by one `put_many` at the end.
+struct CollectGroup<'a, S: ChunkWrite + ?Sized> {
+    store: &'a S,
+    items: std::sync::Mutex<Vec<(ChunkId, Vec<u8>)>>,
+}
+
+impl<S: ChunkWrite + ?Sized> PutGroup for CollectGroup<'_, S> {
+    fn write(&self, id: &ChunkId, parts: [&[u8]; 2]) -> Result<()> {
+        let bytes = parts.concat();
+        self.items
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((*id, bytes));
+        Ok(())
+    }
+    fn finish(self: Box<Self>) -> Result<Vec<(ChunkId, PutOutcome)>> {
+        let items = self.items.into_inner().unwrap_or_else(|e| e.into_inner());
+        let refs: Vec<(ChunkId, &[u8])> = items.iter().map(|(id, b)| (*id, &b[..])).collect();
+        let out = self.store.put_many(&refs)?;
+        Ok(items.iter().map(|(id, _)| *id).zip(out).collect())
+    }
 }
 
 /// List and remove objects (garbage collection).

@@ -11,7 +11,8 @@ use roamdisk_blockdev::units::format_size;
 use roamdisk_blockdev::{ErrorKind, Op, Result};
 
 use super::{
-    ChunkPrune, ChunkRead, ChunkWrite, DynStore, Lease, ObjectEntry, PutOutcome, StoreConfig,
+    ChunkPrune, ChunkRead, ChunkWrite, DynStore, Lease, ObjectEntry, ObjectParts, PutOutcome,
+    StoreConfig,
 };
 use crate::error::err;
 use crate::hash::ChunkId;
@@ -65,20 +66,24 @@ impl ChunkRead for QuotaStore {
 
 impl ChunkWrite for QuotaStore {
     fn put_many(&self, items: &[(ChunkId, &[u8])]) -> Result<Vec<PutOutcome>> {
+        let items: Vec<ObjectParts<'_>> = items.iter().map(|(id, b)| (*id, [*b, &[]])).collect();
+        self.put_many_parts(&items)
+    }
+    fn put_many_parts(&self, items: &[ObjectParts<'_>]) -> Result<Vec<PutOutcome>> {
+        let size = |p: &[&[u8]; 2]| (p[0].len() + p[1].len()) as u64;
         let ids: Vec<ChunkId> = items.iter().map(|(id, _)| *id).collect();
         let have = self.inner.has_many(&ids, true)?;
         let mut out = vec![PutOutcome::Existed; items.len()];
-        let mut todo = Vec::new();
+        let mut todo: Vec<ObjectParts<'_>> = Vec::new();
         let mut idx = Vec::new();
         for (i, (item, h)) in items.iter().zip(have).enumerate() {
             if !h {
-                let len = item.1.len() as u64;
+                let len = size(&item.1);
                 let used = self.used.fetch_add(len, Ordering::SeqCst) + len;
                 if used > self.quota {
                     self.used.fetch_sub(len, Ordering::SeqCst);
-                    for (_, b) in &todo {
-                        let b: &&[u8] = b;
-                        self.used.fetch_sub(b.len() as u64, Ordering::SeqCst);
+                    for (_, p) in &todo {
+                        self.used.fetch_sub(size(p), Ordering::SeqCst);
                     }
                     return Err(err(
                         ErrorKind::NoSpace,
@@ -97,11 +102,10 @@ impl ChunkWrite for QuotaStore {
                 idx.push(i);
             }
         }
-        let got = self.inner.put_many(&todo)?;
+        let got = self.inner.put_many_parts(&todo)?;
         for (k, o) in idx.into_iter().zip(got) {
             if o == PutOutcome::Existed {
-                self.used
-                    .fetch_sub(items[k].1.len() as u64, Ordering::SeqCst);
+                self.used.fetch_sub(size(&items[k].1), Ordering::SeqCst);
             }
             out[k] = o;
         }
