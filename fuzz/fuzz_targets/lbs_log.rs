@@ -16,14 +16,20 @@
 
 use libfuzzer_sys::fuzz_target;
 use roamdisk_lbs::checksum::ChecksumKind;
-use roamdisk_lbs::format::{encode_entry, Cipher, Entry, Geometry, KeySource, MetaHeader, META_HEADER_SIZE};
+use roamdisk_lbs::format::{
+    encode_entry, Cipher, Entry, Geometry, KeySource, MetaHeader, META_HEADER_SIZE,
+};
 use roamdisk_lbs::replay::{replay, ZERO};
 
 fn header(sum: ChecksumKind) -> MetaHeader {
     MetaHeader {
         uuid: [1; 16],
         logical_size: 64 * 1024,
-        geometry: Geometry { block_size: 1024, cluster_size: 16 * 1024, clusters: 6 },
+        geometry: Geometry {
+            block_size: 1024,
+            cluster_size: 16 * 1024,
+            clusters: 6,
+        },
         checksum: sum,
         cipher: Cipher::None,
         key_source: KeySource::None,
@@ -47,10 +53,22 @@ fn generated(h: &MetaHeader, data: &[u8]) -> Vec<u8> {
         let e = match b(0) % 5 {
             0 | 1 => {
                 let count = 1 + b(3) % 4;
-                Entry::Map { lbn: b(1) % 70, pbn: b(2) % 100, count, epoch: 1 + b(4) % 4, sums: vec![b(5) as u8; count as usize * w] }
+                Entry::Map {
+                    lbn: b(1) % 70,
+                    pbn: b(2) % 100,
+                    count,
+                    epoch: 1 + b(4) % 4,
+                    sums: vec![b(5) as u8; count as usize * w],
+                }
             }
-            2 => Entry::Zero { lbn: b(1) % 70, count: 1 + b(3) % 8 },
-            3 => Entry::Trim { lbn: b(1) % 70, count: 1 + b(3) % 8 },
+            2 => Entry::Zero {
+                lbn: b(1) % 70,
+                count: 1 + b(3) % 8,
+            },
+            3 => Entry::Trim {
+                lbn: b(1) % 70,
+                count: 1 + b(3) % 8,
+            },
             _ => {
                 barriers += 1;
                 // Occasionally a wrong number or checksum.
@@ -75,7 +93,11 @@ fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
-    let sum = [ChecksumKind::Crc32c, ChecksumKind::Blake3, ChecksumKind::None][(mode as usize / 4) % 3];
+    let sum = [
+        ChecksumKind::Crc32c,
+        ChecksumKind::Blake3,
+        ChecksumKind::None,
+    ][(mode as usize / 4) % 3];
     let h0 = header(sum);
     let file = match mode % 4 {
         0 => rest.to_vec(),
@@ -93,7 +115,11 @@ fuzz_target!(|data: &[u8]| {
             return;
         }
     };
-    assert_eq!(MetaHeader::parse(&h.encode()), Ok(h.clone()), "header does not round-trip");
+    assert_eq!(
+        MetaHeader::parse(&h.encode()),
+        Ok(h.clone()),
+        "header does not round-trip"
+    );
     let r = match replay(&file, &h) {
         Ok(r) => r,
         Err(e) => {
@@ -106,11 +132,21 @@ fuzz_target!(|data: &[u8]| {
     let bpc = h.geometry.blocks_per_cluster();
     for &p in &r.map.l2p {
         if p < ZERO {
-            assert!((p as u64) < h.geometry.physical_blocks(), "PBN outside the data file");
-            assert_ne!(r.map.epochs[(p as u64 / bpc) as usize], 0, "mapped block in a cluster without epoch");
+            assert!(
+                (p as u64) < h.geometry.physical_blocks(),
+                "PBN outside the data file"
+            );
+            assert_ne!(
+                r.map.epochs[(p as u64 / bpc) as usize],
+                0,
+                "mapped block in a cluster without epoch"
+            );
         }
     }
     let again = replay(&file[..r.valid_len], &h).expect("the valid prefix replays");
-    assert_eq!(again.map, r.map, "replaying the valid prefix changes the map");
+    assert_eq!(
+        again.map, r.map,
+        "replaying the valid prefix changes the map"
+    );
     assert_eq!(again.discarded, 0);
 });

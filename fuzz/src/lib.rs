@@ -5,6 +5,11 @@
 //! fails when they are stale, and rewrites them when run with
 //! `ROAMDISK_WRITE_SEEDS=1`.
 
+pub mod corpus;
+pub mod disk;
+pub mod fixup;
+pub mod trace;
+
 use roamdisk_blockdev::layers::cow::map;
 use roamdisk_nbd::proto::*;
 

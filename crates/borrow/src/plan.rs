@@ -241,6 +241,19 @@ impl Plan {
                 )));
             }
         }
+        for (name, h) in [
+            ("free_histogram", &self.free_histogram),
+            ("borrowed_histogram", &self.borrowed_histogram),
+        ] {
+            // Bucket i holds sizes of [2^i, 2^(i+1)): 64 buckets cover u64.
+            if h.counts.len() != h.bytes.len() || h.counts.len() > 64 {
+                return Err(bad_plan(format!(
+                    "{name} has {} counts and {} byte totals (one of each per power of two, at most 64)",
+                    h.counts.len(),
+                    h.bytes.len()
+                )));
+            }
+        }
         let mut total = 0u64;
         let mut spans: Vec<(u32, u64, u64)> = Vec::with_capacity(self.extents.len());
         for (i, e) in self.extents.iter().enumerate() {
@@ -432,6 +445,30 @@ mod tests {
             .to_string()
             .contains("version 9"));
         assert!(Plan::from_json("{").is_err());
+    }
+
+    /// Regression (found reviewing the `borrow_plan` fuzz target's
+    /// invariants, not by the fuzzer in its 3-minute run): a plan file
+    /// whose histogram had more than 64 buckets loaded, and `summary()`
+    /// (`roamdisk borrow show`) then computed `1 << i` for bucket 64:
+    /// "attempt to shift left with overflow" in debug builds, a wrong
+    /// size label in release. Histograms are now validated on load: as
+    /// many byte totals as counts, at most 64 buckets.
+    #[test]
+    fn histograms_with_too_many_buckets_are_refused() {
+        let mut p = sample();
+        p.free_histogram.counts = vec![1; 65];
+        p.free_histogram.bytes = vec![1; 65];
+        let e = Plan::from_json(&p.to_json()).unwrap_err();
+        assert!(e.to_string().contains("free_histogram"), "{e}");
+        let mut p = sample();
+        p.borrowed_histogram.counts = vec![1; 3];
+        assert!(p.validate().is_err());
+        let mut p = sample();
+        p.free_histogram.counts = vec![1; 64];
+        p.free_histogram.bytes = vec![1; 64];
+        let q = Plan::from_json(&p.to_json()).unwrap();
+        assert!(q.summary().contains("8192.0 PiB"), "{}", q.summary());
     }
 
     #[test]
