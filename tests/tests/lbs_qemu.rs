@@ -24,6 +24,28 @@ fn create_lbs(dir: &std::path::Path, name: &str, size: &str, extra: &[&str]) -> 
     img
 }
 
+/// Copy a served export into a raw file with `qemu-img convert`.
+fn export_to(uri: &str, dest: &std::path::Path) {
+    run(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            uri,
+            dest.to_str().unwrap(),
+        ],
+    );
+}
+
+/// The bytes of a served export, through `qemu-img convert` into `dest`.
+fn export_bytes(uri: &str, dest: &std::path::Path) -> Vec<u8> {
+    export_to(uri, dest);
+    std::fs::read(dest).unwrap()
+}
+
 #[test]
 fn ext4_image_round_trips_through_lbs_and_stays_clean() {
     let d = tempdir();
@@ -88,18 +110,7 @@ fn ext4_image_round_trips_through_lbs_and_stays_clean() {
     let back = dir.join("back.img");
     {
         let s = Server::start(dir, &[&spec, "--read-only"]);
-        run(
-            "qemu-img",
-            &[
-                "convert",
-                "-f",
-                "raw",
-                "-O",
-                "raw",
-                &s.uri(),
-                back.to_str().unwrap(),
-            ],
-        );
+        export_to(&s.uri(), &back);
         run(
             "qemu-img",
             &[
@@ -194,20 +205,7 @@ fn kill_9_loses_nothing_acknowledged_by_a_flush() {
             .or_insert_with(|| vec![0])
             .push(((i % 250) + 1) as u8);
     }
-    let dump = dir.join("after.img");
-    run(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            &s.uri(),
-            dump.to_str().unwrap(),
-        ],
-    );
-    let bytes = std::fs::read(&dump).unwrap();
+    let bytes = export_bytes(&s.uri(), &dir.join("after.img"));
     for blk in 0..n {
         let b = &bytes[(blk * 65536) as usize..((blk + 1) * 65536) as usize];
         let first = b[0];
@@ -257,20 +255,7 @@ print("done")
     );
     s.kill9();
     let s = Server::start(dir, &[&spec, "--read-only"]);
-    let dump = dir.join("after.img");
-    run(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            &s.uri(),
-            dump.to_str().unwrap(),
-        ],
-    );
-    let bytes = std::fs::read(&dump).unwrap();
+    let bytes = export_bytes(&s.uri(), &dir.join("after.img"));
     for i in 0..40usize {
         let b = &bytes[i * 65536..i * 65536 + 4096];
         assert!(
