@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use rand::RngExt;
 
+use super::split;
 use crate::trace::{Record, TraceOp};
 
 /// Clients when none is given.
@@ -107,27 +108,6 @@ impl Step {
             Step::Hot { count } => *count as u64,
         }
     }
-}
-
-/// Split `n` items into `k` non-empty parts at random.
-fn split(n: u64, k: u64, rng: &mut impl rand::Rng) -> Vec<u64> {
-    if k == 0 || n == 0 {
-        return Vec::new();
-    }
-    let k = k.min(n);
-    let mut cuts: Vec<usize> = rand::seq::index::sample(rng, (n - 1) as usize, (k - 1) as usize)
-        .into_iter()
-        .map(|c| c + 1)
-        .collect();
-    cuts.sort_unstable();
-    let mut parts = Vec::with_capacity(k as usize);
-    let mut prev = 0u64;
-    for c in cuts {
-        parts.push(c as u64 - prev);
-        prev = c as u64;
-    }
-    parts.push(n - prev);
-    parts
 }
 
 fn script(p: &BootParams, rng: &mut impl rand::Rng) -> Vec<Step> {

@@ -228,3 +228,25 @@ impl Iterator for Merge {
         out
     }
 }
+
+/// Split `n` items into `k` non-empty parts at random (the lengths of a
+/// generator's runs).
+pub(crate) fn split(n: u64, k: u64, rng: &mut impl rand::Rng) -> Vec<u64> {
+    if k == 0 || n == 0 {
+        return Vec::new();
+    }
+    let k = k.min(n);
+    let mut cuts: Vec<u64> = rand::seq::index::sample(rng, (n - 1) as usize, (k - 1) as usize)
+        .into_iter()
+        .map(|c| c as u64 + 1)
+        .collect();
+    cuts.sort_unstable();
+    let mut parts = Vec::with_capacity(k as usize);
+    let mut prev = 0;
+    for c in cuts {
+        parts.push(c - prev);
+        prev = c;
+    }
+    parts.push(n - prev);
+    parts
+}

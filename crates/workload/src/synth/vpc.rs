@@ -51,6 +51,7 @@
 use rand::seq::SliceRandom;
 use rand::RngExt;
 
+use super::split;
 use crate::trace::{Record, TraceOp};
 
 /// The installed system (the seed's 47,391 unique blocks of 64 KiB).
@@ -161,27 +162,6 @@ enum Step {
 
 fn small(rng: &mut impl rand::Rng) -> u32 {
     SMALL_SIZES[rng.random_range(0..SMALL_SIZES.len())]
-}
-
-/// Split `n` items into `k` non-empty parts at random.
-fn split(n: u64, k: u64, rng: &mut impl rand::Rng) -> Vec<u64> {
-    if k == 0 || n == 0 {
-        return Vec::new();
-    }
-    let k = k.min(n);
-    let mut cuts: Vec<u64> = rand::seq::index::sample(rng, (n - 1) as usize, (k - 1) as usize)
-        .into_iter()
-        .map(|c| c as u64 + 1)
-        .collect();
-    cuts.sort_unstable();
-    let mut parts = Vec::with_capacity(k as usize);
-    let mut prev = 0;
-    for c in cuts {
-        parts.push(c - prev);
-        prev = c;
-    }
-    parts.push(n - prev);
-    parts
 }
 
 fn script(p: &VpcParams, rng: &mut impl rand::Rng) -> Vec<Step> {
