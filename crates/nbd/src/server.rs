@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 
 use crate::handshake::{negotiate, HandshakeEnd};
 use crate::tls::TlsAcceptor;
-use crate::transmission::AllocMap;
+use crate::transmission::{AllocMap, BusyConns, Spinners};
 
 /// Any byte stream a connection runs over (TCP, Unix, TLS).
 pub trait AsyncStream: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -71,6 +71,10 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// How long a client may take to finish the handshake.
     pub handshake_timeout: Duration,
+    /// How long a connection's thread polls for the next request before it
+    /// sleeps, when its client sends requests back to back (see
+    /// `transmission::spin`); zero never polls.
+    pub busy_poll: Duration,
 }
 
 /// State every connection shares.
@@ -79,6 +83,12 @@ pub struct Shared {
     pub tls: Option<TlsAcceptor>,
     pub tls_mode: TlsMode,
     pub max_in_flight: usize,
+    /// Busy-poll limit per wait for a request (zero: off).
+    pub(crate) busy_poll: Duration,
+    /// Connections polling right now, bounded.
+    pub(crate) spinners: Spinners,
+    /// Connections with requests in flight.
+    pub(crate) busy: BusyConns,
     shutdown: watch::Receiver<bool>,
     /// What is known of each export's allocation, index for index.
     alloc: Vec<Arc<AllocMap>>,
@@ -98,7 +108,7 @@ impl Shared {
         max_in_flight: usize,
     ) -> (Arc<Shared>, watch::Sender<bool>) {
         let (tx, rx) = watch::channel(false);
-        let shared = Shared::new(exports, None, tls_mode, max_in_flight, rx);
+        let shared = Shared::new(exports, None, tls_mode, max_in_flight, Duration::ZERO, rx);
         (Arc::new(shared), tx)
     }
 
@@ -107,6 +117,7 @@ impl Shared {
         tls: Option<TlsAcceptor>,
         tls_mode: TlsMode,
         max_in_flight: usize,
+        busy_poll: Duration,
         shutdown: watch::Receiver<bool>,
     ) -> Shared {
         let exports: Vec<Arc<Export>> = exports.into_iter().map(Arc::new).collect();
@@ -120,6 +131,9 @@ impl Shared {
             tls,
             tls_mode,
             max_in_flight: max_in_flight.max(1),
+            busy_poll,
+            spinners: Spinners::new(),
+            busy: BusyConns::new(),
             shutdown,
             alloc,
             clients,
@@ -236,6 +250,7 @@ impl Server {
             cfg.tls,
             cfg.tls_mode,
             cfg.max_in_flight,
+            cfg.busy_poll,
             shutdown_rx,
         ));
         Ok(Server {

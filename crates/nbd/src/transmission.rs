@@ -3,13 +3,17 @@
 //!
 //! One task reads requests; one task writes replies, each batch of ready
 //! ones with a single `writev`. Block layers do synchronous I/O, so a
-//! request runs either on the server's blocking pool or, when it is a small
-//! read or write and the stack has been answering those quickly ([`pace`]),
-//! inline on the reader task: a thread hand-off costs more than a
-//! page-cache hit, and on a busy machine each hand-off waits for a CPU. A
-//! stack that blocks (disk misses, network) is noticed and gets the pool
-//! back, with its concurrency.
-//!
+//! request runs either on the server's blocking pool or, when it is a read
+//! or write and the stack has not been blocking ([`pace`]), inline on the
+//! reader task: a thread hand-off costs more than a page-cache hit, and on
+//! a busy machine each hand-off waits for a CPU. Small ones always qualify;
+//! large ones only while enough connections are busy to keep every CPU
+//! working (otherwise the pool overlaps one request's copy with the next
+//! one's transfer). A stack that blocks (disk misses, network) is noticed
+//! and gets the pool back, with its concurrency. Between requests of a
+//! client that sends them back to back, the thread polls briefly instead of
+//! sleeping ([`spin`]).
+
 //! A request holds one of `max_in_flight` slots from when it starts until
 //! its reply is written; with none free the reader stops reading, which
 //! pushes back on the client (also one that does not read its replies).
@@ -26,11 +30,12 @@
 mod alloc;
 mod buffers;
 mod pace;
+mod spin;
 #[cfg(test)]
 mod tests;
 
 use std::io::IoSlice;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -43,15 +48,21 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 pub(crate) use self::alloc::AllocMap;
 use self::buffers::Buffers;
+pub(crate) use self::pace::BusyConns;
 use self::pace::Pace;
+use self::spin::Spin;
+pub(crate) use self::spin::Spinners;
 use crate::handshake::Session;
 use crate::proto::*;
 use crate::server::{BoxStream, Shared};
 
 /// Reads and writes up to this size may run inline.
 /// Larger ones go to the pool, where copying one request's data overlaps
-/// with receiving or sending the next on another CPU.
+/// with receiving or sending the next on another CPU, unless there are
+/// enough busy connections to keep the CPUs busy ([`BusyConns`]); then
+/// those up to `INLINE_WIDE_MAX_LEN` run inline too.
 const INLINE_MAX_LEN: u32 = 64 << 10;
+const INLINE_WIDE_MAX_LEN: u32 = 4 << 20;
 /// The reader yields after this many inline requests in a row, so the
 /// writer (and other tasks on its thread) get to run.
 const INLINE_BURST: u32 = 32;
@@ -70,6 +81,9 @@ struct Conn {
     /// What the layers see while they run this connection's requests.
     ctx: IoContext,
     wrote: AtomicBool,
+    /// Requests holding a slot; from 0 to 1 and back the connection
+    /// enters and leaves the server's [`BusyConns`].
+    in_flight: AtomicUsize,
     pace: Pace,
     buffers: Buffers,
     alloc: Arc<AllocMap>,
@@ -94,10 +108,14 @@ impl From<Vec<u8>> for Reply {
     }
 }
 
-fn inline_eligible(req: &Request) -> bool {
-    matches!(req.cmd, CMD_READ | CMD_WRITE)
-        && req.flags & CMD_FLAG_FUA == 0
-        && req.length <= INLINE_MAX_LEN
+/// Whether `req` may run inline; `wide`: large ones too.
+fn inline_eligible(req: &Request, wide: bool) -> bool {
+    let max = if wide {
+        INLINE_WIDE_MAX_LEN
+    } else {
+        INLINE_MAX_LEN
+    };
+    matches!(req.cmd, CMD_READ | CMD_WRITE) && req.flags & CMD_FLAG_FUA == 0 && req.length <= max
 }
 
 /// Map a block-layer error to the NBD error value.
@@ -131,13 +149,14 @@ pub async fn serve(
     let conn = Arc::new(Conn {
         ctx: IoContext::for_client(client),
         wrote: AtomicBool::new(false),
+        in_flight: AtomicUsize::new(0),
         pace: Pace::default(),
         buffers: Buffers::default(),
         alloc: shared.alloc_map(&session.export),
         session,
     });
     let (tx, rx) = mpsc::unbounded_channel::<Reply>();
-    let writer = tokio::spawn(write_replies(wr, rx, conn.clone()));
+    let writer = tokio::spawn(write_replies(wr, rx, conn.clone(), shared.clone()));
 
     // A request holds a slot from when it starts until its reply is
     // written, and a `running` permit while it runs on the blocking pool.
@@ -146,8 +165,17 @@ pub async fn serve(
     let running = Arc::new(Semaphore::new(max));
     let mut shutdown = shared.shutdown_rx();
     let mut burst = 0u32;
+    let mut spin = Spin::new(shared.busy_poll);
     let result = loop {
         let mut hdr = [0u8; REQUEST_SIZE];
+        let waiting = if rd.buffer().is_empty() {
+            let now = Instant::now();
+            let idle = || slots.available_permits() == max;
+            spin.wait(&mut rd, &shared.spinners, idle).await;
+            Some(now)
+        } else {
+            None
+        };
         tokio::select! {
             r = rd.read_exact(&mut hdr) => {
                 if let Err(e) = r {
@@ -155,6 +183,9 @@ pub async fn serve(
                 }
             }
             _ = shutdown.changed() => break Ok(()),
+        }
+        if let Some(t) = waiting {
+            spin.arrived(t.elapsed());
         }
         let req = match parse_request(&hdr) {
             Ok(r) => r,
@@ -205,12 +236,15 @@ pub async fn serve(
                 _ = shutdown.changed() => break Ok(()),
             },
         };
-        let eligible = inline_eligible(&req);
+        if conn.in_flight.fetch_add(1, Ordering::Relaxed) == 0 {
+            shared.busy.enter();
+        }
+        let eligible = inline_eligible(&req, shared.busy.wide());
         if eligible && conn.pace.inline() {
-            let start = Instant::now();
+            let probe = conn.pace.start();
             let mut reply = handle_guarded(&conn, req, &payload);
             reply.slot = Some(slot);
-            conn.pace.observe(req.length, start.elapsed());
+            conn.pace.finish(probe, req.length);
             conn.buffers.give(payload);
             let _ = tx.send(reply);
             burst += 1;
@@ -229,12 +263,10 @@ pub async fn serve(
         let conn = conn.clone();
         let tx = tx.clone();
         shared.spawn_blocking(move || {
-            let start = Instant::now();
+            let probe = if eligible { conn.pace.start() } else { None };
             let mut reply = handle_guarded(&conn, req, &payload);
             reply.slot = Some(slot);
-            if eligible {
-                conn.pace.observe(req.length, start.elapsed());
-            }
+            conn.pace.finish(probe, req.length);
             conn.buffers.give(payload);
             let _ = tx.send(reply);
             drop(permit);
@@ -260,6 +292,11 @@ pub async fn serve(
     }
     drop(tx);
     let _ = writer.await;
+    // Replies the writer could not send (the client went away) were
+    // dropped uncounted.
+    if conn.in_flight.load(Ordering::Relaxed) != 0 {
+        shared.busy.leave();
+    }
     drop(rd);
     result
 }
@@ -270,7 +307,18 @@ async fn write_replies(
     mut w: WriteHalf<BoxStream>,
     mut rx: mpsc::UnboundedReceiver<Reply>,
     conn: Arc<Conn>,
+    shared: Arc<Shared>,
 ) -> std::io::Result<()> {
+    // The batch is written: its requests are no longer in flight.
+    let answered = |batch: &mut Vec<Reply>| {
+        let n = batch.iter().filter(|r| r.slot.is_some()).count();
+        if n > 0 && conn.in_flight.fetch_sub(n, Ordering::Relaxed) == n {
+            shared.busy.leave();
+        }
+        for r in batch.drain(..) {
+            conn.buffers.give(r.buf);
+        }
+    };
     let mut batch = Vec::new();
     if w.is_write_vectored() {
         while let Some(first) = rx.recv().await {
@@ -293,9 +341,7 @@ async fn write_replies(
                 }
                 IoSlice::advance_slices(&mut rest, n);
             }
-            for r in batch.drain(..) {
-                conn.buffers.give(r.buf);
-            }
+            answered(&mut batch);
         }
         let _ = w.shutdown().await;
     } else {
@@ -309,9 +355,7 @@ async fn write_replies(
                 w.write_all(&r.buf[..r.len]).await?;
             }
             w.flush().await?;
-            for r in batch.drain(..) {
-                conn.buffers.give(r.buf);
-            }
+            answered(&mut batch);
         }
         let _ = w.shutdown().await;
     }

@@ -511,6 +511,7 @@ fn serve(
             max_in_flight: 64,
             max_connections: 16,
             handshake_timeout: Duration::from_secs(30),
+            busy_poll: Duration::from_micros(100),
         };
         let server = Server::bind(cfg).await?;
         if !quiet {

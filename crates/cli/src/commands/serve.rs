@@ -87,6 +87,13 @@ pub struct Args {
     /// Threads doing block I/O (default: 64).
     #[arg(long, value_name = "N")]
     io_threads: Option<usize>,
+    /// Microseconds a connection keeps polling for the next request before
+    /// its thread sleeps, while its client sends requests back to back
+    /// (queue depth 1): waking a sleeping CPU costs more than a cached 4 KiB
+    /// read on a VM. Uses CPU only while it pays, at most on half the CPUs.
+    /// 0 turns it off.
+    #[arg(long, default_value_t = 100, value_name = "US")]
+    busy_poll: u64,
 }
 
 #[derive(Deserialize)]
@@ -252,6 +259,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             max_in_flight: a.max_in_flight,
             max_connections: a.max_connections,
             handshake_timeout: Duration::from_secs(30),
+            busy_poll: Duration::from_micros(a.busy_poll),
         };
         let server = Server::bind(cfg).await?;
         if !quiet {

@@ -1,57 +1,149 @@
-//! Whether small requests run inline on the connection's task or on the
-//! blocking pool, from how long recent ones took.
+//! Whether requests run inline on the connection's task or on the
+//! blocking pool: small ones from how long recent ones took ([`Pace`]),
+//! large ones also from how many connections are busy ([`BusyConns`]).
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicIsize, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
-/// An inline-eligible request slower than this (plus `SLOW_NS_PER_KIB` per
-/// KiB) counts as slow: the stack blocked, or the thread lost its CPU.
+/// One eligible request in this many is measured (a `getrusage` costs
+/// about 0.4 µs here, twice per measured request).
+const SAMPLE_EVERY: u32 = 4;
+/// Eligible requests run inline unless `BLOCKED_MAX` of the last `WINDOW`
+/// measured ones blocked: a blocking stack blocks nearly every time, a
+/// page cache now and then.
+const WINDOW: u32 = 32;
+const BLOCKED_MAX: u32 = 8;
+/// A request counts as blocked only if it also took longer than this (plus
+/// `SLOW_NS_PER_KIB` per KiB): short waits for a lock another connection
+/// holds (two writers of one file) are not worth a thread hand-off.
 const SLOW_BASE: Duration = Duration::from_micros(200);
 const SLOW_NS_PER_KIB: u64 = 1000;
-/// Eligible requests run inline unless `SLOW_MAX` of the last `WINDOW` were
-/// slow: a blocking stack is slow every time, a busy machine now and then.
-const WINDOW: u32 = 32;
-const SLOW_MAX: u32 = 8;
-/// Whether inline-eligible requests run inline, from how long recent ones
-/// took (wherever they ran).
+
+/// Whether inline-eligible requests run inline, from whether recent ones
+/// blocked (wherever they ran).
+///
+/// "Blocked" means the thread running the request gave up its CPU to wait
+/// (a voluntary context switch: a disk read, a network fetch, a lock) and
+/// the request was slow, which is what stalls the requests behind an inline
+/// one. Elapsed time alone cannot tell that from a busy machine, where a
+/// request waits for a CPU wherever it runs: with many connections copying
+/// at once, timing alone put every large request on the pool and kept it
+/// there.
 #[derive(Default)]
 pub(super) struct Pace {
-    /// Bits 0-7: requests seen in this window; 8-15: slow ones; 16: offload.
+    /// Bits 0-7: requests measured in this window; 8-15: blocked ones;
+    /// 16: offload.
     state: AtomicU32,
+    /// Eligible requests seen, for sampling.
+    seen: AtomicU32,
 }
 
-const PACE_SLOW: u32 = 1 << 8;
+const PACE_BLOCKED: u32 = 1 << 8;
 const PACE_OFFLOAD: u32 = 1 << 16;
+
+/// A measured request's starting point.
+pub(super) struct Probe(i64, Instant);
+
+/// Voluntary context switches of the calling thread so far.
+fn voluntary_switches() -> i64 {
+    // SAFETY: `getrusage` only writes the struct it is given, which is
+    // a valid, zeroed `rusage` on this stack.
+    let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_THREAD is valid on Linux.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut r) };
+    if rc == 0 {
+        r.ru_nvcsw
+    } else {
+        0
+    }
+}
 
 impl Pace {
     pub(super) fn inline(&self) -> bool {
         self.state.load(Ordering::Relaxed) & PACE_OFFLOAD == 0
     }
 
-    /// Account an inline-eligible request of `len` bytes that took `took`.
-    pub(super) fn observe(&self, len: u32, took: Duration) {
-        let limit = SLOW_BASE + Duration::from_nanos(SLOW_NS_PER_KIB * (len as u64 >> 10));
-        let slow = took > limit;
+    /// Call on the thread about to run an eligible request: `Some` when
+    /// this one is measured.
+    pub(super) fn start(&self) -> Option<Probe> {
+        let n = self.seen.fetch_add(1, Ordering::Relaxed);
+        n.is_multiple_of(SAMPLE_EVERY)
+            .then(|| Probe(voluntary_switches(), Instant::now()))
+    }
+
+    /// Call on the same thread when the request, of `len` bytes, is done.
+    pub(super) fn finish(&self, probe: Option<Probe>, len: u32) {
+        if let Some(Probe(before, start)) = probe {
+            let limit = SLOW_BASE + Duration::from_nanos(SLOW_NS_PER_KIB * (len as u64 >> 10));
+            self.observe(start.elapsed() > limit && voluntary_switches() != before);
+        }
+    }
+
+    /// Account a measured request that did or did not block.
+    fn observe(&self, blocked: bool) {
         let was = self
             .state
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
                 let seen = (s & 0xff) + 1;
-                let slows = ((s >> 8) & 0xff) + slow as u32;
-                Some(if slows >= SLOW_MAX {
+                let blocks = ((s >> 8) & 0xff) + blocked as u32;
+                Some(if blocks >= BLOCKED_MAX {
                     PACE_OFFLOAD
                 } else if seen >= WINDOW {
                     0
                 } else {
-                    (s & PACE_OFFLOAD) | (slows * PACE_SLOW) | seen
+                    (s & PACE_OFFLOAD) | (blocks * PACE_BLOCKED) | seen
                 })
             })
             .unwrap_or_default();
         if was & PACE_OFFLOAD != self.state.load(Ordering::Relaxed) & PACE_OFFLOAD {
             tracing::debug!(
                 inline = self.inline(),
-                "small requests switch between inline and the blocking pool"
+                "requests switch between inline and the blocking pool"
             );
         }
+    }
+}
+
+/// How many connections have requests in flight, server-wide. When at
+/// least as many as there are CPUs, the connections' own threads keep every
+/// CPU busy, and handing a large request to the blocking pool only adds a
+/// thread switch each way (nbdcopy's 4 connections copy about a quarter
+/// faster inline); with fewer, the pool lets one connection copy a
+/// request's data on one CPU while it receives or sends the next on
+/// another (1 MiB writes on one connection: twice as fast).
+pub(crate) struct BusyConns {
+    /// Signed: a connection's leave may be counted before its enter when
+    /// its reader and writer run on different threads.
+    n: AtomicIsize,
+    cpus: isize,
+}
+
+impl BusyConns {
+    pub(crate) fn new() -> BusyConns {
+        BusyConns {
+            n: AtomicIsize::new(0),
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as isize),
+        }
+    }
+
+    /// Whether large requests run inline too.
+    pub(super) fn wide(&self) -> bool {
+        self.n.load(Ordering::Relaxed) >= self.cpus
+    }
+
+    /// A connection went from no request in flight to one.
+    pub(super) fn enter(&self) {
+        self.n.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection answered its last request in flight.
+    pub(super) fn leave(&self) {
+        self.n.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    #[cfg(test)]
+    pub(super) fn count(&self) -> isize {
+        self.n.load(Ordering::Relaxed)
     }
 }
 
@@ -60,23 +152,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pace_offloads_a_blocking_stack_and_comes_back_when_it_is_fast() {
+    fn pace_offloads_a_blocking_stack_and_comes_back_when_it_does_not_block() {
         let pace = Pace::default();
-        let slow = Duration::from_millis(5);
-        let fast = Duration::from_micros(5);
-        // The odd slow request (a busy machine) keeps requests inline.
+        // The odd blocked request (a page-cache miss) keeps requests inline.
         for i in 0..WINDOW * 4 {
-            pace.observe(4096, if i % 16 == 0 { slow } else { fast });
+            pace.observe(i % 16 == 0);
             assert!(pace.inline());
         }
-        for _ in 0..SLOW_MAX {
-            pace.observe(4096, slow);
+        for _ in 0..BLOCKED_MAX {
+            pace.observe(true);
         }
         assert!(!pace.inline());
-        // A large request may take longer before it counts as slow.
         for _ in 0..WINDOW {
-            pace.observe(1 << 20, Duration::from_micros(600));
+            pace.observe(false);
         }
         assert!(pace.inline());
+    }
+
+    #[test]
+    fn sleeping_counts_as_blocking_and_computing_does_not() {
+        let pace = Pace::default();
+        let sampled = (0..SAMPLE_EVERY)
+            .map(|_| pace.start())
+            .filter(Option::is_some)
+            .count();
+        assert_eq!(sampled, 1);
+        let before = voluntary_switches();
+        let mut x = 0u64;
+        for i in 0..100_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        // A busy loop may be preempted (involuntary), never voluntary.
+        assert_eq!(voluntary_switches(), before);
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        assert!(voluntary_switches() > before);
     }
 }

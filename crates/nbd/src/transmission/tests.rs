@@ -118,4 +118,6 @@ async fn every_request_runs_in_its_connections_context() {
     );
     // Outside a request the context is empty again.
     assert_eq!(context::current().client, None);
+    // Every connection that had requests in flight has left the busy count.
+    assert_eq!(shared.busy.count(), 0);
 }
