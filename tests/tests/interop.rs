@@ -595,6 +595,49 @@ fn fio_nbd_engine_verify_and_sequential_read() {
     );
 }
 
+/// Queue depth 1 with busy-polling off, on by default and polling long
+/// (1 ms: every wait for the next request is a poll): fio writes requests
+/// of 4-128 KiB one at a time with crc32c verification, then reads them
+/// back, so that what polls for a request also frames its payload right.
+#[test]
+fn fio_queue_depth_one_verifies_with_busy_poll_off_and_on() {
+    for busy_poll in [None, Some("0"), Some("1000")] {
+        let dir = tempdir();
+        let img = dir.path().join("disk.raw");
+        std::fs::File::create(&img)
+            .expect("create")
+            .set_len(32 * MIB)
+            .expect("set_len");
+        let spec = spec_raw(&img);
+        let mut args = vec![spec.as_str()];
+        if let Some(us) = busy_poll {
+            args.extend(["--busy-poll", us]);
+        }
+        let srv = Server::start(dir.path(), &args);
+        let j = fio(
+            &srv.uri(),
+            &[
+                "--rw=randwrite",
+                "--bsrange=4k-128k",
+                "--iodepth=1",
+                "--verify=crc32c",
+                "--size=16M",
+            ],
+        );
+        let written = j.get("write").get("io_bytes").u64();
+        assert!(
+            written >= 16 * MIB,
+            "busy-poll {busy_poll:?}: wrote {written}"
+        );
+        assert_eq!(
+            j.get("read").get("io_bytes").u64(),
+            written,
+            "busy-poll {busy_poll:?}: bytes read back and verified"
+        );
+        assert!(srv.stop().success(), "busy-poll {busy_poll:?}: clean stop");
+    }
+}
+
 /// The same export over TCP (`--listen 127.0.0.1:0`, the port is printed).
 #[test]
 fn tcp_listener_serves_the_export() {
