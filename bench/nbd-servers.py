@@ -10,6 +10,7 @@ Only the Python standard library is used. See docs/BENCHMARKS.md.
 """
 
 import argparse
+import ctypes
 import datetime
 import json
 import os
@@ -103,6 +104,37 @@ def make_file(path, size, source=None):
         os.fsync(f.fileno())
     if src:
         src.close()
+
+
+_LOCKED = []
+
+
+def lock_in_memory(path):
+    """Map `path` and mlock it, so that its pages stay in the page cache for
+    the whole run. This machine's kernel runs DAMON with a `pageout`
+    scheme that evicts file pages unused for about a second: without the
+    lock, random and sequential reads of a "warm" image sometimes go to the
+    disk, and which server that happens to is luck. Returns False (and the
+    run goes on unlocked) if the kernel refuses."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return False
+        if libc.mlock(addr, size) != 0:
+            print(f"nbd-servers: cannot mlock {path}: {os.strerror(ctypes.get_errno())}; "
+                  "running with the page cache unlocked", file=sys.stderr)
+            return False
+        _LOCKED.append((addr, size))
+        return True
+    finally:
+        os.close(fd)
 
 
 def warm(path):
@@ -294,6 +326,7 @@ def main():
         make_file(image, size)
         make_file(src, size)
         cmds = server_commands(tmp, image, bins)
+        locked = all([lock_in_memory(p) for p in sorted({c[2] for c in cmds.values()} | {src})])
         if a.no_competitors:
             cmds = {k: v for k, v in cmds.items() if k not in COMPETITORS}
         names = list(cmds)
@@ -381,6 +414,7 @@ def main():
         "servers": {n: cmds[n][1] for n in names},
         "multi_conn": mc,
         "restarts": {n: srv.restarts for n, srv in servers.items()},
+        "page_cache_locked": locked,
         "settings": {"passes": a.passes, "runtime_s": a.runtime, "ramp_s": a.ramp,
                      "size_bytes": size},
         "elapsed_s": round(elapsed),

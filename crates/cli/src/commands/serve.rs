@@ -91,8 +91,9 @@ pub struct Args {
     /// its thread sleeps, while its client sends requests back to back
     /// (queue depth 1): waking a sleeping CPU costs more than a cached 4 KiB
     /// read on a VM. Uses CPU only while it pays, at most on half the CPUs.
-    /// 0 turns it off.
-    #[arg(long, default_value_t = 100, value_name = "US")]
+    /// 0 turns it off; at most 10000.
+    #[arg(long, default_value_t = 100, value_name = "US",
+          value_parser = clap::value_parser!(u64).range(0..=10_000))]
     busy_poll: u64,
 }
 

@@ -105,12 +105,13 @@ pub(crate) struct Spinners {
 }
 
 impl Spinners {
-    /// At most half the CPUs (at least one) spin.
+    /// At most half the CPUs spin; on a single CPU none does (the client
+    /// needs that CPU to send the request being polled for).
     pub(crate) fn new() -> Spinners {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         Spinners {
             now: AtomicUsize::new(0),
-            max: (cpus / 2).max(1),
+            max: cpus / 2,
         }
     }
 
