@@ -10,16 +10,12 @@
 
 use libfuzzer_sys::fuzz_target;
 use roamdisk_cas::catalog::{check_tag, format_time, parse_time, Catalog};
-use roamdisk_fuzz::fixup::{self, FIXUP};
+use roamdisk_fuzz::fixup;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, rest)) = data.split_first() else {
+    let Some(b) = fixup::input(data, fixup::cas_catalog) else {
         return;
     };
-    let mut b = rest.to_vec();
-    if mode & FIXUP != 0 {
-        fixup::cas_catalog(&mut b);
-    }
     let c = match Catalog::parse(&b) {
         Ok(c) => c,
         Err(e) => {
@@ -51,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    if let Ok(s) = std::str::from_utf8(rest) {
+    if let Ok(s) = std::str::from_utf8(&data[1..]) {
         if s.len() <= 64 {
             let _ = parse_time(s);
             let _ = c.resolve(s, "fuzz/image");

@@ -14,16 +14,12 @@
 
 use libfuzzer_sys::fuzz_target;
 use roamdisk_cas::index::{valid_chunk_size, Index, SectorState, FLAG_ZSTD, MAX_DISK, SECTOR};
-use roamdisk_fuzz::fixup::{self, FIXUP};
+use roamdisk_fuzz::fixup;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, rest)) = data.split_first() else {
+    let Some(b) = fixup::input(data, fixup::cas_index) else {
         return;
     };
-    let mut b = rest.to_vec();
-    if mode & FIXUP != 0 {
-        fixup::cas_index(&mut b);
-    }
     let session = Index::parse(&b, false);
     let committed = Index::parse(&b, true);
     let idx = match (session, committed) {

@@ -15,16 +15,12 @@
 
 use libfuzzer_sys::fuzz_target;
 use roamdisk_cas::session::map::{self, Header, HEADER_SIZE, RECORD_SIZE};
-use roamdisk_fuzz::fixup::{self, FIXUP};
+use roamdisk_fuzz::fixup;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, rest)) = data.split_first() else {
+    let Some(b) = fixup::input(data, fixup::cas_session_map) else {
         return;
     };
-    let mut b = rest.to_vec();
-    if mode & FIXUP != 0 {
-        fixup::cas_session_map(&mut b);
-    }
     let r = match map::replay(&b) {
         Ok(r) => r,
         Err(e) => {

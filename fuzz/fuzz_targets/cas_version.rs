@@ -15,16 +15,12 @@
 use libfuzzer_sys::fuzz_target;
 use roamdisk_cas::version::{Header, Version};
 use roamdisk_fuzz::corpus::VERSION_USER_KEY;
-use roamdisk_fuzz::fixup::{self, FIXUP};
+use roamdisk_fuzz::fixup;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, rest)) = data.split_first() else {
+    let Some(b) = fixup::input(data, fixup::cas_version) else {
         return;
     };
-    let mut b = rest.to_vec();
-    if mode & FIXUP != 0 {
-        fixup::cas_version(&mut b);
-    }
     let header = Header::parse(&b);
     let refs = Version::references_of(&b);
     for key in [None, Some(&VERSION_USER_KEY)] {

@@ -9,8 +9,21 @@
 //! matches its format only makes the fuzzer shallower, and the corpus test
 //! (`corpus::tests`) catches that: every fix-up seed must still parse.
 
+use roamdisk_fsmeta::ext_csum::{crc16, crc32c_raw};
+
 /// First-byte bit: fix checksums before parsing.
 pub const FIXUP: u8 = 1;
+
+/// A target's input: `data` without its mode byte, passed through `fix`
+/// when the mode has [`FIXUP`]. `None` for an empty input.
+pub fn input(data: &[u8], fix: fn(&mut [u8])) -> Option<Vec<u8>> {
+    let (&mode, rest) = data.split_first()?;
+    let mut b = rest.to_vec();
+    if mode & FIXUP != 0 {
+        fix(&mut b);
+    }
+    Some(b)
+}
 
 fn put32(b: &mut [u8], o: usize, v: u32) {
     b[o..o + 4].copy_from_slice(&v.to_le_bytes());
@@ -165,26 +178,6 @@ pub fn gpt(img: &mut crate::disk::Image) {
             img.write(at as u64, &h);
         }
     }
-}
-
-/// `ext2fs_crc16` (CRC-16/ARC, seed passed through).
-fn crc16(mut crc: u16, data: &[u8]) -> u16 {
-    for &b in data {
-        crc ^= b as u16;
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0xA001
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    crc
-}
-
-/// `ext2fs_crc32c_le`: CRC32C without the final inversion.
-fn crc32c_raw(seed: u32, data: &[u8]) -> u32 {
-    !crc32c::crc32c_append(!seed, data)
 }
 
 /// ext2/3/4 at offset 0 of the image: block bitmap checksums, group

@@ -60,6 +60,9 @@ mod signatures;
 mod swap;
 
 pub use bytes::{hex, Region};
+/// The ext2/3/4 metadata checksums as e2fsprogs computes them (also for
+/// tools that rewrite ext metadata, such as the fuzzers' fix-ups).
+pub use ext::csum as ext_csum;
 pub use extent::{clear_runs, normalize, Extent};
 pub use part::{guid_text, partitions, read_table, Partition, PartitionTable, Scheme};
 pub use probe::{

@@ -13,7 +13,7 @@
 //! that, every group's superblock backup, descriptor blocks, bitmaps and
 //! inode table are always treated as in use, whatever a bitmap says.
 
-mod csum;
+pub mod csum;
 mod groups;
 mod journal;
 
