@@ -57,7 +57,10 @@ fn model(writes: &[Write]) -> Vec<u8> {
 fn fixture() -> (tempfile::TempDir, PathBuf) {
     let t = tempdir();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/overlay-map-v1");
-    run("cp", &["-r", src.to_str().unwrap(), t.path().to_str().unwrap()]);
+    run(
+        "cp",
+        &["-r", src.to_str().unwrap(), t.path().to_str().unwrap()],
+    );
     let dir = t.path().join("overlay-map-v1");
     for d in ["store/leases", "store/tmp", "store/trash"] {
         std::fs::create_dir_all(dir.join(d)).unwrap();
@@ -90,7 +93,15 @@ fn read_disk(dir: &Path, spec: &str, extra: &[&str]) -> Vec<u8> {
     let _ = std::fs::remove_file(&out);
     run(
         "qemu-img",
-        &["convert", "-f", "raw", "-O", "raw", &srv.uri(), out.to_str().unwrap()],
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &srv.uri(),
+            out.to_str().unwrap(),
+        ],
     );
     srv.stop();
     std::fs::read(&out).unwrap()
@@ -129,7 +140,10 @@ fn check(spec_of: fn(&Path) -> String, writes: &[Write], digest: &str, map: &str
 
     // 3. Writable: the map is compacted on open and takes new writes.
     let srv = Server::start(&dir, &[&spec]);
-    qemu_io(&srv.uri(), &["write -P 0x77 61440 4096".into(), "flush".into()]);
+    qemu_io(
+        &srv.uri(),
+        &["write -P 0x77 61440 4096".into(), "flush".into()],
+    );
     srv.stop();
     let got = read_disk(&dir, &spec, &["--read-only"]);
     let mut want = model(writes);
