@@ -202,20 +202,18 @@ pub fn cas_session_map() -> Seeds {
         disk_size: 1 << 20,
         base: ChunkId([1; 32]),
     };
-    let hb = h.encode();
-    let mut chain = map::Header::chain_seed(&hb);
-    let mut f = hb.to_vec();
-    let mut push = |f: &mut Vec<u8>, kind, state, count, start| {
-        let r = map::encode_record(kind, state, count, start, chain);
-        chain = map::record_crc(&r);
-        f.extend_from_slice(&r);
-    };
-    push(&mut f, map::KIND_SET, 3, 8, 0);
-    push(&mut f, map::KIND_SET, 1, 16, 100);
-    push(&mut f, map::KIND_COMMIT, 0, 0, 1);
-    push(&mut f, map::KIND_SET, 2, 1, 2047);
-    push(&mut f, map::KIND_COMMIT, 0, 0, 2);
-    push(&mut f, map::KIND_SET, 3, 4, 7);
+    use roamdisk_blockdev::overlay::log::{KIND_COMMIT, KIND_SET};
+    let (hb, f) = crate::overlay::map_file(
+        &h,
+        &[
+            (KIND_SET, 3, 8, 0),
+            (KIND_SET, 1, 16, 100),
+            (KIND_COMMIT, 0, 0, 1),
+            (KIND_SET, 2, 1, 2047),
+            (KIND_COMMIT, 0, 0, 2),
+            (KIND_SET, 3, 4, 7),
+        ],
+    );
     let mut s = both("two-commits-torn", &f);
     s.extend(both("header-only", &hb));
     s
@@ -807,7 +805,8 @@ mod tests {
             if s[0] & FIXUP != 0 {
                 fixup::cas_session_map(&mut b);
             }
-            map::replay(&b).unwrap_or_else(|e| panic!("{name}: {e}"));
+            roamdisk_blockdev::overlay::log::replay::<map::Header>(&b)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
         }
         for hash in [HashKind::Blake3, HashKind::Sha256] {
             let codec = ChunkCodec {

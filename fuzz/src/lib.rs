@@ -8,9 +8,11 @@
 pub mod corpus;
 pub mod disk;
 pub mod fixup;
+pub mod overlay;
 pub mod trace;
 
 use roamdisk_blockdev::layers::cow::map;
+use roamdisk_blockdev::overlay::log::{HEADER_SIZE, RECORD_SIZE};
 use roamdisk_nbd::proto::*;
 
 /// First byte of an `nbd_options` input: which parser gets the rest.
@@ -28,15 +30,15 @@ pub const COW_FIXUP: u8 = 1;
 /// that the fuzzer's mutations reach the record logic instead of dying at
 /// a CRC check. Partial trailing records are left alone.
 pub fn fix_cow_map_checksums(b: &mut [u8]) {
-    if b.len() < map::HEADER_SIZE {
+    if b.len() < HEADER_SIZE {
         return;
     }
-    let hcrc = map::HEADER_SIZE - 4;
+    let hcrc = HEADER_SIZE - 4;
     let crc = crc32c::crc32c(&b[..hcrc]);
-    b[hcrc..map::HEADER_SIZE].copy_from_slice(&crc.to_le_bytes());
+    b[hcrc..HEADER_SIZE].copy_from_slice(&crc.to_le_bytes());
     let mut chain = crc;
-    let rcrc = map::RECORD_SIZE - 4;
-    for r in b[map::HEADER_SIZE..].chunks_exact_mut(map::RECORD_SIZE) {
+    let rcrc = RECORD_SIZE - 4;
+    for r in b[HEADER_SIZE..].chunks_exact_mut(RECORD_SIZE) {
         chain = crc32c::crc32c_append(chain, &r[..rcrc]);
         r[rcrc..].copy_from_slice(&chain.to_le_bytes());
     }
@@ -221,20 +223,18 @@ pub fn cow_map_seeds() -> Seeds {
         virtual_size: 64 * 65536 + 4096,
         generation: 3,
     };
-    let hb = h.encode();
-    let mut chain = map::Header::chain_seed(&hb);
-    let mut f = hb.to_vec();
-    let mut push = |f: &mut Vec<u8>, kind, state, count, start| {
-        let r = map::encode_record(kind, state, count, start, chain);
-        chain = map::record_crc(&r);
-        f.extend_from_slice(&r);
-    };
-    push(&mut f, map::KIND_SET, map::State::Data as u8, 4, 0);
-    push(&mut f, map::KIND_SET, map::State::Zero as u8, 2, 10);
-    push(&mut f, map::KIND_COMMIT, 0, 0, 1);
-    push(&mut f, map::KIND_SET, map::State::Base as u8, 1, 64);
-    push(&mut f, map::KIND_COMMIT, 0, 0, 2);
-    push(&mut f, map::KIND_SET, map::State::Data as u8, 1, 3);
+    use roamdisk_blockdev::overlay::log::{KIND_COMMIT, KIND_SET};
+    let (_, f) = overlay::map_file(
+        &h,
+        &[
+            (KIND_SET, map::State::Data as u8, 4, 0),
+            (KIND_SET, map::State::Zero as u8, 2, 10),
+            (KIND_COMMIT, 0, 0, 1),
+            (KIND_SET, map::State::Base as u8, 1, 64),
+            (KIND_COMMIT, 0, 0, 2),
+            (KIND_SET, map::State::Data as u8, 1, 3),
+        ],
+    );
     let mut torn = f.clone();
     torn.extend_from_slice(&[0xee; 10]);
     vec![
@@ -299,7 +299,7 @@ mod tests {
             if s[0] & 1 == COW_FIXUP {
                 fix_cow_map_checksums(&mut b);
             }
-            let r = map::replay(&b).unwrap();
+            let r = roamdisk_blockdev::overlay::log::replay::<map::Header>(&b).unwrap();
             assert_eq!(r.last_seq, 2, "{name}");
             assert_eq!(r.runs.len(), 3, "{name}");
         }

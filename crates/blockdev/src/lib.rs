@@ -1,6 +1,8 @@
 //! roamdisk's block-device stack: the [`BlockDev`] trait, one error type,
-//! the generic layers (`raw`, `mem`, `cow`) and the factory that builds a
-//! stack from a spec string or TOML table.
+//! the generic layers (`raw`, `mem`, `cow`), the factory that builds a
+//! stack from a spec string or TOML table, the overlay-map engine
+//! ([`overlay`]) that `cow:` and the `cas:` session keep their states in,
+//! and durable file writes ([`durable`]).
 //!
 //! Operations carry no caller; the front end that receives a request runs
 //! it inside [`context::with_context`], and a layer that needs to know who
@@ -21,8 +23,10 @@
 mod checked;
 pub mod context;
 mod dev;
+pub mod durable;
 mod error;
 pub mod layers;
+pub mod overlay;
 pub mod spec;
 pub mod testkit;
 pub mod units;

@@ -8,18 +8,16 @@
 //! and then appends the changed states to the session map.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
+use roamdisk_blockdev::overlay::OverlayMap;
 use roamdisk_blockdev::{
     extents_covering, push_extent, Alloc, BlockDev, Caps, Extent, Op, Registry, Result, WriteFlags,
     ZeroFlags,
 };
 
-use super::map::{self, Header, KIND_COMMIT, KIND_SET, RECORD_SIZE};
+use super::map::Header;
 use super::SessionConfig;
 use crate::chunk::Key;
 use crate::error::{bad_arg, context, corrupt, io};
@@ -27,32 +25,8 @@ use crate::index::{SectorState, SECTOR};
 use crate::store::DynStore;
 use crate::view::VersionView;
 
-const LOCK_STRIPES: usize = 256;
-/// Compact the map when its log passes this many records.
-const COMPACT_RECORDS: u64 = 1 << 20;
-
-/// Write a file through a temporary name, fsync, rename and directory
-/// fsync.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    File::open(dir)?.sync_all()
-}
+/// Sectors that share a lock stripe for read-modify-write.
+const STRIPE_SECTORS: u64 = 128;
 
 /// Options for opening a session.
 #[derive(Debug, Clone, Default)]
@@ -64,13 +38,6 @@ pub struct SessionOpen {
     pub key_file: Option<PathBuf>,
     /// Override P1 at write time.
     pub zero_detect: Option<bool>,
-}
-
-struct MapLog {
-    file: File,
-    chain: u32,
-    seq: u64,
-    records: u64,
 }
 
 /// Where a sector reads from.
@@ -97,11 +64,7 @@ pub struct CasDev {
     base: RwLock<Arc<VersionView>>,
     cache: Arc<dyn BlockDev>,
     size: u64,
-    states: Vec<AtomicU8>,
-    rmw: Vec<Mutex<()>>,
-    pending: Mutex<Vec<(u64, u64)>>,
-    log: Mutex<MapLog>,
-    states_path: PathBuf,
+    map: OverlayMap<Header>,
     read_only: bool,
     zero_detect: bool,
     user_key: Option<Key>,
@@ -128,15 +91,11 @@ impl CasDev {
             None => None,
         };
         let states_path = dir.join("states");
-        let bytes = std::fs::read(&states_path).map_err(|e| io(Op::Open, e, &states_path))?;
-        let replay = map::replay(&bytes)
-            .map_err(|e| corrupt(format!("session map is unusable: {e}")).path(&states_path))?;
-        if replay.discarded > 0 {
-            tracing::warn!(map = %states_path.display(), bytes = replay.discarded, "discarded an uncommitted or torn tail of the session map (writes after the last flush)");
-        }
-        let base = VersionView::open(store.clone(), replay.header.base, user_key.as_ref())
+        let (map, _) = OverlayMap::<Header>::open(&states_path, "cas", opts.read_only)?;
+        let header = map.header();
+        let base = VersionView::open(store.clone(), header.base, user_key.as_ref())
             .map_err(|e| context(e, format!("the base of session {}", dir.display())))?;
-        let size = replay.header.disk_size;
+        let size = header.disk_size;
         if base.version.index.disk_size != size {
             return Err(corrupt(format!(
                 "session map says {size} bytes but base version {} has {}",
@@ -152,13 +111,6 @@ impl CasDev {
                 cache.size()
             )));
         }
-        let sectors = size / SECTOR;
-        let states: Vec<AtomicU8> = (0..sectors.div_ceil(4)).map(|_| AtomicU8::new(0)).collect();
-        let log_file = OpenOptions::new()
-            .read(true)
-            .write(!opts.read_only)
-            .open(&states_path)
-            .map_err(|e| io(Op::Open, e, &states_path))?;
         let dev = CasDev {
             dir: dir.to_path_buf(),
             zero_detect: opts.zero_detect.unwrap_or(config.zero_detect),
@@ -167,26 +119,14 @@ impl CasDev {
             base: RwLock::new(Arc::new(base)),
             cache,
             size,
-            states,
-            rmw: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
-            pending: Mutex::new(Vec::new()),
-            log: Mutex::new(MapLog {
-                file: log_file,
-                chain: replay.chain,
-                seq: replay.last_seq,
-                records: ((replay.valid_len - map::HEADER_SIZE) / RECORD_SIZE) as u64,
-            }),
-            states_path,
+            map,
             read_only: opts.read_only,
             user_key,
             _lock: lock,
         };
-        for r in &replay.runs {
-            dev.set_range(r.start, r.start + r.count as u64, r.state);
-        }
         if !opts.read_only {
-            let mut log = dev.log.lock().unwrap_or_else(|e| e.into_inner());
-            dev.compact(&mut log)?;
+            // Every writable open starts from a compact map with no torn tail.
+            dev.map.compact(|_| {}, || dev.cache.flush())?;
         }
         Ok(dev)
     }
@@ -216,114 +156,30 @@ impl CasDev {
     }
 
     fn raw_state(&self, s: u64) -> u8 {
-        (self.states[(s / 4) as usize].load(Ordering::Acquire) >> ((s % 4) * 2)) & 3
+        self.map.get(s)
     }
 
-    /// Set sectors `[s0, s1)` to `v` (in memory; logged at the next flush
-    /// if recorded as pending).
-    fn set_range(&self, s0: u64, s1: u64, v: u8) {
-        let mut s = s0;
-        while s < s1 {
-            if s.is_multiple_of(4) && s + 4 <= s1 {
-                self.states[(s / 4) as usize].store(v * 0x55, Ordering::Release);
-                s += 4;
-                continue;
-            }
-            let shift = (s % 4) * 2;
-            let _ = self.states[(s / 4) as usize].fetch_update(
-                Ordering::AcqRel,
-                Ordering::Acquire,
-                |b| Some((b & !(3 << shift)) | (v << shift)),
-            );
-            s += 1;
-        }
-    }
-
+    /// Set sectors `[s0, s1)` to `v`, logged at the next flush. Call it
+    /// only once the data the state claims is in the private cache.
     fn mark(&self, s0: u64, s1: u64, v: u8) {
-        self.set_range(s0, s1, v);
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((s0, s1 - s0));
+        self.map.set(s0, s1, v);
     }
 
     /// Counts of sectors in each state (EMPTY, ZERO, CLEAN, DIRTY).
     pub fn usage(&self) -> [u64; 4] {
-        let mut c = [0u64; 4];
-        for s in 0..self.sectors() {
-            c[self.raw_state(s) as usize] += 1;
-        }
-        c
-    }
-
-    /// Rewrite the map as runs of the current states (base `base`).
-    fn compact_with(&self, log: &mut MapLog, base: crate::hash::ChunkId) -> Result<()> {
-        let header = Header {
-            disk_size: self.size,
-            base,
-        };
-        let hb = header.encode();
-        let mut chain = Header::chain_seed(&hb);
-        let mut buf = hb.to_vec();
-        let mut records = 0;
-        let n = self.sectors();
-        let mut s = 0;
-        while s < n {
-            let v = self.raw_state(s);
-            let mut e = s + 1;
-            while e < n && e - s < u32::MAX as u64 && self.raw_state(e) == v {
-                e += 1;
-            }
-            if v != 0 {
-                let r = map::encode_record(KIND_SET, v, (e - s) as u32, s, chain);
-                chain = map::record_crc(&r);
-                buf.extend_from_slice(&r);
-                records += 1;
-            }
-            s = e;
-        }
-        let r = map::encode_record(KIND_COMMIT, 0, 0, 1, chain);
-        chain = map::record_crc(&r);
-        buf.extend_from_slice(&r);
-        // The cache's data is durable before a map that claims it.
-        self.cache.flush()?;
-        write_atomically(&self.states_path, &buf)
-            .map_err(|e| io(Op::Flush, e, &self.states_path))?;
-        log.file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&self.states_path)
-            .map_err(|e| io(Op::Flush, e, &self.states_path))?;
-        log.chain = chain;
-        log.seq = 1;
-        log.records = records + 1;
-        Ok(())
-    }
-
-    fn compact(&self, log: &mut MapLog) -> Result<()> {
-        let base = self.base().id;
-        self.compact_with(log, base)
+        self.map.states().usage()
     }
 
     /// After a commit: switch to the new base version and apply the state
     /// changes `(sector, new state)`, atomically on disk.
     pub fn rebase(&self, view: VersionView, changes: &[(u64, u64, SectorState)]) -> Result<()> {
-        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        for &(s0, s1, st) in changes {
-            self.set_range(s0, s1, st as u8);
-        }
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        let changes: Vec<(u64, u64, u8)> =
+            changes.iter().map(|&(a, b, st)| (a, b, st as u8)).collect();
         let id = view.id;
-        self.compact_with(&mut log, id)?;
+        self.map
+            .replace(&changes, |h| h.base = id, || self.cache.flush())?;
         *self.base.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(view);
         Ok(())
-    }
-
-    fn stripe(&self, sector: u64) -> usize {
-        ((sector / 128) as usize) % LOCK_STRIPES
     }
 
     /// Write whole sectors at a sector-aligned offset.
@@ -343,7 +199,7 @@ impl CasDev {
             }
             let (a, b) = (s0 + i as u64, s0 + j as u64);
             if z {
-                self.set_range(a, b, SectorState::Zero as u8);
+                self.mark(a, b, SectorState::Zero as u8);
                 self.release_cache(a, b);
             } else {
                 self.cache.write_at(
@@ -351,14 +207,10 @@ impl CasDev {
                     a * SECTOR,
                     WriteFlags::default(),
                 )?;
-                self.set_range(a, b, SectorState::Dirty as u8);
+                self.mark(a, b, SectorState::Dirty as u8);
             }
             i = j;
         }
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((s0, n as u64));
         Ok(())
     }
 
@@ -441,13 +293,13 @@ impl BlockDev for CasDev {
             // the locks of their chunks (taken in order).
             let a = off / SECTOR * SECTOR;
             let b = end.div_ceil(SECTOR) * SECTOR;
-            let mut stripes = vec![self.stripe(a / SECTOR), self.stripe(b / SECTOR - 1)];
+            let stripe = |sector: u64| {
+                (sector / STRIPE_SECTORS) % roamdisk_blockdev::overlay::LOCK_STRIPES as u64
+            };
+            let mut stripes = vec![stripe(a / SECTOR), stripe(b / SECTOR - 1)];
             stripes.sort_unstable();
             stripes.dedup();
-            let _guards: Vec<_> = stripes
-                .iter()
-                .map(|&k| self.rmw[k].lock().unwrap_or_else(|e| e.into_inner()))
-                .collect();
+            let _guards: Vec<_> = stripes.iter().map(|&k| self.map.stripe(k)).collect();
             let mut tmp = vec![0u8; (b - a) as usize];
             self.read_at(&mut tmp[..SECTOR as usize], a)?;
             let last = (b - a - SECTOR) as usize;
@@ -461,54 +313,8 @@ impl BlockDev for CasDev {
         Ok(())
     }
     fn flush(&self) -> Result<()> {
-        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        let mut ranges =
-            std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
-        // 1. The private cache's data is durable before any record claims it.
-        self.cache.flush()?;
-        if ranges.is_empty() {
-            return Ok(());
-        }
-        if log.records + ranges.len() as u64 > COMPACT_RECORDS {
-            return self.compact(&mut log);
-        }
-        // 2. Merge the touched ranges; log their current states as runs.
-        ranges.sort_unstable();
-        let mut merged: Vec<(u64, u64)> = Vec::new();
-        for (s, n) in ranges {
-            match merged.last_mut() {
-                Some((_, me)) if s <= *me => *me = (*me).max(s + n),
-                _ => merged.push((s, s + n)),
-            }
-        }
-        let mut buf = Vec::new();
-        let mut chain = log.chain;
-        for (a, b) in merged {
-            let mut s = a;
-            while s < b {
-                let v = self.raw_state(s);
-                let mut e = s + 1;
-                while e < b && e - s < u32::MAX as u64 && self.raw_state(e) == v {
-                    e += 1;
-                }
-                let r = map::encode_record(KIND_SET, v, (e - s) as u32, s, chain);
-                chain = map::record_crc(&r);
-                buf.extend_from_slice(&r);
-                s = e;
-            }
-        }
-        let r = map::encode_record(KIND_COMMIT, 0, 0, log.seq + 1, chain);
-        chain = map::record_crc(&r);
-        buf.extend_from_slice(&r);
-        // 3. Append and sync the map.
-        let flush_err = |e| io(Op::Flush, e, &self.states_path);
-        let end = log.file.metadata().map_err(flush_err)?.len();
-        log.file.write_all_at(&buf, end).map_err(flush_err)?;
-        log.file.sync_data().map_err(flush_err)?;
-        log.records += (buf.len() / RECORD_SIZE) as u64;
-        log.chain = chain;
-        log.seq += 1;
-        Ok(())
+        // The private cache's data is durable before any record claims it.
+        self.map.commit(|| self.cache.flush())
     }
     fn trim(&self, off: u64, len: u64, flags: WriteFlags) -> Result<()> {
         // Only whole sectors; trimmed sectors read as zero (and commit as

@@ -103,7 +103,8 @@ impl SessionConfig {
             "# roamdisk cas session: docs/layers/cas.md\n{}",
             toml::to_string(self).expect("serialisable")
         );
-        crate::session::dev::write_atomically(&p, text.as_bytes()).map_err(|e| io(Op::Write, e, &p))
+        roamdisk_blockdev::durable::write_atomically(&p, text.as_bytes())
+            .map_err(|e| io(Op::Write, e, &p))
     }
 }
 
@@ -129,7 +130,6 @@ pub fn create(dir: &Path, cfg: &SessionConfig, base: ChunkId, disk_size: u64) ->
         f.sync_all().map_err(|e| io(Op::Open, e, &p))?;
     }
     let header = map::Header { disk_size, base };
-    let sp = dir.join("states");
-    dev::write_atomically(&sp, &header.encode()).map_err(|e| io(Op::Write, e, &sp))?;
+    roamdisk_blockdev::overlay::OverlayMap::create(&dir.join("states"), &header, "cas")?;
     cfg.save(dir)
 }

@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rayon::prelude::*;
+use roamdisk_blockdev::durable::{rename_noreplace, sync_dir, Renamed};
 use roamdisk_blockdev::{ErrorKind, Op, Result};
 use rustix::fs::{AtFlags, RenameFlags, Timespec, Timestamps, CWD, UTIME_NOW, UTIME_OMIT};
 
@@ -136,10 +137,6 @@ fn write_file_durably(path: &Path, tmp: &Path, bytes: &[u8]) -> std::io::Result<
     fs::rename(tmp, path)
 }
 
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
 fn touch(path: &Path) -> std::io::Result<()> {
     touch_at(CWD, path)
 }
@@ -157,24 +154,6 @@ fn touch_at<P: rustix::path::Arg>(dir: impl AsFd, name: P) -> std::io::Result<()
         },
     };
     rustix::fs::utimensat(dir, name, &t, AtFlags::empty()).map_err(std::io::Error::from)
-}
-
-/// What a rename without replacement did.
-#[derive(PartialEq, Eq)]
-enum Renamed {
-    Moved,
-    TargetExists,
-    SourceMissing,
-}
-
-/// Rename without replacing an existing file.
-fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<Renamed> {
-    match rustix::fs::renameat_with(CWD, from, CWD, to, RenameFlags::NOREPLACE) {
-        Ok(()) => Ok(Renamed::Moved),
-        Err(rustix::io::Errno::EXIST) => Ok(Renamed::TargetExists),
-        Err(rustix::io::Errno::NOENT) => Ok(Renamed::SourceMissing),
-        Err(e) => Err(e.into()),
-    }
 }
 
 impl LocalStore {

@@ -13,21 +13,18 @@
 pub mod map;
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::dev::{push_extent, Alloc, BlockDev, Caps, Extent, WriteFlags, ZeroFlags};
 use crate::error::{Error, ErrorKind, Op, Result};
-use map::{State, HEADER_SIZE, KIND_COMMIT, KIND_SET, RECORD_SIZE};
+use crate::overlay::OverlayMap;
+pub use map::map_path;
+use map::State;
 
 /// Default cluster size: 64 KiB.
 pub const DEFAULT_CLUSTER: u32 = 64 * 1024;
-const LOCK_STRIPES: usize = 256;
-/// Compact the map when the log grows past this many records.
-const COMPACT_RECORDS: u64 = 1 << 20;
 
 /// Options for [`CowDev::open`].
 #[derive(Debug, Clone)]
@@ -44,47 +41,20 @@ impl Default for CowOptions {
     }
 }
 
-struct MapLog {
-    file: File,
-    chain: u32,
-    seq: u64,
-    records: u64,
-    generation: u64,
-}
-
 /// A copy-on-write overlay over a read-only base.
 pub struct CowDev {
     base: Arc<dyn BlockDev>,
     overlay: File,
     overlay_path: PathBuf,
-    map_path: PathBuf,
     size: u64,
     cluster: u64,
-    states: Vec<AtomicU8>,
-    locks: Vec<Mutex<()>>,
-    /// State changes since the last committed flush, in order.
-    pending: Mutex<Vec<(u64, State)>>,
-    log: Mutex<MapLog>,
+    clusters: u64,
+    map: OverlayMap<map::Header>,
     read_only: bool,
 }
 
 fn open_err(path: &Path, e: std::io::Error) -> Error {
     Error::io(Op::Open, "cow", e).path(path)
-}
-
-fn sync_dir(path: &Path) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    File::open(dir)?.sync_all()
-}
-
-/// The map file that belongs to an overlay.
-pub fn map_path(overlay: &Path) -> PathBuf {
-    let mut s = overlay.as_os_str().to_owned();
-    s.push(".cowmap");
-    PathBuf::from(s)
 }
 
 impl CowDev {
@@ -138,67 +108,33 @@ impl CowDev {
             .open(overlay_path)
             .map_err(|e| open_err(overlay_path, e))?;
         crate::layers::raw::lock_file(&overlay, read_only, "cow", overlay_path)?;
-        let bytes = std::fs::read(&map_path).map_err(|e| open_err(&map_path, e))?;
-        let replay = map::replay(&bytes).map_err(|e| {
-            Error::new(
-                ErrorKind::Corrupt,
-                Op::Open,
-                "cow",
-                format!("map file is unusable: {e}"),
-            )
-            .path(&map_path)
-        })?;
-        if replay.header.virtual_size != size {
+        let (map, _) = OverlayMap::<map::Header>::open(&map_path, "cow", read_only)?;
+        let header = map.header();
+        if header.virtual_size != size {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
                 Op::Open,
                 "cow",
                 format!(
                     "overlay was made for a base of {} bytes but this base has {size}; use the base it was made for",
-                    replay.header.virtual_size
+                    header.virtual_size
                 ),
             )
             .path(overlay_path));
         }
-        if replay.discarded > 0 {
-            tracing::warn!(map = %map_path.display(), bytes = replay.discarded, "discarded an uncommitted or torn tail of the cow map (writes after the last flush)");
-        }
-        let cluster = replay.header.cluster_size as u64;
-        let n = replay.header.clusters();
-        let states: Vec<AtomicU8> = (0..n).map(|_| AtomicU8::new(State::Base as u8)).collect();
-        for run in &replay.runs {
-            for c in run.start..run.start + run.count as u64 {
-                states[c as usize].store(run.state as u8, Ordering::Relaxed);
-            }
-        }
-        let log_file = OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .open(&map_path)
-            .map_err(|e| open_err(&map_path, e))?;
         let dev = CowDev {
             base,
             overlay,
             overlay_path: overlay_path.to_path_buf(),
-            map_path,
             size,
-            cluster,
-            states,
-            locks: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
-            pending: Mutex::new(Vec::new()),
-            log: Mutex::new(MapLog {
-                file: log_file,
-                chain: replay.chain,
-                seq: replay.last_seq,
-                records: ((replay.valid_len - HEADER_SIZE) / RECORD_SIZE) as u64,
-                generation: replay.header.generation,
-            }),
+            cluster: header.cluster_size as u64,
+            clusters: header.clusters(),
+            map,
             read_only,
         };
         if !read_only {
-            // Start every session from a compact map with no torn tail.
-            let mut log = dev.log.lock().unwrap_or_else(|p| p.into_inner());
-            dev.compact(&mut log)?;
+            // Every writable open starts from a compact map with no torn tail.
+            dev.map.compact(|_| {}, || dev.sync_overlay())?;
         }
         Ok(dev)
     }
@@ -216,80 +152,26 @@ impl CowDev {
             virtual_size: size,
             generation: 1,
         };
-        write_atomically(map_path, &header.encode()).map_err(|e| open_err(map_path, e))?;
-        Ok(())
+        OverlayMap::create(map_path, &header, "cow")
     }
 
-    /// Rewrite the map as one run per state change plus a commit, through a
-    /// temporary file, fsync and an atomic rename.
-    fn compact(&self, log: &mut MapLog) -> Result<()> {
-        let header = map::Header {
-            cluster_size: self.cluster as u32,
-            virtual_size: self.size,
-            generation: log.generation + 1,
-        };
-        let hb = header.encode();
-        let mut chain = map::Header::chain_seed(&hb);
-        let mut buf = hb.to_vec();
-        let mut records = 0u64;
-        let n = self.states.len() as u64;
-        let mut i = 0u64;
-        while i < n {
-            let s = self.states[i as usize].load(Ordering::Acquire);
-            let mut j = i + 1;
-            while j < n
-                && j - i < u32::MAX as u64
-                && self.states[j as usize].load(Ordering::Acquire) == s
-            {
-                j += 1;
-            }
-            if s != State::Base as u8 {
-                let r = map::encode_record(KIND_SET, s, (j - i) as u32, i, chain);
-                chain = map::record_crc(&r);
-                buf.extend_from_slice(&r);
-                records += 1;
-            }
-            i = j;
-        }
-        let r = map::encode_record(KIND_COMMIT, 0, 0, 1, chain);
-        chain = map::record_crc(&r);
-        buf.extend_from_slice(&r);
-        records += 1;
-        let map_path = &self.map_path;
-        let flush_err = |e| Error::io(Op::Flush, "cow", e).path(map_path);
-        // Data must be durable before a map that claims it replaces the old one.
+    /// Make the overlay's data durable (before any map record claims it).
+    fn sync_overlay(&self) -> Result<()> {
         self.overlay
             .sync_data()
-            .map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.overlay_path))?;
-        write_atomically(map_path, &buf).map_err(flush_err)?;
-        log.file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(map_path)
-            .map_err(flush_err)?;
-        log.chain = chain;
-        log.seq = 1;
-        log.records = records;
-        log.generation = header.generation;
-        Ok(())
+            .map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.overlay_path))
     }
 
     fn state(&self, c: u64) -> State {
-        State::from_u8(self.states[c as usize].load(Ordering::Acquire)).unwrap_or(State::Base)
+        State::from_u8(self.map.get(c)).unwrap_or(State::Base)
     }
 
     fn set_state(&self, c: u64, s: State) {
-        self.states[c as usize].store(s as u8, Ordering::Release);
-        self.pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((c, s));
+        self.map.set(c, c + 1, s as u8);
     }
 
     fn lock(&self, c: u64) -> std::sync::MutexGuard<'_, ()> {
-        self.locks[(c as usize) % LOCK_STRIPES]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.map.stripe(c)
     }
 
     fn cluster_len(&self, c: u64) -> u64 {
@@ -367,7 +249,7 @@ impl CowDev {
         let end = off + len;
         let first_full = off.div_ceil(self.cluster);
         let last_full = if end == self.size {
-            self.states.len() as u64
+            self.clusters
         } else {
             end / self.cluster
         };
@@ -411,36 +293,14 @@ impl CowDev {
 
     /// Number of clusters in each state (base, data, zero).
     pub fn usage(&self) -> (u64, u64, u64) {
-        let mut counts = [0u64; 3];
-        for s in &self.states {
-            counts[s.load(Ordering::Relaxed).min(2) as usize] += 1;
-        }
-        (counts[0], counts[1], counts[2])
+        let [base, data, zero, _] = self.map.states().usage();
+        (base, data, zero)
     }
 
     /// The cluster size in bytes.
     pub fn cluster_size(&self) -> u64 {
         self.cluster
     }
-}
-
-/// Write `bytes` to `path` crash-safely: temporary file, fsync, rename, fsync
-/// of the directory.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    sync_dir(path)
 }
 
 impl BlockDev for CowDev {
@@ -499,59 +359,7 @@ impl BlockDev for CowDev {
         Ok(())
     }
     fn flush(&self) -> Result<()> {
-        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
-        let changes = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
-        // 1. The overlay's data reaches the disk before any map record claims it.
-        self.overlay
-            .sync_data()
-            .map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.overlay_path))?;
-        if changes.is_empty() {
-            return Ok(());
-        }
-        if log.records + changes.len() as u64 > COMPACT_RECORDS {
-            return self.compact(&mut log);
-        }
-        // 2. Coalesce into runs, later changes winning.
-        let mut latest: std::collections::BTreeMap<u64, State> = std::collections::BTreeMap::new();
-        for (c, s) in changes {
-            latest.insert(c, s);
-        }
-        let mut buf = Vec::new();
-        let mut chain = log.chain;
-        let mut iter = latest.into_iter().peekable();
-        while let Some((start, s)) = iter.next() {
-            let mut count = 1u32;
-            while let Some(&(nc, ns)) = iter.peek() {
-                if nc == start + count as u64 && ns == s && count < u32::MAX {
-                    count += 1;
-                    iter.next();
-                } else {
-                    break;
-                }
-            }
-            let r = map::encode_record(KIND_SET, s as u8, count, start, chain);
-            chain = map::record_crc(&r);
-            buf.extend_from_slice(&r);
-        }
-        let r = map::encode_record(KIND_COMMIT, 0, 0, log.seq + 1, chain);
-        chain = map::record_crc(&r);
-        buf.extend_from_slice(&r);
-        // 3. Append the records and their commit, then sync the map.
-        let end = log
-            .file
-            .metadata()
-            .map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.map_path))?
-            .len();
-        log.file
-            .write_all_at(&buf, end)
-            .map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.map_path))?;
-        log.file
-            .sync_data()
-            .map_err(|e| Error::io(Op::Flush, "cow", e).path(&self.map_path))?;
-        log.records += (buf.len() / RECORD_SIZE) as u64;
-        log.chain = chain;
-        log.seq += 1;
-        Ok(())
+        self.map.commit(|| self.sync_overlay())
     }
     fn trim(&self, off: u64, len: u64, flags: WriteFlags) -> Result<()> {
         // Only whole clusters are released; partial ones keep their data,
@@ -559,7 +367,7 @@ impl BlockDev for CowDev {
         let first = off.div_ceil(self.cluster);
         let end = off + len;
         let last = if end == self.size {
-            self.states.len() as u64
+            self.clusters
         } else {
             end / self.cluster
         };
