@@ -1,4 +1,4 @@
-//! `roamdisk_workload::convert::blkparse::convert` on arbitrary text
+//! `roamdisk_trace::convert::blkparse::convert` on arbitrary text
 //! (byte 0: bit 0 = `single_client`, bits 1-2 pick the action converted:
 //! D, Q, C or an empty one).
 //!
@@ -10,8 +10,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_workload::convert::blkparse::{convert, event_records, parse_line, BlkparseOptions};
-use roamdisk_workload::trace::{Record, TraceOp};
+use roamdisk_trace::convert::blkparse::{convert, event_records, parse_line, BlkparseOptions};
+use roamdisk_trace::format::{Record, TraceOp};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {

@@ -1,4 +1,4 @@
-//! `roamdisk_workload::convert::msr::convert` on arbitrary text (byte 0,
+//! `roamdisk_trace::convert::msr::convert` on arbitrary text (byte 0,
 //! bit 0: `absolute_time`).
 //!
 //! Checks: on success every line is a record or skipped; clients are
@@ -8,8 +8,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_workload::convert::msr::{convert, MsrOptions};
-use roamdisk_workload::trace::{Record, TraceOp};
+use roamdisk_trace::convert::msr::{convert, MsrOptions};
+use roamdisk_trace::format::{Record, TraceOp};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {

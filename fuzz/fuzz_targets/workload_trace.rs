@@ -1,4 +1,4 @@
-//! The trace reader, `roamdisk_workload::trace::Reader::from_reader`, on
+//! The trace reader, `roamdisk_trace::format::Reader::from_reader`, on
 //! arbitrary bytes: binary (`RDTRACE\0` magic) or CSV (the header line),
 //! whichever the input starts with. Byte 0 is the mode: bit 0 turns the
 //! rest into a framed binary trace first — the file header, then the rest
@@ -16,8 +16,8 @@ use std::io::Read;
 
 use libfuzzer_sys::fuzz_target;
 use roamdisk_fuzz::trace::{frame_binary, Trickle};
-use roamdisk_workload::trace::binary::Encoder;
-use roamdisk_workload::trace::{Reader, Record};
+use roamdisk_trace::format::binary::Encoder;
+use roamdisk_trace::format::{Reader, Record};
 
 /// Most records looked at per input (bounds time; the binary decoder holds
 /// one chunk at a time anyway).

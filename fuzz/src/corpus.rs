@@ -27,9 +27,9 @@ use roamdisk_cas::store::config::StoreConfig;
 use roamdisk_cas::store::{wire, ObjectEntry};
 use roamdisk_cas::version::{Memory, Version};
 use roamdisk_cas::{ChunkId, HashKind};
-use roamdisk_workload::trace::binary::{Encoder, CHUNK_HEADER_LEN, HEADER_LEN};
-use roamdisk_workload::trace::csvfmt::CsvEncoder;
-use roamdisk_workload::trace::{Record, TraceOp};
+use roamdisk_trace::format::binary::{Encoder, CHUNK_HEADER_LEN, HEADER_LEN};
+use roamdisk_trace::format::csvfmt::CsvEncoder;
+use roamdisk_trace::format::{Record, TraceOp};
 
 use crate::disk::{segments_of, MIN_IMAGE};
 use crate::fixup::FIXUP;

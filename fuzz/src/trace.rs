@@ -1,7 +1,7 @@
 //! Helpers for the `workload_trace` target: a framed binary trace built
 //! around fuzz bytes, and a reader that returns few bytes per call.
 
-use roamdisk_workload::trace::binary::{
+use roamdisk_trace::format::binary::{
     CHK_COUNT, CHK_CRC, CHK_PAYLOAD_LEN, CHUNK_HEADER_LEN, HDR_CRC, HDR_FLAGS, HDR_MAGIC,
     HDR_VERSION, HEADER_LEN, MAGIC, VERSION,
 };

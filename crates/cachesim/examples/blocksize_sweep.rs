@@ -2,7 +2,7 @@
 //! trace get shorter or longer, FixDelay 8 ms, Bandwidth 6 MB/s.
 //!
 //! - `boot` (default): the boot generator of `roamdisk trace synth boot`
-//!   (crates/workload) with its sequential-read share varied (default
+//!   (crates/trace) with its sequential-read share varied (default
 //!   0.75), one client (Machine Bank's traces are of a single VM).
 //! - `vpc`: the Virtual PC generators of `roamdisk trace synth vpc-boot`
 //!   and `vpc-office` (defaults 0.65 and 0.40) at their default length,
@@ -15,9 +15,9 @@
 
 use roamdisk_cachesim::blocksize::{BlockSizeConfig, BlockSizeModel, BlockSizeReport};
 use roamdisk_cachesim::sim::Request;
-use roamdisk_workload::synth::boot::{BootParams, Generator};
-use roamdisk_workload::synth::vpc::{self, VpcParams};
-use roamdisk_workload::trace::Record;
+use roamdisk_trace::format::Record;
+use roamdisk_trace::synth::boot::{BootParams, Generator};
+use roamdisk_trace::synth::vpc::{self, VpcParams};
 
 /// Feeds `records` to the model; returns its report and the mean number
 /// of reads per sequential run (per client).

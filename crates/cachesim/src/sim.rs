@@ -60,8 +60,8 @@ pub struct Request {
 impl Request {
     /// The cache-relevant part of a trace record; `None` for requests that
     /// touch no data (flush) or only discard it (trim).
-    pub fn from_record(r: &roamdisk_workload::trace::Record) -> Option<Request> {
-        use roamdisk_workload::trace::TraceOp;
+    pub fn from_record(r: &roamdisk_trace::format::Record) -> Option<Request> {
+        use roamdisk_trace::format::TraceOp;
         let write = match r.op {
             TraceOp::Read => false,
             TraceOp::Write | TraceOp::WriteZeroes => true,
@@ -90,11 +90,11 @@ impl Request {
 pub fn trace_requests(
     path: &std::path::Path,
 ) -> Result<impl Iterator<Item = Result<Option<Request>, TraceError>>, TraceError> {
-    let reader = roamdisk_workload::trace::Reader::open(path)?;
+    let reader = roamdisk_trace::format::Reader::open(path)?;
     Ok(reader.map(|r| r.map(|rec| Request::from_record(&rec))))
 }
 
-pub use roamdisk_workload::trace::TraceError;
+pub use roamdisk_trace::format::TraceError;
 
 /// One block access.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -64,7 +64,7 @@ fn init_logging(verbose: u8, quiet: bool) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!(
-            "roamdisk={level},roamdisk_nbd={level},roamdisk_blockdev={level},roamdisk_lbs={level},roamdisk_workload={level},roamdisk_cas={level}"
+            "roamdisk={level},roamdisk_nbd={level},roamdisk_blockdev={level},roamdisk_lbs={level},roamdisk_workload={level},roamdisk_trace={level},roamdisk_cas={level}"
         ))
     });
     tracing_subscriber::fmt()

@@ -22,10 +22,10 @@ use roamdisk_blockdev::BlockDev;
 use roamdisk_lbs::create::{create, CreateOptions, Paths};
 use roamdisk_lbs::storage::FileLog;
 use roamdisk_lbs::{ChecksumKind, Lbs, LbsOptions};
+use roamdisk_trace::format::{Format, Writer};
+use roamdisk_trace::synth::{self, android, Kind, SynthOptions};
 use roamdisk_workload::flashsim::{parse_params, FlashSimDev, FlashSimOptions};
 use roamdisk_workload::replay::{self, Grouping, ReplayError, ReplayOptions, Targets};
-use roamdisk_workload::synth::{self, android, Kind, SynthOptions};
-use roamdisk_workload::trace::{Format, Writer};
 
 /// Each device's target and the card under it.
 struct Cards {

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use roamdisk_blockdev::context::{with_context, IoContext};
 use roamdisk_blockdev::{BlockDev, Result, WriteFlags};
-use roamdisk_workload::recorder::{RecorderOptions, TraceDev};
+use roamdisk_trace::recorder::{RecorderOptions, TraceDev};
 
 /// A device that accepts everything and does nothing.
 struct Null;

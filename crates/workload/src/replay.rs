@@ -19,8 +19,8 @@ use roamdisk_blockdev::{BlockDev, Registry, WriteFlags, ZeroFlags};
 use serde::Serialize;
 
 use crate::target::{AlignedBuf, Target, TargetOptions};
-use crate::trace::payload::{PayloadFile, PayloadIndex};
-use crate::trace::{Reader, TraceError, TraceOp};
+use roamdisk_trace::format::payload::{PayloadFile, PayloadIndex};
+use roamdisk_trace::format::{Reader, TraceError, TraceOp};
 
 /// When requests are issued.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -690,7 +690,7 @@ pub fn replay(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{Format, Record, Writer};
+    use roamdisk_trace::format::{Format, Record, Writer};
 
     struct One(Arc<dyn BlockDev>);
     impl Targets for One {
@@ -785,12 +785,12 @@ mod tests {
         let opts = ReplayOptions::default();
         let loaded = load(&p, &opts, &|_| {}).unwrap();
         let mut reg = Registry::with_builtin();
-        reg.add(&crate::recorder::TRACE);
+        reg.add(&roamdisk_trace::recorder::TRACE);
         let dev = reg
             .build(&format!("trace:{}:mem:1M", again.display()), false)
             .unwrap();
         replay(&loaded, &One(dev), &opts, &|_, _| {}).unwrap();
-        let mut got: Vec<(u32, u64)> = crate::trace::Reader::open(&again)
+        let mut got: Vec<(u32, u64)> = roamdisk_trace::format::Reader::open(&again)
             .unwrap()
             .map(|r| r.map(|r| (r.client, r.offset)).unwrap())
             .collect();

@@ -110,8 +110,8 @@ pub fn measure(dev: &dyn BlockDev, p: &Point, clock: &dyn Fn() -> Option<u64>) -
         ));
     }
     let ops = (p.bytes / p.bs).max(MIN_OPS);
-    let mut rng = crate::synth::rng(p.seed);
-    let mut pick = crate::synth::rng(p.seed ^ 0x5eed);
+    let mut rng = roamdisk_trace::synth::rng(p.seed);
+    let mut pick = roamdisk_trace::synth::rng(p.seed ^ 0x5eed);
     let mut buf = AlignedBuf::new(p.bs as usize);
     for (i, b) in buf.get_mut(p.bs as usize).iter_mut().enumerate() {
         *b = (i * 31 + 7) as u8;
@@ -315,7 +315,7 @@ mod tests {
             bytes: 0,
             seed: 1,
         };
-        let mut r = crate::synth::rng(1);
+        let mut r = roamdisk_trace::synth::rng(1);
         let offs =
             |pt: &Point, r: &mut _| (0..20).map(|k| offset(pt, k, r) / 4096).collect::<Vec<_>>();
         assert_eq!(offs(&p(Pattern::Sequential), &mut r)[..4], [0, 1, 2, 3]);

@@ -26,7 +26,10 @@ use roamdisk_blockdev::Registry;
 pub fn registry() -> Registry {
     let mut r = Registry::with_builtin();
     r.add(&roamdisk_lbs::layer::LBS);
-    for k in roamdisk_workload::LAYERS {
+    for k in roamdisk_trace::LAYERS
+        .iter()
+        .chain(roamdisk_workload::LAYERS)
+    {
         r.add(k);
     }
     r.add(&roamdisk_cas::layer::CAS);

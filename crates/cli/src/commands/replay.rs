@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use roamdisk_trace::format::payload::sidecar_path;
 use roamdisk_workload::replay::{
     self, DataSource, Grouping, ReplayOptions, ReplayReport, TargetMap, Timing,
 };
 use roamdisk_workload::target::TargetOptions;
-use roamdisk_workload::trace::payload::sidecar_path;
 
 use super::progress::Progress;
 use crate::plot::bar_chart;

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use roamdisk_workload::convert::{blkparse, msr, ConvertReport};
-use roamdisk_workload::stats::{self, GroupStats, Stats, StatsOptions, Table3Row};
-use roamdisk_workload::synth::{self, Kind, SynthOptions};
-use roamdisk_workload::trace::{Format, Reader, Record, TraceError, Writer};
+use roamdisk_trace::convert::{blkparse, msr, ConvertReport};
+use roamdisk_trace::format::{Format, Reader, Record, TraceError, Writer};
+use roamdisk_trace::stats::{self, GroupStats, Stats, StatsOptions, Table3Row};
+use roamdisk_trace::synth::{self, Kind, SynthOptions};
 
 use super::progress::Progress;
 use crate::plot::{bar_chart, line_chart, LineChart, Series};
@@ -765,7 +765,7 @@ fn run_convert(a: ConvertArgs, quiet: bool) -> anyhow::Result<()> {
 fn run_cat(a: CatArgs) -> anyhow::Result<()> {
     let out = std::io::stdout();
     let mut out = std::io::BufWriter::new(out.lock());
-    writeln!(out, "{}", roamdisk_workload::trace::csvfmt::HEADER)?;
+    writeln!(out, "{}", roamdisk_trace::format::csvfmt::HEADER)?;
     for (i, r) in Reader::open(&a.trace)?.enumerate() {
         if a.limit.is_some_and(|l| i as u64 >= l) {
             break;

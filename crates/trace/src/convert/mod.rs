@@ -5,7 +5,7 @@
 pub mod blkparse;
 pub mod msr;
 
-use crate::trace::{Record, TraceError};
+use crate::format::{Record, TraceError};
 
 /// What a conversion did.
 #[derive(Debug, Clone, Default)]

@@ -21,7 +21,7 @@
 use std::io::BufRead;
 
 use super::{bad_line, ConvertReport, Sink};
-use crate::trace::{Record, TraceError, TraceOp};
+use crate::format::{Record, TraceError, TraceOp};
 
 /// Most bytes in one record (a fragment of a longer request).
 const MAX_PIECE: u64 = 1 << 31;

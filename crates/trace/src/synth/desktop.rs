@@ -13,7 +13,7 @@
 use rand::RngExt;
 use roaring::RoaringTreemap;
 
-use crate::trace::{Record, TraceOp};
+use crate::format::{Record, TraceOp};
 
 /// Requests per client when no length is given.
 pub const DEFAULT_REQUESTS: u64 = 100_000;

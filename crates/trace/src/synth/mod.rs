@@ -20,7 +20,7 @@ use std::collections::BinaryHeap;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::SeedableRng;
 
-use crate::trace::Record;
+use crate::format::Record;
 
 /// A workload to generate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,7 +185,7 @@ pub(crate) fn mix_seed(seed: u64, salt: u64) -> u64 {
 
 /// The random generator every workload uses: a fixed algorithm, so a seed
 /// gives the same trace on every platform and version.
-pub(crate) fn rng(seed: u64) -> Xoshiro256PlusPlus {
+pub fn rng(seed: u64) -> Xoshiro256PlusPlus {
     Xoshiro256PlusPlus::seed_from_u64(seed)
 }
 

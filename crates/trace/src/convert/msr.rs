@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::io::BufRead;
 
 use super::{bad_line, ConvertReport, Sink};
-use crate::trace::{Record, TraceError, TraceOp};
+use crate::format::{Record, TraceError, TraceOp};
 
 /// Options of the MSR converter.
 #[derive(Debug, Clone, Default)]

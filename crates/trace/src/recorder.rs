@@ -25,8 +25,8 @@ use roamdisk_blockdev::{
     BlockDev, Error, ErrorKind, Extent, LayerKind, Op, OpenCtx, Result, WriteFlags, ZeroFlags,
 };
 
-use crate::trace::payload::{sidecar_path, PayloadWriter};
-use crate::trace::{Format, Record, TraceError, TraceOp, Writer};
+use crate::format::payload::{sidecar_path, PayloadWriter};
+use crate::format::{Format, Record, TraceError, TraceOp, Writer};
 
 /// Options of a recorder.
 #[derive(Debug, Clone, Default)]
@@ -266,8 +266,8 @@ pub static TRACE: LayerKind = LayerKind {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::payload::{PayloadFile, PayloadIndex};
-    use crate::trace::Reader;
+    use crate::format::payload::{PayloadFile, PayloadIndex};
+    use crate::format::Reader;
     use roamdisk_blockdev::Registry;
 
     #[test]

@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap};
 use roaring::RoaringTreemap;
 use serde::Serialize;
 
-use crate::trace::{Record, TraceOp};
+use crate::format::{Record, TraceOp};
 
 /// Statistics of one direction (reads or writes) of a group.
 #[derive(Debug, Clone, Default, Serialize)]

@@ -7,7 +7,7 @@
 //! records).
 //!
 //! ```
-//! use roamdisk_workload::trace::{Format, Reader, Record, TraceOp, Writer};
+//! use roamdisk_trace::{Format, Reader, Record, TraceOp, Writer};
 //! let dir = tempfile::tempdir().unwrap();
 //! let path = dir.path().join("t.rdtrace");
 //! let rec = Record { time_ns: 5, client: 0, device: 1, op: TraceOp::Write, offset: 4096, len: 4096, fragment: 0 };

@@ -12,7 +12,7 @@
 use rand::RngExt;
 
 use super::sizes;
-use crate::trace::{Record, TraceOp};
+use crate::format::{Record, TraceOp};
 
 /// One direction of a Table 3 row as published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -52,7 +52,7 @@ use rand::seq::SliceRandom;
 use rand::RngExt;
 
 use super::split;
-use crate::trace::{Record, TraceOp};
+use crate::format::{Record, TraceOp};
 
 /// The installed system (the seed's 47,391 unique blocks of 64 KiB).
 pub const DATA_BYTES: u64 = 47_391 * 65536;

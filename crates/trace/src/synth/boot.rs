@@ -19,7 +19,7 @@ use std::sync::Arc;
 use rand::RngExt;
 
 use super::split;
-use crate::trace::{Record, TraceOp};
+use crate::format::{Record, TraceOp};
 
 /// Clients when none is given.
 pub const DEFAULT_CLIENTS: u32 = 50;
