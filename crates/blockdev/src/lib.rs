@@ -22,19 +22,23 @@
 
 mod checked;
 pub mod context;
+pub mod copy;
 mod dev;
 pub mod durable;
 mod error;
 pub mod layers;
 pub mod overlay;
+pub mod progress;
 pub mod spec;
 pub mod testkit;
 pub mod units;
 
 pub use checked::Checked;
+pub use copy::{copy_sparse, CopyOptions, Zeroes};
 pub use dev::{
     extents_covering, push_extent, write_zero_buffers, Alloc, BlockDev, Caps, Extent, WriteFlags,
     ZeroFlags,
 };
 pub use error::{Error, ErrorKind, Op, Result};
+pub use progress::{NoProgress, Progress};
 pub use spec::{LayerKind, LayerSpec, OpenCtx, Registry};

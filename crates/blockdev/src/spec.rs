@@ -60,6 +60,22 @@ impl OpenCtx<'_> {
     pub fn opt(&self, name: &str) -> Option<&str> {
         self.params.get(name).map(String::as_str)
     }
+    /// An optional on/off parameter ([`parse_on_off`]); a value that is
+    /// neither is an error naming the layer and the option.
+    pub fn flag(&self, kind: &str, name: &str) -> Result<Option<bool>> {
+        self.opt(name)
+            .map(|v| {
+                parse_on_off(v).ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::InvalidArgument,
+                        Op::Open,
+                        kind.to_string(),
+                        format!("{name} must be on or off, not '{v}'"),
+                    )
+                })
+            })
+            .transpose()
+    }
     /// A path parameter.
     pub fn path(&self, kind: &str, name: &str) -> Result<PathBuf> {
         Ok(PathBuf::from(self.get(kind, name)?))
@@ -78,6 +94,15 @@ impl OpenCtx<'_> {
                 })
             })
             .transpose()
+    }
+}
+
+/// An on/off value: `on`, `yes`, `true`, `1` or `off`, `no`, `false`, `0`.
+pub fn parse_on_off(v: &str) -> Option<bool> {
+    match v {
+        "on" | "yes" | "true" | "1" => Some(true),
+        "off" | "no" | "false" | "0" => Some(false),
+        _ => None,
     }
 }
 

@@ -393,7 +393,7 @@ impl BorrowDev {
         if scrub {
             let runs = self.ever.runs();
             let total: u64 = runs.iter().map(|(a, b)| (b - a) * UNIT).sum();
-            progress.begin("scrubbing", total);
+            progress.phase("scrubbing", total);
             for (a, b) in runs {
                 let (off, end) = (a * UNIT, b * UNIT);
                 let mut i = self.segs.partition_point(|s| s.logical + s.len <= off);

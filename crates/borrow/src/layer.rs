@@ -8,20 +8,6 @@ use roamdisk_blockdev::{BlockDev, Error, ErrorKind, LayerKind, Op, OpenCtx};
 use crate::dev::{BorrowDev, BorrowOptions, Verify};
 use crate::plan::Plan;
 
-fn on_off(ctx: &OpenCtx<'_>, name: &str, default: bool) -> roamdisk_blockdev::Result<bool> {
-    match ctx.opt(name) {
-        None => Ok(default),
-        Some("on") => Ok(true),
-        Some("off") => Ok(false),
-        Some(v) => Err(Error::new(
-            ErrorKind::InvalidArgument,
-            Op::Open,
-            "borrow",
-            format!("{name} must be on or off, not '{v}'"),
-        )),
-    }
-}
-
 /// `borrow[encrypt=on|off,scrub=on|off,verify=full|identity]:PLAN`.
 pub static BORROW: LayerKind = LayerKind {
     name: "borrow",
@@ -58,8 +44,8 @@ pub static BORROW: LayerKind = LayerKind {
             }
         };
         let opts = BorrowOptions {
-            encrypt: on_off(ctx, "encrypt", true)?,
-            scrub: on_off(ctx, "scrub", false)?,
+            encrypt: ctx.flag("borrow", "encrypt")?.unwrap_or(true),
+            scrub: ctx.flag("borrow", "scrub")?.unwrap_or(false),
             verify,
             size: None,
         };

@@ -37,17 +37,6 @@ pub(crate) fn bad_plan(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::InvalidArgument, Op::Open, "borrow", msg)
 }
 
-/// Where long work reports how far it got. The engine never draws: the
-/// CLI chooses a terminal bar, log lines or nothing.
-pub trait Progress: Sync {
-    /// A new phase of `total` units (bytes).
-    fn begin(&self, _what: &'static str, _total: u64) {}
-    /// `done` units of the current phase are finished.
-    fn set(&self, _done: u64) {}
-    /// The phase is over.
-    fn end(&self) {}
-}
-
-/// Progress that goes nowhere.
-pub struct NoProgress;
-impl Progress for NoProgress {}
+/// Where long work reports how far it got (the project's one progress
+/// trait): the engine never draws, the CLI chooses bars, lines or nothing.
+pub use roamdisk_blockdev::progress::{NoProgress, Progress};

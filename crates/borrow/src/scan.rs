@@ -83,7 +83,7 @@ pub fn scan_devices(
     let mut free_hist = Histogram::default();
     let mut heap: BinaryHeap<Reverse<Cand>> = BinaryHeap::new();
     let total: u64 = devs.iter().map(|(_, d)| d.size()).sum();
-    progress.begin("scanning", total);
+    progress.phase("scanning", total);
     let mut base = 0u64;
     for (id, (path, dev)) in devs.iter().enumerate() {
         let id = id as u32;

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use roamdisk_blockdev::{extents_covering, BlockDev, Result, WriteFlags};
+use roamdisk_blockdev::copy::copy_sparse_to;
+use roamdisk_blockdev::{BlockDev, CopyOptions, Result, WriteFlags, Zeroes};
 use serde::Serialize;
 
 use crate::dev::{BorrowDev, BorrowOptions};
@@ -144,7 +145,7 @@ impl Session {
         let t0 = Instant::now();
         let ranges = self.borrow.dirty_ranges();
         let total: u64 = ranges.iter().map(|(a, b)| b - a).sum();
-        progress.begin("copying back", total);
+        progress.phase("copying back", total);
         let mut buf = Vec::new();
         let mut done = 0;
         for (a, b) in ranges {
@@ -174,55 +175,19 @@ impl Session {
 /// Zero runs at least this long are not written.
 const ZERO_GRAIN: usize = 64 << 10;
 
-/// Write the parts of `buf` (at `off`) that are not all zero, in
-/// `ZERO_GRAIN` pieces merged into runs; returns the bytes written.
-fn write_nonzero(borrow: &BorrowDev, buf: &[u8], off: u64) -> Result<u64> {
-    let mut written = 0;
-    let mut run: Option<usize> = None;
-    let pieces = buf.len().div_ceil(ZERO_GRAIN);
-    for i in 0..=pieces {
-        let nonzero = i < pieces && {
-            let end = ((i + 1) * ZERO_GRAIN).min(buf.len());
-            buf[i * ZERO_GRAIN..end].iter().any(|&b| b != 0)
-        };
-        match (nonzero, run) {
-            (true, None) => run = Some(i * ZERO_GRAIN),
-            (false, Some(s)) => {
-                let e = (i * ZERO_GRAIN).min(buf.len());
-                borrow.write_unmarked(&buf[s..e], off + s as u64)?;
-                written += (e - s) as u64;
-                run = None;
-            }
-            _ => {}
-        }
-    }
-    Ok(written)
-}
-
 /// Copy the allocated parts of `state` into `borrow` (holes and zero
 /// blocks are skipped: unwritten units read as zeroes).
 fn copy_in(state: &dyn BlockDev, borrow: &BorrowDev, progress: &dyn Progress) -> Result<u64> {
-    let size = state.size();
-    progress.begin("copying in", size);
-    let mut buf = Vec::new();
-    let mut copied = 0;
-    let mut pos = 0;
-    for e in extents_covering(state, 0, size)? {
-        let end = pos + e.len;
-        if !e.state.is_zero() {
-            let mut p = pos;
-            while p < end {
-                let n = (end - p).min(STEP);
-                buf.resize(n as usize, 0);
-                state.read_at(&mut buf, p)?;
-                copied += write_nonzero(borrow, &buf, p)?;
-                p += n;
-                progress.set(p);
-            }
-        }
-        pos = end;
-        progress.set(pos);
-    }
-    progress.end();
-    Ok(copied)
+    let opts = CopyOptions {
+        zeroes: Zeroes::Skip,
+        zero_grain: ZERO_GRAIN,
+        what: "copying in",
+    };
+    copy_sparse_to(
+        state,
+        &mut |buf, off| borrow.write_unmarked(buf, off),
+        &mut |_, _| Ok(()),
+        &opts,
+        progress,
+    )
 }

@@ -14,8 +14,9 @@
 //!   network, and [`qnsim`], a discrete-event simulator of the same
 //!   network used to check it.
 //!
-//! The engine never draws progress bars: long runs report to a
-//! [`Progress`] the caller supplies.
+//! The engine never draws progress: it is fed request by request
+//! (`feed`), and the caller reports how far it got through
+//! `roamdisk_blockdev::Progress`.
 
 pub mod blocksize;
 pub mod index;
@@ -28,17 +29,3 @@ pub mod stack;
 
 pub use index::{DenseIndex, HashIndex, KeyIndex};
 pub use policy::{Outcome, Policy, PolicyKind, PolicySpec};
-
-/// Where long computations report how far they got.
-pub trait Progress {
-    /// `done` units (bytes of trace, steps...) of the total announced by
-    /// the caller.
-    fn set(&self, done: u64);
-}
-
-/// A [`Progress`] that ignores reports.
-pub struct NoProgress;
-
-impl Progress for NoProgress {
-    fn set(&self, _done: u64) {}
-}

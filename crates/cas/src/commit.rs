@@ -20,11 +20,11 @@ use crate::chunk::Key;
 use crate::error::{bad_arg, context, err};
 use crate::hash::ChunkId;
 use crate::index::{valid_chunk_size, Index, SECTOR};
-use crate::progress::Progress;
 use crate::repo::{read_catalog, update_catalog};
 use crate::store::ChunkWrite;
 use crate::upload::{UploadStats, Uploader};
 use crate::version::{Memory, Version};
+use roamdisk_blockdev::Progress;
 use roamdisk_blockdev::{extents_covering, BlockDev, ErrorKind, Op, Result};
 
 /// Which version a new one descends from.

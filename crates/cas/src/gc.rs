@@ -24,9 +24,9 @@ use serde::Serialize;
 use crate::catalog::Catalog;
 use crate::error::context;
 use crate::hash::ChunkId;
-use crate::progress::Progress;
 use crate::store::{fetch, ChunkPrune};
 use crate::version::Version;
+use roamdisk_blockdev::Progress;
 use roamdisk_blockdev::Result;
 
 /// Options of a gc run.
@@ -191,10 +191,10 @@ pub fn gc<S: ChunkPrune + ?Sized>(
 mod tests {
     use super::*;
     use crate::commit::{commit_image, CommitOptions, Source};
-    use crate::progress::NoProgress;
     use crate::store::local::LocalStore;
     use crate::store::{ChunkRead, ChunkWrite, StoreConfig};
     use roamdisk_blockdev::layers::mem::MemDev;
+    use roamdisk_blockdev::NoProgress;
     use roamdisk_blockdev::{BlockDev, WriteFlags};
 
     fn disk(seed: u8) -> MemDev {

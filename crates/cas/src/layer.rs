@@ -8,9 +8,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use roamdisk_blockdev::{BlockDev, LayerKind, OpenCtx, Result};
+use roamdisk_blockdev::{BlockDev, LayerKind, OpenCtx};
 
-use crate::error::bad_arg;
 use crate::session::dev::{CasDev, SessionOpen};
 use crate::view::VersionView;
 
@@ -27,15 +26,6 @@ pub fn default_store() -> String {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
         .unwrap_or_else(|| PathBuf::from("."));
     base.join("roamdisk/store").display().to_string()
-}
-
-fn on_off(v: Option<&str>, name: &str) -> Result<Option<bool>> {
-    match v {
-        None => Ok(None),
-        Some("on") | Some("true") | Some("yes") => Ok(Some(true)),
-        Some("off") | Some("false") | Some("no") => Ok(Some(false)),
-        Some(o) => Err(bad_arg(format!("{name} must be on or off, not '{o}'"))),
-    }
 }
 
 /// `cas:SESSION`.
@@ -56,7 +46,7 @@ pub static CAS: LayerKind = LayerKind {
             read_only: ctx.read_only,
             store: ctx.opt("store").map(str::to_string),
             key_file: ctx.opt("key-file").map(PathBuf::from),
-            zero_detect: on_off(ctx.opt("zero-detect"), "zero-detect")?,
+            zero_detect: ctx.flag("cas", "zero-detect")?,
         };
         Ok(Arc::new(CasDev::open(&dir, &opts, ctx.registry)?) as Arc<dyn BlockDev>)
     },

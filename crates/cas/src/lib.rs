@@ -25,7 +25,6 @@ pub mod guest;
 pub mod hash;
 pub mod index;
 pub mod layer;
-pub mod progress;
 pub mod repo;
 pub mod server;
 pub mod session;
@@ -35,4 +34,4 @@ pub mod version;
 pub mod view;
 
 pub use hash::{ChunkId, HashKind};
-pub use progress::{NoProgress, Progress};
+pub use roamdisk_blockdev::progress::{NoProgress, Progress};

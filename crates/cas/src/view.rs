@@ -15,9 +15,9 @@ use crate::chunk::Key;
 use crate::error::{context, err};
 use crate::hash::ChunkId;
 use crate::index::{SectorState, SECTOR};
-use crate::progress::Progress;
 use crate::store::{fetch, ChunkRead, DynStore};
 use crate::version::Version;
+use roamdisk_blockdev::Progress;
 
 /// Chunks kept decoded in memory per view (sequential readers re-read a
 /// chunk many times, 4 KiB at a time).

@@ -1,9 +1,12 @@
 //! The `roamdisk` command. Each subcommand is one file in `commands/`,
 //! which parses its options and calls the library crates.
 
+#[macro_use]
+mod output;
 mod commands;
 #[allow(dead_code)]
 mod plot;
+mod progress;
 
 use clap::{Parser, Subcommand};
 

@@ -30,17 +30,8 @@ pub static LBS: LayerKind = LayerKind {
             passphrase_file: ctx.opt("passphrase-file").map(PathBuf::from),
         };
         let mut opts = LbsOptions { read_only: ctx.read_only, ..LbsOptions::default() };
-        match ctx.opt("gc") {
-            None | Some("on") => {}
-            Some("off") => opts.background_gc = false,
-            Some(other) => {
-                return Err(roamdisk_blockdev::Error::new(
-                    roamdisk_blockdev::ErrorKind::InvalidArgument,
-                    roamdisk_blockdev::Op::Open,
-                    "lbs",
-                    format!("gc must be on or off, not '{other}'"),
-                ))
-            }
+        if ctx.flag("lbs", "gc")? == Some(false) {
+            opts.background_gc = false;
         }
         if let Some(b) = ctx.size_opt("lbs", "buffer")? {
             opts.buffer_size = b.clamp(4096, 16 << 20) as usize;

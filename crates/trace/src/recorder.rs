@@ -242,18 +242,7 @@ pub static TRACE: LayerKind = LayerKind {
         let next = next.ok_or_else(|| {
             Error::new(ErrorKind::InvalidArgument, Op::Open, "trace", "needs an inner stack")
         })?;
-        let data = match ctx.opt("data") {
-            None | Some("off") => false,
-            Some("on") => true,
-            Some(o) => {
-                return Err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    Op::Open,
-                    "trace",
-                    format!("data must be on or off, not '{o}'"),
-                ))
-            }
-        };
+        let data = ctx.flag("trace", "data")?.unwrap_or(false);
         let opts = RecorderOptions {
             data,
             client: parse_u32(ctx, "client")?,

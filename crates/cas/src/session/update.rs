@@ -23,10 +23,10 @@ use crate::commit::{finish_commit, CommitOptions, CommitSummary, FilterReport, P
 use crate::error::bad_arg;
 use crate::guest::{GuestAnalyzer, GuestRegions};
 use crate::index::{SectorState, SECTOR};
-use crate::progress::Progress;
 use crate::upload::Uploader;
 use crate::version::{Memory, Version};
 use crate::view::VersionView;
+use roamdisk_blockdev::Progress;
 use roamdisk_blockdev::{BlockDev, Result, WriteFlags};
 
 /// Options of an update commit.

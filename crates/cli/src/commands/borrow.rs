@@ -17,7 +17,7 @@ use roamdisk_borrow::verify::{verify, Depth};
 use roamdisk_borrow::{BorrowOptions, Plan, ScanOptions, Verify};
 use roamdisk_nbd::{Export, Listen, Server, ServerConfig, TlsMode};
 
-use super::progress::Progress;
+use crate::progress::{Output, Reporter};
 
 /// Borrow the free blocks of a host's disks as a fast transient disk for a
 /// VM (TransPart). The host's file systems are only read; nothing
@@ -217,37 +217,6 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     }
 }
 
-/// The engine's progress, drawn by the CLI's bars or lines.
-struct Bars {
-    quiet: bool,
-    cur: Mutex<Option<Progress>>,
-}
-
-impl Bars {
-    fn new(quiet: bool) -> Bars {
-        Bars {
-            quiet,
-            cur: Mutex::new(None),
-        }
-    }
-}
-
-impl roamdisk_borrow::Progress for Bars {
-    fn begin(&self, what: &'static str, total: u64) {
-        *self.cur.lock().expect("progress") = Some(Progress::new(self.quiet, total, what));
-    }
-    fn set(&self, done: u64) {
-        if let Some(p) = &*self.cur.lock().expect("progress") {
-            p.set(done);
-        }
-    }
-    fn end(&self) {
-        if let Some(p) = self.cur.lock().expect("progress").take() {
-            p.finish();
-        }
-    }
-}
-
 fn scan(a: ScanArgs, quiet: bool) -> anyhow::Result<()> {
     let opts = ScanOptions {
         min_extent: a.filters.min_extent,
@@ -255,7 +224,14 @@ fn scan(a: ScanArgs, quiet: bool) -> anyhow::Result<()> {
         min_size: a.min_size.unwrap_or(0),
         size_limit: a.size.unwrap_or(0),
     };
-    let plan = roamdisk_borrow::scan(&a.devices, &opts, &Bars::new(quiet || a.json))?;
+    let plan = roamdisk_borrow::scan(
+        &a.devices,
+        &opts,
+        &Reporter::new(Output {
+            quiet: quiet || a.json,
+            json: false,
+        }),
+    )?;
     if let Some(p) = &a.plan {
         plan.save(p)?;
     }
@@ -436,7 +412,10 @@ fn session(a: RunArgs, quiet: bool) -> anyhow::Result<()> {
             "encryption is off: the VM's data will stay readable in the host's free blocks"
         );
     }
-    let bars = Bars::new(quiet || a.json);
+    let bars = Reporter::new(Output {
+        quiet: quiet || a.json,
+        json: false,
+    });
     let sess = Session::start(&opts, state, &bars)?;
     if !quiet && !a.json {
         eprintln!(

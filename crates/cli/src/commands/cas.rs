@@ -3,15 +3,12 @@
 //! user's key, and how progress is shown (terminal bar, periodic lines,
 //! JSON lines, or nothing).
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::progress::{Output, Reporter};
 use anyhow::Context;
 use clap::Args as ClapArgs;
-use indicatif::{ProgressBar, ProgressStyle};
-use roamdisk_blockdev::units::format_size;
 use roamdisk_cas::store::{self, DynStore, StoreConfig};
 
 /// Where the chunk store is, and the user's key.
@@ -35,6 +32,14 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
+    /// The progress display these options ask for.
+    pub fn progress(&self, quiet: bool) -> Reporter {
+        Reporter::new(Output {
+            quiet,
+            json: self.json,
+        })
+    }
+
     pub fn location(&self) -> String {
         self.store
             .clone()
@@ -74,130 +79,6 @@ pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
         _ => anyhow::bail!("'{s}': unknown duration unit '{unit}' (use s, m, h or d)"),
     };
     Ok(Duration::from_secs(secs))
-}
-
-enum Mode {
-    Quiet,
-    Json,
-    Bar(ProgressBar),
-    Lines,
-}
-
-struct State {
-    phase: &'static str,
-    total: u64,
-    done: u64,
-    last: Instant,
-}
-
-/// A progress display for the engine's [`roamdisk_cas::Progress`].
-pub struct Progress {
-    mode: Mode,
-    state: Mutex<State>,
-}
-
-impl Progress {
-    pub fn new(quiet: bool, json: bool) -> Progress {
-        let mode = if json {
-            Mode::Json
-        } else if quiet {
-            Mode::Quiet
-        } else if std::io::stderr().is_terminal() {
-            let b = ProgressBar::new(0);
-            b.set_style(
-                ProgressStyle::with_template(
-                    "{msg:>16} [{bar:36}] {bytes}/{total_bytes} {bytes_per_sec} {eta} left",
-                )
-                .expect("valid template")
-                .progress_chars("=> "),
-            );
-            Mode::Bar(b)
-        } else {
-            Mode::Lines
-        };
-        Progress {
-            mode,
-            state: Mutex::new(State {
-                phase: "",
-                total: 0,
-                done: 0,
-                last: Instant::now(),
-            }),
-        }
-    }
-
-    fn json_line(s: &State) {
-        eprintln!(
-            "{}",
-            serde_json::json!({"phase": s.phase, "done": s.done, "total": s.total})
-        );
-    }
-
-    /// Clear the bar.
-    pub fn finish(&self) {
-        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        match &self.mode {
-            Mode::Bar(b) => b.finish_and_clear(),
-            Mode::Json if !s.phase.is_empty() => Self::json_line(&s),
-            _ => {}
-        }
-    }
-}
-
-impl roamdisk_cas::Progress for Progress {
-    fn phase(&self, name: &'static str, total: u64) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if matches!(self.mode, Mode::Json) && !s.phase.is_empty() {
-            Self::json_line(&s);
-        }
-        *s = State {
-            phase: name,
-            total,
-            done: 0,
-            last: Instant::now(),
-        };
-        match &self.mode {
-            Mode::Bar(b) => {
-                b.set_message(name);
-                b.set_length(total);
-                b.set_position(0);
-            }
-            Mode::Json => Self::json_line(&s),
-            _ => {}
-        }
-    }
-
-    fn advance(&self, n: u64) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        s.done += n;
-        match &self.mode {
-            Mode::Bar(b) => b.set_position(s.done),
-            Mode::Json if s.last.elapsed() > Duration::from_millis(500) => {
-                s.last = Instant::now();
-                Self::json_line(&s);
-            }
-            Mode::Lines if s.last.elapsed() > Duration::from_secs(5) => {
-                s.last = Instant::now();
-                eprintln!(
-                    "roamdisk: {} {:.0}% ({} of {})",
-                    s.phase,
-                    s.done as f64 * 100.0 / s.total.max(1) as f64,
-                    format_size(s.done),
-                    format_size(s.total)
-                );
-            }
-            _ => {}
-        }
-    }
-
-    fn note(&self, msg: &str) {
-        match &self.mode {
-            Mode::Quiet => {}
-            Mode::Json => eprintln!("{}", serde_json::json!({ "note": msg })),
-            Mode::Bar(b) => b.println(format!("roamdisk: {msg}")),
-            Mode::Lines => eprintln!("roamdisk: {msg}"),
-        }
-    }
 }
 
 /// `3f2a1b9c0d1e` from a hex version id.

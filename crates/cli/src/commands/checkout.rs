@@ -14,7 +14,7 @@ use roamdisk_cas::session::{self, SessionConfig};
 use roamdisk_cas::store::fetch;
 use roamdisk_cas::view::{materialise, VersionView};
 
-use super::cas::{Progress, StoreArgs};
+use super::cas::StoreArgs;
 
 /// Check out a version of an image: USER/IMAGE (latest), USER/IMAGE@VERSION
 /// (an id prefix from `roamdisk log`), USER/IMAGE@TAG, or USER/IMAGE@DATE
@@ -85,7 +85,7 @@ fn write_output(
     view: &VersionView,
     dest: &Path,
     format: &str,
-    progress: &Progress,
+    progress: &crate::progress::Reporter,
 ) -> anyhow::Result<u64> {
     let size = view.size();
     match format {
@@ -157,7 +157,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let store = a.st.open(false)?;
     let key = a.st.key()?;
     let (name, entry) = resolve(&*store, &a.version)?;
-    let progress = Progress::new(quiet, a.st.json);
+    let progress = a.st.progress(quiet);
     let view = VersionView::open(store.clone(), entry.version, key.as_ref())
         .with_context(|| format!("cannot check out {name}@{}", entry.version.short()))?;
     let describe = format!(

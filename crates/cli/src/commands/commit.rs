@@ -12,7 +12,7 @@ use roamdisk_cas::guest::FsmetaAnalyzer;
 use roamdisk_cas::session::dev::{CasDev, SessionOpen};
 use roamdisk_cas::session::update::{commit_session, UpdateOptions};
 
-use super::cas::{short, Progress, StoreArgs};
+use super::cas::{short, StoreArgs};
 
 /// Commit a disk as a new version of a content-addressed image.
 ///
@@ -206,7 +206,7 @@ pub fn print_summary(s: &CommitSummary, json: bool) -> anyhow::Result<()> {
 }
 
 pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
-    let progress = Progress::new(quiet, a.st.json);
+    let progress = a.st.progress(quiet);
     let config = match &a.config {
         Some(p) => std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?,
         None => Vec::new(),

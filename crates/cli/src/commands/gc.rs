@@ -4,7 +4,7 @@ use clap::Parser;
 use roamdisk_blockdev::units::format_size;
 use roamdisk_cas::gc::{gc, GcOptions};
 
-use super::cas::{parse_duration, Progress, StoreArgs};
+use super::cas::{parse_duration, StoreArgs};
 
 /// Garbage-collect the chunk store: mark every chunk some version of some
 /// catalog references, remove the rest. Safe while commits run: a commit
@@ -30,7 +30,7 @@ pub struct Args {
 
 pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let store = a.st.open(false)?;
-    let progress = Progress::new(quiet, a.st.json);
+    let progress = a.st.progress(quiet);
     let opts = GcOptions {
         lease_timeout: parse_duration(&a.lease_timeout)?,
         dry_run: a.dry_run,

@@ -7,11 +7,12 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use roamdisk_blockdev::units::{format_size, parse_size};
-use roamdisk_blockdev::{extents_covering, BlockDev, WriteFlags, ZeroFlags};
+use roamdisk_blockdev::{copy_sparse, BlockDev, CopyOptions};
 use roamdisk_lbs::create::{open_files, read_header, CreateOptions, Encryption, KeyOptions, Paths};
 use roamdisk_lbs::{ChecksumKind, LbsOptions};
 
-use super::progress::Progress;
+use crate::progress::{Output, Reporter};
+use roamdisk_blockdev::progress::{Progress, Unit};
 
 /// Logging Block Store images: log-structured, write-buffered, checksummed,
 /// optionally encrypted (XTS-AES-256), crash-safe, garbage-collected. An
@@ -228,7 +229,15 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
                     ..LbsOptions::default()
                 },
             )?;
-            let p = Progress::new(quiet, lbs.header().logical_blocks(), "checking blocks");
+            let p = Reporter::phase_of(
+                Output {
+                    quiet,
+                    ..Default::default()
+                },
+                "checking blocks",
+                lbs.header().logical_blocks(),
+                Unit::Items,
+            );
             let bad = lbs.check(|done, _| p.set(done))?;
             p.finish();
             if bad.is_empty() {
@@ -454,38 +463,15 @@ fn copy(
     quiet: bool,
     what: &'static str,
 ) -> anyhow::Result<u64> {
-    let size = src.size();
-    let p = Progress::new(quiet, size, what);
-    let mut off = 0u64;
-    let mut copied = 0u64;
-    let mut buf = vec![0u8; 4 << 20];
-    while off < size {
-        let n = (buf.len() as u64).min(size - off);
-        let extents = extents_covering(src, off, n)?;
-        let mut pos = off;
-        for e in extents {
-            if e.state.is_zero() {
-                if dst.caps().can_zero {
-                    dst.write_zeroes(
-                        pos,
-                        e.len,
-                        ZeroFlags {
-                            may_trim: true,
-                            ..Default::default()
-                        },
-                    )?;
-                }
-            } else {
-                let b = &mut buf[..e.len as usize];
-                src.read_at(b, pos)?;
-                dst.write_at(b, pos, WriteFlags::default())?;
-                copied += e.len;
-            }
-            pos += e.len;
-        }
-        off += n;
-        p.set(off);
-    }
+    let p = Reporter::new(Output {
+        quiet,
+        ..Default::default()
+    });
+    let opts = CopyOptions {
+        what,
+        ..Default::default()
+    };
+    let copied = copy_sparse(src, dst, &opts, &p)?;
     dst.flush()?;
     p.finish();
     Ok(copied)

@@ -10,7 +10,6 @@ pub mod layers;
 pub mod lbs;
 pub mod log;
 pub mod model;
-pub mod progress;
 pub mod replay;
 pub mod rm;
 pub mod serve;

@@ -10,9 +10,10 @@ use roamdisk_cachesim::blocksize::{BlockSizeConfig, BlockSizeModel};
 use roamdisk_cachesim::mva::{self, Demands};
 use roamdisk_cachesim::qnsim;
 
-use super::progress::Progress;
 use super::sim::read_requests;
 use crate::plot::{line_chart, LineChart, Series};
+use crate::progress::{Output, Reporter};
+use roamdisk_blockdev::progress::{Progress, Unit};
 
 /// Capacity models: `blocksize` (Machine Bank: which fetch block size
 /// minimises on-demand latency for a trace) and `mva` (TransCom: server
@@ -227,7 +228,15 @@ fn blocksize(a: BlockSizeArgs, quiet: bool) -> anyhow::Result<()> {
         shared_cache: a.shared_cache,
     });
     let total = read_requests(&a.trace)?.count() as u64;
-    let progress = Progress::new(quiet || a.json, total, "replaying");
+    let progress = Reporter::phase_of(
+        Output {
+            quiet: quiet || a.json,
+            ..Default::default()
+        },
+        "replaying",
+        total,
+        Unit::Items,
+    );
     for (n, r) in read_requests(&a.trace)?.enumerate() {
         if let Some(req) = r? {
             model.feed(&req);

@@ -12,20 +12,9 @@ use roamdisk_workload::replay::{
 };
 use roamdisk_workload::target::TargetOptions;
 
-use super::progress::Progress;
 use crate::plot::bar_chart;
-
-/// `println!` that keeps quiet when stdout is closed early (`| head`).
-macro_rules! outln {
-    () => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock());
-    }};
-    ($($t:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), $($t)*);
-    }};
-}
+use crate::progress::{Output, Reporter};
+use roamdisk_blockdev::progress::{Progress, Unit};
 
 /// Replay a trace (blksim; IOEmu for many clients). The trace is loaded
 /// into one command stream per client and partition (--per client: one
@@ -159,7 +148,15 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         keep_going: a.keep_going,
     };
     let size = std::fs::metadata(&a.trace).map(|m| m.len()).unwrap_or(1);
-    let lp = Progress::new(quiet, size.max(1), "loading");
+    let lp = Reporter::phase_of(
+        Output {
+            quiet,
+            ..Default::default()
+        },
+        "loading",
+        size.max(1),
+        Unit::Bytes,
+    );
     let loaded = replay::load(&a.trace, &opts, &|n| lp.set((n * 5).min(size)))
         .with_context(|| format!("cannot load {}", a.trace.display()))?;
     lp.finish();
@@ -176,7 +173,15 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         },
     );
     let total = loaded.requests();
-    let p = Progress::new(quiet, total.max(1), "replaying");
+    let p = Reporter::phase_of(
+        Output {
+            quiet,
+            ..Default::default()
+        },
+        "replaying",
+        total.max(1),
+        Unit::Items,
+    );
     let rep = replay::replay(&loaded, &targets, &opts, &|d, _| p.set(d))?;
     p.finish();
     if a.json {

@@ -14,8 +14,9 @@ use roamdisk_cachesim::sim::{
     SimReport, Simulator,
 };
 
-use super::progress::Progress;
 use crate::plot::{bar_chart, line_chart, LineChart, Series};
+use crate::progress::{Output, Reporter};
+use roamdisk_blockdev::progress::{Progress, Unit};
 
 /// Simulate cache policies on a trace, TransCom style. The trace is cut
 /// into fixed-size blocks; a block is ⟨block, client⟩ under the
@@ -312,7 +313,15 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
 }
 
 fn run_pass(a: &Args, sim: &mut Simulator, total: u64, quiet: bool) -> anyhow::Result<()> {
-    let progress = Progress::new(quiet || a.json, total, "simulating");
+    let progress = Reporter::phase_of(
+        Output {
+            quiet: quiet || a.json,
+            ..Default::default()
+        },
+        "simulating",
+        total,
+        Unit::Items,
+    );
     let mut n = 0u64;
     for r in read_requests(&a.trace)? {
         if n >= total {

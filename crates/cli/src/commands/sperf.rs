@@ -8,20 +8,9 @@ use roamdisk_blockdev::units::parse_size;
 use roamdisk_workload::sperf::{self, Curve, Measured, Pattern, Point, Sweep};
 use roamdisk_workload::target::{Target, TargetOptions};
 
-use super::progress::Progress;
 use crate::plot::{line_chart, LineChart, Series};
-
-/// `println!` that keeps quiet when stdout is closed early (`| head`).
-macro_rules! outln {
-    () => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock());
-    }};
-    ($($t:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), $($t)*);
-    }};
-}
+use crate::progress::{Output, Reporter};
+use roamdisk_blockdev::progress::{Progress, Unit};
 
 /// Measure bandwidth of I/O patterns within the first --area bytes of a
 /// target (the seed's sperf): sequential, random, strided (a stride of N
@@ -252,7 +241,15 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             }
         }
     }
-    let prog = Progress::new(quiet, jobs.len() as u64, "measuring");
+    let prog = Reporter::phase_of(
+        Output {
+            quiet,
+            ..Default::default()
+        },
+        "measuring",
+        jobs.len() as u64,
+        Unit::Items,
+    );
     let mut results: Vec<(u32, usize, String, f64, Measured)> = Vec::new();
     for (i, (f, ti, name, x, p)) in jobs.into_iter().enumerate() {
         let t = &targets[ti];

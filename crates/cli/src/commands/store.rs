@@ -15,7 +15,7 @@ use roamdisk_cas::store::{self, local::LocalStore, StoreConfig};
 use roamdisk_cas::version::{Header, Version};
 use roamdisk_cas::ChunkId;
 
-use super::cas::{Progress, StoreArgs};
+use super::cas::StoreArgs;
 
 /// Chunk stores: where content-addressed images live. A store is a
 /// directory (chunks as hash-named files under 2-hex-digit folders,
@@ -322,8 +322,13 @@ fn verify(v: VerifyArgs, quiet: bool) -> anyhow::Result<()> {
     let st = v.st.open(false)?;
     let mut ids = Vec::new();
     st.list_objects(&mut |e| ids.push(e.id))?;
-    let progress = Progress::new(quiet, v.st.json);
-    roamdisk_cas::Progress::phase(&progress, "verifying", ids.len() as u64);
+    let progress = v.st.progress(quiet);
+    roamdisk_cas::Progress::start(
+        &progress,
+        "verifying",
+        ids.len() as u64,
+        roamdisk_blockdev::progress::Unit::Items,
+    );
     let codec = st.config().codec();
     let bad: Vec<String> = ids
         .par_chunks(256)

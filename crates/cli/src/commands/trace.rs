@@ -11,20 +11,9 @@ use roamdisk_trace::format::{Format, Reader, Record, TraceError, Writer};
 use roamdisk_trace::stats::{self, GroupStats, Stats, StatsOptions, Table3Row};
 use roamdisk_trace::synth::{self, Kind, SynthOptions};
 
-use super::progress::Progress;
 use crate::plot::{bar_chart, line_chart, LineChart, Series};
-
-/// `println!` that keeps quiet when stdout is closed early (`| head`).
-macro_rules! outln {
-    () => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock());
-    }};
-    ($($t:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), $($t)*);
-    }};
-}
+use crate::progress::{Output, Reporter};
+use roamdisk_blockdev::progress::{Progress, Unit};
 
 /// Block-I/O traces: statistics, synthetic workloads, conversion.
 ///
@@ -253,7 +242,15 @@ fn file_size(p: &Path) -> u64 {
 fn read_trace(path: &Path, quiet: bool, mut f: impl FnMut(&Record)) -> anyhow::Result<u64> {
     let reader = Reader::open(path)?;
     let size = file_size(path);
-    let p = Progress::new(quiet, size.max(1), "reading");
+    let p = Reporter::phase_of(
+        Output {
+            quiet,
+            ..Default::default()
+        },
+        "reading",
+        size.max(1),
+        Unit::Bytes,
+    );
     let per_byte = match reader.format() {
         Format::Binary => 5.0,
         Format::Csv => 30.0,
@@ -602,7 +599,15 @@ fn run_synth(a: SynthArgs, quiet: bool) -> anyhow::Result<()> {
     };
     let gen = synth::generate(k, &opts).map_err(anyhow::Error::msg)?;
     let mut w = Writer::create(&out, Format::from_path(&out))?;
-    let p = Progress::new(quiet, expected.max(1), "generating");
+    let p = Reporter::phase_of(
+        Output {
+            quiet,
+            ..Default::default()
+        },
+        "generating",
+        expected.max(1),
+        Unit::Items,
+    );
     let mut n = 0u64;
     let mut last = 0u64;
     let mut devices = std::collections::BTreeSet::new();
@@ -680,7 +685,15 @@ fn run_convert(a: ConvertArgs, quiet: bool) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot open {}", a.input.display()))?,
         ))
     };
-    let p = Progress::new(quiet || stdin, file_size(&a.input).max(1), "converting");
+    let p = Reporter::phase_of(
+        Output {
+            quiet: quiet || stdin,
+            ..Default::default()
+        },
+        "converting",
+        file_size(&a.input).max(1),
+        Unit::Bytes,
+    );
     let mut sink = |r: &Record| -> Result<(), TraceError> {
         w.write(r)?;
         if w.count().is_multiple_of(65536) {

@@ -190,11 +190,8 @@ pub fn parse_params(s: &str) -> std::result::Result<FlashParams, String> {
             "write-rate" => p.write_rate = num()? * 1e6,
             "copy-rate" => p.copy_rate = num()? * 1e6,
             "fresh" => {
-                p.fresh = match v {
-                    "on" => true,
-                    "off" => false,
-                    _ => return Err(format!("fresh must be on or off, not '{v}'")),
-                }
+                p.fresh = roamdisk_blockdev::spec::parse_on_off(v)
+                    .ok_or_else(|| format!("fresh must be on or off, not '{v}'"))?
             }
             _ => {
                 return Err(format!(
@@ -217,9 +214,9 @@ pub fn open(
     let card = params.get("params").map(String::as_str).unwrap_or("class6");
     let p = parse_params(card).map_err(bad)?;
     let sleep = match params.get("sleep").map(String::as_str) {
-        None | Some("off") => false,
-        Some("on") => true,
-        Some(o) => return Err(bad(format!("sleep must be on or off, not '{o}'"))),
+        None => false,
+        Some(o) => roamdisk_blockdev::spec::parse_on_off(o)
+            .ok_or_else(|| bad(format!("sleep must be on or off, not '{o}'")))?,
     };
     let report = params.get("report").map(|r| Path::new(r).to_path_buf());
     Ok(Arc::new(FlashSimDev::new(
