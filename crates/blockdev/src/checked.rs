@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::dev::{BlockDev, Caps, Extent, WriteFlags, ZeroFlags};
+use crate::dev::{Access, BlockDev, Caps, Extent, WriteFlags, ZeroFlags};
 use crate::error::{Error, ErrorKind, Op, Result};
 
 /// Validates every request before it reaches the stack below.
@@ -16,14 +16,11 @@ pub struct Checked {
 }
 
 impl Checked {
-    /// Wrap a stack. With `read_only`, every write-like request is refused
-    /// whatever the stack could do.
-    pub fn new(next: Arc<dyn BlockDev>, read_only: bool) -> Self {
+    /// Wrap a stack. With [`Access::ReadOnly`], every write-like request
+    /// is refused whatever the stack could do.
+    pub fn new(next: Arc<dyn BlockDev>, access: Access) -> Self {
         let size = next.size();
-        let mut caps = next.caps();
-        if read_only {
-            caps = caps.read_only();
-        }
+        let caps = next.caps().restrict(access.is_read_only());
         Checked { next, size, caps }
     }
 

@@ -78,6 +78,30 @@ impl Caps {
     }
 }
 
+/// Whether a stack may be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    ReadWrite,
+    /// Every write-like request is refused, whatever the layers could do.
+    ReadOnly,
+}
+
+impl Access {
+    /// [`Access::ReadOnly`] when `read_only` holds (for command-line
+    /// flags and config fields).
+    pub fn read_only_if(read_only: bool) -> Access {
+        if read_only {
+            Access::ReadOnly
+        } else {
+            Access::ReadWrite
+        }
+    }
+
+    pub fn is_read_only(self) -> bool {
+        self == Access::ReadOnly
+    }
+}
+
 /// Flags of a write.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WriteFlags {

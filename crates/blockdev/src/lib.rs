@@ -11,9 +11,9 @@
 //! thread carries the context there itself (see [`context`]).
 //!
 //! ```
-//! use roamdisk_blockdev::{BlockDev, Registry, WriteFlags};
+//! use roamdisk_blockdev::{Access, BlockDev, Registry, WriteFlags};
 //! let reg = Registry::with_builtin();
-//! let dev = reg.build("mem:1M", false).unwrap();
+//! let dev = reg.build("mem:1M", Access::ReadWrite).unwrap();
 //! dev.write_at(b"hello", 0, WriteFlags::default()).unwrap();
 //! let mut buf = [0u8; 5];
 //! dev.read_at(&mut buf, 0).unwrap();
@@ -36,8 +36,8 @@ pub mod units;
 pub use checked::Checked;
 pub use copy::{copy_sparse, CopyOptions, Zeroes};
 pub use dev::{
-    extents_covering, push_extent, write_zero_buffers, Alloc, BlockDev, Caps, Extent, WriteFlags,
-    ZeroFlags,
+    extents_covering, push_extent, write_zero_buffers, Access, Alloc, BlockDev, Caps, Extent,
+    WriteFlags, ZeroFlags,
 };
 pub use error::{Error, ErrorKind, Op, Result};
 pub use progress::{NoProgress, Progress};

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::dev::BlockDev;
+use crate::dev::{Access, BlockDev};
 use crate::error::{Error, ErrorKind, Op, Result};
 
 /// A parsed, not yet opened, layer of a stack.
@@ -378,8 +378,14 @@ impl Registry {
         })
     }
 
-    /// Open a parsed stack, bottom layer first.
-    pub fn open(&self, spec: &LayerSpec, read_only: bool) -> Result<Arc<dyn BlockDev>> {
+    /// Open a parsed stack, bottom layer first, without the validation
+    /// layer (for callers that wrap it further; most want
+    /// [`Registry::build_spec`]).
+    pub fn open(&self, spec: &LayerSpec, access: Access) -> Result<Arc<dyn BlockDev>> {
+        self.open_layer(spec, access.is_read_only())
+    }
+
+    fn open_layer(&self, spec: &LayerSpec, read_only: bool) -> Result<Arc<dyn BlockDev>> {
         let kind = self.get(&spec.kind).ok_or_else(|| {
             Error::new(
                 ErrorKind::InvalidArgument,
@@ -389,7 +395,7 @@ impl Registry {
             )
         })?;
         let next = match &spec.next {
-            Some(n) => Some(self.open(n, read_only || kind.inner_read_only)?),
+            Some(n) => Some(self.open_layer(n, read_only || kind.inner_read_only)?),
             None => None,
         };
         let ctx = OpenCtx {
@@ -401,10 +407,15 @@ impl Registry {
     }
 
     /// Parse and open a stack, with the validation layer on top.
-    pub fn build(&self, s: &str, read_only: bool) -> Result<Arc<crate::Checked>> {
-        let spec = self.parse(s)?;
-        let dev = self.open(&spec, read_only)?;
-        Ok(Arc::new(crate::Checked::new(dev, read_only)))
+    pub fn build(&self, s: &str, access: Access) -> Result<Arc<crate::Checked>> {
+        self.build_spec(&self.parse(s)?, access)
+    }
+
+    /// Open a parsed stack (a spec string or a TOML table), with the
+    /// validation layer on top.
+    pub fn build_spec(&self, spec: &LayerSpec, access: Access) -> Result<Arc<crate::Checked>> {
+        let dev = self.open(spec, access)?;
+        Ok(Arc::new(crate::Checked::new(dev, access)))
     }
 }
 

@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use roamdisk_blockdev::Access;
 use roamdisk_blockdev::Registry;
 use tokio::io::AsyncWriteExt;
 
@@ -43,7 +44,10 @@ pub struct SessionOutcome {
 
 fn exports() -> Vec<Export> {
     let reg = Registry::with_builtin();
-    let dev = |spec: &str, ro: bool| reg.build(spec, ro).expect("mem: stacks always build");
+    let dev = |spec: &str, ro: bool| {
+        reg.build(spec, Access::read_only_if(ro))
+            .expect("mem: stacks always build")
+    };
     vec![
         Export {
             name: RW_EXPORT.to_string(),

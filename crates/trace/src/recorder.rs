@@ -257,7 +257,7 @@ mod tests {
     use super::*;
     use crate::format::payload::{PayloadFile, PayloadIndex};
     use crate::format::Reader;
-    use roamdisk_blockdev::Registry;
+    use roamdisk_blockdev::{Access, Registry};
 
     #[test]
     fn records_every_request_with_its_data() {
@@ -266,7 +266,7 @@ mod tests {
         let mut reg = Registry::with_builtin();
         reg.add(&TRACE);
         let spec = format!("trace[data=on,device=3,client=7]:{}:mem:1M", path.display());
-        let dev = reg.build(&spec, false).unwrap();
+        let dev = reg.build(&spec, Access::ReadWrite).unwrap();
         dev.write_at(&[1u8; 4096], 8192, WriteFlags::default())
             .unwrap();
         let mut b = [0u8; 512];
@@ -315,7 +315,10 @@ mod tests {
         for (opt, want) in [("", [3, 4, 0]), ("[client=9]", [9, 9, 9])] {
             let path = dir.path().join("t.rdtrace");
             let dev = reg
-                .build(&format!("trace{opt}:{}:mem:1M", path.display()), false)
+                .build(
+                    &format!("trace{opt}:{}:mem:1M", path.display()),
+                    Access::ReadWrite,
+                )
                 .unwrap();
             let w = |off| dev.write_at(&[1u8; 512], off, WriteFlags::default());
             with_context(IoContext::for_client(3), || w(0)).unwrap();
@@ -335,12 +338,12 @@ mod tests {
         let mut reg = Registry::with_builtin();
         reg.add(&TRACE);
         let e = reg
-            .build("trace[data=maybe]:/tmp/x.rdtrace:mem:1M", false)
+            .build("trace[data=maybe]:/tmp/x.rdtrace:mem:1M", Access::ReadWrite)
             .err()
             .unwrap();
         assert!(e.to_string().contains("data must be on or off"), "{e}");
         let e = reg
-            .build("trace:/nonexistent-dir/x.rdtrace:mem:1M", false)
+            .build("trace:/nonexistent-dir/x.rdtrace:mem:1M", Access::ReadWrite)
             .err()
             .unwrap();
         assert!(e.to_string().contains("cannot create the trace"), "{e}");

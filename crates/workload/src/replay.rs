@@ -690,6 +690,7 @@ pub fn replay(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use roamdisk_blockdev::Access;
     use roamdisk_trace::format::{Format, Record, Writer};
 
     struct One(Arc<dyn BlockDev>);
@@ -751,7 +752,9 @@ mod tests {
         };
         let loaded = load(&p, &opts, &|_| {}).unwrap();
         assert_eq!(loaded.streams(), 6);
-        let mem = Registry::with_builtin().build("mem:16M", false).unwrap();
+        let mem = Registry::with_builtin()
+            .build("mem:16M", Access::ReadWrite)
+            .unwrap();
         let rep = replay(&loaded, &One(mem.clone()), &opts, &|_, _| {}).unwrap();
         assert_eq!(rep.requests, 3 * 401);
         assert_eq!(rep.clients.len(), 3);
@@ -787,7 +790,10 @@ mod tests {
         let mut reg = Registry::with_builtin();
         reg.add(&roamdisk_trace::recorder::TRACE);
         let dev = reg
-            .build(&format!("trace:{}:mem:1M", again.display()), false)
+            .build(
+                &format!("trace:{}:mem:1M", again.display()),
+                Access::ReadWrite,
+            )
             .unwrap();
         replay(&loaded, &One(dev), &opts, &|_, _| {}).unwrap();
         let mut got: Vec<(u32, u64)> = roamdisk_trace::format::Reader::open(&again)
@@ -816,7 +822,9 @@ mod tests {
             ..ReplayOptions::default()
         };
         let loaded = load(&p, &opts, &|_| {}).unwrap();
-        let mem = Registry::with_builtin().build("mem:1M", false).unwrap();
+        let mem = Registry::with_builtin()
+            .build("mem:1M", Access::ReadWrite)
+            .unwrap();
         let rep = replay(&loaded, &One(mem), &opts, &|_, _| {}).unwrap();
         assert!(rep.wall_s >= 0.1 && rep.wall_s < 1.0, "{}", rep.wall_s);
     }
@@ -828,7 +836,9 @@ mod tests {
         write_trace(&p, &[rec(0, 0, TraceOp::Read, 4 << 20, 4096)]);
         let opts = ReplayOptions::default();
         let loaded = load(&p, &opts, &|_| {}).unwrap();
-        let mem = Registry::with_builtin().build("mem:1M", false).unwrap();
+        let mem = Registry::with_builtin()
+            .build("mem:1M", Access::ReadWrite)
+            .unwrap();
         let e = replay(&loaded, &One(mem), &opts, &|_, _| {}).unwrap_err();
         assert!(e.to_string().contains("use a larger target"), "{e}");
         // A trace with several clients cannot be replicated.

@@ -303,6 +303,7 @@ pub fn curves(n: u32, measured: &[(String, f64, Measured)]) -> Vec<Curve> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use roamdisk_blockdev::Access;
     use roamdisk_blockdev::Registry;
 
     #[test]
@@ -358,7 +359,9 @@ mod tests {
 
     #[test]
     fn bad_areas_are_refused() {
-        let dev = Registry::with_builtin().build("mem:1M", false).unwrap();
+        let dev = Registry::with_builtin()
+            .build("mem:1M", Access::ReadWrite)
+            .unwrap();
         let p = Point {
             pattern: Pattern::Sequential,
             bs: 4096,

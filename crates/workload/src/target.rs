@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use roamdisk_blockdev::layers::raw::RawDev;
+use roamdisk_blockdev::Access;
 use roamdisk_blockdev::{
     BlockDev, Checked, Error, ErrorKind, LayerSpec, Op, OpenCtx, Registry, Result, WriteFlags,
 };
@@ -247,7 +248,8 @@ impl Target {
             let spec = reg.parse(s)?;
             dev = open_spec(reg, &spec, opts.read_only, &mut sims)?;
         }
-        let dev: Arc<dyn BlockDev> = Arc::new(Checked::new(dev, opts.read_only));
+        let dev: Arc<dyn BlockDev> =
+            Arc::new(Checked::new(dev, Access::read_only_if(opts.read_only)));
         Ok(Target {
             size: dev.size(),
             kind: Kind::Shared(dev),

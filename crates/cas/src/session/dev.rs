@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use roamdisk_blockdev::overlay::OverlayMap;
+use roamdisk_blockdev::Access;
 use roamdisk_blockdev::{
     extents_covering, push_extent, Alloc, BlockDev, Caps, Extent, Op, Registry, Result, WriteFlags,
     ZeroFlags,
@@ -103,7 +104,10 @@ impl CasDev {
                 base.version.index.disk_size
             )));
         }
-        let cache: Arc<dyn BlockDev> = registry.build(&config.cache_spec(dir), opts.read_only)?;
+        let cache: Arc<dyn BlockDev> = registry.build(
+            &config.cache_spec(dir),
+            Access::read_only_if(opts.read_only),
+        )?;
         if cache.size() < size {
             return Err(bad_arg(format!(
                 "the private cache {} is {} bytes, smaller than the {size}-byte disk",

@@ -11,6 +11,7 @@ use anyhow::{bail, Context};
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use roamdisk_blockdev::layers::raw::RawDev;
 use roamdisk_blockdev::units::parse_size;
+use roamdisk_blockdev::Access;
 use roamdisk_blockdev::BlockDev;
 use roamdisk_borrow::session::{CopyIn, Session, SessionOptions, Timings};
 use roamdisk_borrow::verify::{verify, Depth};
@@ -385,7 +386,7 @@ fn session(a: RunArgs, quiet: bool) -> anyhow::Result<()> {
     let reg = super::registry();
     let spec = reg.parse(&a.state)?;
     let state = reg
-        .open(&spec, false)
+        .open(&spec, Access::ReadWrite)
         .with_context(|| format!("cannot open the VM disk '{}'", a.state))?;
     let opts = SessionOptions {
         hosts: a.hosts.clone(),
@@ -427,7 +428,10 @@ fn session(a: RunArgs, quiet: bool) -> anyhow::Result<()> {
             sess.timings.copy_in_s
         );
     }
-    let dev: Arc<dyn BlockDev> = Arc::new(roamdisk_blockdev::Checked::new(sess.export(), false));
+    let dev: Arc<dyn BlockDev> = Arc::new(roamdisk_blockdev::Checked::new(
+        sess.export(),
+        Access::ReadWrite,
+    ));
     let t_serve = Instant::now();
     let exec_status = serve(dev, listen.clone(), a.exec.as_deref(), quiet || a.json)?;
     let serve_s = t_serve.elapsed().as_secs_f64();

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
+use roamdisk_blockdev::Access;
 use roamdisk_blockdev::BlockDev;
 use roamdisk_cas::catalog::format_time;
 use roamdisk_cas::repo::{check_rev, resolve};
@@ -128,7 +129,8 @@ fn write_output(
             f.set_len(size)?;
             drop(f);
             let r = (|| {
-                let dst = super::registry().build(&format!("raw:{}", raw.display()), false)?;
+                let dst = super::registry()
+                    .build(&format!("raw:{}", raw.display()), Access::ReadWrite)?;
                 let n = materialise(view, dst.as_ref(), progress)?;
                 if format != "raw" {
                     let st = std::process::Command::new("qemu-img")

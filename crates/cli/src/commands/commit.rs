@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, Context};
 use clap::Parser;
 use roamdisk_blockdev::units::{format_size, parse_size};
+use roamdisk_blockdev::Access;
 use roamdisk_cas::commit::{commit_image, CommitOptions, CommitSummary, Parent, Source};
 use roamdisk_cas::guest::FsmetaAnalyzer;
 use roamdisk_cas::session::dev::{CasDev, SessionOpen};
@@ -313,7 +314,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
                 src.to_string()
             };
             let dev = super::registry()
-                .build(&spec, true)
+                .build(&spec, Access::ReadOnly)
                 .with_context(|| format!("cannot open source '{src}'"))?;
             commit_image(&*store, Source::Dev(dev.as_ref()), &opts, &progress)?
         }

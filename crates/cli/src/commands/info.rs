@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
+use roamdisk_blockdev::Access;
 use roamdisk_blockdev::{extents_covering, Alloc, BlockDev};
 
 /// Show a stack's size, capabilities, layers and allocation map.
@@ -29,7 +30,7 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<()> {
     let reg = super::registry();
     let dev = reg
-        .build(&a.spec, true)
+        .build(&a.spec, Access::ReadOnly)
         .with_context(|| format!("cannot open stack '{}'", a.spec))?;
     let size = dev.size();
     let caps = dev.inner().caps();

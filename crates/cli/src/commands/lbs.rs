@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use roamdisk_blockdev::units::{format_size, parse_size};
+use roamdisk_blockdev::Access;
 use roamdisk_blockdev::{copy_sparse, BlockDev, CopyOptions};
 use roamdisk_lbs::create::{open_files, read_header, CreateOptions, Encryption, KeyOptions, Paths};
 use roamdisk_lbs::{ChecksumKind, LbsOptions};
@@ -419,12 +420,13 @@ fn open_source(src: &str) -> anyhow::Result<(Arc<dyn BlockDev>, Option<tempfile_
             if !st.success() {
                 bail!("qemu-img could not convert {src} ({fmt}) to raw");
             }
-            let dev = super::registry().build(&format!("raw:{}", tmp.0.display()), true)?;
+            let dev =
+                super::registry().build(&format!("raw:{}", tmp.0.display()), Access::ReadOnly)?;
             return Ok((dev, Some(tmp)));
         }
     }
     let dev = super::registry()
-        .build(src, true)
+        .build(src, Access::ReadOnly)
         .with_context(|| format!("cannot open source '{src}'"))?;
     Ok((dev, None))
 }
@@ -528,7 +530,7 @@ fn export(e: &ExportArgs, quiet: bool) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create {}", raw_path.display()))?;
     f.set_len(lbs.size())?;
     drop(f);
-    let dst = super::registry().build(&format!("raw:{}", raw_path.display()), false)?;
+    let dst = super::registry().build(&format!("raw:{}", raw_path.display()), Access::ReadWrite)?;
     let copied = copy(&lbs, dst.as_ref(), quiet, "exporting")?;
     if e.format != "raw" {
         let st = std::process::Command::new("qemu-img")

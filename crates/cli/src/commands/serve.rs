@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use roamdisk_blockdev::Access;
 use roamdisk_blockdev::BlockDev;
 use roamdisk_nbd::{Export, Listen, Server, ServerConfig, TlsAcceptor, TlsMode, TlsOptions};
 use serde::Deserialize;
@@ -141,10 +142,9 @@ fn open_export(
             bail!("export '{name}' needs exactly one of stack = \"SPEC\" or a [export.layer] table")
         }
     };
-    let dev = reg
-        .open(&spec, read_only)
+    let dev: Arc<dyn BlockDev> = reg
+        .build_spec(&spec, Access::read_only_if(read_only))
         .with_context(|| format!("cannot open the stack of export '{name}'"))?;
-    let dev: Arc<dyn BlockDev> = Arc::new(roamdisk_blockdev::Checked::new(dev, read_only));
     Ok(Export {
         name: name.to_string(),
         description: description.to_string(),

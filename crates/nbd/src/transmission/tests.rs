@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use roamdisk_blockdev::context;
+use roamdisk_blockdev::Access;
 use roamdisk_blockdev::{BlockDev, Registry, Result, WriteFlags};
 use tokio::io::AsyncWriteExt;
 
@@ -90,7 +91,9 @@ async fn session(shared: &Arc<Shared>, input: Vec<u8>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_runs_in_its_connections_context() {
-    let mem = Registry::with_builtin().build("mem:1M", false).unwrap();
+    let mem = Registry::with_builtin()
+        .build("mem:1M", Access::ReadWrite)
+        .unwrap();
     let witness = Arc::new(Witness {
         next: mem,
         seen: Mutex::new(Vec::new()),

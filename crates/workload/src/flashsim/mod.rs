@@ -248,6 +248,7 @@ pub static FLASHSIM: LayerKind = LayerKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use roamdisk_blockdev::Access;
     use roamdisk_blockdev::Registry;
 
     #[test]
@@ -278,7 +279,7 @@ mod tests {
         let dev = reg
             .build(
                 &format!("flashsim[report={}]:class6:mem:64M", report.display()),
-                false,
+                Access::ReadWrite,
             )
             .unwrap();
         dev.write_at(&[7u8; 4096], 1 << 20, WriteFlags::default())
