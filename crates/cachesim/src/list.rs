@@ -85,6 +85,22 @@ impl<K: Copy, X: Copy> Arena<K, X> {
         self.free = i;
     }
 
+    /// Take `key`'s node off the list its tag names, out of `index`, and
+    /// free it; returns the tag it had (None when `key` is not there).
+    pub fn remove_keyed<I: crate::index::KeyIndex<K>>(
+        &mut self,
+        lists: &mut [List],
+        index: &mut I,
+        key: &K,
+    ) -> Option<u8> {
+        let i = index.get(key)?;
+        let tag = self.get(i).tag;
+        self.unlink(&mut lists[tag as usize], i);
+        index.remove(key);
+        self.free(i);
+        Some(tag)
+    }
+
     #[inline]
     pub fn get(&self, i: u32) -> &Node<K, X> {
         &self.nodes[i as usize]

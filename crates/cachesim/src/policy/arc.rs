@@ -182,16 +182,9 @@ impl<K: Copy + Send, I: KeyIndex<K>> Policy<K> for Arc<K, I> {
     }
 
     fn remove(&mut self, key: &K) -> bool {
-        match self.index.get(key) {
-            Some(i) => {
-                let tag = self.arena.get(i).tag;
-                self.arena.unlink(&mut self.lists[tag as usize], i);
-                self.index.remove(key);
-                self.arena.free(i);
-                tag <= T2
-            }
-            None => false,
-        }
+        self.arena
+            .remove_keyed(&mut self.lists, &mut self.index, key)
+            .is_some_and(|t| t <= T2)
     }
 }
 

@@ -217,16 +217,9 @@ impl<K: Copy + Send, I: KeyIndex<K>> Policy<K> for TwoQ<K, I> {
     }
 
     fn remove(&mut self, key: &K) -> bool {
-        match self.index.get(key) {
-            Some(i) => {
-                let tag = self.arena.get(i).tag;
-                self.arena.unlink(&mut self.lists[tag as usize], i);
-                self.index.remove(key);
-                self.arena.free(i);
-                tag != A1OUT
-            }
-            None => false,
-        }
+        self.arena
+            .remove_keyed(&mut self.lists, &mut self.index, key)
+            .is_some_and(|t| t != A1OUT)
     }
 }
 
