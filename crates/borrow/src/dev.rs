@@ -19,7 +19,7 @@ use roamdisk_blockdev::layers::raw::RawDev;
 use roamdisk_blockdev::{
     push_extent, Alloc, BlockDev, Caps, Error, ErrorKind, Extent, Op, Result, WriteFlags, ZeroFlags,
 };
-use roamdisk_lbs::crypto::{new_key, Xts};
+use roamdisk_crypto::{new_key, Xts};
 
 use crate::bits::Bits;
 use crate::plan::{Plan, UNIT};

@@ -7,10 +7,10 @@ use roamdisk_blockdev::layers::raw::RawDev;
 use roamdisk_blockdev::{BlockDev, Error, ErrorKind, Op, Result, WriteFlags};
 
 use crate::checksum::ChecksumKind;
-use crate::crypto;
 use crate::format::{Cipher, DataSuper, Geometry, KeySource, MetaHeader};
 use crate::image::{AlignedBuf, Lbs, LbsOptions};
 use crate::storage::FileLog;
+use roamdisk_crypto as crypto;
 
 /// The two files of an image.
 #[derive(Debug, Clone, PartialEq, Eq)]

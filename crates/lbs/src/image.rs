@@ -19,11 +19,11 @@ use roamdisk_blockdev::{
 };
 
 use crate::checksum::ChecksumKind;
-use crate::crypto::Xts;
 use crate::format::{encode_entry, DataSuper, Entry, Geometry, MetaHeader, SUPERBLOCK_SIZE};
 use crate::gc::{pick_victim, ClusterState, GcPolicy};
 use crate::replay::{replay, UNMAPPED, ZERO};
 use crate::storage::LogStore;
+use roamdisk_crypto::Xts;
 
 /// A slot in the write buffer whose block was zeroed or trimmed after it
 /// was buffered: written to disk but never mapped.
@@ -237,7 +237,7 @@ impl Inner {
             let key = key.ok_or_else(|| {
                 err(ErrorKind::PermissionDenied, Op::Open, "the image is encrypted: give its key file (key-file=) or passphrase (passphrase-file=)")
             })?;
-            if crate::crypto::key_check(&key) != header.key_check {
+            if roamdisk_crypto::key_check(&key) != header.key_check {
                 return Err(err(
                     ErrorKind::PermissionDenied,
                     Op::Open,

@@ -8,7 +8,6 @@
 
 pub mod checksum;
 pub mod create;
-pub mod crypto;
 pub mod format;
 pub mod gc;
 pub mod image;

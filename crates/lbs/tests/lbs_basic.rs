@@ -17,7 +17,7 @@ fn opts(size: u64, enc: bool, sum: ChecksumKind) -> CreateOptions {
         overprovision_pct: 112,
         checksum: sum,
         encryption: if enc {
-            Encryption::RawKey(roamdisk_lbs::crypto::new_key())
+            Encryption::RawKey(roamdisk_crypto::new_key())
         } else {
             Encryption::None
         },
@@ -132,7 +132,7 @@ fn wrong_or_missing_key_is_refused() {
     );
     drop(img.open(lopts()).unwrap());
     let mut other = MemImage {
-        key: Some(roamdisk_lbs::crypto::new_key()),
+        key: Some(roamdisk_crypto::new_key()),
         ..MemImage::new(
             &opts(1 << 20, false, ChecksumKind::Crc32c),
             Countdown::unarmed(),

@@ -1,11 +1,13 @@
-//! XTS-AES-256 per block, through OpenSSL (AES-NI/VAES), with one cipher
-//! context per thread reused across blocks; key files and Argon2id
-//! passphrases.
+//! roamdisk's block encryption, in one place for every layer that encrypts
+//! blocks (the LBS image, the borrowed disk): XTS-AES-256 per block,
+//! through OpenSSL (AES-NI/VAES), with one cipher context per thread
+//! reused across blocks; key files and Argon2id passphrases.
 //!
-//! The 128-bit tweak of a block is its PBN (low 64 bits, little-endian) and
-//! the write epoch of its cluster (high 64 bits): a ciphertext copied to
-//! another place, or replayed from an earlier use of the same place,
-//! decrypts to noise and fails its checksum.
+//! The 128-bit tweak of a block is two 64-bit numbers the caller chooses
+//! (little-endian, low then high). LBS uses the block's PBN and the write
+//! epoch of its cluster: a ciphertext copied to another place, or replayed
+//! from an earlier use of the same place, decrypts to noise and fails its
+//! checksum.
 
 use std::cell::RefCell;
 use std::path::Path;
