@@ -41,17 +41,22 @@ pub fn sync_parent(path: &Path) -> std::io::Result<()> {
 /// Replace `path` with `bytes` crash-safely: write `PATH.tmp`, `fsync` it,
 /// rename it over `path`, `fsync` the directory.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = with_suffix(path, ".tmp");
+    write_atomically_via(path, &with_suffix(path, ".tmp"), bytes)
+}
+
+/// [`write_atomically`] through the temporary file `tmp` (a format that
+/// names its second file, like LBS's `.lbsm2`).
+pub fn write_atomically_via(path: &Path, tmp: &Path, bytes: &[u8]) -> std::io::Result<()> {
     {
         let mut f = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
-            .open(&tmp)?;
+            .open(tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
     }
-    std::fs::rename(&tmp, path)?;
+    std::fs::rename(tmp, path)?;
     sync_parent(path)
 }
 

@@ -13,7 +13,7 @@ use roamdisk_blockdev::layers::mem::MemDev;
 use roamdisk_blockdev::testkit::{Countdown, Rng};
 use roamdisk_blockdev::{BlockDev, WriteFlags};
 use roamdisk_lbs::create::{plan, CreateOptions, Encryption};
-use roamdisk_lbs::storage::CrashLog;
+use roamdisk_lbs::testkit::CrashLog;
 use roamdisk_lbs::{ChecksumKind, Lbs, LbsOptions};
 
 fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {

@@ -1,0 +1,107 @@
+//! Log compaction: the metadata log rewritten from the in-memory map
+//! through a second file and an atomic rename (seed section 4.5).
+
+use super::*;
+
+impl Inner {
+    /// Rewrite the log as the current (durable) state plus one barrier,
+    /// atomically, under a new generation.
+    pub(super) fn compact(&self, st: &mut State) -> Result<()> {
+        debug_assert!(st.buf.lbns.is_empty());
+        let mut header = self.header.clone();
+        header.generation = st.generation + 1;
+        let w = self.width;
+        let mut out = header.encode();
+        let mut seq = 1u64;
+        let mut running = 0u32;
+        let push = |out: &mut Vec<u8>, e: &Entry, seq: &mut u64, running: &mut u32| {
+            let b = encode_entry(e, *seq, w);
+            *seq += 1;
+            *running = crc32c::crc32c_append(*running, &b);
+            out.extend_from_slice(&b);
+        };
+        let mut mapped: Vec<(u32, u32)> = st
+            .l2p
+            .iter()
+            .enumerate()
+            .filter(|(_, &p)| p < ZERO)
+            .map(|(l, &p)| (p, l as u32))
+            .collect();
+        mapped.sort_unstable();
+        let mut i = 0;
+        while i < mapped.len() {
+            let (p0, l0) = mapped[i];
+            let c = p0 as u64 / self.bpc;
+            let mut j = i + 1;
+            while j < mapped.len()
+                && mapped[j].0 == p0 + (j - i) as u32
+                && mapped[j].1 == l0 + (j - i) as u32
+                && mapped[j].0 as u64 / self.bpc == c
+            {
+                j += 1;
+            }
+            let sums = st.sums[l0 as usize * w..(l0 as usize + (j - i)) * w].to_vec();
+            push(
+                &mut out,
+                &Entry::Map {
+                    lbn: l0 as u64,
+                    pbn: p0 as u64,
+                    count: (j - i) as u64,
+                    epoch: st.epochs[c as usize],
+                    sums,
+                },
+                &mut seq,
+                &mut running,
+            );
+            i = j;
+        }
+        let mut l = 0;
+        while l < st.l2p.len() {
+            if st.l2p[l] == ZERO {
+                let mut m = l + 1;
+                while m < st.l2p.len() && st.l2p[m] == ZERO {
+                    m += 1;
+                }
+                push(
+                    &mut out,
+                    &Entry::Zero {
+                        lbn: l as u64,
+                        count: (m - l) as u64,
+                    },
+                    &mut seq,
+                    &mut running,
+                );
+                l = m;
+            } else {
+                l += 1;
+            }
+        }
+        let b = encode_entry(
+            &Entry::Barrier {
+                number: 1,
+                crc: running,
+            },
+            seq,
+            w,
+        );
+        out.extend_from_slice(&b);
+        let r = st.log.replace(&out).map_err(|e| log_err(Op::Flush, e));
+        self.poison(st, r)?;
+        st.seq = seq + 1;
+        st.barrier_no = 1;
+        st.running = 0;
+        st.dirty = false;
+        st.generation = header.generation;
+        st.epoch_counter = 0;
+        self.stats.compactions.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Compact the metadata log now (after a barrier).
+    pub fn compact_now(&self) -> Result<()> {
+        let mut st = self.lock();
+        self.check_writable(&st, Op::Flush)?;
+        self.barrier(&mut st)?;
+        self.compact(&mut st)
+    }
+}

@@ -1,0 +1,535 @@
+//! The LBS device: write buffer, LBN→PBN map, verified reads, barriers,
+//! garbage collection and log compaction over a data [`BlockDev`] and a
+//! metadata [`LogStore`]. This file holds the state and opening (replay,
+//! rollback to the last barrier); each job has its own file:
+//!
+//! | file | job |
+//! |---|---|
+//! | `write.rs` | write buffer, barriers, cluster allocation, unmap |
+//! | `read.rs` | resolve, read, decrypt and verify; the whole-image check |
+//! | `gc_mover.rs` | victim moves and the background collector thread |
+//! | `compact.rs` | metadata log compaction |
+//! | `dev.rs` | the `BlockDev` operations that dispatch to the above |
+//!
+//! Locking: one mutex guards the map, the cluster table, the write buffer
+//! and the log. Reads resolve their blocks under it, take the `reuse` read
+//! lock before letting it go, and do their data I/O without it; a cluster is
+//! handed to the write position only under the `reuse` write lock, so no
+//! read is ever in flight on a cluster that is being overwritten.
+
+mod compact;
+mod dev;
+mod gc_mover;
+mod read;
+mod write;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+
+use roamdisk_blockdev::{
+    Alloc, BlockDev, Caps, Error, ErrorKind, Extent, Op, Result, WriteFlags, ZeroFlags,
+};
+
+use crate::checksum::ChecksumKind;
+use crate::format::{encode_entry, DataSuper, Entry, Geometry, MetaHeader, SUPERBLOCK_SIZE};
+use crate::gc::{pick_victim, ClusterState, GcPolicy};
+use crate::replay::{replay, UNMAPPED, ZERO};
+use crate::storage::LogStore;
+use roamdisk_crypto::Xts;
+
+/// A slot in the write buffer whose block was zeroed or trimmed after it
+/// was buffered: written to disk but never mapped.
+const DEAD: u64 = u64::MAX;
+/// Clusters kept for the garbage collector's own moves.
+const GC_RESERVE: u64 = 1;
+
+/// Options for opening an image.
+#[derive(Debug, Clone)]
+pub struct LbsOptions {
+    pub read_only: bool,
+    /// Write buffer size in bytes (default 256 KiB).
+    pub buffer_size: usize,
+    /// Run the garbage collector in a background thread (otherwise it runs
+    /// only when a write finds no free cluster).
+    pub background_gc: bool,
+    /// GC watermarks and weights; `None` = defaults for the image size.
+    pub gc: Option<GcPolicy>,
+    /// Compact the metadata log when it grows past this many bytes.
+    pub compact_limit: u64,
+}
+
+impl Default for LbsOptions {
+    fn default() -> Self {
+        LbsOptions {
+            read_only: false,
+            buffer_size: 256 * 1024,
+            background_gc: true,
+            gc: None,
+            compact_limit: 64 << 20,
+        }
+    }
+}
+
+/// Counters, for `lbs info`, benchmarks and the write-amplification figure.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Blocks clients asked to write (after RMW of partial blocks).
+    pub client_blocks: AtomicU64,
+    /// Overwrites absorbed in the write buffer.
+    pub absorbed: AtomicU64,
+    /// Blocks written to the data file (client, GC moves, dead slots).
+    pub physical_blocks: AtomicU64,
+    /// Blocks moved by the garbage collector.
+    pub gc_moved: AtomicU64,
+    /// Clusters reclaimed by the garbage collector.
+    pub gc_clusters: AtomicU64,
+    pub barriers: AtomicU64,
+    pub compactions: AtomicU64,
+    /// Checksum failures seen on read.
+    pub integrity_errors: AtomicU64,
+}
+
+/// A snapshot of [`Stats`] plus space figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    pub client_blocks: u64,
+    pub absorbed: u64,
+    pub physical_blocks: u64,
+    pub gc_moved: u64,
+    pub gc_clusters: u64,
+    pub barriers: u64,
+    pub compactions: u64,
+    pub integrity_errors: u64,
+    pub free_clusters: u64,
+    pub used_clusters: u64,
+    pub mapped_blocks: u64,
+    pub zero_blocks: u64,
+    pub log_bytes: u64,
+}
+
+struct WriteBuf {
+    /// PBN of slot 0.
+    base: u64,
+    lbns: Vec<u64>,
+    /// Plaintext, `lbns.len() * block_size` bytes.
+    data: Vec<u8>,
+    index: HashMap<u64, usize>,
+}
+
+struct State {
+    l2p: Vec<u32>,
+    sums: Vec<u8>,
+    epochs: Vec<u64>,
+    live: Vec<u32>,
+    cstate: Vec<ClusterState>,
+    quarantined: Vec<bool>,
+    pending: Vec<usize>,
+    free: u64,
+    active: Option<usize>,
+    buf: WriteBuf,
+    log: Box<dyn LogStore>,
+    seq: u64,
+    barrier_no: u64,
+    running: u32,
+    dirty: bool,
+    generation: u64,
+    epoch_counter: u32,
+    /// Set after a failed data or log write: the in-memory state may be
+    /// ahead of the disk, so every later write-like call is refused.
+    poisoned: Option<String>,
+}
+
+/// The shared state of an open image (the GC thread holds it too).
+pub struct Inner {
+    data: Arc<dyn BlockDev>,
+    header: MetaHeader,
+    geo: Geometry,
+    bs: usize,
+    bpc: u64,
+    width: usize,
+    cipher: Option<Xts>,
+    opts: LbsOptions,
+    policy: GcPolicy,
+    state: Mutex<State>,
+    reuse: RwLock<()>,
+    gc_wake: Condvar,
+    stop: AtomicBool,
+    stats: Stats,
+    describe: String,
+}
+
+/// A block to read: (lbn, pbn, epoch, checksum).
+type BlockRef = (u64, u64, u64, [u8; 16]);
+
+/// A buffer whose start is aligned for O_DIRECT.
+pub struct AlignedBuf {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+/// Alignment of data-file buffers.
+pub const ALIGN: usize = 4096;
+
+impl AlignedBuf {
+    pub fn new(len: usize) -> AlignedBuf {
+        let raw = vec![0u8; len + ALIGN];
+        let start = raw.as_ptr().align_offset(ALIGN);
+        AlignedBuf { raw, start, len }
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        &self.raw[self.start..self.start + self.len]
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + self.len]
+    }
+}
+
+fn err(kind: ErrorKind, op: Op, msg: impl Into<String>) -> Error {
+    Error::new(kind, op, "lbs", msg)
+}
+
+fn log_err(op: Op, e: std::io::Error) -> Error {
+    Error::io(op, "lbs", e).msg("metadata log")
+}
+
+impl Inner {
+    /// Open an image from its data device and metadata log. `key` is
+    /// required for encrypted images and checked against the header.
+    fn open(
+        data: Arc<dyn BlockDev>,
+        mut log: Box<dyn LogStore>,
+        key: Option<[u8; 64]>,
+        opts: LbsOptions,
+    ) -> Result<Arc<Inner>> {
+        let bytes = log.read_all().map_err(|e| log_err(Op::Open, e))?;
+        let header = MetaHeader::parse(&bytes).map_err(|e| {
+            err(
+                ErrorKind::Corrupt,
+                Op::Open,
+                format!("{}: not a usable LBS metadata file: {e}", log.describe()),
+            )
+        })?;
+        let mut sb = AlignedBuf::new(SUPERBLOCK_SIZE);
+        data.read_at(sb.as_mut_slice(), 0)?;
+        let ds = DataSuper::parse(sb.as_slice()).map_err(|e| {
+            err(
+                ErrorKind::Corrupt,
+                Op::Open,
+                format!("data file: not a usable LBS data file: {e}"),
+            )
+        })?;
+        if ds.uuid != header.uuid || ds.geometry != header.geometry {
+            return Err(err(
+                ErrorKind::InvalidArgument,
+                Op::Open,
+                "the data and metadata files belong to different images",
+            ));
+        }
+        if data.size() < header.geometry.data_file_len() {
+            return Err(err(
+                ErrorKind::Corrupt,
+                Op::Open,
+                format!(
+                    "data file is {} bytes, needs {}: truncated",
+                    data.size(),
+                    header.geometry.data_file_len()
+                ),
+            ));
+        }
+        let encrypted = header.cipher != crate::format::Cipher::None;
+        if ds.encrypted != encrypted {
+            return Err(err(
+                ErrorKind::Corrupt,
+                Op::Open,
+                "data and metadata disagree about encryption",
+            ));
+        }
+        let cipher = if encrypted {
+            let key = key.ok_or_else(|| {
+                err(ErrorKind::PermissionDenied, Op::Open, "the image is encrypted: give its key file (key-file=) or passphrase (passphrase-file=)")
+            })?;
+            if roamdisk_crypto::key_check(&key) != header.key_check {
+                return Err(err(
+                    ErrorKind::PermissionDenied,
+                    Op::Open,
+                    "wrong key or passphrase for this image",
+                ));
+            }
+            Some(Xts::new(&key).map_err(|m| err(ErrorKind::InvalidArgument, Op::Open, m))?)
+        } else {
+            None
+        };
+        let r = replay(&bytes, &header).map_err(|e| {
+            err(
+                ErrorKind::Corrupt,
+                Op::Open,
+                format!("{}: {e}", log.describe()),
+            )
+        })?;
+        if r.discarded > 0 {
+            tracing::warn!(
+                log = %log.describe(),
+                bytes = r.discarded,
+                reason = ?r.stop,
+                "rolled back the metadata log to its last valid barrier (writes after the last flush are discarded)"
+            );
+        }
+        let geo = header.geometry;
+        let bpc = geo.blocks_per_cluster();
+        let live = r.map.live_counts(bpc);
+        let cstate: Vec<ClusterState> = live
+            .iter()
+            .map(|&l| {
+                if l > 0 {
+                    ClusterState::Used
+                } else {
+                    ClusterState::Free
+                }
+            })
+            .collect();
+        let free = cstate.iter().filter(|s| **s == ClusterState::Free).count() as u64;
+        let policy = opts
+            .gc
+            .unwrap_or_else(|| GcPolicy::for_clusters(geo.clusters));
+        let describe = format!(
+            "lbs ({} blocks of {} B, cluster {} KiB, {} clusters, {}{})",
+            header.logical_blocks(),
+            geo.block_size,
+            geo.cluster_size / 1024,
+            geo.clusters,
+            header.checksum.name(),
+            if encrypted { ", xts-aes-256" } else { "" }
+        );
+        let st = State {
+            l2p: r.map.l2p,
+            sums: r.map.sums,
+            epochs: r.map.epochs,
+            live,
+            quarantined: vec![false; cstate.len()],
+            cstate,
+            pending: Vec::new(),
+            free,
+            active: None,
+            buf: WriteBuf {
+                base: 0,
+                lbns: Vec::new(),
+                data: Vec::new(),
+                index: HashMap::new(),
+            },
+            log,
+            seq: r.next_seq,
+            barrier_no: r.barriers,
+            running: 0,
+            dirty: false,
+            generation: header.generation,
+            epoch_counter: 0,
+            poisoned: None,
+        };
+        let lbs = Arc::new(Inner {
+            data,
+            width: header.checksum.width(),
+            bs: geo.block_size as usize,
+            bpc,
+            geo,
+            header,
+            cipher,
+            policy,
+            state: Mutex::new(st),
+            reuse: RwLock::new(()),
+            gc_wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            stats: Stats::default(),
+            describe,
+            opts,
+        });
+        if !lbs.opts.read_only {
+            let mut st = lbs.lock();
+            // A fresh generation: write epochs of this session can never
+            // repeat one used before the crash or close.
+            lbs.compact(&mut st)?;
+        }
+        Ok(lbs)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The image's header (geometry, algorithms).
+    pub fn header(&self) -> &MetaHeader {
+        &self.header
+    }
+
+    /// The GC policy in force.
+    pub fn policy(&self) -> GcPolicy {
+        self.policy
+    }
+
+    /// Counters and space figures.
+    pub fn stats(&self) -> StatsSnapshot {
+        let st = self.lock();
+        let s = &self.stats;
+        StatsSnapshot {
+            client_blocks: s.client_blocks.load(Ordering::Relaxed),
+            absorbed: s.absorbed.load(Ordering::Relaxed),
+            physical_blocks: s.physical_blocks.load(Ordering::Relaxed),
+            gc_moved: s.gc_moved.load(Ordering::Relaxed),
+            gc_clusters: s.gc_clusters.load(Ordering::Relaxed),
+            barriers: s.barriers.load(Ordering::Relaxed),
+            compactions: s.compactions.load(Ordering::Relaxed),
+            integrity_errors: s.integrity_errors.load(Ordering::Relaxed),
+            free_clusters: st.free,
+            used_clusters: st
+                .cstate
+                .iter()
+                .filter(|c| **c != ClusterState::Free)
+                .count() as u64,
+            mapped_blocks: st.l2p.iter().filter(|&&p| p < ZERO).count() as u64,
+            zero_blocks: st.l2p.iter().filter(|&&p| p == ZERO).count() as u64,
+            log_bytes: st.log.len(),
+        }
+    }
+
+    /// Bytes of memory the map uses per GiB of logical space (the seed's
+    /// figure: 12 MB).
+    pub fn map_bytes_per_gib(&self) -> f64 {
+        let per_block = 4.0 + self.width as f64;
+        let per_cluster = 8.0 + 4.0 + 1.0 + 1.0;
+        let blocks_per_gib = (1u64 << 30) as f64 / self.bs as f64;
+        let clusters_per_gib = blocks_per_gib / self.bpc as f64
+            * (self.geo.physical_blocks() as f64 / self.header.logical_blocks() as f64);
+        per_block * blocks_per_gib + per_cluster * clusters_per_gib
+    }
+
+    fn check_writable(&self, st: &State, op: Op) -> Result<()> {
+        if self.opts.read_only {
+            return Err(err(ErrorKind::ReadOnly, op, "opened read-only"));
+        }
+        if let Some(p) = &st.poisoned {
+            return Err(err(ErrorKind::Io, op, format!("an earlier write failed ({p}); reopen the image to recover to its last barrier")));
+        }
+        Ok(())
+    }
+
+    fn poison<T>(&self, st: &mut State, r: Result<T>) -> Result<T> {
+        if let Err(e) = &r {
+            st.poisoned = Some(e.to_string());
+        }
+        r
+    }
+}
+
+/// An open LBS image. Dropping the last handle stops the collector and
+/// writes a final barrier.
+pub struct Lbs {
+    inner: Arc<Inner>,
+    gc: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::ops::Deref for Lbs {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+impl Lbs {
+    /// Open an image from its data device and metadata log. `key` is
+    /// required for encrypted images and checked against the header.
+    pub fn open(
+        data: Arc<dyn BlockDev>,
+        log: Box<dyn LogStore>,
+        key: Option<[u8; 64]>,
+        opts: LbsOptions,
+    ) -> Result<Lbs> {
+        let inner = Inner::open(data, log, key, opts)?;
+        let gc = if !inner.opts.read_only && inner.opts.background_gc {
+            let i = inner.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("lbs-gc".into())
+                    .spawn(move || gc_mover::gc_thread(i))
+                    .map_err(|e| Error::io(Op::Open, "lbs", e))?,
+            )
+        } else {
+            None
+        };
+        Ok(Lbs {
+            inner,
+            gc: Mutex::new(gc),
+        })
+    }
+
+    fn stop_gc(&self) {
+        self.inner.stop.store(true, Ordering::SeqCst);
+        self.inner.gc_wake.notify_all();
+        let h = self.gc.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = h {
+            let _ = h.join();
+        }
+    }
+
+    /// Stop the collector and write a final barrier.
+    pub fn close(&self) -> Result<()> {
+        self.stop_gc();
+        if self.inner.opts.read_only {
+            return Ok(());
+        }
+        let mut st = self.inner.lock();
+        if st.poisoned.is_some() {
+            return Ok(());
+        }
+        self.inner.barrier(&mut st)
+    }
+}
+
+impl Drop for Lbs {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            tracing::error!(error = %e, "final flush of the LBS image failed");
+        }
+    }
+}
+
+impl BlockDev for Lbs {
+    fn layer(&self) -> &'static str {
+        "lbs"
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn caps(&self) -> Caps {
+        self.inner.caps()
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
+        self.inner.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
+        self.inner.write_at(buf, off, flags)
+    }
+    fn flush(&self) -> Result<()> {
+        self.inner.flush()
+    }
+    fn trim(&self, off: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.inner.trim(off, len, flags)
+    }
+    fn write_zeroes(&self, off: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.inner.write_zeroes(off, len, flags)
+    }
+    fn block_status(&self, off: u64, len: u64) -> Result<Vec<Extent>> {
+        self.inner.block_status(off, len)
+    }
+}
+
+/// Create the checksum-kind-specific zero state used by tests.
+pub fn checksum_of(kind: ChecksumKind, lbn: u64, epoch: u64, data: &[u8]) -> Vec<u8> {
+    let mut v = vec![0u8; kind.width()];
+    kind.compute(lbn, epoch, data, &mut v);
+    v
+}

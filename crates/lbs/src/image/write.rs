@@ -1,0 +1,269 @@
+//! The write path: blocks go into the write buffer, which a barrier
+//! flushes to the current cluster (allocating clusters as they fill) and
+//! records in the metadata log; trims and zeroes unmap blocks. The
+//! crash-consistency argument is in `docs/formats/lbs.md`.
+
+use std::sync::atomic::Ordering;
+
+use roamdisk_blockdev::{ErrorKind, Op, Result};
+
+use super::*;
+
+impl Inner {
+    pub(super) fn append_entry(&self, st: &mut State, e: &Entry) -> Result<()> {
+        let b = encode_entry(e, st.seq, self.width);
+        st.seq += 1;
+        st.running = crc32c::crc32c_append(st.running, &b);
+        st.dirty = true;
+        let r = st.log.append(&b).map_err(|e| log_err(Op::Write, e));
+        self.poison(st, r)
+    }
+
+    pub(super) fn release(&self, st: &mut State, lbn: usize) {
+        let old = st.l2p[lbn];
+        if old < ZERO {
+            let c = (old as u64 / self.bpc) as usize;
+            st.live[c] -= 1;
+            if st.live[c] == 0 && st.cstate[c] == ClusterState::Used {
+                st.cstate[c] = ClusterState::PendingFree;
+                st.pending.push(c);
+            }
+        }
+    }
+
+    pub(super) fn buf_cap(&self) -> usize {
+        (self.opts.buffer_size / self.bs).max(1)
+    }
+
+    pub(super) fn room(&self, st: &State) -> usize {
+        let Some(a) = st.active else { return 0 };
+        let end = (a as u64 + 1) * self.bpc;
+        let next = st.buf.base + st.buf.lbns.len() as u64;
+        (self.buf_cap() - st.buf.lbns.len().min(self.buf_cap())).min((end - next) as usize)
+    }
+
+    /// Encrypt and write the buffer, then log its MAP entries.
+    pub(super) fn flush_buffer(&self, st: &mut State) -> Result<()> {
+        let n = st.buf.lbns.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let a = st.active.expect("a buffered block has an active cluster");
+        let epoch = st.epochs[a];
+        let base = st.buf.base;
+        let mut out = AlignedBuf::new(n * self.bs);
+        let (bs, w) = (self.bs, self.width);
+        {
+            let State { buf, sums, .. } = &mut *st;
+            let o = out.as_mut_slice();
+            for i in 0..n {
+                let plain = &buf.data[i * bs..(i + 1) * bs];
+                let lbn = buf.lbns[i];
+                if lbn != DEAD {
+                    self.header.checksum.compute(
+                        lbn,
+                        epoch,
+                        plain,
+                        &mut sums[lbn as usize * w..(lbn as usize + 1) * w],
+                    );
+                }
+                let blk = &mut o[i * bs..(i + 1) * bs];
+                blk.copy_from_slice(plain);
+                if let Some(x) = &self.cipher {
+                    x.encrypt(base + i as u64, epoch, blk);
+                }
+            }
+        }
+        let off = self.geo.data_offset() + base * bs as u64;
+        let r = self
+            .data
+            .write_at(out.as_slice(), off, WriteFlags::default());
+        self.poison(st, r)?;
+        self.stats
+            .physical_blocks
+            .fetch_add(n as u64, Ordering::Relaxed);
+        let mut i = 0;
+        while i < n {
+            if st.buf.lbns[i] == DEAD {
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < n && st.buf.lbns[j] != DEAD && st.buf.lbns[j] == st.buf.lbns[j - 1] + 1 {
+                j += 1;
+            }
+            let lbn = st.buf.lbns[i];
+            let sums = st.sums[lbn as usize * w..(lbn as usize + (j - i)) * w].to_vec();
+            self.append_entry(
+                st,
+                &Entry::Map {
+                    lbn,
+                    pbn: base + i as u64,
+                    count: (j - i) as u64,
+                    epoch,
+                    sums,
+                },
+            )?;
+            i = j;
+        }
+        st.buf.base += n as u64;
+        st.buf.lbns.clear();
+        st.buf.data.clear();
+        st.buf.index.clear();
+        Ok(())
+    }
+
+    /// Make everything so far durable: data, then a barrier entry, then the
+    /// log; clusters emptied since the previous barrier become free.
+    pub(super) fn barrier(&self, st: &mut State) -> Result<()> {
+        if !st.dirty && st.buf.lbns.is_empty() {
+            // Nothing new since the last barrier: every release behind the
+            // pending clusters is already durable.
+            self.free_pending(st);
+            return Ok(());
+        }
+        self.flush_buffer(st)?;
+        let r = self.data.flush();
+        self.poison(st, r)?;
+        let e = Entry::Barrier {
+            number: st.barrier_no + 1,
+            crc: st.running,
+        };
+        let b = encode_entry(&e, st.seq, self.width);
+        let r = st
+            .log
+            .append(&b)
+            .and_then(|_| st.log.sync())
+            .map_err(|e| log_err(Op::Flush, e));
+        self.poison(st, r)?;
+        st.seq += 1;
+        st.barrier_no += 1;
+        st.running = 0;
+        st.dirty = false;
+        self.stats.barriers.fetch_add(1, Ordering::Relaxed);
+        self.free_pending(st);
+        if st.log.len() > self.opts.compact_limit {
+            self.compact(st)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn free_pending(&self, st: &mut State) {
+        for c in std::mem::take(&mut st.pending) {
+            if st.cstate[c] == ClusterState::PendingFree && st.live[c] == 0 {
+                st.cstate[c] = ClusterState::Free;
+                st.free += 1;
+            }
+        }
+    }
+
+    /// Hand the next free cluster to the write position.
+    pub(super) fn take_cluster(&self, st: &mut State, for_gc: bool) -> Result<bool> {
+        let reserve = if for_gc { 0 } else { GC_RESERVE };
+        if st.free <= reserve {
+            return Ok(false);
+        }
+        let n = st.cstate.len();
+        let start = st.active.map_or(0, |a| a + 1);
+        let Some(c) = (0..n)
+            .map(|i| (start + i) % n)
+            .find(|&c| st.cstate[c] == ClusterState::Free)
+        else {
+            return Ok(false);
+        };
+        let _w = self.reuse.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(a) = st.active {
+            if st.live[a] == 0 {
+                st.cstate[a] = ClusterState::PendingFree;
+                st.pending.push(a);
+            } else {
+                st.cstate[a] = ClusterState::Used;
+            }
+        }
+        st.epoch_counter = st
+            .epoch_counter
+            .checked_add(1)
+            .ok_or_else(|| err(ErrorKind::Io, Op::Write, "epoch counter exhausted"))?;
+        st.epochs[c] = (st.generation << 32) | st.epoch_counter as u64;
+        st.cstate[c] = ClusterState::Active;
+        st.free -= 1;
+        st.active = Some(c);
+        st.buf.base = c as u64 * self.bpc;
+        if st.free < self.policy.low {
+            self.gc_wake.notify_all();
+        }
+        Ok(true)
+    }
+
+    /// Make room for one more block in the buffer.
+    pub(super) fn ensure_room(&self, st: &mut State, for_gc: bool) -> Result<()> {
+        loop {
+            if self.room(st) > 0 {
+                return Ok(());
+            }
+            if !st.buf.lbns.is_empty() {
+                self.flush_buffer(st)?;
+                continue;
+            }
+            if self.take_cluster(st, for_gc)? {
+                continue;
+            }
+            if !st.pending.is_empty() {
+                self.barrier(st)?;
+                continue;
+            }
+            if !for_gc && self.collect_to(st, GC_RESERVE + 2)? > 0 {
+                continue;
+            }
+            return Err(err(
+                ErrorKind::NoSpace,
+                Op::Write,
+                "no free cluster: the physical space is full of live data (create the image with more overprovisioning)",
+            ));
+        }
+    }
+
+    /// Put one block in the buffer as the new content of `lbn`.
+    pub(super) fn insert(
+        &self,
+        st: &mut State,
+        lbn: u64,
+        block: &[u8],
+        for_gc: bool,
+    ) -> Result<()> {
+        if let Some(&slot) = st.buf.index.get(&lbn) {
+            st.buf.data[slot * self.bs..(slot + 1) * self.bs].copy_from_slice(block);
+            self.stats.absorbed.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        self.ensure_room(st, for_gc)?;
+        let slot = st.buf.lbns.len();
+        let pbn = st.buf.base + slot as u64;
+        st.buf.lbns.push(lbn);
+        st.buf.data.extend_from_slice(block);
+        st.buf.index.insert(lbn, slot);
+        self.release(st, lbn as usize);
+        st.l2p[lbn as usize] = pbn as u32;
+        let a = st.active.expect("ensure_room set an active cluster");
+        st.live[a] += 1;
+        st.dirty = true;
+        Ok(())
+    }
+
+    /// Unmap or zero whole blocks `[first, first+count)`.
+    pub(super) fn unmap(&self, st: &mut State, first: u64, count: u64, zero: bool) -> Result<()> {
+        for lbn in first..first + count {
+            if let Some(slot) = st.buf.index.remove(&lbn) {
+                st.buf.lbns[slot] = DEAD;
+            }
+            self.release(st, lbn as usize);
+            st.l2p[lbn as usize] = if zero { ZERO } else { UNMAPPED };
+        }
+        let e = if zero {
+            Entry::Zero { lbn: first, count }
+        } else {
+            Entry::Trim { lbn: first, count }
+        };
+        self.append_entry(st, &e)
+    }
+}
