@@ -61,18 +61,7 @@ impl Stack {
     fn export_bytes(&self, srv: &Server) -> Vec<u8> {
         let out = self.path("export.raw");
         let _ = std::fs::remove_file(&out);
-        run(
-            "qemu-img",
-            &[
-                "convert",
-                "-f",
-                "raw",
-                "-O",
-                "raw",
-                &srv.uri(),
-                path_str(&out),
-            ],
-        );
+        qemu_img_copy(&srv.uri(), path_str(&out));
         std::fs::read(&out).expect("read export copy")
     }
     fn assert_base_untouched(&self) {

@@ -126,18 +126,7 @@ fn qemu_img_convert_of_1gib_export_equals_source() {
     random_file(&src, 1 << 30, 1);
     let srv = Server::start(dir.path(), &[&spec_raw(&src)]);
     let out = dir.path().join("out.raw");
-    run(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            &srv.uri(),
-            path_str(&out),
-        ],
-    );
+    qemu_img_copy(&srv.uri(), path_str(&out));
     run(
         "qemu-img",
         &[

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{roamdisk, run, run_stdout, tempdir, Server};
+use common::{qemu_img_copy, qemu_img_copy_into, roamdisk, run, run_stdout, tempdir, Server};
 use std::process::Command;
 use std::time::Duration;
 
@@ -26,18 +26,7 @@ fn create_lbs(dir: &std::path::Path, name: &str, size: &str, extra: &[&str]) -> 
 
 /// Copy a served export into a raw file with `qemu-img convert`.
 fn export_to(uri: &str, dest: &std::path::Path) {
-    run(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            uri,
-            dest.to_str().unwrap(),
-        ],
-    );
+    qemu_img_copy(uri, dest.to_str().unwrap());
 }
 
 /// The bytes of a served export, through `qemu-img convert` into `dest`.
@@ -92,19 +81,7 @@ fn ext4_image_round_trips_through_lbs_and_stays_clean() {
     let spec = format!("lbs[key-file={}]:{img}", key.display());
     {
         let s = Server::start(dir, &[&spec]);
-        run(
-            "qemu-img",
-            &[
-                "convert",
-                "-n",
-                "-f",
-                "raw",
-                "-O",
-                "raw",
-                ext4.to_str().unwrap(),
-                &s.uri(),
-            ],
-        );
+        qemu_img_copy_into(ext4.to_str().unwrap(), &s.uri());
         assert!(s.stop().success());
     }
     let back = dir.join("back.img");

@@ -91,18 +91,7 @@ fn read_disk(dir: &Path, spec: &str, extra: &[&str]) -> Vec<u8> {
     let srv = Server::start(dir, &args);
     let out = dir.join("read.raw");
     let _ = std::fs::remove_file(&out);
-    run(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            &srv.uri(),
-            out.to_str().unwrap(),
-        ],
-    );
+    qemu_img_copy(&srv.uri(), out.to_str().unwrap());
     srv.stop();
     std::fs::read(&out).unwrap()
 }

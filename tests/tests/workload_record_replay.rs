@@ -38,19 +38,7 @@ fn recorded_convert_replays_to_a_byte_identical_image() {
             target.display()
         )],
     );
-    run(
-        "qemu-img",
-        &[
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            src.to_str().unwrap(),
-            &srv.uri(),
-        ],
-    );
+    qemu_img_copy_into(src.to_str().unwrap(), &srv.uri());
     assert!(srv.stop().success());
     let source = std::fs::read(&src).unwrap();
     assert!(

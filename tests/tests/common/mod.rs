@@ -278,6 +278,21 @@ pub fn check_qemu_io(out: &Output, what: &str) {
     );
 }
 
+/// `qemu-img convert -f raw -O raw FROM TO`: copy a raw image or an NBD
+/// export into a new file (or export).
+pub fn qemu_img_copy(from: &str, to: &str) {
+    run("qemu-img", &["convert", "-f", "raw", "-O", "raw", from, to]);
+}
+
+/// `qemu-img convert -n -f raw -O raw FROM TO`: copy into an existing
+/// target (an export), without creating it.
+pub fn qemu_img_copy_into(from: &str, to: &str) {
+    run(
+        "qemu-img",
+        &["convert", "-n", "-f", "raw", "-O", "raw", from, to],
+    );
+}
+
 /// Run `qemu-io -f raw IMAGE -c CMD...` (IMAGE a file or an NBD URI) and
 /// check it with [`check_qemu_io`]. Returns its stdout.
 pub fn qemu_io(image: &str, cmds: &[String]) -> String {
