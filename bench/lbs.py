@@ -60,6 +60,8 @@ CONFIGS = {
 MAIN = "lbs-xts-crc32c"
 BASELINE = "qcow2-luks"
 LUKS_SECRET = "roamdisk-bench-secret"
+# --also TAG=BIN: another roamdisk binary, for configurations named NAME@TAG.
+ALSO = {}
 
 
 def die(msg):
@@ -88,9 +90,13 @@ def wait_socket(path, proc, timeout=30):
 
 class Server:
     def __init__(self, name, work, size, roamdisk):
+        # NAME@TAG: configuration NAME served by the binary given as --also TAG=BIN.
         self.name = name
-        self.kind, self.opts = CONFIGS[name]
-        self.dir = tempfile.mkdtemp(prefix=f"{name}-", dir=work)
+        base, _, tag = name.partition("@")
+        self.kind, self.opts = CONFIGS[base]
+        if tag:
+            roamdisk = ALSO[tag]
+        self.dir = tempfile.mkdtemp(prefix=f"{name.replace('@', '-')}-", dir=work)
         self.sock = os.path.join(self.dir, "s.sock")
         self.size = size
         self.roamdisk = roamdisk
@@ -180,7 +186,14 @@ def main():
     ap.add_argument("--runtime", type=int, default=8, help="seconds per fio row (default 8)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results"))
+    ap.add_argument("--also", action="append", default=[], metavar="TAG=BIN",
+                    help="another roamdisk binary (A/B runs): add lbs configurations as NAME@TAG to --configs")
     a = ap.parse_args()
+    for spec in a.also:
+        tag, _, path = spec.partition("=")
+        if not tag or not os.access(path, os.X_OK):
+            die(f"--also {spec}: want TAG=BIN with an executable BIN")
+        ALSO[tag] = path
     for tool in ("fio", "qemu-nbd", "qemu-img", "cargo"):
         if not shutil.which(tool):
             die(f"{tool} is not installed (scripts/test installs the tools)")
@@ -192,8 +205,9 @@ def main():
     size = int(a.size[:-1]) * units[a.size[-1]] if a.size[-1] in units else int(a.size)
     names = [c for c in a.configs.split(",") if c]
     for n in names:
-        if n not in CONFIGS:
-            die(f"unknown configuration {n}")
+        base, _, tag = n.partition("@")
+        if base not in CONFIGS or (tag and (tag not in ALSO or CONFIGS[base][0] != "lbs")):
+            die(f"unknown configuration {n} (NAME@TAG needs an lbs NAME and --also TAG=BIN)")
     work = tempfile.mkdtemp(prefix="roamdisk-bench-lbs-", dir=os.environ.get("BENCH_DIR", "/var/tmp"))
     results = {n: {r[0]: [] for r in ROWS} for n in names}
     try:
