@@ -1,7 +1,9 @@
-//! roamdisk's NBD side: the wire format ([`proto`], no I/O, fuzzed) and a
+//! roamdisk's NBD side: the wire format ([`proto`], no I/O, fuzzed), a
 //! server that exports any [`roamdisk_blockdev::BlockDev`] stack to real
-//! clients (qemu, qemu-img, qemu-io, nbdinfo, nbdcopy, fio, nbd-client).
+//! clients (qemu, qemu-img, qemu-io, nbdinfo, nbdcopy, fio, nbd-client),
+//! and a [`client`] that is the `nbd:URI` layer.
 
+pub mod client;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handshake;
