@@ -29,8 +29,8 @@ pub mod units;
 
 pub use checked::Checked;
 pub use dev::{
-    extents_covering, push_extent, write_zero_buffers, Alloc, BlockDev, Caps, Extent, WriteFlags,
-    ZeroFlags,
+    extents_covering, find_layer, push_extent, write_zero_buffers, Alloc, BlockDev, Caps, Extent,
+    WriteFlags, ZeroFlags,
 };
 pub use error::{Error, ErrorKind, Op, Result};
 pub use spec::{LayerKind, LayerSpec, OpenCtx, Registry};

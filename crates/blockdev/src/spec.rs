@@ -546,6 +546,15 @@ mod tests {
     }
 
     #[test]
+    fn a_built_stack_hands_out_its_layers_by_type() {
+        let r = Registry::with_builtin();
+        let dev = r.build("mem:1M", false).unwrap();
+        let mem = crate::find_layer::<crate::layers::mem::MemDev>(dev.as_ref()).unwrap();
+        assert_eq!(mem.size(), 1 << 20);
+        assert!(crate::find_layer::<crate::layers::raw::RawDev>(dev.as_ref()).is_none());
+    }
+
+    #[test]
     fn toml_form_equals_string_form() {
         let r = Registry::with_builtin();
         let t: toml::Table = r#"

@@ -2,8 +2,10 @@
 //! which parses its options and calls the library crates.
 
 mod commands;
+mod disk;
 #[allow(dead_code)]
 mod plot;
+mod qemu_img;
 
 use clap::{Parser, Subcommand};
 

@@ -4,14 +4,17 @@
 //! and a [`client`] that is the `nbd:URI` layer.
 
 pub mod client;
+pub mod config;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handshake;
 pub mod proto;
+mod run;
 mod server;
 mod tls;
 mod transmission;
 
+pub use run::{serve_until, signalled, Bound, ServeOptions};
 pub use server::{Export, Listen, Server, ServerConfig, TlsMode};
 pub use tls::{TlsAcceptor, TlsOptions};
 pub use transmission::errno;

@@ -3,16 +3,18 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
-use roamdisk_blockdev::BlockDev;
+use roamdisk_blockdev::{BlockDev, Checked};
 use roamdisk_cas::catalog::format_time;
 use roamdisk_cas::repo::{check_rev, resolve};
 use roamdisk_cas::session::{self, SessionConfig};
 use roamdisk_cas::store::fetch;
 use roamdisk_cas::view::{materialise, VersionView};
+use roamdisk_nbd::{serve_until, signalled, Export, Listen, ServeOptions};
 
 use super::cas::{Progress, StoreArgs};
 
@@ -131,15 +133,7 @@ fn write_output(
                 let dst = super::registry().build(&format!("raw:{}", raw.display()), false)?;
                 let n = materialise(view, dst.as_ref(), progress)?;
                 if format != "raw" {
-                    let st = std::process::Command::new("qemu-img")
-                        .args(["convert", "-f", "raw", "-O", format])
-                        .arg(&raw)
-                        .arg(dest)
-                        .status()
-                        .context("cannot run qemu-img (install qemu-utils)")?;
-                    if !st.success() {
-                        bail!("qemu-img could not write {format}");
-                    }
+                    crate::qemu_img::export(&raw, dest, format)?;
                     let _ = std::fs::remove_file(&raw);
                 }
                 Ok(n)
@@ -243,29 +237,30 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     if a.serve {
-        let mut opts = vec![format!("store={}", absolute_location(&a.st.location()))];
-        if let Some(k) = &a.st.key_file {
-            opts.push(format!("key-file={}", k.display()));
-        }
-        let spec = format!(
-            "cas-version[{}]:{name}@{}",
-            opts.join(","),
-            entry.version.to_hex()
-        );
-        let mut args = vec!["serve".to_string(), spec, "--read-only".into()];
-        if let Some(s) = &a.socket {
-            args.push("--socket".into());
-            args.push(s.display().to_string());
-        }
+        let mut listen: Vec<Listen> = a.socket.iter().cloned().map(Listen::Unix).collect();
         if let Some(l) = &a.listen {
-            args.push("--listen".into());
-            args.push(l.clone());
+            let addr = l
+                .parse()
+                .with_context(|| format!("--listen {l}: not an ADDR:PORT"))?;
+            listen.push(Listen::Tcp(addr));
         }
-        if !quiet {
-            eprintln!("roamdisk: serving {describe} read-only");
+        if listen.is_empty() {
+            bail!("say where to serve {describe}: --socket PATH and/or --listen ADDR:PORT");
         }
-        let sa = super::serve::Args::try_parse_from(args).map_err(|e| anyhow::anyhow!("{e}"))?;
-        return super::serve::run(sa, quiet);
+        let export = Export {
+            name: String::new(),
+            description: describe.clone(),
+            dev: Arc::new(Checked::new(Arc::new(view), true)),
+        };
+        serve_until(vec![export], listen, ServeOptions::default(), |bound| {
+            if !quiet {
+                for uri in &bound.uris {
+                    eprintln!("roamdisk: serving {describe} read-only on {uri}");
+                }
+            }
+            signalled()
+        })?;
+        return Ok(());
     }
     bail!("say what to do with {describe}: --output FILE, --session DIR or --serve --socket PATH")
 }

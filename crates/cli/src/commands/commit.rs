@@ -1,24 +1,26 @@
 //! `roamdisk commit`: store a disk (initial commit) or a session's useful
 //! updates (update commit) as a new version of USER/IMAGE.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Parser;
 use roamdisk_blockdev::units::{format_size, parse_size};
 use roamdisk_cas::commit::{commit_image, CommitOptions, CommitSummary, Parent, Source};
 use roamdisk_cas::guest::FsmetaAnalyzer;
-use roamdisk_cas::session::dev::{CasDev, SessionOpen};
+use roamdisk_cas::layer::CAS;
+use roamdisk_cas::session::dev::CasDev;
 use roamdisk_cas::session::update::{commit_session, UpdateOptions};
 
 use super::cas::{short, Progress, StoreArgs};
+use crate::disk::DiskSpec;
 
 /// Commit a disk as a new version of a content-addressed image.
 ///
 /// Initial commit: SOURCE is any disk — a stack spec (raw:disk.img,
 /// lbs:vm.lbsd, ...), an image file of any format qemu-img reads (qcow2,
-/// vmdk, ...), or an NBD URI (nbd://HOST/EXPORT, nbd+unix:///?socket=S).
+/// vmdk, ...), or an NBD URI (nbd://HOST/EXPORT, nbd+unix:///?socket=S,
+/// read by the nbd layer, holes skipped).
 /// It is cut into chunks, hashed on all cores, and only the chunks the
 /// store lacks are uploaded. --to names the image.
 ///
@@ -82,44 +84,6 @@ pub struct Args {
     limit_rate: Option<String>,
     #[command(flatten)]
     st: StoreArgs,
-}
-
-/// A temporary raw copy of an image in another format, removed on drop.
-struct TempRaw(PathBuf);
-
-impl Drop for TempRaw {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn image_format(path: &Path) -> String {
-    Command::new("qemu-img")
-        .args(["info", "--output=json"])
-        .arg(path)
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
-        .and_then(|v| v["format"].as_str().map(str::to_string))
-        .unwrap_or_else(|| "raw".into())
-}
-
-fn nbd_size(uri: &str) -> anyhow::Result<u64> {
-    let out = Command::new("nbdinfo")
-        .args(["--size", uri])
-        .output()
-        .context("cannot run nbdinfo (install libnbd-bin) to read an NBD export")?;
-    if !out.status.success() {
-        bail!(
-            "nbdinfo cannot read {uri}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .context("nbdinfo printed no size")
 }
 
 pub fn print_summary(s: &CommitSummary, json: bool) -> anyhow::Result<()> {
@@ -232,27 +196,30 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     if let Some(t) = &opts.tag {
         roamdisk_cas::catalog::check_tag(t)?;
     }
-    let summary = if let Some(dir) = a.source.strip_prefix("cas:") {
+    let mut src = DiskSpec::parse(&a.source)?;
+    let session = src.spec.kind == CAS.name;
+    if session {
+        // The command's store and key file override the session's.
+        let p = &mut src.spec.params;
+        if let Some(s) = &a.st.store {
+            p.insert("store".into(), s.clone());
+        }
+        if let Some(k) = &a.st.key_file {
+            p.insert("key-file".into(), k.display().to_string());
+        }
+    }
+    let disk = src.open(!session)?;
+    let summary = if let Some(dev) = disk.layer::<CasDev>().filter(|_| session) {
         if a.encrypt {
             bail!("--encrypt applies to initial commits; a session keeps its image's encryption");
         }
-        let dev = CasDev::open(
-            Path::new(dir),
-            &SessionOpen {
-                store: a.st.store.clone(),
-                key_file: a.st.key_file.clone(),
-                ..Default::default()
-            },
-            &super::registry(),
-        )
-        .with_context(|| format!("cannot open session {dir}"))?;
         let u = UpdateOptions {
             commit: opts,
             p1: !a.no_p1,
             p2: !a.no_p2,
             p3: !a.no_p3,
         };
-        commit_session(&dev, &u, &FsmetaAnalyzer, &progress)?
+        commit_session(dev, &u, &FsmetaAnalyzer, &progress)?
     } else {
         let Some(to) = &a.to else {
             bail!("say which image the disk becomes: --to USER/IMAGE");
@@ -269,54 +236,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             (None, false) => None,
         };
         let store = a.st.open(true)?;
-        let src = a.source.as_str();
-        if src.starts_with("nbd://") || src.starts_with("nbd+unix://") || src.starts_with("nbds://")
-        {
-            let size = nbd_size(src)?;
-            let mut child = Command::new("nbdcopy")
-                .args([src, "-"])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .context("cannot run nbdcopy (install libnbd-bin) to read an NBD export")?;
-            let out = child.stdout.take().expect("piped stdout");
-            let r = commit_image(
-                &*store,
-                Source::Stream(Box::new(out), size),
-                &opts,
-                &progress,
-            );
-            let _ = child.kill();
-            let _ = child.wait();
-            r?
-        } else {
-            let path = Path::new(src);
-            let _tmp;
-            let spec = if path.is_file() && image_format(path) != "raw" {
-                let fmt = image_format(path);
-                let tmp = std::env::temp_dir()
-                    .join(format!(".roamdisk-commit-{}.raw", std::process::id()));
-                _tmp = TempRaw(tmp.clone());
-                let st = Command::new("qemu-img")
-                    .args(["convert", "-O", "raw", "-f", &fmt])
-                    .arg(path)
-                    .arg(&tmp)
-                    .status()
-                    .context(
-                        "cannot run qemu-img (install qemu-utils) to read this image format",
-                    )?;
-                if !st.success() {
-                    bail!("qemu-img could not convert {src} ({fmt}) to raw");
-                }
-                format!("raw:{}", tmp.display())
-            } else {
-                src.to_string()
-            };
-            let dev = super::registry()
-                .build(&spec, true)
-                .with_context(|| format!("cannot open source '{src}'"))?;
-            commit_image(&*store, Source::Dev(dev.as_ref()), &opts, &progress)?
-        }
+        commit_image(&*store, Source::Dev(disk.dev.as_ref()), &opts, &progress)?
     };
     progress.finish();
     if !quiet || a.st.json {
