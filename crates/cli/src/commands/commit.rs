@@ -137,33 +137,21 @@ pub fn print_summary(s: &CommitSummary, json: bool) -> anyhow::Result<()> {
     );
     if let Some(f) = &s.filters {
         let pct = |n: u64| n as f64 * 100.0 / f.dirty.max(1) as f64;
-        let after1 = f.dirty - f.p1_zero;
-        let after2 = after1 - f.p2_free;
-        let after3 = after2 - f.p3_swap;
         println!("  useful updates (sectors; the seed's Figure 9):");
         println!("    dirty                       {:>10}  100.0%", f.dirty);
-        let on = |b: bool| if b { "" } else { " (off)" };
-        println!(
-            "    after P1 zero writes{:<6}  {:>10}  {:>5.1}%  (-{})",
-            on(f.p1),
-            after1,
-            pct(after1),
-            f.p1_zero
-        );
-        println!(
-            "    after P2 free clusters{:<4}  {:>10}  {:>5.1}%  (-{})",
-            on(f.p2),
-            after2,
-            pct(after2),
-            f.p2_free
-        );
-        println!(
-            "    after P3 swap{:<13}  {:>10}  {:>5.1}%  (-{})",
-            on(f.p3),
-            after3,
-            pct(after3),
-            f.p3_swap
-        );
+        let mut left = f.dirty;
+        for (name, on, dropped) in [
+            ("P1 zero writes", f.p1, f.p1_zero),
+            ("P2 free clusters", f.p2, f.p2_free),
+            ("P3 swap", f.p3, f.p3_swap),
+        ] {
+            left -= dropped;
+            let label = format!("after {name}{}", if on { "" } else { " (off)" });
+            println!(
+                "    {label:<26}  {left:>10}  {:>5.1}%  (-{dropped})",
+                pct(left)
+            );
+        }
     }
     println!("  time        {:.2} s ({:.0} MB/s)", s.seconds, s.mb_per_s);
     Ok(())
@@ -209,7 +197,10 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         }
     }
     let disk = src.open(!session)?;
-    let summary = if let Some(dev) = disk.layer::<CasDev>().filter(|_| session) {
+    let summary = if session {
+        let dev = disk
+            .layer::<CasDev>()
+            .context("the cas layer opened no session")?;
         if a.encrypt {
             bail!("--encrypt applies to initial commits; a session keeps its image's encryption");
         }
