@@ -16,6 +16,22 @@ use common::{assert_files_equal, bin, qemu_io, random_file, run, tempdir, Server
 
 const MIB: u64 = 1 << 20;
 
+/// `qemu-img convert -f raw -O FORMAT FROM TO`.
+fn convert(from: &str, format: &str, to: &Path) {
+    run(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            format,
+            from,
+            to.to_str().unwrap(),
+        ],
+    );
+}
+
 #[test]
 fn cow_over_an_nbd_export_leaves_the_export_unchanged() {
     let d = tempdir();
@@ -47,18 +63,7 @@ fn cow_over_an_nbd_export_leaves_the_export_unchanged() {
     );
     // Everything else reads from the lower export, through the overlay.
     let got = dir.join("upper.raw");
-    run(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            &upper.uri(),
-            got.to_str().unwrap(),
-        ],
-    );
+    convert(&upper.uri(), "raw", &got);
     let mut want = std::fs::read(&orig).unwrap();
     want[MIB as usize..(MIB + 65536) as usize].fill(0xab);
     want[(3 * MIB) as usize..(3 * MIB + 131072) as usize].fill(0);
@@ -124,18 +129,7 @@ fn commit_reads_an_nbd_export_without_nbdinfo_or_nbdcopy() {
     random_file(&raw, 6 * MIB, 3);
     qemu_io(raw.to_str().unwrap(), &["write -z 2M 1M".into()]);
     let qcow2 = dir.join("disk.qcow2");
-    run(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "qcow2",
-            raw.to_str().unwrap(),
-            qcow2.to_str().unwrap(),
-        ],
-    );
+    convert(raw.to_str().unwrap(), "qcow2", &qcow2);
     let srv = Server::start(dir, &[&format!("raw:{}", raw.display()), "--read-only"]);
     let path = path_with_only_qemu_img(dir);
     let commit = |src: &str, to: &str| {

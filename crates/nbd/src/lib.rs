@@ -14,7 +14,7 @@ mod server;
 mod tls;
 mod transmission;
 
-pub use run::{serve_until, signalled, Bound, ServeOptions};
-pub use server::{Export, Listen, Server, ServerConfig, TlsMode};
+pub use run::{serve_until, signalled, Bound};
+pub use server::{Export, Listen, ServeOptions, Server, TlsMode};
 pub use tls::{TlsAcceptor, TlsOptions};
 pub use transmission::errno;

@@ -2,40 +2,8 @@
 //! runtime, bind, serve until a stop future resolves, then finish in-flight
 //! requests, flush every export and remove Unix sockets.
 
+use crate::server::{Export, Listen, ServeOptions, Server};
 use std::future::Future;
-use std::time::Duration;
-
-use crate::server::{Export, Listen, Server, ServerConfig, TlsMode};
-use crate::tls::TlsAcceptor;
-
-/// How to serve, apart from the exports and the listeners.
-pub struct ServeOptions {
-    pub tls: Option<TlsAcceptor>,
-    pub tls_mode: TlsMode,
-    /// Requests processed at once per connection.
-    pub max_in_flight: usize,
-    /// Connections served at once.
-    pub max_connections: usize,
-    pub handshake_timeout: Duration,
-    /// See [`ServerConfig::busy_poll`].
-    pub busy_poll: Duration,
-    /// Threads doing block I/O.
-    pub io_threads: usize,
-}
-
-impl Default for ServeOptions {
-    fn default() -> Self {
-        ServeOptions {
-            tls: None,
-            tls_mode: TlsMode::Off,
-            max_in_flight: 64,
-            max_connections: 256,
-            handshake_timeout: Duration::from_secs(30),
-            busy_poll: Duration::from_micros(100),
-            io_threads: 64,
-        }
-    }
-}
 
 /// What was bound, for the caller to announce.
 pub struct Bound {
@@ -44,7 +12,7 @@ pub struct Bound {
     pub uris: Vec<String>,
 }
 
-/// Serve `exports` on `listen` until the future `stop` makes resolves.
+/// Serve `exports` on `listen` until the future `stop` returns resolves.
 /// `stop` is called once the listeners are bound, inside the server's
 /// runtime (so it may spawn tokio tasks and processes); [`signalled`] is
 /// the usual one. Binding errors (address in use, no export) come back
@@ -65,17 +33,7 @@ where
         .thread_name("roamdisk")
         .build()?;
     rt.block_on(async move {
-        let cfg = ServerConfig {
-            exports,
-            listen: listen.clone(),
-            tls: opts.tls,
-            tls_mode: opts.tls_mode,
-            max_in_flight: opts.max_in_flight,
-            max_connections: opts.max_connections,
-            handshake_timeout: opts.handshake_timeout,
-            busy_poll: opts.busy_poll,
-        };
-        let server = Server::bind(cfg).await?;
+        let server = Server::bind(exports, listen.clone(), opts).await?;
         let mut uris: Vec<String> = listen
             .iter()
             .filter(|l| matches!(l, Listen::Unix(_)))

@@ -164,13 +164,7 @@ impl Pipeline {
                 },
             );
         }
-        let h = encode_request(&Request {
-            flags,
-            cmd,
-            handle,
-            offset,
-            length: len,
-        });
+        let h = header(cmd, flags, handle, offset, len);
         let sent = {
             let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
             w.write_all(&h)
@@ -206,13 +200,7 @@ impl Drop for Pipeline {
         {
             let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
             if lock(&self.state).dead.is_none() {
-                let _ = w.write_all(&encode_request(&Request {
-                    flags: 0,
-                    cmd: CMD_DISC,
-                    handle: 0,
-                    offset: 0,
-                    length: 0,
-                }));
+                let _ = w.write_all(&header(CMD_DISC, 0, 0, 0, 0));
             }
             w.shutdown();
         }
@@ -220,6 +208,16 @@ impl Drop for Pipeline {
             let _ = r.join();
         }
     }
+}
+
+fn header(cmd: u16, flags: u16, handle: u64, offset: u64, length: u32) -> [u8; REQUEST_SIZE] {
+    encode_request(&Request {
+        flags,
+        cmd,
+        handle,
+        offset,
+        length,
+    })
 }
 
 /// Largest structured chunk payload accepted (a read's data plus its

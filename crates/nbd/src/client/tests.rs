@@ -10,9 +10,10 @@ use roamdisk_blockdev::{
 };
 
 use super::{NbdAddr, NbdDev, NbdOptions, NbdUri};
-use crate::{Export, Listen, Server, ServerConfig, TlsMode};
+use crate::{serve_until, Export, Listen, ServeOptions};
 
-/// A server on its own thread, stopped (and its socket removed) on drop.
+/// [`serve_until`] on its own thread, stopped (and its socket removed) on
+/// drop.
 struct TestServer {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -24,36 +25,24 @@ impl TestServer {
         let (ready_tx, ready) = std::sync::mpsc::channel();
         let sock = sock.to_path_buf();
         let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let server = Server::bind(ServerConfig {
-                    exports: vec![Export {
-                        name: String::new(),
-                        description: String::new(),
-                        dev,
-                    }],
-                    listen: vec![Listen::Unix(sock)],
-                    tls: None,
-                    tls_mode: TlsMode::Off,
-                    max_in_flight: 64,
-                    max_connections: 16,
-                    handshake_timeout: Duration::from_secs(5),
-                    busy_poll: Duration::ZERO,
-                })
-                .await
-                .unwrap();
+            let export = Export {
+                name: String::new(),
+                description: String::new(),
+                dev,
+            };
+            let opts = ServeOptions {
+                max_connections: 16,
+                busy_poll: Duration::ZERO,
+                io_threads: 8,
+                ..ServeOptions::default()
+            };
+            serve_until(vec![export], vec![Listen::Unix(sock)], opts, |_| {
                 ready_tx.send(()).unwrap();
-                server
-                    .run(async {
-                        let _ = stopped.await;
-                    })
-                    .await
-                    .unwrap();
-            });
+                async {
+                    let _ = stopped.await;
+                }
+            })
+            .unwrap();
         });
         ready.recv().unwrap();
         TestServer {
