@@ -12,7 +12,9 @@
 //! another takes the rest of the string as the inner SPEC. In arguments,
 //! `\:` stands for a literal colon and `\\` for a backslash. The last
 //! argument of a bottom layer (`raw:PATH`) takes the rest of the string
-//! verbatim, so paths there need no escaping.
+//! verbatim, so paths there need no escaping. A string (or inner SPEC)
+//! starting with a URI scheme a layer registered ([`Registry::add_scheme`],
+//! e.g. `nbd+unix://`) is that layer's whole argument.
 //!
 //! TOML form: a table with `kind`, the layer's arguments and options by
 //! name, and a `next` table for the inner layer.
