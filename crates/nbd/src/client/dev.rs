@@ -1,6 +1,7 @@
 //! The `nbd:` layer: an NBD export as a [`BlockDev`], reconnecting when
 //! the connection drops.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -62,6 +63,8 @@ pub struct NbdDev {
     neg: Negotiated,
     conn: Mutex<Arc<Pipeline>>,
     read_only: bool,
+    /// Connections re-established so far.
+    reconnects: AtomicU64,
 }
 
 fn errno_kind(e: u32) -> ErrorKind {
@@ -96,12 +99,18 @@ impl NbdDev {
             opts,
             conn: Mutex::new(Arc::new(p)),
             read_only,
+            reconnects: AtomicU64::new(0),
         })
     }
 
     /// Whether replies are structured on the current connection.
     pub fn structured(&self) -> bool {
         self.neg.structured
+    }
+
+    /// How many times the connection was re-established.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
     }
 
     fn current(&self) -> Arc<Pipeline> {
@@ -136,6 +145,7 @@ impl NbdDev {
                 Ok(p) => {
                     tracing::info!(uri = %self.uri, attempt, "NBD connection re-established");
                     *cur = Arc::new(p);
+                    self.reconnects.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
                 Err(e) => {

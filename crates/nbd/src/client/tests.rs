@@ -241,6 +241,7 @@ fn requests_survive_a_server_restart() {
         }
         drop(srv);
     });
+    assert!(dev.reconnects() >= 1, "the restart went unnoticed");
     // The server is gone for good now: a request fails after its retries.
     let quick = NbdOptions {
         reconnect_tries: 2,
