@@ -49,4 +49,7 @@ pub fn register(r: &mut Registry) {
     r.add(&NBD);
     r.add_scheme("nbd://", NBD.name);
     r.add_scheme("nbd+unix://", NBD.name);
+    // Not spoken yet, but named so the error says why.
+    r.add_scheme("nbds://", NBD.name);
+    r.add_scheme("nbds+unix://", NBD.name);
 }

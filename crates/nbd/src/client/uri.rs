@@ -44,6 +44,11 @@ impl NbdUri {
     }
 
     pub fn parse(s: &str) -> std::result::Result<NbdUri, String> {
+        if s.starts_with("nbds://") || s.starts_with("nbds+unix://") {
+            return Err(format!(
+                "'{s}': the nbd layer does not speak TLS yet; reach the export without TLS (a Unix socket or a loopback address)"
+            ));
+        }
         if let Some(rest) = s.strip_prefix("nbd+unix://") {
             let (path, query) = rest.split_once('?').ok_or_else(|| {
                 format!("'{s}': a Unix-socket NBD URI needs ?socket=PATH (nbd+unix:///EXPORT?socket=/tmp/nbd.sock)")
@@ -115,6 +120,7 @@ mod tests {
             .unwrap_err()
             .contains("socket"));
         assert!(NbdUri::parse("http://x").is_err());
+        assert!(NbdUri::parse("nbds://h/x").unwrap_err().contains("TLS"));
         assert!(NbdUri::parse("nbd:///x").is_err());
     }
 }
