@@ -17,41 +17,43 @@ pub struct DiskSpec {
     /// The stack to open; a command may adjust it (its `--store` becoming
     /// the `cas` layer's `store=`).
     pub spec: LayerSpec,
-    /// The raw copy of a non-raw image file, removed with the disk.
-    tmp: Option<TempRaw>,
+    /// The format of an image file that is not raw (imported on open).
+    image: Option<(PathBuf, String)>,
     name: String,
 }
 
 impl DiskSpec {
-    /// Parse `src`; an image file qemu-img reads in another format than
-    /// raw is imported to a temporary raw file now.
+    /// Parse `src` (and ask qemu-img, once, what format an image file is).
     pub fn parse(src: &str) -> anyhow::Result<DiskSpec> {
-        let reg = crate::commands::registry();
-        let mut spec = reg.parse(src)?;
-        let mut tmp = None;
-        if let Some(path) = plain_file(&spec, src) {
-            let fmt = qemu_img::format(path);
-            if fmt != "raw" {
-                let t = qemu_img::import(path, &fmt)?;
-                spec = reg.parse(&format!("raw:{}", t.path().display()))?;
-                tmp = Some(t);
-            }
-        }
+        let spec = crate::commands::registry().parse(src)?;
+        let image = plain_file(&spec, src)
+            .map(|p| (p.to_path_buf(), qemu_img::format(p)))
+            .filter(|(_, fmt)| fmt != "raw");
         Ok(DiskSpec {
             spec,
-            tmp,
+            image,
             name: src.to_string(),
         })
     }
 
-    /// Open the stack, with the validation layer on top.
-    pub fn open(self, read_only: bool) -> anyhow::Result<Disk> {
-        let dev = crate::commands::registry()
+    /// Open the stack, with the validation layer on top; an image file in
+    /// another format than raw is imported to a temporary raw file first.
+    pub fn open(mut self, read_only: bool) -> anyhow::Result<Disk> {
+        let reg = crate::commands::registry();
+        let tmp = match &self.image {
+            Some((path, fmt)) => {
+                let t = qemu_img::import(path, fmt)?;
+                self.spec = reg.parse(&format!("raw:{}", t.path().display()))?;
+                Some(t)
+            }
+            None => None,
+        };
+        let dev = reg
             .open(&self.spec, read_only)
             .with_context(|| format!("cannot open '{}'", self.name))?;
         Ok(Disk {
             dev: Arc::new(Checked::new(dev, read_only)),
-            _tmp: self.tmp,
+            _tmp: tmp,
         })
     }
 }

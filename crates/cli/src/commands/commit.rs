@@ -187,6 +187,9 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let mut src = DiskSpec::parse(&a.source)?;
     let session = src.spec.kind == CAS.name;
     if session {
+        if a.encrypt {
+            bail!("--encrypt applies to initial commits; a session keeps its image's encryption");
+        }
         // The command's store and key file override the session's.
         let p = &mut src.spec.params;
         if let Some(s) = &a.st.store {
@@ -195,43 +198,48 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         if let Some(k) = &a.st.key_file {
             p.insert("key-file".into(), k.display().to_string());
         }
-    }
-    let disk = src.open(!session)?;
-    let summary = if session {
+        let disk = src.open(false)?;
         let dev = disk
             .layer::<CasDev>()
             .context("the cas layer opened no session")?;
-        if a.encrypt {
-            bail!("--encrypt applies to initial commits; a session keeps its image's encryption");
-        }
         let u = UpdateOptions {
             commit: opts,
             p1: !a.no_p1,
             p2: !a.no_p2,
             p3: !a.no_p3,
         };
-        commit_session(dev, &u, &FsmetaAnalyzer, &progress)?
-    } else {
-        let Some(to) = &a.to else {
-            bail!("say which image the disk becomes: --to USER/IMAGE");
-        };
-        roamdisk_cas::store::check_ref_name(to)?;
-        if a.no_p1 || a.no_p2 || a.no_p3 {
-            bail!("--no-p1/--no-p2/--no-p3 apply to update commits of cas:SESSION");
-        }
-        opts.user_key = match (&a.st.key_file, a.encrypt) {
-            (Some(k), true) if !k.exists() => Some(roamdisk_cas::version::create_key_file(k)?),
-            (Some(k), true) => Some(roamdisk_cas::version::read_key_file(k)?),
-            (None, true) => bail!("--encrypt needs --key-file FILE (created if missing)"),
-            (Some(_), false) => bail!("--key-file given without --encrypt"),
-            (None, false) => None,
-        };
-        let store = a.st.open(true)?;
-        commit_image(&*store, Source::Dev(disk.dev.as_ref()), &opts, &progress)?
+        let summary = commit_session(dev, &u, &FsmetaAnalyzer, &progress)?;
+        return finish(&summary, progress, quiet, a.st.json);
+    }
+    let Some(to) = &a.to else {
+        bail!("say which image the disk becomes: --to USER/IMAGE");
     };
+    roamdisk_cas::store::check_ref_name(to)?;
+    if a.no_p1 || a.no_p2 || a.no_p3 {
+        bail!("--no-p1/--no-p2/--no-p3 apply to update commits of cas:SESSION");
+    }
+    opts.user_key = match (&a.st.key_file, a.encrypt) {
+        (Some(k), true) if !k.exists() => Some(roamdisk_cas::version::create_key_file(k)?),
+        (Some(k), true) => Some(roamdisk_cas::version::read_key_file(k)?),
+        (None, true) => bail!("--encrypt needs --key-file FILE (created if missing)"),
+        (Some(_), false) => bail!("--key-file given without --encrypt"),
+        (None, false) => None,
+    };
+    let store = a.st.open(true)?;
+    let disk = src.open(true)?;
+    let summary = commit_image(&*store, Source::Dev(disk.dev.as_ref()), &opts, &progress)?;
+    finish(&summary, progress, quiet, a.st.json)
+}
+
+fn finish(
+    summary: &CommitSummary,
+    progress: Progress,
+    quiet: bool,
+    json: bool,
+) -> anyhow::Result<()> {
     progress.finish();
-    if !quiet || a.st.json {
-        print_summary(&summary, a.st.json)?;
+    if !quiet || json {
+        print_summary(summary, json)?;
     }
     Ok(())
 }
