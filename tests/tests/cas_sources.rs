@@ -1,4 +1,4 @@
-//! The initial commit reads any disk: an NBD export (through `nbdcopy`),
+//! The initial commit reads any disk: an NBD export (through the `nbd` layer),
 //! an LBS image (a stack spec) and a raw file give the same version, stored
 //! once; each checks out byte-identical (`qemu-img compare`). A version
 //! keeps the VM configuration file and a memory image too.

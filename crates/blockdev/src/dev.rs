@@ -169,7 +169,11 @@ pub fn push_extent(v: &mut Vec<Extent>, e: Extent) {
 ///
 /// Safe to call from many threads at once; concurrent overlapping writes
 /// land in an unspecified order, as on a real disk.
-pub trait BlockDev: Send + Sync + 'static {
+///
+/// Every layer is also [`Any`](std::any::Any), so a command that built a
+/// stack through the registry can reach one layer's own API with
+/// [`find_layer`].
+pub trait BlockDev: std::any::Any + Send + Sync + 'static {
     /// The layer's kind name (`raw`, `cow`, ...), used in errors.
     fn layer(&self) -> &'static str;
 
@@ -260,6 +264,21 @@ pub trait BlockDev: Send + Sync + 'static {
             )
         })
     }
+}
+
+/// The first layer of type `T` in the stack from `top` down (`top`
+/// included), following [`BlockDev::next`]: how a command reaches a layer's
+/// own API (a session's rebase after a commit) on a stack the registry
+/// built, without opening that layer by hand.
+pub fn find_layer<T: BlockDev>(top: &dyn BlockDev) -> Option<&T> {
+    let mut cur = Some(top);
+    while let Some(d) = cur {
+        if let Some(t) = (d as &dyn std::any::Any).downcast_ref::<T>() {
+            return Some(t);
+        }
+        cur = d.next();
+    }
+    None
 }
 
 /// Write zero buffers over a range, in bounded pieces. The fallback for

@@ -12,7 +12,9 @@
 //! another takes the rest of the string as the inner SPEC. In arguments,
 //! `\:` stands for a literal colon and `\\` for a backslash. The last
 //! argument of a bottom layer (`raw:PATH`) takes the rest of the string
-//! verbatim, so paths there need no escaping.
+//! verbatim, so paths there need no escaping. A string (or inner SPEC)
+//! starting with a URI scheme a layer registered ([`Registry::add_scheme`],
+//! e.g. `nbd+unix://`) is that layer's whole argument.
 //!
 //! TOML form: a table with `kind`, the layer's arguments and options by
 //! name, and a `next` table for the inner layer.
@@ -129,6 +131,9 @@ pub struct LayerKind {
 #[derive(Default)]
 pub struct Registry {
     kinds: Vec<&'static LayerKind>,
+    /// URI prefixes (`nbd://`) read as the whole argument of a bottom
+    /// layer kind with one argument.
+    schemes: Vec<(&'static str, &'static str)>,
 }
 
 impl Registry {
@@ -145,6 +150,23 @@ impl Registry {
     pub fn add(&mut self, kind: &'static LayerKind) {
         self.kinds.retain(|k| k.name != kind.name);
         self.kinds.push(kind);
+    }
+
+    /// Read a spec (or an inner spec) starting with `prefix` (a URI
+    /// scheme such as `nbd://`) as `KIND:` followed by the whole string:
+    /// `cow:o.img:nbd+unix:///?socket=/s` is `cow:o.img:nbd:nbd+unix:///?socket=/s`.
+    /// `kind` must be a registered bottom layer with one argument.
+    pub fn add_scheme(&mut self, prefix: &'static str, kind: &'static str) {
+        self.schemes.retain(|(p, _)| *p != prefix);
+        self.schemes.push((prefix, kind));
+    }
+
+    /// The layer kind a URI-like spec string belongs to, if any.
+    pub fn scheme_of(&self, s: &str) -> Option<&'static str> {
+        self.schemes
+            .iter()
+            .find(|(p, _)| s.starts_with(p))
+            .map(|(_, k)| *k)
     }
 
     pub fn get(&self, name: &str) -> Option<&'static LayerKind> {
@@ -185,6 +207,17 @@ impl Registry {
                 format!("in '{whole}': {m}"),
             )
         };
+        if let Some(k) = self.scheme_of(s).and_then(|k| self.get(k)) {
+            if let ([arg], false) = (k.args, k.wraps) {
+                let mut params = BTreeMap::new();
+                params.insert(arg.to_string(), s.to_string());
+                return Ok(LayerSpec {
+                    kind: k.name.into(),
+                    params,
+                    next: None,
+                });
+            }
+        }
         let head_end = s.find([':', '[']).unwrap_or(s.len());
         let name = &s[..head_end];
         let Some(kind) = self.get(name) else {
@@ -502,6 +535,61 @@ mod tests {
         assert!(e.contains("usage: cow:OVERLAY:NEXT"), "{e}");
         let e = r.parse("cow[bogus=1]:/a:mem:1M").unwrap_err().to_string();
         assert!(e.contains("no option 'bogus'"), "{e}");
+    }
+
+    #[test]
+    fn uris_are_whole_arguments() {
+        fn open(_: &OpenCtx<'_>, _: Option<Arc<dyn BlockDev>>) -> Result<Arc<dyn BlockDev>> {
+            unreachable!()
+        }
+        static URI: LayerKind = LayerKind {
+            name: "nbd",
+            summary: "",
+            args: &["uri"],
+            options: &[],
+            wraps: false,
+            inner_read_only: false,
+            open,
+        };
+        let mut r = Registry::with_builtin();
+        r.add(&URI);
+        r.add_scheme("nbd+unix://", "nbd");
+        r.add_scheme("nbd://", "nbd");
+        let unix = "nbd+unix:///?socket=/tmp/s.sock";
+        let tcp = "nbd://127.0.0.1:10809/vm1";
+        for (s, uri) in [
+            (format!("nbd:{unix}"), unix),
+            (unix.to_string(), unix),
+            (format!("nbd:{tcp}"), tcp),
+            (tcp.to_string(), tcp),
+        ] {
+            let spec = r.parse(&s).unwrap();
+            assert_eq!(
+                (spec.kind.as_str(), spec.params["uri"].as_str()),
+                ("nbd", uri)
+            );
+            assert!(spec.next.is_none());
+            assert_eq!(r.parse(&r.to_string_form(&spec)).unwrap(), spec);
+        }
+        for s in [
+            format!("cow:ov.img:{unix}"),
+            format!("cow:ov.img:nbd:{unix}"),
+        ] {
+            let spec = r.parse(&s).unwrap();
+            assert_eq!(spec.kind, "cow");
+            assert_eq!(spec.params["overlay"], "ov.img");
+            let n = spec.next.as_ref().unwrap();
+            assert_eq!((n.kind.as_str(), n.params["uri"].as_str()), ("nbd", unix));
+        }
+    }
+
+    #[test]
+    fn a_built_stack_hands_out_its_layers_by_type() {
+        let r = Registry::with_builtin();
+        let dev = r.build("mem:1M", Access::ReadWrite).unwrap();
+        let mem = crate::find_layer::<crate::layers::mem::MemDev>(dev.as_ref()).unwrap();
+        assert_eq!(mem.size(), 1 << 20);
+        assert!(crate::find_layer::<crate::layers::raw::RawDev>(dev.as_ref()).is_none());
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Commits: the initial commit of any disk (a block-device stack, or a
-//! stream such as `nbdcopy` output) and the pieces shared with the update
+//! stream such as a memory image file) and the pieces shared with the update
 //! commit of a session (`crate::session`): building the version package,
 //! storing it before the catalog names it, and the summary.
 //!
@@ -119,7 +119,7 @@ pub struct CommitSummary {
 pub enum Source<'a> {
     /// A block device (any stack); holes are not read.
     Dev(&'a dyn BlockDev),
-    /// A sequential stream of `size` bytes (e.g. `nbdcopy URI -`).
+    /// A sequential stream of `size` bytes (a memory image file).
     Stream(Box<dyn Read + Send + 'a>, u64),
 }
 

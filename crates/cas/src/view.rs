@@ -60,6 +60,26 @@ impl VersionView {
         &self.store
     }
 
+    /// Write the version's memory image (chunked like the disk, each
+    /// chunk verified as it is fetched) to `w`.
+    pub fn write_memory(&self, w: &mut dyn std::io::Write) -> Result<()> {
+        let mem = &self.version.memory;
+        let chunk = self.version.index.chunk_size as u64;
+        let mut left = mem.size;
+        for (i, id) in mem.ids.iter().enumerate() {
+            let n = left.min(chunk) as usize;
+            let data = if id.is_zero() {
+                vec![0u8; n]
+            } else {
+                fetch(&*self.store, id, mem.keys.get(i))?
+            };
+            w.write_all(&data[..n.min(data.len())])
+                .map_err(|e| roamdisk_blockdev::Error::io(Op::Write, "cas", e))?;
+            left -= n as u64;
+        }
+        Ok(())
+    }
+
     /// The decoded content of chunk `i` (all zeroes for no chunk).
     pub fn chunk(&self, i: usize) -> Result<Arc<Vec<u8>>> {
         let idx = &self.version.index;

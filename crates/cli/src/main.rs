@@ -4,9 +4,11 @@
 #[macro_use]
 mod output;
 mod commands;
+mod disk;
 #[allow(dead_code)]
 mod plot;
 mod progress;
+mod qemu_img;
 
 use clap::{Parser, Subcommand};
 

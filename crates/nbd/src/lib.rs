@@ -1,15 +1,20 @@
-//! roamdisk's NBD side: the wire format ([`proto`], no I/O, fuzzed) and a
+//! roamdisk's NBD side: the wire format ([`proto`], no I/O, fuzzed), a
 //! server that exports any [`roamdisk_blockdev::BlockDev`] stack to real
-//! clients (qemu, qemu-img, qemu-io, nbdinfo, nbdcopy, fio, nbd-client).
+//! clients (qemu, qemu-img, qemu-io, nbdinfo, nbdcopy, fio, nbd-client),
+//! and a [`client`] that is the `nbd:URI` layer.
 
+pub mod client;
+pub mod config;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handshake;
 pub mod proto;
+mod run;
 mod server;
 mod tls;
 mod transmission;
 
-pub use server::{Export, Listen, Server, ServerConfig, TlsMode};
+pub use run::{serve_until, signalled, Bound};
+pub use server::{Export, Listen, ServeOptions, Server, TlsMode};
 pub use tls::{TlsAcceptor, TlsOptions};
 pub use transmission::errno;

@@ -88,6 +88,11 @@ pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
 pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
 pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
+pub const REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) | 2;
+
+// `base:allocation` descriptor flags.
+pub const STATE_HOLE: u32 = 1 << 0;
+pub const STATE_ZERO: u32 = 1 << 1;
 
 // Error values.
 pub const EPERM: u32 = 1;
@@ -318,8 +323,73 @@ pub fn encode_simple_reply(error: u32, handle: u64) -> [u8; 16] {
     b
 }
 
+/// Size of a simple reply header.
+pub const SIMPLE_REPLY_SIZE: usize = 16;
+
 /// Size of a structured reply chunk header.
 pub const CHUNK_HEADER_SIZE: usize = 20;
+
+/// A structured reply chunk header (after its magic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkHeader {
+    pub flags: u16,
+    pub rtype: u16,
+    pub handle: u64,
+    pub length: u32,
+}
+
+/// Parse the 16 bytes of a chunk header that follow its magic.
+pub fn parse_chunk_header(b: &[u8]) -> Result<ChunkHeader, ProtoError> {
+    let mut r = Reader::new(b);
+    Ok(ChunkHeader {
+        flags: r.u16()?,
+        rtype: r.u16()?,
+        handle: r.u64()?,
+        length: r.u32()?,
+    })
+}
+
+/// Parse the 12 bytes of a simple reply that follow its magic:
+/// `(error, handle)`.
+pub fn parse_simple_reply(b: &[u8]) -> Result<(u32, u64), ProtoError> {
+    let mut r = Reader::new(b);
+    Ok((r.u32()?, r.u64()?))
+}
+
+/// A client's option: `IHAVEOPT`, option, length, payload.
+pub fn encode_option(opt: u32, payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(OPTION_HEADER_SIZE + payload.len());
+    v.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    v.extend_from_slice(&opt.to_be_bytes());
+    v.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    v.extend_from_slice(payload);
+    v
+}
+
+/// The payload of OPT_INFO / OPT_GO (inverse of [`parse_info_request`]).
+pub fn encode_info_request(q: &InfoRequest) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(&(q.name.len() as u32).to_be_bytes());
+    v.extend_from_slice(q.name.as_bytes());
+    v.extend_from_slice(&(q.infos.len() as u16).to_be_bytes());
+    for i in &q.infos {
+        v.extend_from_slice(&i.to_be_bytes());
+    }
+    v
+}
+
+/// The payload of a meta-context option (inverse of [`parse_meta_request`]).
+pub fn encode_meta_request(q: &MetaRequest) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(&(q.export.len() as u32).to_be_bytes());
+    v.extend_from_slice(q.export.as_bytes());
+    v.extend_from_slice(&(q.queries.len() as u32).to_be_bytes());
+    for s in &q.queries {
+        v.extend_from_slice(&(s.len() as u32).to_be_bytes());
+        v.extend_from_slice(s.as_bytes());
+    }
+    v
+}
 
 /// Write a structured reply chunk header into `out`.
 pub fn put_chunk_header(out: &mut Vec<u8>, flags: u16, rtype: u16, handle: u64, len: u32) {
@@ -379,6 +449,7 @@ mod tests {
         p.extend_from_slice(&INFO_NAME.to_be_bytes());
         p.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
         let r = parse_info_request(&p).unwrap();
+        assert_eq!(encode_info_request(&r), p);
         assert_eq!(r.name, "abc");
         assert_eq!(r.infos, vec![INFO_NAME, INFO_BLOCK_SIZE]);
         for n in 0..p.len() {
@@ -400,6 +471,7 @@ mod tests {
         p.extend_from_slice(&(BASE_ALLOCATION.len() as u32).to_be_bytes());
         p.extend_from_slice(BASE_ALLOCATION.as_bytes());
         let r = parse_meta_request(&p).unwrap();
+        assert_eq!(encode_meta_request(&r), p);
         assert_eq!(r.queries, vec![BASE_ALLOCATION.to_string()]);
         assert!(parse_export_name(b"a\0b").is_err());
     }

@@ -58,11 +58,8 @@ impl std::fmt::Display for Listen {
     }
 }
 
-/// Server configuration.
-pub struct ServerConfig {
-    /// The first export is also the default one (empty name).
-    pub exports: Vec<Export>,
-    pub listen: Vec<Listen>,
+/// How to serve, apart from the exports and the listeners.
+pub struct ServeOptions {
     pub tls: Option<TlsAcceptor>,
     pub tls_mode: TlsMode,
     /// Requests processed at once per connection.
@@ -75,6 +72,23 @@ pub struct ServerConfig {
     /// sleeps, when its client sends requests back to back (see
     /// `transmission::spin`); zero never polls.
     pub busy_poll: Duration,
+    /// Threads doing block I/O: the blocking pool of the runtime
+    /// [`crate::serve_until`] starts.
+    pub io_threads: usize,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            tls: None,
+            tls_mode: TlsMode::Off,
+            max_in_flight: 64,
+            max_connections: 256,
+            handshake_timeout: Duration::from_secs(30),
+            busy_poll: Duration::from_micros(100),
+            io_threads: 64,
+        }
+    }
 }
 
 /// State every connection shares.
@@ -236,31 +250,36 @@ pub struct Server {
 impl Server {
     /// Bind the listeners. Errors here (address in use, bad path) are the
     /// user's to fix, so they are reported before anything runs.
-    pub async fn bind(cfg: ServerConfig) -> std::io::Result<Server> {
-        if cfg.exports.is_empty() {
+    /// The first export is also the default one (empty name).
+    pub async fn bind(
+        exports: Vec<Export>,
+        listen: Vec<Listen>,
+        opts: ServeOptions,
+    ) -> std::io::Result<Server> {
+        if exports.is_empty() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 "no export configured",
             ));
         }
-        let (unix, tcp) = bind(&cfg.listen).await?;
+        let (unix, tcp) = bind(&listen).await?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let shared = Arc::new(Shared::new(
-            cfg.exports,
-            cfg.tls,
-            cfg.tls_mode,
-            cfg.max_in_flight,
-            cfg.busy_poll,
+            exports,
+            opts.tls,
+            opts.tls_mode,
+            opts.max_in_flight,
+            opts.busy_poll,
             shutdown_rx,
         ));
         Ok(Server {
             shared,
             unix,
             tcp,
-            listen: cfg.listen,
+            listen,
             shutdown_tx,
-            max_connections: cfg.max_connections.max(1),
-            handshake_timeout: cfg.handshake_timeout,
+            max_connections: opts.max_connections.max(1),
+            handshake_timeout: opts.handshake_timeout,
         })
     }
 

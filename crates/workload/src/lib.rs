@@ -7,10 +7,9 @@
 //! | [`replay`] | streams per partition or client, barrier semantics (blksim, IOEmu) |
 //! | [`sperf`] | sequential/strided/partitioned/random bandwidth |
 //! | [`flashsim`] | the SD-card model and its layer |
-//! | [`target`], [`nbdclient`] | what replay and sperf drive |
+//! | [`target`] | what replay and sperf drive (NBD exports through `roamdisk_nbd::client`) |
 
 pub mod flashsim;
-pub mod nbdclient;
 pub mod replay;
 pub mod sperf;
 pub mod target;

@@ -12,7 +12,7 @@ use roamdisk_blockdev::{
 };
 
 use crate::flashsim::FlashSimDev;
-use crate::nbdclient::{NbdDev, NbdUri};
+use roamdisk_nbd::client::{NbdDev, NbdUri};
 
 /// Alignment O_DIRECT needs.
 pub const DIRECT_ALIGN: usize = 4096;
@@ -170,8 +170,8 @@ enum Kind {
     Nbd(NbdUri),
 }
 
-/// An opened target: hands out devices (one NBD connection each, or the
-/// one shared stack) and the flashsim layers inside, whose simulated
+/// An opened target: hands out devices (one NBD connection each, as a
+/// client per thread would have, or the one shared stack) and the flashsim layers inside, whose simulated
 /// clocks tools report.
 pub struct Target {
     kind: Kind,
@@ -228,7 +228,7 @@ impl Target {
     pub fn open(reg: &Registry, s: &str, opts: &TargetOptions) -> Result<Target> {
         if NbdUri::is_uri(s) {
             let uri = NbdUri::parse(s)
-                .map_err(|m| Error::new(ErrorKind::InvalidArgument, Op::Open, "nbd-client", m))?;
+                .map_err(|m| Error::new(ErrorKind::InvalidArgument, Op::Open, "nbd", m))?;
             let probe = NbdDev::connect(&uri)?;
             let size = probe.size();
             return Ok(Target {

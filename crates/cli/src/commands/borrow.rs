@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::{Args as ClapArgs, Parser, Subcommand};
@@ -16,7 +16,7 @@ use roamdisk_blockdev::BlockDev;
 use roamdisk_borrow::session::{CopyIn, Session, SessionOptions, Timings};
 use roamdisk_borrow::verify::{verify, Depth};
 use roamdisk_borrow::{BorrowOptions, Plan, ScanOptions, Verify};
-use roamdisk_nbd::{Export, Listen, Server, ServerConfig, TlsMode};
+use roamdisk_nbd::{serve_until, signalled, Export, Listen, ServeOptions};
 
 use crate::progress::{Output, Reporter};
 
@@ -475,68 +475,53 @@ fn serve(
     exec: Option<&str>,
     quiet: bool,
 ) -> anyhow::Result<Option<ExitStatus>> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("roamdisk")
-        .build()
-        .context("cannot start the runtime")?;
     let uri = listen.first().map(|l| l.to_string()).unwrap_or_default();
-    rt.block_on(async move {
-        let cfg = ServerConfig {
-            exports: vec![Export {
-                name: String::new(),
-                description: "roamdisk borrowed transient disk".into(),
-                dev,
-            }],
-            listen: listen.clone(),
-            tls: None,
-            tls_mode: TlsMode::Off,
-            max_in_flight: 64,
-            max_connections: 16,
-            handshake_timeout: Duration::from_secs(30),
-            busy_poll: Duration::from_micros(100),
-        };
-        let server = Server::bind(cfg).await?;
+    let export = Export {
+        name: String::new(),
+        description: "roamdisk borrowed transient disk".into(),
+        dev,
+    };
+    let opts = ServeOptions {
+        max_connections: 16,
+        io_threads: 512,
+        ..ServeOptions::default()
+    };
+    // What the --exec command did: its exit status, or why it did not run.
+    let status: Arc<Mutex<Option<std::io::Result<ExitStatus>>>> = Arc::default();
+    let st2 = status.clone();
+    serve_until(vec![export], listen, opts, |bound| {
         if !quiet {
-            for l in &listen {
+            for l in &bound.uris {
                 eprintln!("roamdisk: serving the borrowed disk on {l}");
             }
         }
-        let status = Arc::new(Mutex::new(None));
-        let st2 = status.clone();
-        let child = match exec {
-            Some(c) => Some(
-                tokio::process::Command::new("sh")
-                    .arg("-c")
-                    .arg(c)
-                    .env("ROAMDISK_NBD_URI", &uri)
-                    .spawn()
-                    .with_context(|| format!("cannot run --exec command '{c}'"))?,
-            ),
-            None => None,
-        };
-        let stop = async move {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("SIGTERM handler");
+        let child = exec.map(|c| {
+            tokio::process::Command::new("sh")
+                .arg("-c")
+                .arg(c)
+                .env("ROAMDISK_NBD_URI", &uri)
+                .spawn()
+        });
+        async move {
             match child {
-                Some(mut child) => {
+                Some(Ok(mut child)) => {
                     tokio::select! {
-                        r = child.wait() => { *st2.lock().expect("status") = r.ok(); }
-                        _ = tokio::signal::ctrl_c() => { let _ = child.kill().await; }
-                        _ = term.recv() => { let _ = child.kill().await; }
+                        r = child.wait() => { *st2.lock().expect("status") = Some(r); }
+                        _ = signalled() => { let _ = child.kill().await; }
                     }
                 }
-                None => {
-                    tokio::select! {
-                        _ = tokio::signal::ctrl_c() => {}
-                        _ = term.recv() => {}
-                    }
-                }
+                Some(Err(e)) => *st2.lock().expect("status") = Some(Err(e)),
+                None => signalled().await,
             }
-        };
-        server.run(stop).await?;
-        let st = *status.lock().expect("status");
-        Ok::<_, anyhow::Error>(st)
-    })
+        }
+    })?;
+    let st = status.lock().expect("status").take();
+    match st {
+        Some(Err(e)) => Err(anyhow::Error::new(e).context(format!(
+            "cannot run --exec command '{}'",
+            exec.unwrap_or_default()
+        ))),
+        Some(Ok(st)) => Ok(Some(st)),
+        None => Ok(None),
+    }
 }

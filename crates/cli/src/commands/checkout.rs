@@ -1,21 +1,21 @@
 //! `roamdisk checkout`: time travel — materialise any version as a raw,
 //! LBS or qemu-img image, start a session on it, or serve it read-only.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
-use roamdisk_blockdev::Access;
-use roamdisk_blockdev::BlockDev;
+use roamdisk_blockdev::{Access, BlockDev, Checked};
 use roamdisk_cas::catalog::format_time;
 use roamdisk_cas::repo::{check_rev, resolve};
 use roamdisk_cas::session::{self, SessionConfig};
-use roamdisk_cas::store::fetch;
 use roamdisk_cas::view::{materialise, VersionView};
+use roamdisk_nbd::{serve_until, signalled, Export, Listen, ServeOptions};
 
 use super::cas::StoreArgs;
+use crate::disk::NewImage;
 
 /// Check out a version of an image: USER/IMAGE (latest), USER/IMAGE@VERSION
 /// (an id prefix from `roamdisk log`), USER/IMAGE@TAG, or USER/IMAGE@DATE
@@ -62,7 +62,7 @@ pub struct Args {
     socket: Option<PathBuf>,
     /// With --serve: listen on this TCP address.
     #[arg(long, value_name = "ADDR:PORT")]
-    listen: Option<String>,
+    listen: Option<std::net::SocketAddr>,
     /// Also write the version's VM configuration file here.
     #[arg(long, value_name = "FILE")]
     config_out: Option<PathBuf>,
@@ -80,78 +80,6 @@ fn absolute_location(loc: &str) -> String {
     std::fs::canonicalize(loc)
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| loc.to_string())
-}
-
-fn write_output(
-    view: &VersionView,
-    dest: &Path,
-    format: &str,
-    progress: &crate::progress::Reporter,
-) -> anyhow::Result<u64> {
-    let size = view.size();
-    match format {
-        "lbs" => {
-            let paths = roamdisk_lbs::Paths::resolve(dest, None);
-            roamdisk_lbs::create(
-                &paths,
-                &roamdisk_lbs::CreateOptions {
-                    size,
-                    ..Default::default()
-                },
-            )?;
-            let r = (|| {
-                let (lbs, _) = roamdisk_lbs::create::open_files(
-                    &paths,
-                    &Default::default(),
-                    roamdisk_lbs::LbsOptions::default(),
-                )?;
-                let n = materialise(view, &lbs, progress)?;
-                lbs.close()?;
-                Ok::<_, anyhow::Error>(n)
-            })();
-            if r.is_err() {
-                let _ = std::fs::remove_file(&paths.data);
-                let _ = std::fs::remove_file(&paths.meta);
-            }
-            r
-        }
-        _ => {
-            let raw = if format == "raw" {
-                dest.to_path_buf()
-            } else {
-                dest.with_extension("checkout-tmp.raw")
-            };
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&raw)
-                .with_context(|| format!("cannot create {}", raw.display()))?;
-            f.set_len(size)?;
-            drop(f);
-            let r = (|| {
-                let dst = super::registry()
-                    .build(&format!("raw:{}", raw.display()), Access::ReadWrite)?;
-                let n = materialise(view, dst.as_ref(), progress)?;
-                if format != "raw" {
-                    let st = std::process::Command::new("qemu-img")
-                        .args(["convert", "-f", "raw", "-O", format])
-                        .arg(&raw)
-                        .arg(dest)
-                        .status()
-                        .context("cannot run qemu-img (install qemu-utils)")?;
-                    if !st.success() {
-                        bail!("qemu-img could not write {format}");
-                    }
-                    let _ = std::fs::remove_file(&raw);
-                }
-                Ok(n)
-            })();
-            if r.is_err() {
-                let _ = std::fs::remove_file(&raw);
-            }
-            r
-        }
-    }
 }
 
 pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
@@ -173,27 +101,15 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             .with_context(|| format!("cannot write {}", p.display()))?;
     }
     if let Some(p) = &a.memory_out {
-        let mem = &view.version.memory;
         let mut f =
             std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
-        let mut left = mem.size;
-        for (i, id) in mem.ids.iter().enumerate() {
-            let n = left.min(view.version.index.chunk_size as u64) as usize;
-            let data = if id.is_zero() {
-                vec![0u8; n]
-            } else {
-                fetch(&*store, id, mem.keys.get(i))?
-            };
-            f.write_all(&data[..n.min(data.len())])?;
-            left -= n as u64;
-        }
+        view.write_memory(&mut f)?;
         f.sync_all()?;
     }
     if let Some(dest) = &a.output {
-        if dest.exists() {
-            bail!("{} exists; remove it first", dest.display());
-        }
-        let n = write_output(&view, dest, &a.format, &progress)?;
+        let img = NewImage::create(dest, &a.format, view.size())?;
+        let n = materialise(&view, img.dev(), &progress)?;
+        img.finish()?;
         progress.finish();
         if a.st.json {
             println!(
@@ -221,14 +137,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             "raw" => {}
             "lbs" => {
                 std::fs::create_dir_all(dir)?;
-                let paths = roamdisk_lbs::Paths::resolve(&dir.join("cache.lbsd"), None);
-                roamdisk_lbs::create(
-                    &paths,
-                    &roamdisk_lbs::CreateOptions {
-                        size: view.size(),
-                        ..Default::default()
-                    },
-                )?;
+                NewImage::create(&dir.join("cache.lbsd"), "lbs", view.size())?.finish()?;
                 cfg.cache = "lbs:cache.lbsd".into();
             }
             other => bail!("--cache must be raw or lbs, not '{other}'"),
@@ -245,29 +154,25 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     if a.serve {
-        let mut opts = vec![format!("store={}", absolute_location(&a.st.location()))];
-        if let Some(k) = &a.st.key_file {
-            opts.push(format!("key-file={}", k.display()));
+        let mut listen: Vec<Listen> = a.socket.iter().cloned().map(Listen::Unix).collect();
+        listen.extend(a.listen.map(Listen::Tcp));
+        if listen.is_empty() {
+            bail!("say where to serve {describe}: --socket PATH and/or --listen ADDR:PORT");
         }
-        let spec = format!(
-            "cas-version[{}]:{name}@{}",
-            opts.join(","),
-            entry.version.to_hex()
-        );
-        let mut args = vec!["serve".to_string(), spec, "--read-only".into()];
-        if let Some(s) = &a.socket {
-            args.push("--socket".into());
-            args.push(s.display().to_string());
-        }
-        if let Some(l) = &a.listen {
-            args.push("--listen".into());
-            args.push(l.clone());
-        }
-        if !quiet {
-            eprintln!("roamdisk: serving {describe} read-only");
-        }
-        let sa = super::serve::Args::try_parse_from(args).map_err(|e| anyhow::anyhow!("{e}"))?;
-        return super::serve::run(sa, quiet);
+        let export = Export {
+            name: String::new(),
+            description: describe.clone(),
+            dev: Arc::new(Checked::new(Arc::new(view), Access::ReadOnly)),
+        };
+        serve_until(vec![export], listen, ServeOptions::default(), |bound| {
+            if !quiet {
+                for uri in &bound.uris {
+                    eprintln!("roamdisk: serving {describe} read-only on {uri}");
+                }
+            }
+            signalled()
+        })?;
+        return Ok(());
     }
     bail!("say what to do with {describe}: --output FILE, --session DIR or --serve --socket PATH")
 }

@@ -1,8 +1,7 @@
 //! `roamdisk commit`: store a disk (initial commit) or a session's useful
 //! updates (update commit) as a new version of USER/IMAGE.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Parser;
@@ -10,16 +9,20 @@ use roamdisk_blockdev::units::{format_size, parse_size};
 use roamdisk_blockdev::Access;
 use roamdisk_cas::commit::{commit_image, CommitOptions, CommitSummary, Parent, Source};
 use roamdisk_cas::guest::FsmetaAnalyzer;
-use roamdisk_cas::session::dev::{CasDev, SessionOpen};
+use roamdisk_cas::layer::CAS;
+use roamdisk_cas::session::dev::CasDev;
 use roamdisk_cas::session::update::{commit_session, UpdateOptions};
 
 use super::cas::{short, StoreArgs};
+use crate::disk::DiskSpec;
+use crate::progress::Reporter;
 
 /// Commit a disk as a new version of a content-addressed image.
 ///
 /// Initial commit: SOURCE is any disk — a stack spec (raw:disk.img,
 /// lbs:vm.lbsd, ...), an image file of any format qemu-img reads (qcow2,
-/// vmdk, ...), or an NBD URI (nbd://HOST/EXPORT, nbd+unix:///?socket=S).
+/// vmdk, ...), or an NBD URI (nbd://HOST/EXPORT, nbd+unix:///?socket=S,
+/// read by the nbd layer, holes skipped).
 /// It is cut into chunks, hashed on all cores, and only the chunks the
 /// store lacks are uploaded. --to names the image.
 ///
@@ -85,44 +88,6 @@ pub struct Args {
     st: StoreArgs,
 }
 
-/// A temporary raw copy of an image in another format, removed on drop.
-struct TempRaw(PathBuf);
-
-impl Drop for TempRaw {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn image_format(path: &Path) -> String {
-    Command::new("qemu-img")
-        .args(["info", "--output=json"])
-        .arg(path)
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
-        .and_then(|v| v["format"].as_str().map(str::to_string))
-        .unwrap_or_else(|| "raw".into())
-}
-
-fn nbd_size(uri: &str) -> anyhow::Result<u64> {
-    let out = Command::new("nbdinfo")
-        .args(["--size", uri])
-        .output()
-        .context("cannot run nbdinfo (install libnbd-bin) to read an NBD export")?;
-    if !out.status.success() {
-        bail!(
-            "nbdinfo cannot read {uri}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .context("nbdinfo printed no size")
-}
-
 pub fn print_summary(s: &CommitSummary, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(s)?);
@@ -174,33 +139,21 @@ pub fn print_summary(s: &CommitSummary, json: bool) -> anyhow::Result<()> {
     );
     if let Some(f) = &s.filters {
         let pct = |n: u64| n as f64 * 100.0 / f.dirty.max(1) as f64;
-        let after1 = f.dirty - f.p1_zero;
-        let after2 = after1 - f.p2_free;
-        let after3 = after2 - f.p3_swap;
         println!("  useful updates (sectors; the seed's Figure 9):");
         println!("    dirty                       {:>10}  100.0%", f.dirty);
-        let on = |b: bool| if b { "" } else { " (off)" };
-        println!(
-            "    after P1 zero writes{:<6}  {:>10}  {:>5.1}%  (-{})",
-            on(f.p1),
-            after1,
-            pct(after1),
-            f.p1_zero
-        );
-        println!(
-            "    after P2 free clusters{:<4}  {:>10}  {:>5.1}%  (-{})",
-            on(f.p2),
-            after2,
-            pct(after2),
-            f.p2_free
-        );
-        println!(
-            "    after P3 swap{:<13}  {:>10}  {:>5.1}%  (-{})",
-            on(f.p3),
-            after3,
-            pct(after3),
-            f.p3_swap
-        );
+        let mut left = f.dirty;
+        for (name, on, dropped) in [
+            ("P1 zero writes", f.p1, f.p1_zero),
+            ("P2 free clusters", f.p2, f.p2_free),
+            ("P3 swap", f.p3, f.p3_swap),
+        ] {
+            left -= dropped;
+            let label = format!("after {name}{}", if on { "" } else { " (off)" });
+            println!(
+                "    {label:<26}  {left:>10}  {:>5.1}%  (-{dropped})",
+                pct(left)
+            );
+        }
     }
     println!("  time        {:.2} s ({:.0} MB/s)", s.seconds, s.mb_per_s);
     Ok(())
@@ -233,95 +186,62 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     if let Some(t) = &opts.tag {
         roamdisk_cas::catalog::check_tag(t)?;
     }
-    let summary = if let Some(dir) = a.source.strip_prefix("cas:") {
+    let mut src = DiskSpec::parse(&a.source)?;
+    let session = src.spec.kind == CAS.name;
+    if session {
         if a.encrypt {
             bail!("--encrypt applies to initial commits; a session keeps its image's encryption");
         }
-        let dev = CasDev::open(
-            Path::new(dir),
-            &SessionOpen {
-                store: a.st.store.clone(),
-                key_file: a.st.key_file.clone(),
-                ..Default::default()
-            },
-            &super::registry(),
-        )
-        .with_context(|| format!("cannot open session {dir}"))?;
+        // The command's store and key file override the session's.
+        let p = &mut src.spec.params;
+        if let Some(s) = &a.st.store {
+            p.insert("store".into(), s.clone());
+        }
+        if let Some(k) = &a.st.key_file {
+            p.insert("key-file".into(), k.display().to_string());
+        }
+        let disk = src.open(Access::ReadWrite)?;
+        let dev = disk
+            .layer::<CasDev>()
+            .context("the cas layer opened no session")?;
         let u = UpdateOptions {
             commit: opts,
             p1: !a.no_p1,
             p2: !a.no_p2,
             p3: !a.no_p3,
         };
-        commit_session(&dev, &u, &FsmetaAnalyzer, &progress)?
-    } else {
-        let Some(to) = &a.to else {
-            bail!("say which image the disk becomes: --to USER/IMAGE");
-        };
-        roamdisk_cas::store::check_ref_name(to)?;
-        if a.no_p1 || a.no_p2 || a.no_p3 {
-            bail!("--no-p1/--no-p2/--no-p3 apply to update commits of cas:SESSION");
-        }
-        opts.user_key = match (&a.st.key_file, a.encrypt) {
-            (Some(k), true) if !k.exists() => Some(roamdisk_cas::version::create_key_file(k)?),
-            (Some(k), true) => Some(roamdisk_cas::version::read_key_file(k)?),
-            (None, true) => bail!("--encrypt needs --key-file FILE (created if missing)"),
-            (Some(_), false) => bail!("--key-file given without --encrypt"),
-            (None, false) => None,
-        };
-        let store = a.st.open(true)?;
-        let src = a.source.as_str();
-        if src.starts_with("nbd://") || src.starts_with("nbd+unix://") || src.starts_with("nbds://")
-        {
-            let size = nbd_size(src)?;
-            let mut child = Command::new("nbdcopy")
-                .args([src, "-"])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .context("cannot run nbdcopy (install libnbd-bin) to read an NBD export")?;
-            let out = child.stdout.take().expect("piped stdout");
-            let r = commit_image(
-                &*store,
-                Source::Stream(Box::new(out), size),
-                &opts,
-                &progress,
-            );
-            let _ = child.kill();
-            let _ = child.wait();
-            r?
-        } else {
-            let path = Path::new(src);
-            let _tmp;
-            let spec = if path.is_file() && image_format(path) != "raw" {
-                let fmt = image_format(path);
-                let tmp = std::env::temp_dir()
-                    .join(format!(".roamdisk-commit-{}.raw", std::process::id()));
-                _tmp = TempRaw(tmp.clone());
-                let st = Command::new("qemu-img")
-                    .args(["convert", "-O", "raw", "-f", &fmt])
-                    .arg(path)
-                    .arg(&tmp)
-                    .status()
-                    .context(
-                        "cannot run qemu-img (install qemu-utils) to read this image format",
-                    )?;
-                if !st.success() {
-                    bail!("qemu-img could not convert {src} ({fmt}) to raw");
-                }
-                format!("raw:{}", tmp.display())
-            } else {
-                src.to_string()
-            };
-            let dev = super::registry()
-                .build(&spec, Access::ReadOnly)
-                .with_context(|| format!("cannot open source '{src}'"))?;
-            commit_image(&*store, Source::Dev(dev.as_ref()), &opts, &progress)?
-        }
+        let summary = commit_session(dev, &u, &FsmetaAnalyzer, &progress)?;
+        return finish(&summary, progress, quiet, a.st.json);
+    }
+    let Some(to) = &a.to else {
+        bail!("say which image the disk becomes: --to USER/IMAGE");
     };
+    roamdisk_cas::store::check_ref_name(to)?;
+    if a.no_p1 || a.no_p2 || a.no_p3 {
+        bail!("--no-p1/--no-p2/--no-p3 apply to update commits of cas:SESSION");
+    }
+    opts.user_key = match (&a.st.key_file, a.encrypt) {
+        (Some(k), true) if !k.exists() => Some(roamdisk_cas::version::create_key_file(k)?),
+        (Some(k), true) => Some(roamdisk_cas::version::read_key_file(k)?),
+        (None, true) => bail!("--encrypt needs --key-file FILE (created if missing)"),
+        (Some(_), false) => bail!("--key-file given without --encrypt"),
+        (None, false) => None,
+    };
+    let store = a.st.open(true)?;
+    let disk = src.open(Access::ReadOnly)?;
+    let summary = commit_image(&*store, Source::Dev(disk.dev.as_ref()), &opts, &progress)?;
+    finish(&summary, progress, quiet, a.st.json)
+}
+
+fn finish(
+    summary: &CommitSummary,
+    progress: Reporter,
+    quiet: bool,
+    json: bool,
+) -> anyhow::Result<()> {
     progress.finish();
-    if !quiet || a.st.json {
-        print_summary(&summary, a.st.json)?;
+    if !quiet || json {
+        print_summary(summary, json)?;
     }
     Ok(())
 }

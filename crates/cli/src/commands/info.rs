@@ -1,23 +1,26 @@
-//! `roamdisk info`: size, capabilities and allocation map of a stack.
+//! `roamdisk info`: size, capabilities and allocation map of a disk.
 
-use anyhow::Context;
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
 use roamdisk_blockdev::Access;
 use roamdisk_blockdev::{extents_covering, Alloc, BlockDev};
 
-/// Show a stack's size, capabilities, layers and allocation map.
+/// Show a disk's size, capabilities, layers and allocation map.
 ///
-/// The stack is opened read-only; nothing is changed.
+/// DISK is opened the way every command opens one: a stack spec, an NBD
+/// URI, cas:SESSION, or an image file of a format qemu-img reads. It is
+/// opened read-only; nothing is changed.
 ///
 /// Examples:
 ///   roamdisk info raw:disk.img
 ///   roamdisk info cow:overlay.img:raw:base.img --map
+///   roamdisk info 'nbd+unix:///?socket=/tmp/vm.sock' --map
 ///   roamdisk info raw:disk.img --json
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
-    /// The stack spec (see `roamdisk layers`).
+    /// The disk: a stack spec (see `roamdisk layers`), an NBD URI, or an
+    /// image file.
     spec: String,
     /// Print the allocation map (data / zero / hole runs).
     #[arg(long)]
@@ -28,10 +31,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let reg = super::registry();
-    let dev = reg
-        .build(&a.spec, Access::ReadOnly)
-        .with_context(|| format!("cannot open stack '{}'", a.spec))?;
+    let disk = crate::disk::Disk::open(&a.spec, Access::ReadOnly)?;
+    let dev = &disk.dev;
     let size = dev.size();
     let caps = dev.inner().caps();
     let mut layers = Vec::new();

@@ -1,7 +1,7 @@
 //! `roamdisk lbs`: create, inspect, check, compact, collect, import and
 //! export Logging Block Store images.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
@@ -12,6 +12,7 @@ use roamdisk_blockdev::{copy_sparse, BlockDev, CopyOptions};
 use roamdisk_lbs::create::{open_files, read_header, CreateOptions, Encryption, KeyOptions, Paths};
 use roamdisk_lbs::{ChecksumKind, LbsOptions};
 
+use crate::disk::Disk;
 use crate::progress::{Output, Reporter};
 use roamdisk_blockdev::progress::{Progress, Unit};
 
@@ -393,69 +394,12 @@ fn info(i: &InfoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Open a source for import: a stack spec, or an image file of any format
-/// (converted to a temporary raw file with qemu-img when it is not raw).
-fn open_source(src: &str) -> anyhow::Result<(Arc<dyn BlockDev>, Option<tempfile_guard::TempFile>)> {
-    let path = Path::new(src);
-    if path.is_file() {
-        let out = std::process::Command::new("qemu-img")
-            .args(["info", "--output=json"])
-            .arg(path)
-            .output();
-        let fmt = match out {
-            Ok(o) if o.status.success() => serde_json::from_slice::<serde_json::Value>(&o.stdout)
-                .ok()
-                .and_then(|v| v["format"].as_str().map(str::to_string))
-                .unwrap_or_else(|| "raw".into()),
-            _ => "raw".into(),
-        };
-        if fmt != "raw" {
-            let tmp = tempfile_guard::TempFile::new(path)?;
-            let st = std::process::Command::new("qemu-img")
-                .args(["convert", "-O", "raw", "-f", &fmt])
-                .arg(path)
-                .arg(&tmp.0)
-                .status()
-                .context("cannot run qemu-img (install qemu-utils) to read this image format")?;
-            if !st.success() {
-                bail!("qemu-img could not convert {src} ({fmt}) to raw");
-            }
-            let dev =
-                super::registry().build(&format!("raw:{}", tmp.0.display()), Access::ReadOnly)?;
-            return Ok((dev, Some(tmp)));
-        }
-    }
-    let dev = super::registry()
-        .build(src, Access::ReadOnly)
-        .with_context(|| format!("cannot open source '{src}'"))?;
-    Ok((dev, None))
-}
-
-mod tempfile_guard {
-    use std::path::{Path, PathBuf};
-
-    /// A temporary file next to the source, removed on drop.
-    pub struct TempFile(pub PathBuf);
-
-    impl TempFile {
-        pub fn new(near: &Path) -> anyhow::Result<TempFile> {
-            let dir = std::env::temp_dir();
-            let name = format!(
-                ".roamdisk-import-{}-{}.raw",
-                std::process::id(),
-                near.file_name()
-                    .map(|n| n.to_string_lossy().to_string())
-                    .unwrap_or_default()
-            );
-            Ok(TempFile(dir.join(name)))
-        }
-    }
-
-    impl Drop for TempFile {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
+/// Open a source for import the way every command opens a disk
+/// ([`crate::disk`]: a stack spec, an NBD URI, or an image file of any
+/// format qemu-img reads); the [`Disk`] keeps a temporary raw copy alive.
+fn open_source(src: &str) -> anyhow::Result<(Arc<dyn BlockDev>, Disk)> {
+    let disk = Disk::open(src, Access::ReadOnly)?;
+    Ok((disk.dev.clone(), disk))
 }
 
 /// Copy `src` into `dst`, writing only ranges that are not holes/zeroes.
@@ -533,16 +477,9 @@ fn export(e: &ExportArgs, quiet: bool) -> anyhow::Result<()> {
     let dst = super::registry().build(&format!("raw:{}", raw_path.display()), Access::ReadWrite)?;
     let copied = copy(&lbs, dst.as_ref(), quiet, "exporting")?;
     if e.format != "raw" {
-        let st = std::process::Command::new("qemu-img")
-            .args(["convert", "-f", "raw", "-O", &e.format])
-            .arg(&raw_path)
-            .arg(&e.dest)
-            .status()
-            .context("cannot run qemu-img (install qemu-utils)")?;
+        let r = crate::qemu_img::export(&raw_path, &e.dest, &e.format);
         let _ = std::fs::remove_file(&raw_path);
-        if !st.success() {
-            bail!("qemu-img could not write {} format", e.format);
-        }
+        r?;
     }
     if !quiet {
         eprintln!(

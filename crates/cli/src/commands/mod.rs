@@ -34,5 +34,6 @@ pub fn registry() -> Registry {
     r.add(&roamdisk_cas::layer::CAS);
     r.add(&roamdisk_cas::layer::CAS_VERSION);
     r.add(&roamdisk_borrow::layer::BORROW);
+    roamdisk_nbd::client::register(&mut r);
     r
 }

@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use roamdisk_blockdev::Access;
-use roamdisk_blockdev::BlockDev;
-use roamdisk_nbd::{Export, Listen, Server, ServerConfig, TlsAcceptor, TlsMode, TlsOptions};
-use serde::Deserialize;
+use roamdisk_blockdev::{Access, BlockDev, LayerSpec};
+use roamdisk_nbd::config::ServeConfig;
+use roamdisk_nbd::{
+    serve_until, signalled, Export, Listen, ServeOptions, TlsAcceptor, TlsMode, TlsOptions,
+};
 
 /// Serve a stack (or several, from a TOML file) over NBD until SIGINT or
 /// SIGTERM; then finish in-flight requests, flush, and remove the socket.
@@ -29,7 +30,8 @@ use serde::Deserialize;
 ///
 ///   roamdisk serve --config exports.toml
 ///
-/// A config file names several exports and the listeners:
+/// A config file names several exports and the listeners (format:
+/// docs/formats/serve-config.md):
 ///
 ///   socket = "/tmp/roamdisk.sock"       # and/or: listen = ["127.0.0.1:10809"]
 ///   [[export]]
@@ -98,52 +100,14 @@ pub struct Args {
     busy_poll: u64,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-struct ConfigFile {
-    socket: Option<PathBuf>,
-    #[serde(default)]
-    listen: Vec<SocketAddr>,
-    tls: Option<String>,
-    tls_cert: Option<PathBuf>,
-    tls_key: Option<PathBuf>,
-    tls_verify_ca: Option<PathBuf>,
-    tls_psk: Option<PathBuf>,
-    #[serde(default)]
-    export: Vec<ExportConfig>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-struct ExportConfig {
-    name: String,
-    #[serde(default)]
-    description: String,
-    #[serde(default)]
-    read_only: bool,
-    /// A spec string...
-    stack: Option<String>,
-    /// ...or a layer table.
-    layer: Option<toml::Table>,
-}
-
 fn open_export(
     name: &str,
     description: &str,
-    spec_text: Option<&str>,
-    table: Option<&toml::Table>,
+    spec: &LayerSpec,
     read_only: bool,
 ) -> anyhow::Result<Export> {
-    let reg = super::registry();
-    let spec = match (spec_text, table) {
-        (Some(s), None) => reg.parse(s)?,
-        (None, Some(t)) => reg.from_toml(t)?,
-        _ => {
-            bail!("export '{name}' needs exactly one of stack = \"SPEC\" or a [export.layer] table")
-        }
-    };
-    let dev: Arc<dyn BlockDev> = reg
-        .build_spec(&spec, Access::read_only_if(read_only))
+    let dev: Arc<dyn BlockDev> = super::registry()
+        .build_spec(spec, Access::read_only_if(read_only))
         .with_context(|| format!("cannot open the stack of export '{name}'"))?;
     Ok(Export {
         name: name.to_string(),
@@ -162,14 +126,9 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         psk_file: a.tls_psk.clone(),
     };
     let mut tls_mode = a.tls.clone();
+    let reg = super::registry();
     let exports = if let Some(path) = &a.config {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        let cfg: ConfigFile =
-            toml::from_str(&text).with_context(|| format!("bad config file {}", path.display()))?;
-        if cfg.export.is_empty() {
-            bail!("{} has no [[export]] table", path.display());
-        }
+        let cfg = ServeConfig::read(path)?;
         socket = socket.or(cfg.socket);
         listen_tcp.extend(cfg.listen);
         tls.cert = tls.cert.or(cfg.tls_cert);
@@ -177,24 +136,10 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         tls.verify_ca = tls.verify_ca.or(cfg.tls_verify_ca);
         tls.psk_file = tls.psk_file.or(cfg.tls_psk);
         tls_mode = tls_mode.or(cfg.tls);
-        let mut v = Vec::new();
-        for e in &cfg.export {
-            if v.iter().any(|x: &Export| x.name == e.name) {
-                bail!(
-                    "export name '{}' appears twice in {}",
-                    e.name,
-                    path.display()
-                );
-            }
-            v.push(open_export(
-                &e.name,
-                &e.description,
-                e.stack.as_deref(),
-                e.layer.as_ref(),
-                e.read_only,
-            )?);
-        }
-        v
+        cfg.export
+            .iter()
+            .map(|e| open_export(&e.name, &e.description, &e.spec(&reg)?, e.read_only))
+            .collect::<anyhow::Result<Vec<_>>>()?
     } else {
         let Some(spec) = &a.spec else {
             bail!("give a stack to serve (e.g. `roamdisk serve raw:disk.img --socket /tmp/s`) or --config FILE");
@@ -202,8 +147,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         vec![open_export(
             &a.export,
             &a.description,
-            Some(spec),
-            None,
+            &reg.parse(spec)?,
             a.read_only,
         )?]
     };
@@ -235,12 +179,6 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             }
         }
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .max_blocking_threads(a.io_threads.unwrap_or(64).max(1))
-        .thread_name("roamdisk")
-        .build()
-        .context("cannot start the runtime")?;
     let names: Vec<String> = exports
         .iter()
         .map(|e| {
@@ -251,42 +189,25 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             }
         })
         .collect();
-    rt.block_on(async move {
-        let cfg = ServerConfig {
-            exports,
-            listen: listen.clone(),
-            tls: acceptor,
-            tls_mode: mode,
-            max_in_flight: a.max_in_flight,
-            max_connections: a.max_connections,
-            handshake_timeout: Duration::from_secs(30),
-            busy_poll: Duration::from_micros(a.busy_poll),
-        };
-        let server = Server::bind(cfg).await?;
+    let opts = ServeOptions {
+        tls: acceptor,
+        tls_mode: mode,
+        max_in_flight: a.max_in_flight,
+        max_connections: a.max_connections,
+        busy_poll: Duration::from_micros(a.busy_poll),
+        io_threads: a.io_threads.unwrap_or(64),
+        ..ServeOptions::default()
+    };
+    serve_until(exports, listen, opts, |bound| {
         if !quiet {
-            for l in &listen {
-                match l {
-                    Listen::Tcp(_) => {}
-                    Listen::Unix(_) => eprintln!("roamdisk: serving {} on {l}", names.join(", ")),
-                }
-            }
-            for addr in server.tcp_addrs() {
-                eprintln!("roamdisk: serving {} on nbd://{addr}", names.join(", "));
+            for uri in &bound.uris {
+                eprintln!("roamdisk: serving {} on {uri}", names.join(", "));
             }
         }
-        let stop = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("SIGTERM handler");
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        };
-        server.run(stop).await?;
-        if !quiet {
-            eprintln!("roamdisk: stopped cleanly (exports flushed)");
-        }
-        Ok::<_, anyhow::Error>(())
-    })
+        signalled()
+    })?;
+    if !quiet {
+        eprintln!("roamdisk: stopped cleanly (exports flushed)");
+    }
+    Ok(())
 }

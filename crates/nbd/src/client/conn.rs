@@ -1,0 +1,253 @@
+//! One connection: the socket and the fixed-newstyle handshake (structured
+//! replies and `base:allocation` when the server offers them, then
+//! `OPT_GO`).
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::unix::net::UnixStream;
+
+use roamdisk_blockdev::{Error, ErrorKind, Op, Result};
+
+use super::uri::{NbdAddr, NbdUri};
+use crate::proto::*;
+
+/// The layer name errors carry.
+pub(super) const LAYER: &str = "nbd";
+
+pub(super) fn proto_err(op: Op, m: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Io, op, LAYER, m)
+}
+
+pub(super) fn io_err(op: Op, e: std::io::Error) -> Error {
+    Error::io(op, LAYER, e)
+}
+
+/// A connected socket, TCP or Unix.
+pub(super) enum Sock {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Sock {
+    pub(super) fn try_clone(&self) -> std::io::Result<Sock> {
+        Ok(match self {
+            Sock::Tcp(s) => Sock::Tcp(s.try_clone()?),
+            Sock::Unix(s) => Sock::Unix(s.try_clone()?),
+        })
+    }
+    /// Close both directions: a thread blocked reading wakes up.
+    pub(super) fn shutdown(&self) {
+        let _ = match self {
+            Sock::Tcp(s) => s.shutdown(Shutdown::Both),
+            Sock::Unix(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+}
+
+impl Read for Sock {
+    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Sock::Tcp(s) => s.read(b),
+            Sock::Unix(s) => s.read(b),
+        }
+    }
+}
+
+impl Write for Sock {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Sock::Tcp(s) => s.write(b),
+            Sock::Unix(s) => s.write(b),
+        }
+    }
+    fn write_vectored(&mut self, b: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        match self {
+            Sock::Tcp(s) => s.write_vectored(b),
+            Sock::Unix(s) => s.write_vectored(b),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What the handshake settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Negotiated {
+    pub size: u64,
+    /// Transmission flags (`TF_*`).
+    pub flags: u16,
+    pub max_request: u32,
+    pub preferred: u32,
+    /// Replies may be structured.
+    pub structured: bool,
+    /// The id of `base:allocation`, when the server selected it.
+    pub base_allocation: Option<u32>,
+}
+
+pub(super) fn read_array<const N: usize>(r: &mut impl Read) -> std::io::Result<[u8; N]> {
+    let mut b = [0u8; N];
+    r.read_exact(&mut b)?;
+    Ok(b)
+}
+
+/// Connect to `uri`'s server.
+fn dial(uri: &NbdUri) -> Result<Sock> {
+    let op = Op::Open;
+    Ok(match &uri.addr {
+        NbdAddr::Tcp(a) => {
+            let t = TcpStream::connect(a).map_err(|e| {
+                io_err(op, e).msg(format!("cannot connect to {a}: is the NBD server running?"))
+            })?;
+            let _ = t.set_nodelay(true);
+            Sock::Tcp(t)
+        }
+        NbdAddr::Unix(p) => Sock::Unix(UnixStream::connect(p).map_err(|e| {
+            io_err(op, e)
+                .path(p)
+                .msg("cannot connect to the Unix socket: is the NBD server running?")
+        })?),
+    })
+}
+
+/// One option reply: `(type, payload)`.
+fn option_reply(s: &mut Sock, opt: u32) -> Result<(u32, Vec<u8>)> {
+    let op = Op::Open;
+    let io = |e| io_err(op, e);
+    let h: [u8; 20] = read_array(s).map_err(io)?;
+    let magic = u64::from_be_bytes(h[0..8].try_into().expect("8"));
+    let got_opt = u32::from_be_bytes(h[8..12].try_into().expect("4"));
+    let rtype = u32::from_be_bytes(h[12..16].try_into().expect("4"));
+    let len = u32::from_be_bytes(h[16..20].try_into().expect("4"));
+    if magic != OPT_REPLY_MAGIC || got_opt != opt {
+        return Err(proto_err(op, "bad option reply"));
+    }
+    if len > MAX_OPTION_LEN {
+        return Err(proto_err(op, format!("option reply of {len} bytes")));
+    }
+    let mut data = vec![0u8; len as usize];
+    s.read_exact(&mut data).map_err(io)?;
+    Ok((rtype, data))
+}
+
+fn is_error(rtype: u32) -> bool {
+    rtype & (1 << 31) != 0
+}
+
+/// Connect and negotiate `uri`'s export; `structured` asks for structured
+/// replies (and with them `base:allocation`).
+pub(super) fn connect(uri: &NbdUri, structured: bool) -> Result<(Sock, Negotiated)> {
+    let op = Op::Open;
+    let io = |e| io_err(op, e);
+    let mut s = dial(uri)?;
+    let greeting: [u8; 18] = read_array(&mut s).map_err(io)?;
+    if greeting[0..8] != NBDMAGIC.to_be_bytes() || greeting[8..16] != IHAVEOPT.to_be_bytes() {
+        return Err(proto_err(
+            op,
+            "not an NBD server speaking the newstyle protocol",
+        ));
+    }
+    let hflags = u16::from_be_bytes([greeting[16], greeting[17]]);
+    if hflags & FLAG_FIXED_NEWSTYLE == 0 {
+        return Err(proto_err(
+            op,
+            "the server does not speak fixed newstyle NBD",
+        ));
+    }
+    let mut cflags = FLAG_C_FIXED_NEWSTYLE;
+    if hflags & FLAG_NO_ZEROES != 0 {
+        cflags |= FLAG_C_NO_ZEROES;
+    }
+    if uri.export.len() > MAX_STRING {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            op,
+            LAYER,
+            "export name too long",
+        ));
+    }
+    s.write_all(&cflags.to_be_bytes()).map_err(io)?;
+    let mut n = Negotiated {
+        size: 0,
+        flags: 0,
+        max_request: 32 << 20,
+        preferred: 4096,
+        structured: false,
+        base_allocation: None,
+    };
+    if structured {
+        s.write_all(&encode_option(OPT_STRUCTURED_REPLY, &[]))
+            .map_err(io)?;
+        let (rtype, _) = option_reply(&mut s, OPT_STRUCTURED_REPLY)?;
+        n.structured = rtype == REP_ACK;
+    }
+    if n.structured {
+        let q = MetaRequest {
+            export: uri.export.clone(),
+            queries: vec![BASE_ALLOCATION.to_string()],
+        };
+        s.write_all(&encode_option(
+            OPT_SET_META_CONTEXT,
+            &encode_meta_request(&q),
+        ))
+        .map_err(io)?;
+        loop {
+            let (rtype, data) = option_reply(&mut s, OPT_SET_META_CONTEXT)?;
+            match rtype {
+                REP_META_CONTEXT if data.len() >= 4 => {
+                    if &data[4..] == BASE_ALLOCATION.as_bytes() {
+                        n.base_allocation =
+                            Some(u32::from_be_bytes(data[0..4].try_into().expect("4")));
+                    }
+                }
+                // ACK ends the list; an error means no contexts.
+                _ => break,
+            }
+        }
+    }
+    let go = InfoRequest {
+        name: uri.export.clone(),
+        infos: vec![INFO_BLOCK_SIZE],
+    };
+    s.write_all(&encode_option(OPT_GO, &encode_info_request(&go)))
+        .map_err(io)?;
+    let mut size = None;
+    loop {
+        let (rtype, data) = option_reply(&mut s, OPT_GO)?;
+        match rtype {
+            REP_ACK => break,
+            REP_INFO if data.len() >= 2 => {
+                let t = u16::from_be_bytes([data[0], data[1]]);
+                if t == INFO_EXPORT && data.len() == 12 {
+                    size = Some(u64::from_be_bytes(data[2..10].try_into().expect("8")));
+                    n.flags = u16::from_be_bytes([data[10], data[11]]);
+                } else if t == INFO_BLOCK_SIZE && data.len() == 14 {
+                    n.preferred = u32::from_be_bytes(data[6..10].try_into().expect("4"));
+                    n.max_request = u32::from_be_bytes(data[10..14].try_into().expect("4"));
+                }
+            }
+            t if is_error(t) => {
+                let text = String::from_utf8_lossy(&data);
+                let kind = if t == REP_ERR_UNKNOWN {
+                    ErrorKind::NotFound
+                } else {
+                    ErrorKind::Io
+                };
+                return Err(Error::new(
+                    kind,
+                    op,
+                    LAYER,
+                    format!(
+                        "the server refused export '{}': {text} (error {t:#x})",
+                        uri.export
+                    ),
+                ));
+            }
+            _ => {}
+        }
+    }
+    n.size = size.ok_or_else(|| proto_err(op, "the server sent no export size"))?;
+    n.max_request = n.max_request.clamp(4096, MAX_PAYLOAD);
+    n.preferred = n.preferred.clamp(512, 1 << 20);
+    Ok((s, n))
+}

@@ -1,0 +1,325 @@
+//! Many requests in flight on one connection.
+//!
+//! Callers write their request under the writer lock and wait on their own
+//! channel; one reader thread reads replies in whatever order the server
+//! sends them and matches them by cookie (the protocol's handle), filling
+//! read data and block-status extents from simple or structured replies.
+//! When the connection breaks every waiting request fails with
+//! [`Failed::Gone`], and so does every later one: the layer then opens a
+//! new connection.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use super::conn::{read_array, Negotiated, Sock};
+use crate::proto::*;
+
+/// Why a request failed.
+#[derive(Debug, Clone)]
+pub(super) enum Failed {
+    /// The server answered with an error.
+    Server { errno: u32, message: String },
+    /// The connection is gone; the request may or may not have run.
+    Gone(String),
+}
+
+/// A successful reply.
+#[derive(Debug, Default)]
+pub(super) struct Reply {
+    /// Read data (READ only).
+    pub data: Vec<u8>,
+    /// `base:allocation` descriptors `(length, flags)` (BLOCK_STATUS only).
+    pub extents: Vec<(u32, u32)>,
+}
+
+/// A request waiting for its reply.
+struct Slot {
+    cmd: u16,
+    offset: u64,
+    len: u32,
+    reply: Reply,
+    error: Option<(u32, String)>,
+    tx: SyncSender<Result<Reply, Failed>>,
+}
+
+impl Slot {
+    fn finish(self) {
+        let r = match self.error {
+            Some((errno, message)) => Err(Failed::Server { errno, message }),
+            None => Ok(self.reply),
+        };
+        let _ = self.tx.send(r);
+    }
+}
+
+#[derive(Default)]
+struct State {
+    slots: HashMap<u64, Slot>,
+    /// Set once the connection is broken, with the reason.
+    dead: Option<String>,
+}
+
+type Shared = Arc<Mutex<State>>;
+
+fn lock(s: &Shared) -> std::sync::MutexGuard<'_, State> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Mark the connection broken and fail every waiting request.
+fn kill(state: &Shared, why: String) {
+    let slots = {
+        let mut st = lock(state);
+        if st.dead.is_none() {
+            st.dead = Some(why.clone());
+        }
+        std::mem::take(&mut st.slots)
+    };
+    for (_, s) in slots {
+        let _ = s.tx.send(Err(Failed::Gone(why.clone())));
+    }
+}
+
+/// A request sent, not yet answered.
+pub(super) struct Pending(Receiver<Result<Reply, Failed>>);
+
+impl Pending {
+    pub(super) fn wait(self) -> Result<Reply, Failed> {
+        self.0
+            .recv()
+            .unwrap_or_else(|_| Err(Failed::Gone("the reply reader stopped".into())))
+    }
+}
+
+/// One negotiated connection carrying requests.
+pub(super) struct Pipeline {
+    pub neg: Negotiated,
+    writer: Mutex<Sock>,
+    state: Shared,
+    cookie: AtomicU64,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl Pipeline {
+    /// Start the reply reader on a negotiated connection.
+    pub(super) fn start(sock: Sock, neg: Negotiated) -> std::io::Result<Pipeline> {
+        let rd = sock.try_clone()?;
+        let state: Shared = Arc::default();
+        let st = state.clone();
+        let reader = std::thread::Builder::new()
+            .name("roamdisk-nbd-rx".into())
+            .spawn(move || {
+                let mut rd = rd;
+                let why = match read_replies(&mut rd, &st) {
+                    Ok(()) => "the server closed the connection".to_string(),
+                    Err(e) => e,
+                };
+                kill(&st, why);
+            })?;
+        Ok(Pipeline {
+            neg,
+            writer: Mutex::new(sock),
+            state,
+            cookie: AtomicU64::new(1),
+            reader: Some(reader),
+        })
+    }
+
+    /// Send one request; `payload` is WRITE's data.
+    pub(super) fn submit(
+        &self,
+        cmd: u16,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        payload: Option<&[u8]>,
+    ) -> Result<Pending, Failed> {
+        let handle = self.cookie.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = sync_channel(1);
+        let data = if cmd == CMD_READ {
+            vec![0u8; len as usize]
+        } else {
+            Vec::new()
+        };
+        {
+            let mut st = lock(&self.state);
+            if let Some(why) = &st.dead {
+                return Err(Failed::Gone(why.clone()));
+            }
+            st.slots.insert(
+                handle,
+                Slot {
+                    cmd,
+                    offset,
+                    len,
+                    reply: Reply {
+                        data,
+                        extents: Vec::new(),
+                    },
+                    error: None,
+                    tx,
+                },
+            );
+        }
+        let h = header(cmd, flags, handle, offset, len);
+        let sent = {
+            let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            w.write_all(&h)
+                .and_then(|()| payload.map_or(Ok(()), |p| w.write_all(p)))
+        };
+        if let Err(e) = sent {
+            // The reader sees the shutdown too; our own slot fails with
+            // the rest.
+            kill(&self.state, format!("cannot send a request: {e}"));
+            self.writer
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .shutdown();
+        }
+        Ok(Pending(rx))
+    }
+
+    /// Send one request and wait for its reply.
+    pub(super) fn call(
+        &self,
+        cmd: u16,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        payload: Option<&[u8]>,
+    ) -> Result<Reply, Failed> {
+        self.submit(cmd, flags, offset, len, payload)?.wait()
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        {
+            let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            if lock(&self.state).dead.is_none() {
+                let _ = w.write_all(&header(CMD_DISC, 0, 0, 0, 0));
+            }
+            w.shutdown();
+        }
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+}
+
+fn header(cmd: u16, flags: u16, handle: u64, offset: u64, length: u32) -> [u8; REQUEST_SIZE] {
+    encode_request(&Request {
+        flags,
+        cmd,
+        handle,
+        offset,
+        length,
+    })
+}
+
+/// Largest structured chunk payload accepted (a read's data plus its
+/// offset, or a block-status reply).
+const MAX_CHUNK: u32 = MAX_PAYLOAD + 4096;
+
+/// Read replies until the connection ends; `Err` carries why it broke.
+fn read_replies(rd: &mut Sock, state: &Shared) -> Result<(), String> {
+    let io = |e: std::io::Error| format!("connection lost: {e}");
+    loop {
+        let mut magic = [0u8; 4];
+        match rd.read_exact(&mut magic) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(io(e)),
+        }
+        match u32::from_be_bytes(magic) {
+            SIMPLE_REPLY_MAGIC => {
+                let b: [u8; SIMPLE_REPLY_SIZE - 4] = read_array(rd).map_err(io)?;
+                let (errno, handle) = parse_simple_reply(&b).map_err(|e| e.to_string())?;
+                let mut slot = take(state, handle)?;
+                if errno != 0 {
+                    slot.error = Some((errno, String::new()));
+                } else if slot.cmd == CMD_READ {
+                    rd.read_exact(&mut slot.reply.data).map_err(io)?;
+                }
+                slot.finish();
+            }
+            STRUCTURED_REPLY_MAGIC => {
+                let b: [u8; CHUNK_HEADER_SIZE - 4] = read_array(rd).map_err(io)?;
+                let h = parse_chunk_header(&b).map_err(|e| e.to_string())?;
+                if h.length > MAX_CHUNK {
+                    return Err(format!("a reply chunk of {} bytes", h.length));
+                }
+                let mut slot = take(state, h.handle)?;
+                chunk(rd, &h, &mut slot)?;
+                if h.flags & REPLY_FLAG_DONE != 0 {
+                    slot.finish();
+                } else {
+                    let mut st = lock(state);
+                    if st.dead.is_none() {
+                        st.slots.insert(h.handle, slot);
+                    }
+                }
+            }
+            m => return Err(format!("bad reply magic {m:#010x}")),
+        }
+    }
+}
+
+fn take(state: &Shared, handle: u64) -> Result<Slot, String> {
+    lock(state)
+        .slots
+        .remove(&handle)
+        .ok_or_else(|| format!("a reply to request {handle}, which is not in flight"))
+}
+
+/// Apply one structured chunk's payload to its request.
+fn chunk(rd: &mut Sock, h: &ChunkHeader, slot: &mut Slot) -> Result<(), String> {
+    let io = |e: std::io::Error| format!("connection lost: {e}");
+    let bad = |m: &str| format!("bad reply chunk (type {}): {m}", h.rtype);
+    let end = slot.offset + slot.len as u64;
+    match h.rtype {
+        REPLY_TYPE_NONE if h.length == 0 => {}
+        REPLY_TYPE_OFFSET_DATA if h.length >= 8 && slot.cmd == CMD_READ => {
+            let off = u64::from_be_bytes(read_array(rd).map_err(io)?);
+            let n = (h.length - 8) as u64;
+            if off < slot.offset || off + n > end {
+                return Err(bad("data outside the request"));
+            }
+            let at = (off - slot.offset) as usize;
+            rd.read_exact(&mut slot.reply.data[at..at + n as usize])
+                .map_err(io)?;
+        }
+        REPLY_TYPE_OFFSET_HOLE if h.length == 12 && slot.cmd == CMD_READ => {
+            let b: [u8; 12] = read_array(rd).map_err(io)?;
+            let off = u64::from_be_bytes(b[0..8].try_into().expect("8"));
+            let n = u32::from_be_bytes(b[8..12].try_into().expect("4")) as u64;
+            if off < slot.offset || off + n > end {
+                return Err(bad("hole outside the request"));
+            }
+            let at = (off - slot.offset) as usize;
+            slot.reply.data[at..at + n as usize].fill(0);
+        }
+        REPLY_TYPE_BLOCK_STATUS if h.length >= 4 && (h.length - 4).is_multiple_of(8) => {
+            let mut b = vec![0u8; h.length as usize];
+            rd.read_exact(&mut b).map_err(io)?;
+            for d in b[4..].chunks_exact(8) {
+                let len = u32::from_be_bytes(d[0..4].try_into().expect("4"));
+                let flags = u32::from_be_bytes(d[4..8].try_into().expect("4"));
+                slot.reply.extents.push((len, flags));
+            }
+        }
+        t if t & (1 << 15) != 0 && h.length >= 6 => {
+            let mut b = vec![0u8; h.length as usize];
+            rd.read_exact(&mut b).map_err(io)?;
+            let errno = u32::from_be_bytes(b[0..4].try_into().expect("4"));
+            let mlen = u16::from_be_bytes([b[4], b[5]]) as usize;
+            let message = String::from_utf8_lossy(b.get(6..6 + mlen).unwrap_or(&[])).into_owned();
+            slot.error = Some((errno.max(1), message));
+        }
+        _ => return Err(bad(&format!("{} bytes", h.length))),
+    }
+    Ok(())
+}

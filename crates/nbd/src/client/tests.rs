@@ -1,0 +1,267 @@
+//! The client against this crate's server, in process, over a Unix socket.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use roamdisk_blockdev::{
+    extents_covering, Access, Alloc, BlockDev, Checked, Registry, Result, WriteFlags, ZeroFlags,
+};
+
+use super::{NbdAddr, NbdDev, NbdOptions, NbdUri};
+use crate::{serve_until, Export, Listen, ServeOptions};
+
+/// [`serve_until`] on its own thread, stopped (and its socket removed) on
+/// drop.
+struct TestServer {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TestServer {
+    fn start(sock: &Path, dev: Arc<dyn BlockDev>) -> TestServer {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (ready_tx, ready) = std::sync::mpsc::channel();
+        let sock = sock.to_path_buf();
+        let thread = std::thread::spawn(move || {
+            let export = Export {
+                name: String::new(),
+                description: String::new(),
+                dev,
+            };
+            let opts = ServeOptions {
+                max_connections: 16,
+                busy_poll: Duration::ZERO,
+                io_threads: 8,
+                ..ServeOptions::default()
+            };
+            serve_until(vec![export], vec![Listen::Unix(sock)], opts, |_| {
+                ready_tx.send(()).unwrap();
+                async {
+                    let _ = stopped.await;
+                }
+            })
+            .unwrap();
+        });
+        ready.recv().unwrap();
+        TestServer {
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        let _ = self.thread.take().unwrap().join();
+    }
+}
+
+fn uri(sock: &Path) -> NbdUri {
+    NbdUri {
+        addr: NbdAddr::Unix(sock.to_path_buf()),
+        export: String::new(),
+    }
+}
+
+fn mem(size: &str) -> Arc<dyn BlockDev> {
+    Registry::with_builtin()
+        .build(&format!("mem:{size}"), Access::ReadWrite)
+        .unwrap()
+}
+
+fn opts(structured: bool) -> NbdOptions {
+    NbdOptions {
+        structured,
+        first_backoff: Duration::from_millis(50),
+        ..NbdOptions::default()
+    }
+}
+
+fn sock_in(dir: &tempfile::TempDir) -> PathBuf {
+    dir.path().join("s.sock")
+}
+
+/// Holds each read a while and records how many ran at once.
+struct Slow {
+    next: Arc<dyn BlockDev>,
+    now: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl BlockDev for Slow {
+    fn layer(&self) -> &'static str {
+        "slow"
+    }
+    fn next(&self) -> Option<&dyn BlockDev> {
+        Some(&*self.next)
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(n, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(20));
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        self.next.read_at(buf, off)
+    }
+}
+
+fn pattern(thread: u64, i: u64) -> Vec<u8> {
+    (0..4096u64)
+        .map(|b| (b ^ (thread * 31 + i * 7)) as u8)
+        .collect()
+}
+
+#[test]
+fn threads_share_one_connection_with_requests_in_flight_together() {
+    for structured in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let slow = Arc::new(Slow {
+            next: mem("16M"),
+            now: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+        });
+        let _srv = TestServer::start(&sock_in(&dir), slow.clone());
+        let dev =
+            Arc::new(NbdDev::connect_with(&uri(&sock_in(&dir)), opts(structured), false).unwrap());
+        assert_eq!(dev.structured(), structured);
+        assert_eq!(dev.size(), 16 << 20);
+        std::thread::scope(|s| {
+            for t in 0..8u64 {
+                let dev = dev.clone();
+                s.spawn(move || {
+                    for i in 0..16u64 {
+                        let off = (t * 16 + i) * 4096;
+                        let p = pattern(t, i);
+                        dev.write_at(&p, off, WriteFlags { fua: i % 4 == 0 })
+                            .unwrap();
+                        let mut b = vec![0u8; 4096];
+                        dev.read_at(&mut b, off).unwrap();
+                        assert_eq!(b, p, "thread {t} request {i}");
+                    }
+                });
+            }
+        });
+        dev.flush().unwrap();
+        assert!(
+            slow.most.load(Ordering::SeqCst) > 1,
+            "reads from 8 threads never overlapped on the one connection"
+        );
+        // The whole disk in one read.
+        let mut big = vec![0u8; 16 << 20];
+        dev.read_at(&mut big, 0).unwrap();
+        assert_eq!(&big[..4096], &pattern(0, 0)[..]);
+    }
+}
+
+#[test]
+fn zeroes_trims_and_block_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let _srv = TestServer::start(&sock_in(&dir), mem("8M"));
+    let on = NbdDev::connect_with(&uri(&sock_in(&dir)), opts(true), false).unwrap();
+    assert!(on.caps().can_extents);
+    on.write_at(&[7u8; 65536], 1 << 20, WriteFlags::default())
+        .unwrap();
+    on.write_zeroes(1 << 20, 4096, ZeroFlags::default())
+        .unwrap();
+    let mut b = vec![1u8; 8192];
+    on.read_at(&mut b, 1 << 20).unwrap();
+    assert!(b[..4096].iter().all(|&x| x == 0) && b[4096..].iter().all(|&x| x == 7));
+    let ext = extents_covering(&on, 0, 8 << 20).unwrap();
+    assert_eq!(ext[0].state, Alloc::Hole, "{ext:?}");
+    assert!(ext.iter().any(|e| e.state == Alloc::Data), "{ext:?}");
+    assert_eq!(ext.iter().map(|e| e.len).sum::<u64>(), 8 << 20);
+    on.trim(1 << 20, 65536, WriteFlags::default()).unwrap();
+    on.flush().unwrap();
+
+    let off = NbdDev::connect_with(&uri(&sock_in(&dir)), opts(false), false).unwrap();
+    assert!(!off.caps().can_extents);
+    let ext = off.block_status(0, 8 << 20).unwrap();
+    assert_eq!(ext.len(), 1);
+    assert_eq!(ext[0].state, Alloc::Data);
+    // Reading a hole with simple replies gives zeroes too.
+    let mut b = vec![1u8; 4096];
+    off.read_at(&mut b, 4 << 20).unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+}
+
+#[test]
+fn server_errors_are_not_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let ro: Arc<dyn BlockDev> = Arc::new(Checked::new(mem("1M"), Access::ReadOnly));
+    let _srv = TestServer::start(&sock_in(&dir), ro);
+    let dev = NbdDev::connect_with(&uri(&sock_in(&dir)), opts(true), false).unwrap();
+    assert!(!dev.caps().can_write);
+    let e = dev
+        .write_at(&[1; 512], 0, WriteFlags::default())
+        .unwrap_err();
+    assert_eq!(e.kind(), roamdisk_blockdev::ErrorKind::ReadOnly, "{e}");
+}
+
+#[test]
+fn requests_survive_a_server_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = sock_in(&dir);
+    let disk = mem("4M");
+    let srv = TestServer::start(&sock, disk.clone());
+    let dev = Arc::new(NbdDev::connect_with(&uri(&sock), opts(true), false).unwrap());
+    dev.write_at(&[5u8; 4096], 0, WriteFlags::default())
+        .unwrap();
+    dev.flush().unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..4u64)
+            .map(|t| {
+                let dev = dev.clone();
+                let stop = &stop;
+                s.spawn(move || {
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::SeqCst) {
+                        let off = (1 + t * 64 + i % 64) * 4096;
+                        let p = pattern(t, i);
+                        dev.write_at(&p, off, WriteFlags::default()).unwrap();
+                        let mut b = vec![0u8; 4096];
+                        dev.read_at(&mut b, off).unwrap();
+                        assert_eq!(b, p);
+                        i += 1;
+                    }
+                    i
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        drop(srv);
+        std::thread::sleep(Duration::from_millis(150));
+        let srv = TestServer::start(&sock, disk.clone());
+        std::thread::sleep(Duration::from_millis(200));
+        stop.store(true, Ordering::SeqCst);
+        for w in workers {
+            assert!(w.join().unwrap() > 0);
+        }
+        drop(srv);
+    });
+    assert!(dev.reconnects() >= 1, "the restart went unnoticed");
+    // The server is gone for good now: a request fails after its retries.
+    let quick = NbdOptions {
+        reconnect_tries: 2,
+        first_backoff: Duration::from_millis(10),
+        ..NbdOptions::default()
+    };
+    let srv = TestServer::start(&sock, disk.clone());
+    let dev = NbdDev::connect_with(&uri(&sock), quick, false).unwrap();
+    let mut b = [0u8; 4096];
+    dev.read_at(&mut b, 0).unwrap();
+    assert_eq!(b, [5u8; 4096]);
+    drop(srv);
+    let e = dev.read_at(&mut b, 0).unwrap_err().to_string();
+    assert!(e.contains("reconnects"), "{e}");
+}
+
+#[test]
+fn refused_connections_say_what_to_do() {
+    let e = NbdDev::connect(&NbdUri::parse("nbd+unix:///?socket=/nonexistent/s").unwrap())
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("is the NBD server running"), "{e}");
+}

@@ -1,0 +1,165 @@
+//! The `nbd:URI` layer from the outside: a `roamdisk serve` stacks a cow
+//! overlay over another `roamdisk serve`'s export (a bare NBD URI as the
+//! inner spec), qemu-io writes through it, and the lower disk is left as it
+//! was; `info` reads an NBD URI like any disk; `commit` reads an NBD export
+//! with no nbdinfo or nbdcopy on PATH (qemu-img stays: it reads image
+//! files).
+
+mod cas_common;
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use cas_common::{json_num, json_str, rd};
+use common::{assert_files_equal, bin, qemu_io, random_file, run, tempdir, Server};
+
+const MIB: u64 = 1 << 20;
+
+/// `qemu-img convert -f raw -O FORMAT FROM TO`.
+fn convert(from: &str, format: &str, to: &Path) {
+    run(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            format,
+            from,
+            to.to_str().unwrap(),
+        ],
+    );
+}
+
+#[test]
+fn cow_over_an_nbd_export_leaves_the_export_unchanged() {
+    let d = tempdir();
+    let dir = d.path();
+    let base = dir.join("base.raw");
+    random_file(&base, 8 * MIB, 7);
+    let orig = dir.join("orig.raw");
+    std::fs::copy(&base, &orig).unwrap();
+    let lower = Server::start_named(dir, "lower.sock", &[&format!("raw:{}", base.display())]);
+    let overlay = dir.join("vm.ovl");
+    let stack = format!("cow:{}:{}", overlay.display(), lower.uri());
+    let upper = Server::start_named(dir, "upper.sock", &[&stack]);
+
+    qemu_io(
+        &upper.uri(),
+        &[
+            "write -P 0xab 1M 64k".into(),
+            "write -z 3M 128k".into(),
+            "write -P 0xcd 8388096 512".into(),
+        ],
+    );
+    qemu_io(
+        &upper.uri(),
+        &[
+            "read -P 0xab 1M 64k".into(),
+            "read -P 0 3M 128k".into(),
+            "read -P 0xcd 8388096 512".into(),
+        ],
+    );
+    // Everything else reads from the lower export, through the overlay.
+    let got = dir.join("upper.raw");
+    convert(&upper.uri(), "raw", &got);
+    let mut want = std::fs::read(&orig).unwrap();
+    want[MIB as usize..(MIB + 65536) as usize].fill(0xab);
+    want[(3 * MIB) as usize..(3 * MIB + 131072) as usize].fill(0);
+    want[8388096..8388608].fill(0xcd);
+    common::assert_bytes_equal(&std::fs::read(&got).unwrap(), &want, "through the overlay");
+
+    // The lower disk is unchanged, through its server and on disk.
+    run(
+        "qemu-img",
+        &[
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            orig.to_str().unwrap(),
+            &lower.uri(),
+        ],
+    );
+    drop(upper);
+    drop(lower);
+    assert_files_equal(&base, &orig);
+}
+
+#[test]
+fn info_reads_an_nbd_uri_like_any_disk() {
+    let d = tempdir();
+    let dir = d.path();
+    let srv = Server::start(dir, &["mem:4M"]);
+    qemu_io(&srv.uri(), &["write -P 1 1M 64k".into()]);
+    let out = rd(&["info", &srv.uri(), "--json"]);
+    assert_eq!(json_num(&out, "size"), 4 * MIB, "{out}");
+    // base:allocation comes through: only the written range is data.
+    assert_eq!(json_num(&out, "data"), 65536, "{out}");
+    assert!(out.contains("nbd: nbd+unix:///?socket="), "{out}");
+}
+
+/// A directory holding only `qemu-img`, for a PATH without nbdinfo and
+/// nbdcopy.
+fn path_with_only_qemu_img(dir: &Path) -> String {
+    let bin_dir = dir.join("bin");
+    std::fs::create_dir(&bin_dir).unwrap();
+    let qemu_img = String::from_utf8(
+        Command::new("sh")
+            .args(["-c", "command -v qemu-img"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(qemu_img.trim(), bin_dir.join("qemu-img")).unwrap();
+    bin_dir.display().to_string()
+}
+
+#[test]
+fn commit_reads_an_nbd_export_without_nbdinfo_or_nbdcopy() {
+    let d = tempdir();
+    let dir = d.path();
+    let store = dir.join("store");
+    let s = store.to_str().unwrap();
+    rd(&["store", "init", s]);
+    let raw = dir.join("disk.raw");
+    random_file(&raw, 6 * MIB, 3);
+    qemu_io(raw.to_str().unwrap(), &["write -z 2M 1M".into()]);
+    let qcow2 = dir.join("disk.qcow2");
+    convert(raw.to_str().unwrap(), "qcow2", &qcow2);
+    let srv = Server::start(dir, &[&format!("raw:{}", raw.display()), "--read-only"]);
+    let path = path_with_only_qemu_img(dir);
+    let commit = |src: &str, to: &str| {
+        let out = Command::new(bin())
+            .args(["commit", src, "--to", to, "--store", s, "--json"])
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "commit {src} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let a = commit(&srv.uri(), "n/nbd");
+    let b = commit(qcow2.to_str().unwrap(), "n/qcow2");
+    assert!(json_num(&a, "new_objects") > 50, "{a}");
+    assert_eq!(json_num(&b, "new_objects"), 0, "same content: {b}");
+    for (out, to) in [(&a, "n/nbd"), (&b, "n/qcow2")] {
+        let v = json_str(out, "version");
+        let back = dir.join(format!("{}.raw", to.replace('/', "-")));
+        rd(&[
+            "checkout",
+            &format!("{to}@{}", &v[..8]),
+            "--store",
+            s,
+            "--output",
+            back.to_str().unwrap(),
+        ]);
+        assert_files_equal(&back, &raw);
+    }
+}
