@@ -271,14 +271,20 @@ pub trait BlockDev: std::any::Any + Send + Sync + 'static {
 /// own API (a session's rebase after a commit) on a stack the registry
 /// built, without opening that layer by hand.
 pub fn find_layer<T: BlockDev>(top: &dyn BlockDev) -> Option<&T> {
+    find_layers(top).into_iter().next()
+}
+
+/// Every layer of type `T` in the stack from `top` down, top first.
+pub fn find_layers<T: BlockDev>(top: &dyn BlockDev) -> Vec<&T> {
+    let mut out = Vec::new();
     let mut cur = Some(top);
     while let Some(d) = cur {
         if let Some(t) = (d as &dyn std::any::Any).downcast_ref::<T>() {
-            return Some(t);
+            out.push(t);
         }
         cur = d.next();
     }
-    None
+    out
 }
 
 /// Write zero buffers over a range, in bounded pieces. The fallback for

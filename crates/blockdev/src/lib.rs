@@ -36,8 +36,8 @@ pub mod units;
 pub use checked::Checked;
 pub use copy::{copy_sparse, CopyOptions, Zeroes};
 pub use dev::{
-    extents_covering, find_layer, push_extent, write_zero_buffers, Access, Alloc, BlockDev, Caps,
-    Extent, WriteFlags, ZeroFlags,
+    extents_covering, find_layer, find_layers, push_extent, write_zero_buffers, Access, Alloc,
+    BlockDev, Caps, Extent, WriteFlags, ZeroFlags,
 };
 pub use error::{Error, ErrorKind, Op, Result};
 pub use progress::{NoProgress, Progress};

@@ -7,9 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use roamdisk_blockdev::layers::raw::RawDev;
 use roamdisk_blockdev::Access;
-use roamdisk_blockdev::{
-    BlockDev, Checked, Error, ErrorKind, LayerSpec, Op, OpenCtx, Registry, Result, WriteFlags,
-};
+use roamdisk_blockdev::{BlockDev, Checked, Error, ErrorKind, Op, Registry, Result, WriteFlags};
 
 use crate::flashsim::FlashSimDev;
 use roamdisk_nbd::client::{NbdDev, NbdUri};
@@ -171,55 +169,12 @@ enum Kind {
 }
 
 /// An opened target: hands out devices (one NBD connection each, as a
-/// client per thread would have, or the one shared stack) and the flashsim layers inside, whose simulated
-/// clocks tools report.
+/// client per thread would have, or the one shared stack); the flashsim
+/// layers inside report their simulated clocks.
 pub struct Target {
     kind: Kind,
     name: String,
     size: u64,
-    sims: Vec<Arc<FlashSimDev>>,
-}
-
-/// Open `spec` as the factory does, keeping hold of every flashsim layer.
-fn open_spec(
-    reg: &Registry,
-    spec: &LayerSpec,
-    read_only: bool,
-    sims: &mut Vec<Arc<FlashSimDev>>,
-) -> Result<Arc<dyn BlockDev>> {
-    let kind = reg.get(&spec.kind).ok_or_else(|| {
-        Error::new(
-            ErrorKind::InvalidArgument,
-            Op::Open,
-            "spec",
-            format!("unknown layer '{}'", spec.kind),
-        )
-    })?;
-    let next = match &spec.next {
-        Some(n) => Some(open_spec(reg, n, read_only || kind.inner_read_only, sims)?),
-        None => None,
-    };
-    if spec.kind == crate::flashsim::FLASHSIM.name {
-        let next = next.ok_or_else(|| {
-            Error::new(
-                ErrorKind::InvalidArgument,
-                Op::Open,
-                "flashsim",
-                "needs an inner stack",
-            )
-        })?;
-        let d = crate::flashsim::open(&spec.params, next)?;
-        sims.push(Arc::clone(&d));
-        return Ok(d);
-    }
-    (kind.open)(
-        &OpenCtx {
-            read_only,
-            params: &spec.params,
-            registry: reg,
-        },
-        next,
-    )
 }
 
 impl Target {
@@ -235,26 +190,21 @@ impl Target {
                 kind: Kind::Nbd(uri),
                 name: s.to_string(),
                 size,
-                sims: Vec::new(),
             });
         }
         let head = s.split([':', '[']).next().unwrap_or("");
         let path = PathBuf::from(s);
-        let dev: Arc<dyn BlockDev>;
-        let mut sims = Vec::new();
-        if reg.get(head).is_none() && path.exists() && opts.direct {
-            dev = Arc::new(DirectFile::open(&path, opts.read_only)?);
+        let access = Access::read_only_if(opts.read_only);
+        let dev: Arc<dyn BlockDev> = if reg.get(head).is_none() && path.exists() && opts.direct {
+            let file = Arc::new(DirectFile::open(&path, opts.read_only)?);
+            Arc::new(Checked::new(file, access))
         } else {
-            let spec = reg.parse(s)?;
-            dev = open_spec(reg, &spec, opts.read_only, &mut sims)?;
-        }
-        let dev: Arc<dyn BlockDev> =
-            Arc::new(Checked::new(dev, Access::read_only_if(opts.read_only)));
+            reg.build(s, access)?
+        };
         Ok(Target {
             size: dev.size(),
             kind: Kind::Shared(dev),
             name: s.to_string(),
-            sims,
         })
     }
 
@@ -277,11 +227,11 @@ impl Target {
     /// Total simulated card time of the flashsim layers in the stack, if
     /// any.
     pub fn simulated_ns(&self) -> Option<u64> {
-        if self.sims.is_empty() {
-            None
-        } else {
-            Some(self.sims.iter().map(|s| s.stats().elapsed_ns).sum())
-        }
+        let Kind::Shared(dev) = &self.kind else {
+            return None;
+        };
+        let sims = roamdisk_blockdev::find_layers::<FlashSimDev>(dev.as_ref());
+        (!sims.is_empty()).then(|| sims.iter().map(|s| s.stats().elapsed_ns).sum())
     }
 }
 
