@@ -8,7 +8,7 @@ mod cas_common;
 mod common;
 
 use cas_common::{json_num, object_files, rd, rd_fail};
-use common::{random_file, run, tempdir};
+use common::{qemu_img_compare, random_file, tempdir};
 
 #[test]
 fn identical_chunks_deduplicate_across_users_and_indexes_stay_private() {
@@ -84,18 +84,7 @@ fn identical_chunks_deduplicate_across_users_and_indexes_stay_private() {
         "--output",
         out.to_str().unwrap(),
     ]);
-    run(
-        "qemu-img",
-        &[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            img.to_str().unwrap(),
-            out.to_str().unwrap(),
-        ],
-    );
+    qemu_img_compare(img.to_str().unwrap(), out.to_str().unwrap());
     let e = rd_fail(&[
         "checkout",
         "alice/vm",

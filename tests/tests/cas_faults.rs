@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use cas_common::{json_num, json_str, object_file, object_files, rd, rd_fail};
-use common::{bin, random_file, run, tempdir};
+use common::{bin, qemu_img_compare, random_file, run, tempdir};
 
 fn init(dir: &Path, extra: &[&str]) -> String {
     let store = dir.join("store");
@@ -55,18 +55,7 @@ fn checkout_same(s: &str, rev: &str, want: &Path, out: &Path) {
         "--output",
         out.to_str().unwrap(),
     ]);
-    run(
-        "qemu-img",
-        &[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            want.to_str().unwrap(),
-            out.to_str().unwrap(),
-        ],
-    );
+    qemu_img_compare(want.to_str().unwrap(), out.to_str().unwrap());
 }
 
 /// Make every object look an hour old (as if committed long ago).

@@ -14,7 +14,7 @@ mod common;
 use std::path::Path;
 
 use cas_common::{json_num, json_str, put_at, rd, write_diff};
-use common::{random_file, run, run_stdout, tempdir, Server};
+use common::{qemu_img_compare, random_file, run, run_stdout, tempdir, Server};
 
 const MIB: u64 = 1 << 20;
 const P1_START: u64 = MIB;
@@ -179,18 +179,7 @@ fn guest_session_commits_at_most_a_fifth_of_its_dirty_sectors() {
     }
     step(&p1, &p2);
     // The session reads exactly what the guest wrote.
-    run(
-        "qemu-img",
-        &[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            cur.to_str().unwrap(),
-            &srv.uri(),
-        ],
-    );
+    qemu_img_compare(cur.to_str().unwrap(), &srv.uri());
     srv.stop();
 
     let out = rd(&[

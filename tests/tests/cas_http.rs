@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
 use cas_common::{json_str, object_file, rd, rd_fail};
-use common::{bin, qemu_io, random_file, run, tempdir, Server};
+use common::{bin, qemu_img_compare, qemu_io, random_file, run, tempdir, Server};
 
 struct ChunkServer(Child);
 
@@ -116,18 +116,7 @@ fn commit_session_checkout_and_gc_through_the_chunk_server() {
         "--output",
         got.to_str().unwrap(),
     ]);
-    run(
-        "qemu-img",
-        &[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            raw.to_str().unwrap(),
-            got.to_str().unwrap(),
-        ],
-    );
+    qemu_img_compare(raw.to_str().unwrap(), got.to_str().unwrap());
     let log = rd(&["log", "erin/vm", "--store", &url]);
     assert!(log.contains(&v1[..12]) && log.contains(&v2[..12]), "{log}");
     let r = rd(&["gc", "--store", &url, "--json"]);

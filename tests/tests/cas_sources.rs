@@ -7,7 +7,7 @@ mod cas_common;
 mod common;
 
 use cas_common::{json_num, json_str, rd};
-use common::{qemu_io, random_file, run, tempdir, Server};
+use common::{qemu_img_compare, qemu_io, random_file, tempdir, Server};
 
 #[test]
 fn nbd_export_lbs_image_and_raw_file_commit_to_the_same_version() {
@@ -71,18 +71,7 @@ fn nbd_export_lbs_image_and_raw_file_commit_to_the_same_version() {
             "--output",
             got.to_str().unwrap(),
         ]);
-        run(
-            "qemu-img",
-            &[
-                "compare",
-                "-f",
-                "raw",
-                "-F",
-                "raw",
-                raw.to_str().unwrap(),
-                got.to_str().unwrap(),
-            ],
-        );
+        qemu_img_compare(raw.to_str().unwrap(), got.to_str().unwrap());
     }
     // The VM configuration file and a memory image travel with a version.
     let mem = dir.join("mem.bin");

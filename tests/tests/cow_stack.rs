@@ -113,18 +113,7 @@ fn cow_writes_match_raw_reference_and_persist() {
     qemu_io(path_str(&reference), &cmds);
 
     let check = |srv: &Server, when: &str| {
-        run(
-            "qemu-img",
-            &[
-                "compare",
-                "-f",
-                "raw",
-                "-F",
-                "raw",
-                path_str(&reference),
-                &srv.uri(),
-            ],
-        );
+        qemu_img_compare(path_str(&reference), &srv.uri());
         assert_bytes_equal(
             &st.export_bytes(srv),
             &std::fs::read(&reference).expect("read reference"),
@@ -320,33 +309,11 @@ fn cow_block_status_merges_overlay_and_base() {
     qemu_io(&srv.uri(), &cmds);
     qemu_io(path_str(&reference), &cmds);
     assert_eq!(nbdinfo_map(&srv.uri()), want, "map through the cow stack");
-    run(
-        "qemu-img",
-        &[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            path_str(&reference),
-            &srv.uri(),
-        ],
-    );
+    qemu_img_compare(path_str(&reference), &srv.uri());
     assert!(srv.stop().success());
     let srv = Server::start(dir.path(), &[&spec]);
     assert_eq!(nbdinfo_map(&srv.uri()), want, "map after restart");
-    run(
-        "qemu-img",
-        &[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            path_str(&reference),
-            &srv.uri(),
-        ],
-    );
+    qemu_img_compare(path_str(&reference), &srv.uri());
 }
 
 /// A crash of the server (SIGKILL) keeps every write a flush covered; a

@@ -127,18 +127,7 @@ fn qemu_img_convert_of_1gib_export_equals_source() {
     let srv = Server::start(dir.path(), &[&spec_raw(&src)]);
     let out = dir.path().join("out.raw");
     qemu_img_copy(&srv.uri(), path_str(&out));
-    run(
-        "qemu-img",
-        &[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            path_str(&src),
-            path_str(&out),
-        ],
-    );
+    qemu_img_compare(path_str(&src), path_str(&out));
     assert_files_equal(&src, &out);
 }
 
@@ -347,10 +336,7 @@ fn qemu_img_info_map_compare_and_convert_into_export() {
     assert_eq!(qemu_img_map(&uri), qemu_img_map(path_str(&img)));
     assert_eq!(qemu_img_map(&uri), expected_map(size, &islands));
 
-    run(
-        "qemu-img",
-        &["compare", "-f", "raw", "-F", "raw", path_str(&img), &uri],
-    );
+    qemu_img_compare(path_str(&img), &uri);
     // compare sees a one-byte difference through the export.
     let other = dir.path().join("other.raw");
     std::fs::copy(&img, &other).expect("copy");
@@ -392,10 +378,7 @@ fn qemu_img_info_map_compare_and_convert_into_export() {
             &uri,
         ],
     );
-    run(
-        "qemu-img",
-        &["compare", "-f", "raw", "-F", "raw", path_str(&src), &uri],
-    );
+    qemu_img_compare(path_str(&src), &uri);
     drop(srv);
     assert_files_equal(&src, &img);
 }
@@ -495,10 +478,7 @@ fn nbdcopy_multi_connection_both_directions() {
     let islands = [(0, 3 * MIB), (7 * MIB + 4096, 8192), (20 * MIB, 30 * MIB)];
     sparse_file(&src, size, &islands, 23);
     nbdcopy(path_str(&src), &uri);
-    run(
-        "qemu-img",
-        &["compare", "-f", "raw", "-F", "raw", path_str(&src), &uri],
-    );
+    qemu_img_compare(path_str(&src), &uri);
     drop(srv);
     assert_files_equal(&src, &img);
 }
@@ -655,10 +635,7 @@ fn tcp_listener_serves_the_export() {
         run_stdout("nbdinfo", &["--size", &uri]).trim(),
         (4 * MIB).to_string()
     );
-    run(
-        "qemu-img",
-        &["compare", "-f", "raw", "-F", "raw", path_str(&img), &uri],
-    );
+    qemu_img_compare(path_str(&img), &uri);
 }
 
 /// Just enough JSON to read nbdinfo, qemu-img and fio reports.

@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{qemu_img_copy, qemu_img_copy_into, roamdisk, run, run_stdout, tempdir, Server};
+use common::{
+    qemu_img_compare, qemu_img_copy, qemu_img_copy_into, roamdisk, run, run_stdout, tempdir, Server,
+};
 use std::process::Command;
 use std::time::Duration;
 
@@ -88,18 +90,7 @@ fn ext4_image_round_trips_through_lbs_and_stays_clean() {
     {
         let s = Server::start(dir, &[&spec, "--read-only"]);
         export_to(&s.uri(), &back);
-        run(
-            "qemu-img",
-            &[
-                "compare",
-                "-f",
-                "raw",
-                "-F",
-                "raw",
-                ext4.to_str().unwrap(),
-                back.to_str().unwrap(),
-            ],
-        );
+        qemu_img_compare(ext4.to_str().unwrap(), back.to_str().unwrap());
     }
     run("e2fsck", &["-fn", back.to_str().unwrap()]);
     // The CLI's own check verifies every block.

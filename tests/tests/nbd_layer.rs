@@ -12,7 +12,9 @@ use std::path::Path;
 use std::process::Command;
 
 use cas_common::{json_num, json_str, rd};
-use common::{assert_files_equal, bin, qemu_io, random_file, run, tempdir, Server};
+use common::{
+    assert_files_equal, bin, qemu_img_compare, qemu_io, random_file, run, tempdir, Server,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -71,18 +73,7 @@ fn cow_over_an_nbd_export_leaves_the_export_unchanged() {
     common::assert_bytes_equal(&std::fs::read(&got).unwrap(), &want, "through the overlay");
 
     // The lower disk is unchanged, through its server and on disk.
-    run(
-        "qemu-img",
-        &[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            orig.to_str().unwrap(),
-            &lower.uri(),
-        ],
-    );
+    qemu_img_compare(orig.to_str().unwrap(), &lower.uri());
     drop(upper);
     drop(lower);
     assert_files_equal(&base, &orig);

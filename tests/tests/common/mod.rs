@@ -284,6 +284,12 @@ pub fn qemu_img_copy(from: &str, to: &str) {
     run("qemu-img", &["convert", "-f", "raw", "-O", "raw", from, to]);
 }
 
+/// `qemu-img compare -f raw -F raw A B`: fails the test unless the two
+/// raw images (files or NBD exports) read the same.
+pub fn qemu_img_compare(a: &str, b: &str) {
+    run("qemu-img", &["compare", "-f", "raw", "-F", "raw", a, b]);
+}
+
 /// `qemu-img convert -n -f raw -O raw FROM TO`: copy into an existing
 /// target (an export), without creating it.
 pub fn qemu_img_copy_into(from: &str, to: &str) {
