@@ -14,7 +14,7 @@ mod common;
 use std::path::Path;
 
 use cas_common::{json_num, json_str, put_at, rd, write_diff};
-use common::{qemu_img_compare, random_file, run, run_stdout, tempdir, Server};
+use common::{mke2fs_from, qemu_img_compare, random_file, run, run_stdout, tempdir, Server};
 
 const MIB: u64 = 1 << 20;
 const P1_START: u64 = MIB;
@@ -67,17 +67,7 @@ fn guest_session_commits_at_most_a_fifth_of_its_dirty_sectors() {
         "truncate",
         &["-s", &P1_LEN.to_string(), p1.to_str().unwrap()],
     );
-    run(
-        "mke2fs",
-        &[
-            "-q",
-            "-t",
-            "ext4",
-            "-d",
-            content.to_str().unwrap(),
-            p1.to_str().unwrap(),
-        ],
-    );
+    mke2fs_from(content.to_str().unwrap(), p1.to_str().unwrap());
     run(
         "truncate",
         &["-s", &P2_LEN.to_string(), p2.to_str().unwrap()],

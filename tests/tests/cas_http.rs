@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
 use cas_common::{json_str, object_file, rd, rd_fail};
-use common::{bin, qemu_img_compare, qemu_io, random_file, run, tempdir, Server};
+use common::{bin, qemu_img_compare, qemu_img_convert, qemu_io, random_file, tempdir, Server};
 
 struct ChunkServer(Child);
 
@@ -57,18 +57,7 @@ fn commit_session_checkout_and_gc_through_the_chunk_server() {
     random_file(&raw, 12 << 20, 21);
     qemu_io(raw.to_str().unwrap(), &["write -z 4M 2M".into()]);
     let qcow = dir.join("disk.qcow2");
-    run(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "qcow2",
-            raw.to_str().unwrap(),
-            qcow.to_str().unwrap(),
-        ],
-    );
+    qemu_img_convert(raw.to_str().unwrap(), "qcow2", qcow.to_str().unwrap());
     let out = rd(&[
         "commit",
         qcow.to_str().unwrap(),

@@ -11,7 +11,7 @@ mod common;
 use std::path::Path;
 
 use cas_common::{rd, store_bytes, write_diff};
-use common::{random_file, run, run_stdout, tempdir, Server};
+use common::{mke2fs_from, random_file, run, run_stdout, tempdir, Server};
 
 const MIB: u64 = 1 << 20;
 
@@ -31,17 +31,7 @@ fn golden(dir: &Path, fs: &str) -> std::path::PathBuf {
         .unwrap();
     }
     if fs == "ext4" {
-        run(
-            "mke2fs",
-            &[
-                "-q",
-                "-t",
-                "ext4",
-                "-d",
-                content.to_str().unwrap(),
-                img.to_str().unwrap(),
-            ],
-        );
+        mke2fs_from(content.to_str().unwrap(), img.to_str().unwrap());
     } else {
         run("mkntfs", &["-F", "-Q", "-q", img.to_str().unwrap()]);
         for i in 0..6 {

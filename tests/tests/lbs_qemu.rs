@@ -7,7 +7,8 @@
 mod common;
 
 use common::{
-    qemu_img_compare, qemu_img_copy, qemu_img_copy_into, roamdisk, run, run_stdout, tempdir, Server,
+    mke2fs_from, qemu_img_compare, qemu_img_copy, qemu_img_copy_into, roamdisk, run, run_stdout,
+    tempdir, Server,
 };
 use std::process::Command;
 use std::time::Duration;
@@ -55,17 +56,7 @@ fn ext4_image_round_trips_through_lbs_and_stays_clean() {
     common::random_file(&content.join("home/user/blob.bin"), 20 << 20, 7);
     let ext4 = dir.join("golden.img");
     run("truncate", &["-s", "128M", ext4.to_str().unwrap()]);
-    run(
-        "mke2fs",
-        &[
-            "-q",
-            "-t",
-            "ext4",
-            "-d",
-            content.to_str().unwrap(),
-            ext4.to_str().unwrap(),
-        ],
-    );
+    mke2fs_from(content.to_str().unwrap(), ext4.to_str().unwrap());
 
     let key = dir.join("vm.key");
     let img = create_lbs(

@@ -13,25 +13,15 @@ use std::process::Command;
 
 use cas_common::{json_num, json_str, rd};
 use common::{
-    assert_files_equal, bin, qemu_img_compare, qemu_io, random_file, run, tempdir, Server,
+    assert_files_equal, bin, qemu_img_compare, qemu_img_convert, qemu_io, random_file, tempdir,
+    Server,
 };
 
 const MIB: u64 = 1 << 20;
 
 /// `qemu-img convert -f raw -O FORMAT FROM TO`.
 fn convert(from: &str, format: &str, to: &Path) {
-    run(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            format,
-            from,
-            to.to_str().unwrap(),
-        ],
-    );
+    qemu_img_convert(from, format, to.to_str().unwrap());
 }
 
 #[test]

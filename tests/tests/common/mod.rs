@@ -284,6 +284,20 @@ pub fn qemu_img_copy(from: &str, to: &str) {
     run("qemu-img", &["convert", "-f", "raw", "-O", "raw", from, to]);
 }
 
+/// `mke2fs -q -t ext4 -d CONTENT IMAGE`: an ext4 file system holding the
+/// files of the folder CONTENT, filling the (existing) file IMAGE.
+pub fn mke2fs_from(content: &str, image: &str) {
+    run("mke2fs", &["-q", "-t", "ext4", "-d", content, image]);
+}
+
+/// `qemu-img convert -f raw -O FORMAT FROM TO`.
+pub fn qemu_img_convert(from: &str, format: &str, to: &str) {
+    run(
+        "qemu-img",
+        &["convert", "-f", "raw", "-O", format, from, to],
+    );
+}
+
 /// `qemu-img compare -f raw -F raw A B`: fails the test unless the two
 /// raw images (files or NBD exports) read the same.
 pub fn qemu_img_compare(a: &str, b: &str) {
