@@ -38,8 +38,24 @@ pub struct Args {
 enum Cmd {
     Create(CreateArgs),
     Info(InfoArgs),
+    /// Verify every block's checksum, reporting corrupt blocks by LBN.
+    ///
+    /// Example:
+    ///   roamdisk lbs check vm.lbsd --key-file vm.key
+    #[command(verbatim_doc_comment)]
     Check(OpenArgs),
+    /// Rewrite the metadata log from the current map (through a second
+    /// file and an atomic rename), dropping superseded entries.
+    ///
+    /// Example:
+    ///   roamdisk lbs compact vm.lbsd --key-file vm.key
+    #[command(verbatim_doc_comment)]
     Compact(OpenArgs),
+    /// Collect free clusters now, as the background collector would.
+    ///
+    /// Example:
+    ///   roamdisk lbs gc vm.lbsd --key-file vm.key
+    #[command(verbatim_doc_comment)]
     Gc(OpenArgs),
     Import(ImportArgs),
     Export(ExportArgs),
@@ -122,13 +138,8 @@ struct InfoArgs {
     json: bool,
 }
 
-/// check: verify every block's checksum, reporting corrupt blocks by LBN.
-/// compact: rewrite the metadata log. gc: collect free clusters now.
-///
-/// Example:
-///   roamdisk lbs check vm.lbsd --key-file vm.key
+/// An existing image to open.
 #[derive(Parser)]
-#[command(verbatim_doc_comment)]
 struct OpenArgs {
     #[command(flatten)]
     at: Where,
