@@ -21,6 +21,14 @@ pub struct Output {
     pub json: bool,
 }
 
+impl Output {
+    /// Progress for a person (bars or lines), or nothing when `quiet`: for
+    /// commands whose `--json` is about their result, not their progress.
+    pub fn human(quiet: bool) -> Output {
+        Output { quiet, json: false }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Quiet,

@@ -228,10 +228,7 @@ fn scan(a: ScanArgs, quiet: bool) -> anyhow::Result<()> {
     let plan = roamdisk_borrow::scan(
         &a.devices,
         &opts,
-        &Reporter::new(Output {
-            quiet: quiet || a.json,
-            json: false,
-        }),
+        &Reporter::new(Output::human(quiet || a.json)),
     )?;
     if let Some(p) = &a.plan {
         plan.save(p)?;
@@ -413,10 +410,7 @@ fn session(a: RunArgs, quiet: bool) -> anyhow::Result<()> {
             "encryption is off: the VM's data will stay readable in the host's free blocks"
         );
     }
-    let bars = Reporter::new(Output {
-        quiet: quiet || a.json,
-        json: false,
-    });
+    let bars = Reporter::new(Output::human(quiet || a.json));
     let sess = Session::start(&opts, state, &bars)?;
     if !quiet && !a.json {
         eprintln!(

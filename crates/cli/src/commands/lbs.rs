@@ -243,10 +243,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
                 },
             )?;
             let p = Reporter::phase_of(
-                Output {
-                    quiet,
-                    ..Default::default()
-                },
+                Output::human(quiet),
                 "checking blocks",
                 lbs.header().logical_blocks(),
                 Unit::Items,
@@ -420,10 +417,7 @@ fn copy(
     quiet: bool,
     what: &'static str,
 ) -> anyhow::Result<u64> {
-    let p = Reporter::new(Output {
-        quiet,
-        ..Default::default()
-    });
+    let p = Reporter::new(Output::human(quiet));
     let opts = CopyOptions {
         what,
         ..Default::default()

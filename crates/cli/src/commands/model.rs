@@ -229,10 +229,7 @@ fn blocksize(a: BlockSizeArgs, quiet: bool) -> anyhow::Result<()> {
     });
     let total = read_requests(&a.trace)?.count() as u64;
     let progress = Reporter::phase_of(
-        Output {
-            quiet: quiet || a.json,
-            ..Default::default()
-        },
+        Output::human(quiet || a.json),
         "replaying",
         total,
         Unit::Items,

@@ -148,15 +148,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         keep_going: a.keep_going,
     };
     let size = std::fs::metadata(&a.trace).map(|m| m.len()).unwrap_or(1);
-    let lp = Reporter::phase_of(
-        Output {
-            quiet,
-            ..Default::default()
-        },
-        "loading",
-        size.max(1),
-        Unit::Bytes,
-    );
+    let lp = Reporter::phase_of(Output::human(quiet), "loading", size.max(1), Unit::Bytes);
     let loaded = replay::load(&a.trace, &opts, &|n| lp.set((n * 5).min(size)))
         .with_context(|| format!("cannot load {}", a.trace.display()))?;
     lp.finish();
@@ -173,15 +165,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         },
     );
     let total = loaded.requests();
-    let p = Reporter::phase_of(
-        Output {
-            quiet,
-            ..Default::default()
-        },
-        "replaying",
-        total.max(1),
-        Unit::Items,
-    );
+    let p = Reporter::phase_of(Output::human(quiet), "replaying", total.max(1), Unit::Items);
     let rep = replay::replay(&loaded, &targets, &opts, &|d, _| p.set(d))?;
     p.finish();
     if a.json {

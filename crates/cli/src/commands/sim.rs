@@ -314,10 +314,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
 
 fn run_pass(a: &Args, sim: &mut Simulator, total: u64, quiet: bool) -> anyhow::Result<()> {
     let progress = Reporter::phase_of(
-        Output {
-            quiet: quiet || a.json,
-            ..Default::default()
-        },
+        Output::human(quiet || a.json),
         "simulating",
         total,
         Unit::Items,

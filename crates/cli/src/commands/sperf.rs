@@ -242,10 +242,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         }
     }
     let prog = Reporter::phase_of(
-        Output {
-            quiet,
-            ..Default::default()
-        },
+        Output::human(quiet),
         "measuring",
         jobs.len() as u64,
         Unit::Items,

@@ -242,15 +242,7 @@ fn file_size(p: &Path) -> u64 {
 fn read_trace(path: &Path, quiet: bool, mut f: impl FnMut(&Record)) -> anyhow::Result<u64> {
     let reader = Reader::open(path)?;
     let size = file_size(path);
-    let p = Reporter::phase_of(
-        Output {
-            quiet,
-            ..Default::default()
-        },
-        "reading",
-        size.max(1),
-        Unit::Bytes,
-    );
+    let p = Reporter::phase_of(Output::human(quiet), "reading", size.max(1), Unit::Bytes);
     let per_byte = match reader.format() {
         Format::Binary => 5.0,
         Format::Csv => 30.0,
@@ -600,10 +592,7 @@ fn run_synth(a: SynthArgs, quiet: bool) -> anyhow::Result<()> {
     let gen = synth::generate(k, &opts).map_err(anyhow::Error::msg)?;
     let mut w = Writer::create(&out, Format::from_path(&out))?;
     let p = Reporter::phase_of(
-        Output {
-            quiet,
-            ..Default::default()
-        },
+        Output::human(quiet),
         "generating",
         expected.max(1),
         Unit::Items,
@@ -686,10 +675,7 @@ fn run_convert(a: ConvertArgs, quiet: bool) -> anyhow::Result<()> {
         ))
     };
     let p = Reporter::phase_of(
-        Output {
-            quiet: quiet || stdin,
-            ..Default::default()
-        },
+        Output::human(quiet || stdin),
         "converting",
         file_size(&a.input).max(1),
         Unit::Bytes,
