@@ -770,17 +770,7 @@ fn run_cat(a: CatArgs) -> anyhow::Result<()> {
             break;
         }
         let r = r?;
-        let res = writeln!(
-            out,
-            "{},{},{},{},{},{},{}",
-            r.time_ns,
-            r.client,
-            r.device,
-            r.op.name(),
-            r.offset,
-            r.len,
-            r.fragment
-        );
+        let res = writeln!(out, "{}", roamdisk_trace::format::csvfmt::CsvRow(&r));
         if let Err(e) = res {
             if e.kind() == std::io::ErrorKind::BrokenPipe {
                 return Ok(());

@@ -117,6 +117,28 @@ fn parse_record(rec: &csv::StringRecord, line: u64) -> Result<Record, TraceError
     })
 }
 
+/// One record as a CSV line (without the newline), in [`HEADER`]'s
+/// column order. Every field is a number or an op name, so no quoting is
+/// ever needed.
+pub struct CsvRow<'a>(pub &'a Record);
+
+impl std::fmt::Display for CsvRow<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = self.0;
+        write!(
+            f,
+            "{},{},{},{},{},{},{}",
+            r.time_ns,
+            r.client,
+            r.device,
+            r.op.name(),
+            r.offset,
+            r.len,
+            r.fragment
+        )
+    }
+}
+
 /// Streaming CSV encoder.
 pub struct CsvEncoder<W: Write> {
     w: W,
@@ -135,22 +157,11 @@ impl<W: Write> CsvEncoder<W> {
         })
     }
 
-    /// Append one record. Every field is a number or an op name, so no
-    /// quoting is ever needed.
+    /// Append one record.
     pub fn write(&mut self, r: &Record) -> Result<(), TraceError> {
         use std::fmt::Write as _;
         self.line.clear();
-        let _ = writeln!(
-            self.line,
-            "{},{},{},{},{},{},{}",
-            r.time_ns,
-            r.client,
-            r.device,
-            r.op.name(),
-            r.offset,
-            r.len,
-            r.fragment
-        );
+        let _ = writeln!(self.line, "{}", CsvRow(r));
         self.w
             .write_all(self.line.as_bytes())
             .map_err(|e| TraceError::io(e, None))?;
