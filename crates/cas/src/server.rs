@@ -195,25 +195,7 @@ async fn put_ref(
     h: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let exp = match expected_tag(&h) {
-        Ok(e) => e,
-        Err(r) => return r.into_response(),
-    };
-    let name = format!("{user}/{image}");
-    match blocking(move || {
-        crate::catalog::Catalog::parse(&body)?;
-        s.ref_update(&name, exp, Some(&body))
-    })
-    .await
-    {
-        Ok(true) => StatusCode::OK.into_response(),
-        Ok(false) => (
-            StatusCode::PRECONDITION_FAILED,
-            "the catalog changed; re-read it",
-        )
-            .into_response(),
-        Err(r) => r,
-    }
+    update_ref(s, format!("{user}/{image}"), &h, Some(body)).await
 }
 
 async fn delete_ref(
@@ -221,12 +203,24 @@ async fn delete_ref(
     Path((user, image)): Path<(String, String)>,
     h: HeaderMap,
 ) -> Response {
-    let exp = match expected_tag(&h) {
+    update_ref(s, format!("{user}/{image}"), &h, None).await
+}
+
+/// Replace (a valid catalog) or remove the ref `name`, if it still has the
+/// tag the request's If-Match / If-None-Match names.
+async fn update_ref(s: St, name: String, h: &HeaderMap, body: Option<Bytes>) -> Response {
+    let exp = match expected_tag(h) {
         Ok(e) => e,
         Err(r) => return r.into_response(),
     };
-    let name = format!("{user}/{image}");
-    match blocking(move || s.ref_update(&name, exp, None)).await {
+    match blocking(move || {
+        if let Some(b) = &body {
+            crate::catalog::Catalog::parse(b)?;
+        }
+        s.ref_update(&name, exp, body.as_deref())
+    })
+    .await
+    {
         Ok(true) => StatusCode::OK.into_response(),
         Ok(false) => (
             StatusCode::PRECONDITION_FAILED,

@@ -64,6 +64,60 @@ pub fn outputs(stem: &Path) -> (PathBuf, PathBuf) {
     (s.with_extension("png"), s.with_extension("svg"))
 }
 
+/// The charts one command writes: each named `STEM-SUFFIX.png` and `.svg`,
+/// then listed for the user.
+pub struct Charts {
+    stem: PathBuf,
+    written: Vec<PathBuf>,
+}
+
+impl Charts {
+    /// Charts named after `stem` (`out/bs` → `out/bs-latency.png`); when
+    /// `stem` is a folder, after `default` inside it.
+    pub fn new(stem: &Path, default: &str) -> Charts {
+        let name = stem
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| default.into());
+        Charts {
+            stem: stem.with_file_name(name),
+            written: Vec::new(),
+        }
+    }
+
+    fn path(&self, suffix: &str) -> PathBuf {
+        let name = self.stem.file_name().unwrap_or_default().to_string_lossy();
+        self.stem.with_file_name(format!("{name}-{suffix}"))
+    }
+
+    /// A line chart.
+    pub fn line(&mut self, suffix: &str, c: &LineChart) -> anyhow::Result<()> {
+        let (png, svg) = line_chart(&self.path(suffix), c)?;
+        self.written.extend([png, svg]);
+        Ok(())
+    }
+
+    /// A bar chart.
+    pub fn bar(
+        &mut self,
+        suffix: &str,
+        title: &str,
+        y_label: &str,
+        bars: &[(String, f64)],
+    ) -> anyhow::Result<()> {
+        let (png, svg) = bar_chart(&self.path(suffix), title, y_label, bars)?;
+        self.written.extend([png, svg]);
+        Ok(())
+    }
+
+    /// `wrote PATH` for every file, on stdout.
+    pub fn report(&self) {
+        for p in &self.written {
+            outln!("wrote {}", p.display());
+        }
+    }
+}
+
 const COLORS: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),

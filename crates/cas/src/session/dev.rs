@@ -228,6 +228,27 @@ impl CasDev {
         }
     }
 
+    /// Walk the bytes `[off, end)` in runs of sectors with one source:
+    /// `f(source, a, b)` for each byte range `[a, b)`, until it returns
+    /// `false`.
+    fn runs(
+        &self,
+        off: u64,
+        end: u64,
+        mut f: impl FnMut(Src, u64, u64) -> Result<bool>,
+    ) -> Result<()> {
+        let (mut s, s1) = (off / SECTOR, end.div_ceil(SECTOR));
+        while s < s1 {
+            let src = src_of(self.raw_state(s));
+            let e = self.map.states().run_end(s, s1, src_of);
+            if !f(src, (s * SECTOR).max(off), (e * SECTOR).min(end))? {
+                break;
+            }
+            s = e;
+        }
+        Ok(())
+    }
+
     /// Zero whole sectors `[s0, s1)` by state.
     fn zero_sectors(&self, s0: u64, s1: u64) {
         if s1 > s0 {
@@ -266,27 +287,16 @@ impl BlockDev for CasDev {
         }
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
-        let end = off + buf.len() as u64;
-        let (s0, s1) = (off / SECTOR, end.div_ceil(SECTOR));
         let base = self.base();
-        let mut s = s0;
-        while s < s1 {
-            let src = src_of(self.raw_state(s));
-            let mut e = s + 1;
-            while e < s1 && src_of(self.raw_state(e)) == src {
-                e += 1;
-            }
-            let a = (s * SECTOR).max(off);
-            let b = (e * SECTOR).min(end);
+        self.runs(off, off + buf.len() as u64, |src, a, b| {
             let dst = &mut buf[(a - off) as usize..(b - off) as usize];
             match src {
                 Src::Cache => self.cache.read_at(dst, a)?,
                 Src::Zero => dst.fill(0),
                 Src::Base => base.read_at(dst, a)?,
             }
-            s = e;
-        }
-        Ok(())
+            Ok(true)
+        })
     }
     fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
         let end = off + buf.len() as u64;
@@ -352,19 +362,9 @@ impl BlockDev for CasDev {
         Ok(())
     }
     fn block_status(&self, off: u64, len: u64) -> Result<Vec<Extent>> {
-        let end = off + len;
         let base = self.base();
         let mut out = Vec::new();
-        let mut s = off / SECTOR;
-        let s1 = end.div_ceil(SECTOR);
-        while s < s1 {
-            let src = src_of(self.raw_state(s));
-            let mut e = s + 1;
-            while e < s1 && src_of(self.raw_state(e)) == src {
-                e += 1;
-            }
-            let a = (s * SECTOR).max(off);
-            let b = (e * SECTOR).min(end);
+        self.runs(off, off + len, |src, a, b| {
             match src {
                 Src::Cache => push_extent(
                     &mut out,
@@ -386,11 +386,8 @@ impl BlockDev for CasDev {
                     }
                 }
             }
-            s = e;
-            if out.len() > 1024 {
-                break;
-            }
-        }
+            Ok(out.len() <= 1024)
+        })?;
         Ok(out)
     }
 }

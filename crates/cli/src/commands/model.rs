@@ -1,7 +1,7 @@
 //! `roamdisk model`: the capacity models — Machine Bank's block-size
 //! latency model and TransCom's closed queueing network (exact MVA).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
@@ -11,7 +11,7 @@ use roamdisk_cachesim::mva::{self, Demands};
 use roamdisk_cachesim::qnsim;
 
 use super::sim::read_requests;
-use crate::plot::{line_chart, LineChart, Series};
+use crate::plot::{Charts, LineChart, Series};
 use crate::progress::{Output, Reporter};
 use roamdisk_blockdev::progress::{Progress, Unit};
 
@@ -198,14 +198,6 @@ fn parse_rate(s: &str) -> anyhow::Result<f64> {
     Ok(r)
 }
 
-fn stem_with(stem: &Path, suffix: &str) -> PathBuf {
-    let name = stem
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into());
-    stem.with_file_name(format!("{name}-{suffix}"))
-}
-
 fn blocksize(a: BlockSizeArgs, quiet: bool) -> anyhow::Result<()> {
     let fix_delay = parse_time(&a.fix_delay).context("--fix-delay")?;
     let bandwidth = parse_rate(&a.bandwidth).context("--bandwidth")?;
@@ -309,9 +301,9 @@ fn blocksize(a: BlockSizeArgs, quiet: bool) -> anyhow::Result<()> {
                     .collect(),
             },
         ];
-        let mut out = Vec::new();
-        let (png, svg) = line_chart(
-            &stem_with(stem, "accessed-blocks"),
+        let mut charts = Charts::new(stem, "model");
+        charts.line(
+            "accessed-blocks",
             &LineChart {
                 title: "Accessed blocks vs block size (Machine Bank Fig. 4)",
                 x_label: "block size (KiB)",
@@ -321,7 +313,6 @@ fn blocksize(a: BlockSizeArgs, quiet: bool) -> anyhow::Result<()> {
                 series: &accessed,
             },
         )?;
-        out.extend([png, svg]);
         let latency = vec![
             Series {
                 name: "TotalLatency".into(),
@@ -348,8 +339,8 @@ fn blocksize(a: BlockSizeArgs, quiet: bool) -> anyhow::Result<()> {
                     .collect(),
             },
         ];
-        let (png, svg) = line_chart(
-            &stem_with(stem, "latency"),
+        charts.line(
+            "latency",
             &LineChart {
                 title: "Total latency vs block size (Machine Bank Fig. 5)",
                 x_label: "block size (KiB)",
@@ -359,11 +350,8 @@ fn blocksize(a: BlockSizeArgs, quiet: bool) -> anyhow::Result<()> {
                 series: &latency,
             },
         )?;
-        out.extend([png, svg]);
         if !a.json {
-            for p in out {
-                println!("wrote {}", p.display());
-            }
+            charts.report();
         }
     }
     Ok(())
@@ -542,7 +530,7 @@ fn mva_cmd(a: MvaArgs) -> anyhow::Result<()> {
     }
 
     if let Some(stem) = &a.plot {
-        let mut out = Vec::new();
+        let mut charts = Charts::new(stem, "model");
         let per_n = |f: &dyn Fn(&mva::MvaPoint) -> f64| -> Vec<Series> {
             curves
                 .iter()
@@ -566,8 +554,8 @@ fn mva_cmd(a: MvaArgs) -> anyhow::Result<()> {
                 per_n(&|p| p.response * 1e3),
             ),
         ] {
-            let (png, svg) = line_chart(
-                &stem_with(stem, suffix),
+            charts.line(
+                suffix,
                 &LineChart {
                     title,
                     x_label: "clients",
@@ -577,7 +565,6 @@ fn mva_cmd(a: MvaArgs) -> anyhow::Result<()> {
                     series: &series,
                 },
             )?;
-            out.extend([png, svg]);
         }
         let util: Vec<Series> = (0..4)
             .map(|k| Series {
@@ -588,8 +575,8 @@ fn mva_cmd(a: MvaArgs) -> anyhow::Result<()> {
                     .collect(),
             })
             .collect();
-        let (png, svg) = line_chart(
-            &stem_with(stem, "utilization"),
+        charts.line(
+            "utilization",
             &LineChart {
                 title: &format!("Utilisation vs server hit ratio, {} clients", a.clients),
                 x_label: "server cache hit ratio",
@@ -599,13 +586,12 @@ fn mva_cmd(a: MvaArgs) -> anyhow::Result<()> {
                 series: &util,
             },
         )?;
-        out.extend([png, svg]);
         let xh = vec![Series {
             name: format!("{} clients", a.clients),
             points: by_hit.iter().map(|(h, p, _)| (*h, p.throughput)).collect(),
         }];
-        let (png, svg) = line_chart(
-            &stem_with(stem, "vs-hit"),
+        charts.line(
+            "vs-hit",
             &LineChart {
                 title: "Throughput vs server hit ratio (MVA)",
                 x_label: "server cache hit ratio",
@@ -615,11 +601,8 @@ fn mva_cmd(a: MvaArgs) -> anyhow::Result<()> {
                 series: &xh,
             },
         )?;
-        out.extend([png, svg]);
         if !a.json {
-            for p in out {
-                println!("wrote {}", p.display());
-            }
+            charts.report();
         }
     }
     Ok(())

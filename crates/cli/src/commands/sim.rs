@@ -14,7 +14,7 @@ use roamdisk_cachesim::sim::{
     SimReport, Simulator,
 };
 
-use crate::plot::{bar_chart, line_chart, LineChart, Series};
+use crate::plot::{Charts, LineChart, Series};
 use crate::progress::{Output, Reporter};
 use roamdisk_blockdev::progress::{Progress, Unit};
 
@@ -520,23 +520,13 @@ fn output(
         }
     }
     if let Some(stem) = &a.plot {
-        let written = plots(stem, r, specs, capacities, focus_cap)?;
+        let charts = plots(stem, r, specs, capacities, focus_cap)?;
         if !a.json {
             println!();
-            for p in written {
-                println!("wrote {}", p.display());
-            }
+            charts.report();
         }
     }
     Ok(())
-}
-
-fn stem_with(stem: &Path, suffix: &str) -> PathBuf {
-    let name = stem
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "sim".into());
-    stem.with_file_name(format!("{name}-{suffix}"))
 }
 
 fn lru_series(level: &LevelReport, bs: u64, lo: usize, hi: usize, name: String) -> Option<Series> {
@@ -557,13 +547,13 @@ fn plots(
     specs: &[PolicySpec],
     capacities: &[usize],
     focus_cap: usize,
-) -> anyhow::Result<Vec<PathBuf>> {
+) -> anyhow::Result<Charts> {
     let bs = r.block_size;
     let mib = |c: usize| c as f64 * bs as f64 / 1048576.0;
     let (lo, hi) = (capacities[0], *capacities.last().unwrap());
     // A logarithmic axis only labels decades: use it for wide ranges.
     let log_x = hi >= 8 * lo;
-    let mut written = Vec::new();
+    let mut charts = Charts::new(stem, "sim");
     let single = &r.levels[0];
 
     // Hit ratio vs size per policy.
@@ -591,8 +581,8 @@ fn plots(
             points: pts,
         });
     }
-    let (png, svg) = line_chart(
-        &stem_with(stem, "hit-ratio"),
+    charts.line(
+        "hit-ratio",
         &LineChart {
             title: &format!("Server cache hit ratio, {} blocks", format_size(bs)),
             x_label: "cache size (MiB)",
@@ -602,7 +592,6 @@ fn plots(
             series: &series,
         },
     )?;
-    written.extend([png, svg]);
 
     // Table 2: misses by temporal distance at the focus size, one chart
     // per class.
@@ -631,8 +620,7 @@ fn plots(
                 (label.clone(), hm.misses as f64)
             })
             .collect();
-        let (png, svg) = bar_chart(&stem_with(stem, suffix), &title, "misses", &bars)?;
-        written.extend([png, svg]);
+        charts.bar(suffix, &title, "misses", &bars)?;
     }
 
     // Two-level view.
@@ -671,8 +659,8 @@ fn plots(
                 series.push(s);
             }
         }
-        let (png, svg) = line_chart(
-            &stem_with(stem, "two-level"),
+        charts.line(
+            "two-level",
             &LineChart {
                 title: "Server hit ratio behind client caches",
                 x_label: "server cache size (MiB)",
@@ -682,9 +670,8 @@ fn plots(
                 series: &series,
             },
         )?;
-        written.extend([png, svg]);
     }
-    Ok(written)
+    Ok(charts)
 }
 
 #[cfg(test)]
