@@ -265,8 +265,9 @@ impl<H: MapHeader> OverlayMap<H> {
     /// overlay's data durable before any record claims it), then append
     /// their runs (coalesced, later changes winning) and a COMMIT, and sync
     /// the map. A commit that would pass [`COMPACT_RECORDS`] compacts
-    /// instead.
-    pub fn commit(&self, sync_data: impl FnOnce() -> Result<()>) -> Result<()> {
+    /// instead (calling `sync_data` again: the compacted map holds every
+    /// current state, also those recorded after the changes were taken).
+    pub fn commit(&self, sync_data: impl Fn() -> Result<()>) -> Result<()> {
         let mut log = lock(&self.log);
         let changes = std::mem::take(&mut *lock(&self.pending));
         if let Err(e) = sync_data() {
@@ -280,7 +281,7 @@ impl<H: MapHeader> OverlayMap<H> {
             return Ok(());
         }
         if log.records + changes.len() as u64 > COMPACT_RECORDS {
-            return self.compact_locked(&mut log, |_| {}, || Ok(()));
+            return self.compact_locked(&mut log, |_| {}, sync_data);
         }
         let runs = coalesce(changes);
         let (buf, chain) = log::encode_commit(&runs, log.seq + 1, log.chain);
