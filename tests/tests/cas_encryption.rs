@@ -7,16 +7,15 @@
 mod cas_common;
 mod common;
 
-use cas_common::{json_num, object_files, rd, rd_fail};
+use cas_common::{init_store, json_num, object_files, rd, rd_fail};
 use common::{qemu_img_compare, random_file, tempdir};
 
 #[test]
 fn identical_chunks_deduplicate_across_users_and_indexes_stay_private() {
     let d = tempdir();
     let dir = d.path();
-    let store = dir.join("store");
+    let store = init_store(dir);
     let s = store.to_str().unwrap();
-    rd(&["store", "init", s]);
     let img = dir.join("disk.img");
     random_file(&img, 6 << 20, 31);
     // A recognisable plaintext that must not appear in the store.

@@ -13,7 +13,7 @@ mod common;
 
 use std::path::Path;
 
-use cas_common::{json_num, json_str, put_at, rd, write_diff};
+use cas_common::{init_store, json_num, json_str, put_at, rd, write_diff};
 use common::{mke2fs_from, qemu_img_compare, random_file, run, run_stdout, tempdir, Server};
 
 const MIB: u64 = 1 << 20;
@@ -44,9 +44,8 @@ fn overwrite(file: &Path, offset: u64, data: &[u8]) {
 fn guest_session_commits_at_most_a_fifth_of_its_dirty_sectors() {
     let d = tempdir();
     let dir = d.path();
-    let store = dir.join("store");
+    let store = init_store(dir);
     let s = store.to_str().unwrap();
-    rd(&["store", "init", s]);
 
     // The golden disk: MBR, ext4 with some software, swap.
     let content = dir.join("content");

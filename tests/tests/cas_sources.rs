@@ -6,16 +6,15 @@
 mod cas_common;
 mod common;
 
-use cas_common::{json_num, json_str, rd};
+use cas_common::{init_store, json_num, json_str, rd};
 use common::{qemu_img_compare, qemu_io, random_file, tempdir, Server};
 
 #[test]
 fn nbd_export_lbs_image_and_raw_file_commit_to_the_same_version() {
     let d = tempdir();
     let dir = d.path();
-    let store = dir.join("store");
+    let store = init_store(dir);
     let s = store.to_str().unwrap();
-    rd(&["store", "init", s]);
     let raw = dir.join("disk.raw");
     random_file(&raw, 10 << 20, 41);
     qemu_io(raw.to_str().unwrap(), &["write -z 2M 3M".into()]);

@@ -7,16 +7,15 @@
 mod cas_common;
 mod common;
 
-use cas_common::{json_num, json_str, rd};
+use cas_common::{init_store, json_num, json_str, rd};
 use common::{qemu_io, random_file, run, run_stdout, tempdir, Server};
 
 #[test]
 fn five_versions_check_out_byte_identical() {
     let d = tempdir();
     let dir = d.path();
-    let store = dir.join("store");
+    let store = init_store(dir);
     let s = store.to_str().unwrap();
-    rd(&["store", "init", s]);
     let reference = dir.join("ref.img");
     random_file(&reference, 24 << 20, 11);
     // Some all-zero chunks in the golden image.

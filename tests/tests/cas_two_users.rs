@@ -10,7 +10,7 @@ mod common;
 
 use std::path::Path;
 
-use cas_common::{rd, store_bytes, write_diff};
+use cas_common::{init_store, rd, store_bytes, write_diff};
 use common::{mke2fs_from, random_file, run, run_stdout, tempdir, Server};
 
 const MIB: u64 = 1 << 20;
@@ -104,9 +104,8 @@ fn read_file(fs: &str, img: &Path, name: &str) -> Vec<u8> {
 fn two_users(fs: &str) {
     let d = tempdir();
     let dir = d.path();
-    let store = dir.join("store");
+    let store = init_store(dir);
     let s = store.to_str().unwrap();
-    rd(&["store", "init", s]);
     let gold = golden(dir, fs);
     rd(&[
         "commit",

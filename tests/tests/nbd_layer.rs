@@ -11,7 +11,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use cas_common::{json_num, json_str, rd};
+use cas_common::{init_store, json_num, json_str, rd};
 use common::{
     assert_files_equal, bin, qemu_img_compare, qemu_img_convert, qemu_io, random_file, tempdir,
     Server,
@@ -103,9 +103,8 @@ fn path_with_only_qemu_img(dir: &Path) -> String {
 fn commit_reads_an_nbd_export_without_nbdinfo_or_nbdcopy() {
     let d = tempdir();
     let dir = d.path();
-    let store = dir.join("store");
+    let store = init_store(dir);
     let s = store.to_str().unwrap();
-    rd(&["store", "init", s]);
     let raw = dir.join("disk.raw");
     random_file(&raw, 6 * MIB, 3);
     qemu_io(raw.to_str().unwrap(), &["write -z 2M 1M".into()]);

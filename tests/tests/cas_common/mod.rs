@@ -25,6 +25,13 @@ pub fn rd(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A new chunk store in `dir/store` (`roamdisk store init`).
+pub fn init_store(dir: &Path) -> std::path::PathBuf {
+    let store = dir.join("store");
+    rd(&["store", "init", store.to_str().unwrap()]);
+    store
+}
+
 /// Run `roamdisk ARGS`, which must fail; returns stderr.
 pub fn rd_fail(args: &[&str]) -> String {
     let out: Output = roamdisk(args);
