@@ -12,6 +12,25 @@ mod common;
 
 use borrow_common::*;
 
+/// Our free extents REL of partition NAME against a tool's view (its free
+/// extents, its count of free units, the unit's size): the same extents
+/// (`WHAT differ from TOOL`) and the same total (`free total differs from
+/// COUNTER`).
+fn assert_same_free(
+    name: &str,
+    rel: &[(u64, u64)],
+    (tool, free_units, unit): (Vec<(u64, u64)>, u64, u64),
+    [what, tool_name, counter]: [&str; 3],
+) {
+    assert_eq!(rel, tool, "{name}: {what} differ from {tool_name}");
+    let ours_bytes: u64 = rel.iter().map(|e| e.1).sum();
+    assert_eq!(
+        ours_bytes,
+        free_units * unit,
+        "{name}: free total differs from {counter}"
+    );
+}
+
 #[test]
 fn every_partition_free_set_equals_the_tools_view() {
     let tmp = common::tempdir();
@@ -41,30 +60,20 @@ fn every_partition_free_set_equals_the_tools_view() {
             let part = tmp.path().join(format!("{disk}-{}.part", row.part));
             extract(&img, start, len, &part);
             match row.fs.as_str() {
-                "ext2" | "ext3" | "ext4" => {
-                    let (tool, free_blocks, bs) = ext_tool_view(&part);
-                    assert_eq!(rel, tool, "{}: free extents differ from dumpe2fs", row.name);
-                    let ours_bytes: u64 = rel.iter().map(|e| e.1).sum();
-                    // e2freefrag counts blocks; a bigalloc cluster is
-                    // several blocks, all free together.
-                    assert_eq!(
-                        ours_bytes,
-                        free_blocks * bs,
-                        "{}: free total differs from e2freefrag",
-                        row.name
-                    );
-                }
-                "ntfs" => {
-                    let (tool, free, cs) = ntfs_tool_view(&part);
-                    assert_eq!(rel, tool, "{}: free clusters differ from $Bitmap", row.name);
-                    let ours_bytes: u64 = rel.iter().map(|e| e.1).sum();
-                    assert_eq!(
-                        ours_bytes,
-                        free * cs,
-                        "{}: free total differs from ntfsinfo",
-                        row.name
-                    );
-                }
+                // e2freefrag counts blocks; a bigalloc cluster is
+                // several blocks, all free together.
+                "ext2" | "ext3" | "ext4" => assert_same_free(
+                    &row.name,
+                    &rel,
+                    ext_tool_view(&part),
+                    ["free extents", "dumpe2fs", "e2freefrag"],
+                ),
+                "ntfs" => assert_same_free(
+                    &row.name,
+                    &rel,
+                    ntfs_tool_view(&part),
+                    ["free clusters", "$Bitmap", "ntfsinfo"],
+                ),
                 "swap" if row.used => {
                     let size = row.swap_bytes.expect("mkswap size");
                     assert_eq!(

@@ -10,28 +10,40 @@ mod common;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use tempfile::TempDir;
+
 use borrow_common::*;
-use common::{roamdisk, run, run_stdout, Server};
+use common::{debugfs_w, e2fsck_clean, empty_ext4, rd, roamdisk, run, run_stdout, Server};
 
 /// A 64 MiB ext4 image (no partition table) whose free blocks hold the
 /// content of a deleted file full of 0x5A bytes.
 fn host(dir: &Path) -> PathBuf {
     let img = dir.join("host.img");
-    run("truncate", &["-s", "64M", img.to_str().unwrap()]);
-    run("mke2fs", &["-q", "-F", "-t", "ext4", img.to_str().unwrap()]);
+    empty_ext4(&img, "64M");
     let secret = dir.join("secret");
     std::fs::write(&secret, vec![0x5Au8; 20 << 20]).unwrap();
-    run(
-        "debugfs",
-        &[
-            "-w",
-            "-R",
-            &format!("write {} secret", secret.display()),
-            img.to_str().unwrap(),
-        ],
-    );
-    run("debugfs", &["-w", "-R", "rm secret", img.to_str().unwrap()]);
+    debugfs_w(&img, &format!("write {} secret", secret.display()));
+    debugfs_w(&img, "rm secret");
     img
+}
+
+/// A temporary folder with a [`host`] image and its plan: (folder, host,
+/// plan).
+fn host_and_plan() -> (TempDir, PathBuf, PathBuf) {
+    let tmp = common::tempdir();
+    let img = host(tmp.path());
+    let plan = plan_for(tmp.path(), &img);
+    (tmp, img, plan)
+}
+
+/// The plan's extents and a file `data.bin` of as many random bytes (SEED)
+/// as they hold.
+fn random_data_for(dir: &Path, plan: &Path, seed: u64) -> (Vec<(String, u64, u64)>, PathBuf) {
+    let extents = plan_extents(plan);
+    let total: u64 = extents.iter().map(|e| e.2).sum();
+    let data = dir.join("data.bin");
+    common::random_file(&data, total, seed);
+    (extents, data)
 }
 
 fn plan_for(dir: &Path, img: &Path) -> PathBuf {
@@ -70,9 +82,7 @@ fn serve_fails(spec: &str) -> String {
 
 #[test]
 fn the_guest_reads_zeroes_never_the_hosts_deleted_data() {
-    let tmp = common::tempdir();
-    let img = host(tmp.path());
-    let plan = plan_for(tmp.path(), &img);
+    let (tmp, img, plan) = host_and_plan();
     // The deleted file's blocks are free, so they are borrowed...
     let secret_on_host = plan_extents(&plan).iter().any(|(_, off, len)| {
         read_at(&img, *off, (*len).min(1 << 20))
@@ -94,13 +104,8 @@ fn the_guest_reads_zeroes_never_the_hosts_deleted_data() {
 
 #[test]
 fn without_encryption_data_lands_exactly_at_the_dm_table_extents() {
-    let tmp = common::tempdir();
-    let img = host(tmp.path());
-    let plan = plan_for(tmp.path(), &img);
-    let extents = plan_extents(&plan);
-    let total: u64 = extents.iter().map(|e| e.2).sum();
-    let data = tmp.path().join("data.bin");
-    common::random_file(&data, total, 7);
+    let (tmp, img, plan) = host_and_plan();
+    let (extents, data) = random_data_for(tmp.path(), &plan, 7);
     let server = Server::start(
         tmp.path(),
         &[&format!("borrow[encrypt=off]:{}", plan.display())],
@@ -118,26 +123,13 @@ fn without_encryption_data_lands_exactly_at_the_dm_table_extents() {
         );
         logical += *len as usize;
     }
-    let out = std::process::Command::new("e2fsck")
-        .args(["-fn", img.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    e2fsck_clean(&img);
 }
 
 #[test]
 fn encrypted_data_is_unreadable_on_the_host_and_scrub_zeroes_it() {
-    let tmp = common::tempdir();
-    let img = host(tmp.path());
-    let plan = plan_for(tmp.path(), &img);
-    let extents = plan_extents(&plan);
-    let total: u64 = extents.iter().map(|e| e.2).sum();
-    let data = tmp.path().join("data.bin");
-    common::random_file(&data, total, 9);
+    let (tmp, img, plan) = host_and_plan();
+    let (extents, data) = random_data_for(tmp.path(), &plan, 9);
     let want = std::fs::read(&data).unwrap();
     // Encrypted: the host holds neither plaintext nor the old content.
     let server = Server::start(tmp.path(), &[&format!("borrow:{}", plan.display())]);
@@ -168,41 +160,18 @@ fn encrypted_data_is_unreadable_on_the_host_and_scrub_zeroes_it() {
             "extent at {off} not scrubbed"
         );
     }
-    let out = std::process::Command::new("e2fsck")
-        .args(["-fn", img.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    e2fsck_clean(&img);
 }
 
 #[test]
 fn a_host_changed_since_the_scan_is_refused() {
-    let tmp = common::tempdir();
-    let img = host(tmp.path());
-    let plan = plan_for(tmp.path(), &img);
-    let ok = roamdisk(&["borrow", "check", plan.to_str().unwrap()]);
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
-    assert!(String::from_utf8_lossy(&ok.stdout).contains("matches the host"));
+    let (tmp, img, plan) = host_and_plan();
+    let ok = rd(&["borrow", "check", plan.to_str().unwrap()]);
+    assert!(ok.contains("matches the host"));
     // The host writes a file (as a booted host OS would).
     let f = tmp.path().join("new");
     std::fs::write(&f, b"owner's new file").unwrap();
-    run(
-        "debugfs",
-        &[
-            "-w",
-            "-R",
-            &format!("write {} new", f.display()),
-            img.to_str().unwrap(),
-        ],
-    );
+    debugfs_w(&img, &format!("write {} new", f.display()));
     let err = serve_fails(&format!("borrow:{}", plan.display()));
     assert!(
         err.contains("changed since the scan") && err.contains("borrow scan"),
@@ -212,19 +181,14 @@ fn a_host_changed_since_the_scan_is_refused() {
     assert!(!out.status.success());
     // A mount count bump alone (superblock only) is enough.
     let plan2 = plan_for(tmp.path(), &img);
-    run(
-        "debugfs",
-        &["-w", "-R", "ssv mnt_count 7", img.to_str().unwrap()],
-    );
+    debugfs_w(&img, "ssv mnt_count 7");
     let err = serve_fails(&format!("borrow:{}", plan2.display()));
     assert!(err.contains("superblock"), "{err}");
 }
 
 #[test]
 fn a_tampered_plan_is_refused() {
-    let tmp = common::tempdir();
-    let img = host(tmp.path());
-    let plan = plan_for(tmp.path(), &img);
+    let (tmp, img, plan) = host_and_plan();
     let text = std::fs::read_to_string(&plan).unwrap();
     let (_, off, _) = plan_extents(&plan)[0];
     // Point the first extent at block 0 (the superblock): aligned and

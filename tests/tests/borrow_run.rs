@@ -10,14 +10,23 @@ mod common;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use tempfile::TempDir;
+
 use borrow_common::*;
-use common::{roamdisk, run};
+use common::{e2fsck_clean, empty_ext4, path_str, rd, roamdisk};
 
 fn host(dir: &Path) -> PathBuf {
     let img = dir.join("host.img");
-    run("truncate", &["-s", "96M", img.to_str().unwrap()]);
-    run("mke2fs", &["-q", "-F", "-t", "ext4", img.to_str().unwrap()]);
+    empty_ext4(&img, "96M");
     img
+}
+
+/// `roamdisk borrow run --host HOST --state VM --socket SOCKET`.
+fn borrow_run<'a>(host: &'a Path, vm: &'a Path, socket: &'a Path) -> Vec<&'a str> {
+    let paths = [path_str(host), path_str(vm), path_str(socket)];
+    vec![
+        "borrow", "run", "--host", paths[0], "--state", paths[1], "--socket", paths[2],
+    ]
 }
 
 /// A 16 MiB VM disk: random data with a 2 MiB hole at 8 MiB.
@@ -32,8 +41,10 @@ fn state(dir: &Path) -> PathBuf {
 /// Run a session whose client saves the disk as it sees it, then writes
 /// 64 KiB of 0xab at 1 MiB and zeroes 8 KiB at 4 MiB. Returns the JSON
 /// timings.
-fn session(dir: &Path, extra: &[&str]) -> String {
+fn session(extra: &[&str]) -> (TempDir, String) {
     common::require_tool("qemu-io");
+    let tmp = common::tempdir();
+    let dir = tmp.path();
     let host = host(dir);
     let vm = state(dir);
     let orig = std::fs::read(&vm).unwrap();
@@ -43,31 +54,12 @@ fn session(dir: &Path, extra: &[&str]) -> String {
         "nbdcopy \"$ROAMDISK_NBD_URI\" {} && qemu-io -f raw \"$ROAMDISK_NBD_URI\" -c 'write -P 0xab 1M 64k' -c 'write -z 4M 8k'",
         seen.display()
     );
-    let mut args = vec![
-        "borrow",
-        "run",
-        "--host",
-        host.to_str().unwrap(),
-        "--state",
-        vm.to_str().unwrap(),
-        "--socket",
-        dir.join("vm.sock").to_str().unwrap().to_string().leak(),
-        "--min-extent",
-        "256K",
-        "--plan-out",
-        plan.to_str().unwrap(),
-        "--exec",
-        exec.as_str(),
-        "--json",
-    ];
-    args.extend_from_slice(extra);
-    let out = roamdisk(&args);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "borrow run failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let socket = dir.join("vm.sock");
+    let mut args = borrow_run(&host, &vm, &socket);
+    let plan_out = ["--plan-out", path_str(&plan)];
+    args.extend(["--min-extent", "256K"].iter().chain(&plan_out));
+    args.extend(["--exec", exec.as_str(), "--json"].iter().chain(extra));
+    let stdout = rd(&args);
     // The client saw the VM disk exactly.
     assert!(
         std::fs::read(&seen).unwrap() == orig,
@@ -82,54 +74,47 @@ fn session(dir: &Path, extra: &[&str]) -> String {
         "the VM disk after the session is wrong"
     );
     assert!(stdout.contains("\"copy_back_bytes\": 73728"), "{stdout}");
-    for k in [
-        "scan_s",
-        "allocate_s",
-        "copy_in_s",
-        "serve_s",
-        "copy_back_s",
-        "release_s",
-    ] {
+    for k in "scan_s allocate_s copy_in_s serve_s copy_back_s release_s".split(' ') {
         assert!(
             stdout.contains(&format!("\"{k}\": ")),
             "timing {k} missing: {stdout}"
         );
     }
     // The host file system is as clean as before.
-    let fsck = std::process::Command::new("e2fsck")
-        .args(["-fn", host.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        fsck.status.success(),
-        "{}",
-        String::from_utf8_lossy(&fsck.stdout)
-    );
-    stdout
+    e2fsck_clean(&host);
+    (tmp, stdout)
+}
+
+/// Panic unless the session's JSON report holds every one of WANT.
+fn assert_reports(out: &str, want: &[&str]) {
+    for w in want {
+        assert!(out.contains(w), "{out}");
+    }
 }
 
 #[test]
 fn whole_copy_in_serve_and_copy_back_of_modified_blocks() {
-    let tmp = common::tempdir();
-    let out = session(tmp.path(), &[]);
+    let (_tmp, out) = session(&[]);
     // 14 MiB of data (the hole is skipped).
-    assert!(out.contains("\"copy_in_bytes\": 14680064"), "{out}");
-    assert!(out.contains("\"disk_bytes\": 16777216"), "{out}");
+    assert_reports(
+        &out,
+        &["\"copy_in_bytes\": 14680064", "\"disk_bytes\": 16777216"],
+    );
 }
 
 #[test]
 fn on_demand_copy_in_fetches_what_the_client_reads() {
-    let tmp = common::tempdir();
-    let out = session(tmp.path(), &["--on-demand"]);
-    assert!(out.contains("\"copy_in_bytes\": 0"), "{out}");
+    let (_tmp, out) = session(&["--on-demand"]);
     // The client read everything, so everything was fetched.
-    assert!(out.contains("\"fetched_bytes\": 16777216"), "{out}");
+    assert_reports(
+        &out,
+        &["\"copy_in_bytes\": 0", "\"fetched_bytes\": 16777216"],
+    );
 }
 
 #[test]
 fn scrub_zeroes_the_borrowed_blocks_at_release() {
-    let tmp = common::tempdir();
-    let out = session(tmp.path(), &["--scrub"]);
+    let (tmp, out) = session(&["--scrub"]);
     assert!(!out.contains("\"scrubbed_bytes\": 0"), "{out}");
     let host = tmp.path().join("host.img");
     for (_, off, len) in plan_extents(&tmp.path().join("run.plan")) {
@@ -146,22 +131,9 @@ fn scrub_zeroes_the_borrowed_blocks_at_release() {
 fn a_host_without_enough_free_space_fails_before_serving() {
     let tmp = common::tempdir();
     let host = tmp.path().join("small.img");
-    run("truncate", &["-s", "8M", host.to_str().unwrap()]);
-    run(
-        "mke2fs",
-        &["-q", "-F", "-t", "ext4", host.to_str().unwrap()],
-    );
+    empty_ext4(&host, "8M");
     let vm = state(tmp.path());
-    let out = roamdisk(&[
-        "borrow",
-        "run",
-        "--host",
-        host.to_str().unwrap(),
-        "--state",
-        vm.to_str().unwrap(),
-        "--socket",
-        tmp.path().join("s").to_str().unwrap(),
-    ]);
+    let out = roamdisk(&borrow_run(&host, &vm, &tmp.path().join("s")));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

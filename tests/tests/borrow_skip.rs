@@ -16,14 +16,7 @@ fn each_variant_is_skipped_with_its_reason_and_no_extent_touches_it() {
     let tmp = common::tempdir();
     let c = corpus(&tmp.path().join("corpus"));
     let plan = tmp.path().join("plan.json");
-    let summary = scan(&[
-        c.disk("gpt").to_str().unwrap(),
-        c.disk("mbr").to_str().unwrap(),
-        "--min-extent",
-        "4K",
-        "--plan",
-        plan.to_str().unwrap(),
-    ]);
+    let summary = c.scan_all(&plan);
     let parts = plan_partitions(&plan);
     let extents = plan_extents(&plan);
     let mut skipped = 0;

@@ -7,64 +7,43 @@
 mod cas_common;
 mod common;
 
-use cas_common::{init_store, json_num, object_files, rd, rd_fail};
-use common::{qemu_img_compare, random_file, tempdir};
+use std::path::Path;
+
+use cas_common::{
+    checkout, checkout_fail, commit, commit_session, json_num, object_files, open_session,
+    qemu_io_session, rd, Cas,
+};
+use common::{path_str, qemu_img_compare};
+
+/// `commit` options: encrypt with the key in KEY (made if missing), JSON.
+fn encrypt_with(key: &Path) -> [&str; 4] {
+    ["--encrypt", "--key-file", path_str(key), "--json"]
+}
 
 #[test]
 fn identical_chunks_deduplicate_across_users_and_indexes_stay_private() {
-    let d = tempdir();
-    let dir = d.path();
-    let store = init_store(dir);
-    let s = store.to_str().unwrap();
-    let img = dir.join("disk.img");
-    random_file(&img, 6 << 20, 31);
+    let cas = Cas::new();
+    let (dir, s) = (cas.dir(), cas.s());
+    let img = cas.random_file("disk.img", 6 << 20, 31);
     // A recognisable plaintext that must not appear in the store.
     let marker = b"TOP-SECRET-MARKER-0123456789".repeat(2400);
-    cas_common::put_at(
-        &img,
-        &{
-            let p = dir.join("marker");
-            std::fs::write(&p, &marker).unwrap();
-            p
-        },
-        1 << 20,
-    );
+    let marker_file = dir.join("marker");
+    std::fs::write(&marker_file, &marker).unwrap();
+    cas_common::put_at(&img, &marker_file, 1 << 20);
     let ka = dir.join("alice.key");
     let kb = dir.join("bob.key");
-    rd(&["store", "keygen", kb.to_str().unwrap()]);
-    let a = rd(&[
-        "commit",
-        img.to_str().unwrap(),
-        "--to",
-        "alice/vm",
-        "--store",
-        s,
-        "--encrypt",
-        "--key-file",
-        ka.to_str().unwrap(),
-        "--json",
-    ]);
+    rd(&["store", "keygen", path_str(&kb)]);
+    let a = commit(s, path_str(&img), "alice/vm", &encrypt_with(&ka));
     assert!(ka.exists(), "--encrypt made the key file");
     assert_eq!(json_num(&a, "new_objects"), 96);
-    let b = rd(&[
-        "commit",
-        img.to_str().unwrap(),
-        "--to",
-        "bob/vm",
-        "--store",
-        s,
-        "--encrypt",
-        "--key-file",
-        kb.to_str().unwrap(),
-        "--json",
-    ]);
+    let b = commit(s, path_str(&img), "bob/vm", &encrypt_with(&kb));
     assert_eq!(
         json_num(&b, "new_objects"),
         0,
         "bob's chunks deduplicate against alice's"
     );
     assert_eq!(json_num(&b, "reused_objects"), 96);
-    for f in object_files(&store) {
+    for f in object_files(&cas.store) {
         let bytes = std::fs::read(&f).unwrap();
         assert!(
             !bytes.windows(18).any(|w| w == &marker[..18]),
@@ -73,53 +52,29 @@ fn identical_chunks_deduplicate_across_users_and_indexes_stay_private() {
         );
     }
     let out = dir.join("a.raw");
-    rd(&[
-        "checkout",
-        "alice/vm",
-        "--store",
+    checkout(s, "alice/vm", &out, &["--key-file", path_str(&ka)]);
+    qemu_img_compare(path_str(&img), path_str(&out));
+    let e = checkout_fail(
         s,
-        "--key-file",
-        ka.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-    ]);
-    qemu_img_compare(img.to_str().unwrap(), out.to_str().unwrap());
-    let e = rd_fail(&[
-        "checkout",
         "alice/vm",
-        "--store",
-        s,
-        "--key-file",
-        kb.to_str().unwrap(),
-        "--output",
-        dir.join("x").to_str().unwrap(),
-    ]);
+        &dir.join("x"),
+        &["--key-file", path_str(&kb)],
+    );
     assert!(
         e.contains("encrypted with key") && e.contains("not the given key"),
         "{e}"
     );
-    let e = rd_fail(&[
-        "checkout",
-        "alice/vm",
-        "--store",
-        s,
-        "--output",
-        dir.join("y").to_str().unwrap(),
-    ]);
+    let e = checkout_fail(s, "alice/vm", &dir.join("y"), &[]);
     assert!(e.contains("--key-file"), "{e}");
     // Passwords are not keys.
     let pw = dir.join("pw");
     std::fs::write(&pw, "hunter2\n").unwrap();
-    let e = rd_fail(&[
-        "checkout",
-        "alice/vm",
-        "--store",
+    let e = checkout_fail(
         s,
-        "--key-file",
-        pw.to_str().unwrap(),
-        "--output",
-        dir.join("z").to_str().unwrap(),
-    ]);
+        "alice/vm",
+        &dir.join("z"),
+        &["--key-file", path_str(&pw)],
+    );
     assert!(e.contains("passwords are not accepted"), "{e}");
     // No key needed to collect garbage or verify.
     let r = rd(&["gc", "--store", s, "--json"]);
@@ -128,21 +83,8 @@ fn identical_chunks_deduplicate_across_users_and_indexes_stay_private() {
     rd(&["store", "verify", "--store", s]);
     // A session of an encrypted image commits encrypted.
     let sess = dir.join("sess");
-    rd(&[
-        "checkout",
-        "bob/vm",
-        "--store",
-        s,
-        "--key-file",
-        kb.to_str().unwrap(),
-        "--session",
-        sess.to_str().unwrap(),
-    ]);
-    {
-        let srv = common::Server::start(dir, &[&format!("cas:{}", sess.display())]);
-        common::qemu_io(&srv.uri(), &["write -P 5 0 64k".into()]);
-        srv.stop();
-    }
-    let c = rd(&["commit", &format!("cas:{}", sess.display()), "--json"]);
+    open_session(s, "bob/vm", &sess, &["--key-file", path_str(&kb)]);
+    qemu_io_session(dir, &sess, &["write -P 5 0 64k".into()]);
+    let c = commit_session(&sess, &["--json"]);
     assert!(c.contains("\"encrypted\": true"), "{c}");
 }

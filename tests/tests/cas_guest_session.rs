@@ -13,8 +13,14 @@ mod common;
 
 use std::path::Path;
 
-use cas_common::{init_store, json_num, json_str, put_at, rd, write_diff};
-use common::{mke2fs_from, qemu_img_compare, random_file, run, run_stdout, tempdir, Server};
+use cas_common::{
+    checkout, commit, commit_session, json_num, json_str, open_session, put_at, session_spec,
+    write_diff, Cas,
+};
+use common::{
+    assert_success, debugfs_w, e2fsck_clean, mke2fs_from, path_str, qemu_img_compare, random_file,
+    run, run_stdout, Server,
+};
 
 const MIB: u64 = 1 << 20;
 const P1_START: u64 = MIB;
@@ -22,10 +28,6 @@ const P1_LEN: u64 = 128 * MIB;
 const P2_START: u64 = P1_START + P1_LEN;
 const P2_LEN: u64 = 48 * MIB;
 const DISK: u64 = 192 * MIB;
-
-fn debugfs_w(part: &Path, cmd: &str) {
-    run("debugfs", &["-w", "-R", cmd, part.to_str().unwrap()]);
-}
 
 /// Rebuild the whole disk from its partition images.
 fn assemble(base: &Path, p1: &Path, p2: &Path, out: &Path) {
@@ -42,10 +44,8 @@ fn overwrite(file: &Path, offset: u64, data: &[u8]) {
 
 #[test]
 fn guest_session_commits_at_most_a_fifth_of_its_dirty_sectors() {
-    let d = tempdir();
-    let dir = d.path();
-    let store = init_store(dir);
-    let s = store.to_str().unwrap();
+    let cas = Cas::new();
+    let (dir, s) = (cas.dir(), cas.s());
 
     // The golden disk: MBR, ext4 with some software, swap.
     let content = dir.join("content");
@@ -98,38 +98,18 @@ fn guest_session_commits_at_most_a_fifth_of_its_dirty_sectors() {
         .stdin(std::fs::File::open(&table).unwrap())
         .output()
         .expect("run sfdisk");
-    assert!(
-        out.status.success(),
-        "sfdisk: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out, "sfdisk");
     let golden = dir.join("golden.img");
     assemble(&empty, &p1, &p2, &golden);
-    rd(&[
-        "commit",
-        golden.to_str().unwrap(),
-        "--to",
-        "golden/linux",
-        "--store",
-        s,
-    ]);
+    commit(s, path_str(&golden), "golden/linux", &[]);
     let sess = dir.join("sess");
-    rd(&[
-        "checkout",
-        "golden/linux",
-        "--store",
-        s,
-        "--session",
-        sess.to_str().unwrap(),
-        "--as",
-        "dave/linux",
-    ]);
+    open_session(s, "golden/linux", &sess, &["--as", "dave/linux"]);
 
     // The guest's session, step by step.
     let prev = dir.join("prev.img");
     let cur = dir.join("cur.img");
     std::fs::copy(&golden, &prev).unwrap();
-    let srv = Server::start(dir, &[&format!("cas:{}", sess.display())]);
+    let srv = Server::start(dir, &[&session_spec(&sess)]);
     let mut written = 0u64;
     let mut step = |p1: &Path, p2: &Path| {
         assemble(&empty, p1, p2, &cur);
@@ -171,13 +151,7 @@ fn guest_session_commits_at_most_a_fifth_of_its_dirty_sectors() {
     qemu_img_compare(cur.to_str().unwrap(), &srv.uri());
     srv.stop();
 
-    let out = rd(&[
-        "commit",
-        &format!("cas:{}", sess.display()),
-        "-m",
-        "dave's session",
-        "--json",
-    ]);
+    let out = commit_session(&sess, &["-m", "dave's session", "--json"]);
     let dirty = json_num(&out, "dirty");
     let p1z = json_num(&out, "p1_zero");
     let p2f = json_num(&out, "p2_free");
@@ -209,14 +183,7 @@ fn guest_session_commits_at_most_a_fifth_of_its_dirty_sectors() {
     // The version: a clean ext4 with the edits, the swap header intact.
     let v = json_str(&out, "version");
     let got = dir.join("dave.img");
-    rd(&[
-        "checkout",
-        &format!("dave/linux@{}", &v[..12]),
-        "--store",
-        s,
-        "--output",
-        got.to_str().unwrap(),
-    ]);
+    checkout(s, &format!("dave/linux@{}", &v[..12]), &got, &[]);
     let bytes = std::fs::read(&got).unwrap();
     let gp1 = dir.join("got-p1.img");
     std::fs::write(
@@ -224,7 +191,7 @@ fn guest_session_commits_at_most_a_fifth_of_its_dirty_sectors() {
         &bytes[P1_START as usize..(P1_START + P1_LEN) as usize],
     )
     .unwrap();
-    run("e2fsck", &["-fn", gp1.to_str().unwrap()]);
+    e2fsck_clean(&gp1);
     let conf = run_stdout("debugfs", &["-R", "cat /etc/conf7", gp1.to_str().unwrap()]);
     assert!(
         conf.starts_with("key7 = edited by dave"),

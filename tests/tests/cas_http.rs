@@ -9,8 +9,11 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
-use cas_common::{json_str, object_file, rd, rd_fail};
-use common::{bin, qemu_img_compare, qemu_img_convert, qemu_io, random_file, tempdir, Server};
+use cas_common::{
+    checkout, checkout_fail, commit_session, commit_version, json_str, object_file, open_session,
+    qemu_io_session, rd, Cas,
+};
+use common::{bin, path_str, qemu_img_compare, qemu_img_convert, qemu_io};
 
 struct ChunkServer(Child);
 
@@ -23,13 +26,7 @@ impl Drop for ChunkServer {
 
 fn start(dir: &std::path::Path) -> (ChunkServer, String) {
     let mut child = Command::new(bin())
-        .args([
-            "store",
-            "serve",
-            dir.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ])
+        .args(["store", "serve", path_str(dir), "--listen", "127.0.0.1:0"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -48,64 +45,28 @@ fn start(dir: &std::path::Path) -> (ChunkServer, String) {
 
 #[test]
 fn commit_session_checkout_and_gc_through_the_chunk_server() {
-    let d = tempdir();
-    let dir = d.path();
-    let sdir = dir.join("store");
-    rd(&["store", "init", sdir.to_str().unwrap(), "--hash", "sha256"]);
-    let (_srv, url) = start(&sdir);
-    let raw = dir.join("disk.raw");
-    random_file(&raw, 12 << 20, 21);
-    qemu_io(raw.to_str().unwrap(), &["write -z 4M 2M".into()]);
+    let cas = Cas::with(&["--hash", "sha256"]);
+    let dir = cas.dir();
+    let (_srv, url) = start(&cas.store);
+    let raw = cas.random_file("disk.raw", 12 << 20, 21);
+    qemu_io(path_str(&raw), &["write -z 4M 2M".into()]);
     let qcow = dir.join("disk.qcow2");
-    qemu_img_convert(raw.to_str().unwrap(), "qcow2", qcow.to_str().unwrap());
-    let out = rd(&[
-        "commit",
-        qcow.to_str().unwrap(),
-        "--to",
-        "erin/vm",
-        "--store",
-        &url,
-        "--json",
-    ]);
-    let v1 = json_str(&out, "version");
+    qemu_img_convert(path_str(&raw), "qcow2", path_str(&qcow));
+    let v1 = commit_version(&url, path_str(&qcow), "erin/vm", &[]);
     // A session over HTTP, served over NBD, written by qemu-io.
     let sess = dir.join("sess");
-    rd(&[
-        "checkout",
-        "erin/vm",
-        "--store",
-        &url,
-        "--session",
-        sess.to_str().unwrap(),
-    ]);
+    open_session(&url, "erin/vm", &sess, &[]);
     let cmds = vec![
         "write -P 7 1M 200k".to_string(),
         "write -P 9 10M 64k".to_string(),
     ];
-    {
-        let nbd = Server::start(dir, &[&format!("cas:{}", sess.display())]);
-        qemu_io(&nbd.uri(), &cmds);
-        nbd.stop();
-    }
-    qemu_io(raw.to_str().unwrap(), &cmds);
-    let out = rd(&[
-        "commit",
-        &format!("cas:{}", sess.display()),
-        "-m",
-        "edit",
-        "--json",
-    ]);
+    qemu_io_session(dir, &sess, &cmds);
+    qemu_io(path_str(&raw), &cmds);
+    let out = commit_session(&sess, &["-m", "edit", "--json"]);
     let v2 = json_str(&out, "version");
     let got = dir.join("got.raw");
-    rd(&[
-        "checkout",
-        &format!("erin/vm@{}", &v2[..8]),
-        "--store",
-        &url,
-        "--output",
-        got.to_str().unwrap(),
-    ]);
-    qemu_img_compare(raw.to_str().unwrap(), got.to_str().unwrap());
+    checkout(&url, &format!("erin/vm@{}", &v2[..8]), &got, &[]);
+    qemu_img_compare(path_str(&raw), path_str(&got));
     let log = rd(&["log", "erin/vm", "--store", &url]);
     assert!(log.contains(&v1[..12]) && log.contains(&v2[..12]), "{log}");
     let r = rd(&["gc", "--store", &url, "--json"]);
@@ -113,9 +74,9 @@ fn commit_session_checkout_and_gc_through_the_chunk_server() {
     let info = rd(&["store", "info", "--store", &url]);
     assert!(info.contains("sha256") && info.contains("erin"), "{info}");
     // A chunk damaged on the server: the checkout names it.
-    let pkg = std::fs::read(object_file(&sdir, &v1)).unwrap();
+    let pkg = std::fs::read(object_file(&cas.store, &v1)).unwrap();
     assert!(pkg.len() > 16);
-    let victim = cas_common::object_files(&sdir)
+    let victim = cas_common::object_files(&cas.store)
         .into_iter()
         .find(|f| {
             let n = f.file_name().unwrap().to_str().unwrap();
@@ -127,13 +88,6 @@ fn commit_session_checkout_and_gc_through_the_chunk_server() {
     let n = b.len();
     b[n - 7] ^= 1;
     std::fs::write(&victim, b).unwrap();
-    let e = rd_fail(&[
-        "checkout",
-        "erin/vm",
-        "--store",
-        &url,
-        "--output",
-        dir.join("x.raw").to_str().unwrap(),
-    ]);
+    let e = checkout_fail(&url, "erin/vm", &dir.join("x.raw"), &[]);
     assert!(e.contains(&id) && e.contains("corrupt"), "{e}");
 }

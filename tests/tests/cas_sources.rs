@@ -6,54 +6,23 @@
 mod cas_common;
 mod common;
 
-use cas_common::{init_store, json_num, json_str, rd};
-use common::{qemu_img_compare, qemu_io, random_file, tempdir, Server};
+use cas_common::{checkout, commit, json_num, json_str, rd, Cas};
+use common::{path_str, qemu_img_compare, qemu_io, random_file, Server};
 
 #[test]
 fn nbd_export_lbs_image_and_raw_file_commit_to_the_same_version() {
-    let d = tempdir();
-    let dir = d.path();
-    let store = init_store(dir);
-    let s = store.to_str().unwrap();
-    let raw = dir.join("disk.raw");
-    random_file(&raw, 10 << 20, 41);
-    qemu_io(raw.to_str().unwrap(), &["write -z 2M 3M".into()]);
-    let a = rd(&[
-        "commit",
-        raw.to_str().unwrap(),
-        "--to",
-        "f/raw",
-        "--store",
-        s,
-        "--json",
-    ]);
+    let cas = Cas::new();
+    let (dir, s) = (cas.dir(), cas.s());
+    let raw = cas.random_file("disk.raw", 10 << 20, 41);
+    let r = path_str(&raw);
+    qemu_io(r, &["write -z 2M 3M".into()]);
+    let a = commit(s, r, "f/raw", &["--json"]);
     let lbs = dir.join("vm.lbsd");
-    rd(&[
-        "lbs",
-        "import",
-        raw.to_str().unwrap(),
-        lbs.to_str().unwrap(),
-    ]);
-    let b = rd(&[
-        "commit",
-        &format!("lbs:{}", lbs.display()),
-        "--to",
-        "f/lbs",
-        "--store",
-        s,
-        "--json",
-    ]);
+    rd(&["lbs", "import", r, path_str(&lbs)]);
+    let b = commit(s, &format!("lbs:{}", lbs.display()), "f/lbs", &["--json"]);
     let c = {
-        let srv = Server::start(dir, &[&format!("raw:{}", raw.display()), "--read-only"]);
-        rd(&[
-            "commit",
-            &srv.uri(),
-            "--to",
-            "f/nbd",
-            "--store",
-            s,
-            "--json",
-        ])
+        let srv = Server::start(dir, &[&format!("raw:{r}"), "--read-only"]);
+        commit(s, &srv.uri(), "f/nbd", &["--json"])
     };
     // Same content, same chunks: only the first commit uploaded data.
     assert_eq!(json_num(&b, "new_objects"), 0, "{b}");
@@ -62,46 +31,19 @@ fn nbd_export_lbs_image_and_raw_file_commit_to_the_same_version() {
     for (image, out) in [(&a, "f/raw"), (&b, "f/lbs"), (&c, "f/nbd")] {
         let v = json_str(image, "version");
         let got = dir.join(format!("{}.raw", out.replace('/', "-")));
-        rd(&[
-            "checkout",
-            &format!("{out}@{}", &v[..8]),
-            "--store",
-            s,
-            "--output",
-            got.to_str().unwrap(),
-        ]);
-        qemu_img_compare(raw.to_str().unwrap(), got.to_str().unwrap());
+        checkout(s, &format!("{out}@{}", &v[..8]), &got, &[]);
+        qemu_img_compare(r, path_str(&got));
     }
     // The VM configuration file and a memory image travel with a version.
     let mem = dir.join("mem.bin");
     random_file(&mem, 300_001, 42);
     let conf = dir.join("vm.conf");
     std::fs::write(&conf, "memory = 2G\ncpus = 2\n").unwrap();
-    rd(&[
-        "commit",
-        raw.to_str().unwrap(),
-        "--to",
-        "f/vm",
-        "--store",
-        s,
-        "--memory",
-        mem.to_str().unwrap(),
-        "--config",
-        conf.to_str().unwrap(),
-    ]);
+    let vm = ["--memory", path_str(&mem), "--config", path_str(&conf)];
+    commit(s, r, "f/vm", &vm);
     let (m2, c2) = (dir.join("m2.bin"), dir.join("c2.conf"));
-    rd(&[
-        "checkout",
-        "f/vm",
-        "--store",
-        s,
-        "--memory-out",
-        m2.to_str().unwrap(),
-        "--config-out",
-        c2.to_str().unwrap(),
-        "--output",
-        dir.join("vm.raw").to_str().unwrap(),
-    ]);
+    let outs = ["--memory-out", path_str(&m2), "--config-out", path_str(&c2)];
+    checkout(s, "f/vm", &dir.join("vm.raw"), &outs);
     assert!(
         std::fs::read(&m2).unwrap() == std::fs::read(&mem).unwrap(),
         "memory image"

@@ -10,8 +10,10 @@ mod common;
 
 use std::path::Path;
 
-use cas_common::{init_store, rd, store_bytes, write_diff};
-use common::{mke2fs_from, random_file, run, run_stdout, tempdir, Server};
+use cas_common::{
+    checkout, commit, commit_session, open_session, rd, session_spec, store_bytes, write_diff, Cas,
+};
+use common::{debugfs_w, e2fsck_clean, mke2fs_from, path_str, random_file, run, Server};
 
 const MIB: u64 = 1 << 20;
 
@@ -36,26 +38,9 @@ fn golden(dir: &Path, fs: &str) -> std::path::PathBuf {
         run("mkntfs", &["-F", "-Q", "-q", img.to_str().unwrap()]);
         for i in 0..6 {
             let src = content.join(format!("app{i}.bin"));
-            run(
-                "ntfscp",
-                &[
-                    "-f",
-                    img.to_str().unwrap(),
-                    src.to_str().unwrap(),
-                    &format!("/app{i}.bin"),
-                ],
-            );
+            ntfscp(&img, &src, &format!("/app{i}.bin"));
         }
-        let src = content.join("docs/note1.txt");
-        run(
-            "ntfscp",
-            &[
-                "-f",
-                img.to_str().unwrap(),
-                src.to_str().unwrap(),
-                "/note1.txt",
-            ],
-        );
+        ntfscp(&img, &content.join("docs/note1.txt"), "/note1.txt");
     }
     img
 }
@@ -63,30 +48,16 @@ fn golden(dir: &Path, fs: &str) -> std::path::PathBuf {
 /// Put `src` into the file system of `img` as `/name` (replacing it).
 fn put_file(fs: &str, img: &Path, src: &Path, name: &str) {
     if fs == "ext4" {
-        let _ = run_stdout(
-            "debugfs",
-            &["-w", "-R", &format!("rm /{name}"), img.to_str().unwrap()],
-        );
-        run(
-            "debugfs",
-            &[
-                "-w",
-                "-R",
-                &format!("write {} /{name}", src.display()),
-                img.to_str().unwrap(),
-            ],
-        );
+        debugfs_w(img, &format!("rm /{name}"));
+        debugfs_w(img, &format!("write {} /{name}", src.display()));
     } else {
-        run(
-            "ntfscp",
-            &[
-                "-f",
-                img.to_str().unwrap(),
-                src.to_str().unwrap(),
-                &format!("/{name}"),
-            ],
-        );
+        ntfscp(img, src, &format!("/{name}"));
     }
+}
+
+/// `ntfscp -f IMG SRC DEST`: copy SRC into the NTFS image IMG as DEST.
+fn ntfscp(img: &Path, src: &Path, dest: &str) {
+    run("ntfscp", &["-f", path_str(img), path_str(src), dest]);
 }
 
 fn read_file(fs: &str, img: &Path, name: &str) -> Vec<u8> {
@@ -102,22 +73,16 @@ fn read_file(fs: &str, img: &Path, name: &str) -> Vec<u8> {
 }
 
 fn two_users(fs: &str) {
-    let d = tempdir();
-    let dir = d.path();
-    let store = init_store(dir);
-    let s = store.to_str().unwrap();
+    let cas = Cas::new();
+    let (dir, s, store) = (cas.dir(), cas.s(), &cas.store);
     let gold = golden(dir, fs);
-    rd(&[
-        "commit",
-        gold.to_str().unwrap(),
-        "--to",
-        &format!("golden/{fs}"),
-        "-m",
-        "golden",
-        "--store",
+    commit(
         s,
-    ]);
-    let mut size = store_bytes(&store);
+        path_str(&gold),
+        &format!("golden/{fs}"),
+        &["-m", "golden"],
+    );
+    let mut size = store_bytes(store);
     println!("{fs}: golden committed, store {} KiB", size / 1024);
     for (user, new_mib, seed) in [("alice", 3u64, 1u64), ("bob", 5, 2)] {
         // The guest's view of the disk after the user's work.
@@ -139,29 +104,16 @@ fn two_users(fs: &str) {
             },
         );
         let sess = dir.join(format!("sess-{user}"));
-        rd(&[
-            "checkout",
-            &format!("golden/{fs}"),
-            "--store",
-            s,
-            "--session",
-            sess.to_str().unwrap(),
-            "--as",
-            &format!("{user}/{fs}"),
-        ]);
+        let user_fs = format!("{user}/{fs}");
+        open_session(s, &format!("golden/{fs}"), &sess, &["--as", &user_fs]);
         let written = {
-            let srv = Server::start(dir, &[&format!("cas:{}", sess.display())]);
+            let srv = Server::start(dir, &[&session_spec(&sess)]);
             let n = write_diff(&srv.uri(), &gold, &img);
             srv.stop();
             n
         };
-        rd(&[
-            "commit",
-            &format!("cas:{}", sess.display()),
-            "-m",
-            &format!("{user}'s work"),
-        ]);
-        let now = store_bytes(&store);
+        commit_session(&sess, &["-m", &format!("{user}'s work")]);
+        let now = store_bytes(store);
         let grew = now - size;
         println!(
             "{fs}: {user} wrote {} KiB ({new_mib} MiB new file), store grew {} KiB to {} KiB",
@@ -180,20 +132,13 @@ fn two_users(fs: &str) {
         size = now;
         // The version holds the user's files and a consistent file system.
         let out = dir.join(format!("{user}-out-{fs}.img"));
-        rd(&[
-            "checkout",
-            &format!("{user}/{fs}"),
-            "--store",
-            s,
-            "--output",
-            out.to_str().unwrap(),
-        ]);
+        checkout(s, &user_fs, &out, &[]);
         assert!(
             read_file(fs, &out, "work.bin") == std::fs::read(&newf).unwrap(),
             "{user}: work.bin"
         );
         if fs == "ext4" {
-            run("e2fsck", &["-fn", out.to_str().unwrap()]);
+            e2fsck_clean(&out);
         }
     }
     let info = rd(&["store", "info", "--store", s]);

@@ -11,10 +11,10 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use cas_common::{init_store, json_num, json_str, rd};
+use cas_common::{checkout, json_num, json_str, rd, Cas};
 use common::{
-    assert_files_equal, bin, qemu_img_compare, qemu_img_convert, qemu_io, random_file, tempdir,
-    Server,
+    assert_files_equal, assert_success, bin, qemu_img_compare, qemu_img_convert, qemu_io,
+    random_file, stdout_text, tempdir, Server,
 };
 
 const MIB: u64 = 1 << 20;
@@ -101,12 +101,9 @@ fn path_with_only_qemu_img(dir: &Path) -> String {
 
 #[test]
 fn commit_reads_an_nbd_export_without_nbdinfo_or_nbdcopy() {
-    let d = tempdir();
-    let dir = d.path();
-    let store = init_store(dir);
-    let s = store.to_str().unwrap();
-    let raw = dir.join("disk.raw");
-    random_file(&raw, 6 * MIB, 3);
+    let cas = Cas::new();
+    let (dir, s) = (cas.dir(), cas.s());
+    let raw = cas.random_file("disk.raw", 6 * MIB, 3);
     qemu_io(raw.to_str().unwrap(), &["write -z 2M 1M".into()]);
     let qcow2 = dir.join("disk.qcow2");
     convert(raw.to_str().unwrap(), "qcow2", &qcow2);
@@ -118,12 +115,8 @@ fn commit_reads_an_nbd_export_without_nbdinfo_or_nbdcopy() {
             .env("PATH", &path)
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "commit {src} failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        assert_success(&out, &format!("commit {src}"));
+        stdout_text(&out)
     };
     let a = commit(&srv.uri(), "n/nbd");
     let b = commit(qcow2.to_str().unwrap(), "n/qcow2");
@@ -132,14 +125,7 @@ fn commit_reads_an_nbd_export_without_nbdinfo_or_nbdcopy() {
     for (out, to) in [(&a, "n/nbd"), (&b, "n/qcow2")] {
         let v = json_str(out, "version");
         let back = dir.join(format!("{}.raw", to.replace('/', "-")));
-        rd(&[
-            "checkout",
-            &format!("{to}@{}", &v[..8]),
-            "--store",
-            s,
-            "--output",
-            back.to_str().unwrap(),
-        ]);
+        checkout(s, &format!("{to}@{}", &v[..8]), &back, &[]);
         assert_files_equal(&back, &raw);
     }
 }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::common::{roamdisk, run, run_stdout};
+use crate::common::{path_str, rd, run, run_stdout};
 
 /// One line of the corpus manifest.
 #[derive(Debug, Clone)]
@@ -43,6 +43,21 @@ impl Corpus {
     pub fn disk(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.img"))
     }
+
+    /// `roamdisk borrow scan GPT MBR --min-extent 4K --plan PLAN`: every
+    /// free extent of both disks, the most fragmented plan. Returns the
+    /// summary.
+    pub fn scan_all(&self, plan: &Path) -> String {
+        let (gpt, mbr) = (self.disk("gpt"), self.disk("mbr"));
+        let disks = [path_str(&gpt), path_str(&mbr)];
+        scan(
+            &[
+                &disks[..],
+                &["--min-extent", "4K", "--plan", path_str(plan)],
+            ]
+            .concat(),
+        )
+    }
 }
 
 /// Build the corpus in `dir` with the generator script.
@@ -74,36 +89,28 @@ pub fn corpus(dir: &Path) -> Corpus {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let manifest = std::fs::read_to_string(dir.join("manifest.tsv")).expect("manifest");
-    let rows = manifest
-        .lines()
-        .map(|l| {
-            let f: Vec<&str> = l.split('\t').collect();
-            Row {
-                disk: f[0].into(),
-                part: f[1].parse().expect("part"),
-                name: f[2].into(),
-                fs: f[3].into(),
-                used: f[4] == "used",
-                reason: f[5].into(),
-                swap_bytes: f[6]
-                    .strip_prefix("swap_bytes=")
-                    .map(|v| v.parse().expect("swap size")),
-            }
+    let rows = tsv(&dir.join("manifest.tsv"))
+        .iter()
+        .map(|f| Row {
+            used: f[4] == "used",
+            disk: f[0].clone(),
+            part: f[1].parse().expect("part"),
+            name: f[2].clone(),
+            fs: f[3].clone(),
+            reason: f[5].clone(),
+            swap_bytes: f[6]
+                .strip_prefix("swap_bytes=")
+                .map(|v| v.parse().expect("swap size")),
         })
         .collect();
-    let files = std::fs::read_to_string(dir.join("files.tsv"))
-        .expect("files")
-        .lines()
-        .map(|l| {
-            let f: Vec<&str> = l.split('\t').collect();
-            FileRow {
-                disk: f[0].into(),
-                part: f[1].parse().expect("part"),
-                fs: f[2].into(),
-                path: f[3].into(),
-                source: dir.join(f[4]),
-            }
+    let files = tsv(&dir.join("files.tsv"))
+        .iter()
+        .map(|f| FileRow {
+            disk: f[0].clone(),
+            part: f[1].parse().expect("part"),
+            fs: f[2].clone(),
+            path: f[3].clone(),
+            source: dir.join(&f[4]),
         })
         .collect();
     Corpus {
@@ -111,6 +118,15 @@ pub fn corpus(dir: &Path) -> Corpus {
         rows,
         files,
     }
+}
+
+/// The tab-separated fields of each line of a corpus file.
+fn tsv(path: &Path) -> Vec<Vec<String>> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| l.split('\t').map(String::from).collect())
+        .collect()
 }
 
 /// Partition number -> (start, length) in bytes, from `sfdisk -d`.
@@ -165,15 +181,10 @@ pub type FreeRow = (String, String, Vec<(u64, u64)>);
 
 /// `roamdisk borrow free DISK`: partition -> its row.
 pub fn roamdisk_free(disk: &Path) -> BTreeMap<u32, FreeRow> {
-    let out = roamdisk(&["borrow", "free", disk.to_str().expect("utf8")]);
-    assert!(
-        out.status.success(),
-        "borrow free failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = rd(&["borrow", "free", path_str(disk)]);
     let mut m = BTreeMap::new();
     let mut cur = None;
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in out.lines() {
         if let Some(h) = line.strip_prefix("# ") {
             let f: Vec<&str> = h.split(' ').collect();
             let part: u32 = f[1].parse().expect("part");
@@ -296,15 +307,9 @@ pub fn ntfs_tool_view(img: &Path) -> (Vec<(u64, u64)>, u64, u64) {
 /// Plan extents from `roamdisk borrow show PLAN --dm-table`: (device
 /// path, byte offset, byte length) in logical order.
 pub fn plan_extents(plan: &Path) -> Vec<(String, u64, u64)> {
-    let out = roamdisk(&["borrow", "show", plan.to_str().expect("utf8"), "--dm-table"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = rd(&["borrow", "show", path_str(plan), "--dm-table"]);
     let mut logical = 0;
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
+    out.lines()
         .map(|l| {
             let f: Vec<&str> = l.split(' ').collect();
             assert_eq!(f.len(), 5, "dm table line: {l}");
@@ -327,18 +332,7 @@ pub type PlanPart = (String, String, String, u64);
 
 /// `roamdisk borrow show PLAN --partitions`: (device, number) -> its row.
 pub fn plan_partitions(plan: &Path) -> BTreeMap<(String, u32), PlanPart> {
-    let out = roamdisk(&[
-        "borrow",
-        "show",
-        plan.to_str().expect("utf8"),
-        "--partitions",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
+    rd(&["borrow", "show", path_str(plan), "--partitions"])
         .lines()
         .map(|l| {
             let f: Vec<&str> = l.split('\t').collect();
@@ -359,13 +353,7 @@ pub fn plan_partitions(plan: &Path) -> BTreeMap<(String, u32), PlanPart> {
 pub fn scan(args: &[&str]) -> String {
     let mut a = vec!["borrow", "scan"];
     a.extend_from_slice(args);
-    let out = roamdisk(&a);
-    assert!(
-        out.status.success(),
-        "borrow scan {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    rd(&a)
 }
 
 /// Copy a file keeping holes.

@@ -1,57 +1,156 @@
-//! Helpers of the content-addressed image tests (`cas_*.rs`): run
-//! `roamdisk` and insist on success, read numbers from its JSON output,
+//! Helpers of the content-addressed image tests (`cas_*.rs`): a folder
+//! with a new store, commits, checkouts and sessions run with `roamdisk`
+//! (which must succeed), read numbers from its JSON output,
 //! measure a store, and play "guest": write into a served disk only the
 //! 4 KiB blocks that differ between two states of a disk image, as a guest
 //! file system would have written them.
 
 #![allow(dead_code)]
 
-use std::path::Path;
-use std::process::Output;
+use std::path::{Path, PathBuf};
 
-use crate::common::{roamdisk, run_python_nbd};
+use tempfile::TempDir;
 
-/// Run `roamdisk ARGS`; panic with its output unless it succeeds. Returns
-/// stdout.
-pub fn rd(args: &[&str]) -> String {
-    let out = roamdisk(args);
-    assert!(
-        out.status.success(),
-        "roamdisk {args:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use crate::common::{
+    path_str, qemu_img_compare, qemu_io, random_file, run_python_nbd, tempdir, Server,
+};
+pub use crate::common::{rd, rd_fail};
 
 /// A new chunk store in `dir/store` (`roamdisk store init`).
-pub fn init_store(dir: &Path) -> std::path::PathBuf {
+pub fn init_store(dir: &Path) -> PathBuf {
     let store = dir.join("store");
-    rd(&["store", "init", store.to_str().unwrap()]);
+    rd(&["store", "init", path_str(&store)]);
     store
 }
 
-/// Run `roamdisk ARGS`, which must fail; returns stderr.
-pub fn rd_fail(args: &[&str]) -> String {
-    let out: Output = roamdisk(args);
-    assert!(
-        !out.status.success(),
-        "roamdisk {args:?} should have failed:\nstdout:\n{}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stderr).into_owned()
+/// A test's temporary folder holding a new chunk store, `store`.
+pub struct Cas {
+    tmp: TempDir,
+    pub store: PathBuf,
 }
 
-/// The first number after `"key":` in a JSON text.
-pub fn json_num(text: &str, key: &str) -> u64 {
+impl Cas {
+    /// A store made by a plain `roamdisk store init`.
+    pub fn new() -> Cas {
+        Cas::with(&[])
+    }
+
+    /// A store made by `roamdisk store init STORE INIT...`.
+    pub fn with(init: &[&str]) -> Cas {
+        let tmp = tempdir();
+        let store = tmp.path().join("store");
+        rd(&[&["store", "init", path_str(&store)], init].concat());
+        Cas { tmp, store }
+    }
+
+    /// The temporary folder.
+    pub fn dir(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    /// A new file NAME in the folder: SIZE bytes of random data (SEED).
+    pub fn random_file(&self, name: &str, size: u64, seed: u64) -> PathBuf {
+        let path = self.dir().join(name);
+        random_file(&path, size, seed);
+        path
+    }
+
+    /// The store as a `--store` argument.
+    pub fn s(&self) -> &str {
+        path_str(&self.store)
+    }
+}
+
+/// `roamdisk commit SRC --to NAME --store STORE EXTRA...`; returns stdout.
+pub fn commit(store: &str, src: &str, to: &str, extra: &[&str]) -> String {
+    rd(&[&["commit", src, "--to", to, "--store", store], extra].concat())
+}
+
+/// [`commit`] with `--json`; returns the new version's id.
+pub fn commit_version(store: &str, src: &str, to: &str, extra: &[&str]) -> String {
+    json_str(
+        &commit(store, src, to, &[&["--json"], extra].concat()),
+        "version",
+    )
+}
+
+/// `roamdisk checkout REV --store STORE --output OUT EXTRA...`; returns
+/// stdout.
+pub fn checkout(store: &str, rev: &str, out: &Path, extra: &[&str]) -> String {
+    rd(&checkout_args(store, rev, out, extra))
+}
+
+/// [`checkout`], which must fail; returns stderr.
+pub fn checkout_fail(store: &str, rev: &str, out: &Path, extra: &[&str]) -> String {
+    rd_fail(&checkout_args(store, rev, out, extra))
+}
+
+fn checkout_args<'a>(
+    store: &'a str,
+    rev: &'a str,
+    out: &'a Path,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    [
+        &["checkout", rev, "--store", store, "--output", path_str(out)],
+        extra,
+    ]
+    .concat()
+}
+
+/// Check out REV into OUT (replacing it) and `qemu-img compare` it with
+/// WANT.
+pub fn checkout_same(store: &str, rev: &str, want: &Path, out: &Path) {
+    let _ = std::fs::remove_file(out);
+    checkout(store, rev, out, &[]);
+    qemu_img_compare(path_str(want), path_str(out));
+}
+
+/// `roamdisk checkout REV --store STORE --session SESS EXTRA...`: a new
+/// session over version REV.
+pub fn open_session(store: &str, rev: &str, sess: &Path, extra: &[&str]) {
+    let args = [
+        "checkout",
+        rev,
+        "--store",
+        store,
+        "--session",
+        path_str(sess),
+    ];
+    rd(&[&args[..], extra].concat());
+}
+
+/// The stack spec of a session, `cas:SESS`.
+pub fn session_spec(sess: &Path) -> String {
+    format!("cas:{}", sess.display())
+}
+
+/// `roamdisk commit cas:SESS EXTRA...`; returns stdout.
+pub fn commit_session(sess: &Path, extra: &[&str]) -> String {
+    rd(&[&["commit", &session_spec(sess)], extra].concat())
+}
+
+/// Serve the session SESS over NBD (socket in DIR), run `qemu-io` with
+/// CMDS against it, and stop the server.
+pub fn qemu_io_session(dir: &Path, sess: &Path, cmds: &[String]) {
+    let srv = Server::start(dir, &[&session_spec(sess)]);
+    qemu_io(&srv.uri(), cmds);
+    srv.stop();
+}
+
+/// The text after `"key":` in a JSON text, from its value on.
+fn json_value<'a>(text: &'a str, key: &str) -> &'a str {
     let pat = format!("\"{key}\":");
     let at = text
         .find(&pat)
         .unwrap_or_else(|| panic!("no \"{key}\" in:\n{text}"))
         + pat.len();
-    let rest = text[at..].trim_start();
+    text[at..].trim_start()
+}
+
+/// The first number after `"key":` in a JSON text.
+pub fn json_num(text: &str, key: &str) -> u64 {
+    let rest = json_value(text, key);
     let end = rest
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(rest.len());
@@ -62,12 +161,7 @@ pub fn json_num(text: &str, key: &str) -> u64 {
 
 /// The first string after `"key":` in a JSON text.
 pub fn json_str(text: &str, key: &str) -> String {
-    let pat = format!("\"{key}\":");
-    let at = text
-        .find(&pat)
-        .unwrap_or_else(|| panic!("no \"{key}\" in:\n{text}"))
-        + pat.len();
-    let rest = text[at..].trim_start();
+    let rest = json_value(text, key);
     let rest = rest.strip_prefix('"').expect("a string value");
     rest[..rest.find('"').expect("closing quote")].to_string()
 }
@@ -85,7 +179,7 @@ pub fn store_bytes(store: &Path) -> u64 {
 }
 
 /// Every object file of a local store.
-pub fn object_files(store: &Path) -> Vec<std::path::PathBuf> {
+pub fn object_files(store: &Path) -> Vec<PathBuf> {
     let mut v = Vec::new();
     for fan in std::fs::read_dir(store.join("objects")).expect("objects dir") {
         for f in std::fs::read_dir(fan.expect("entry").path()).expect("fan-out dir") {
@@ -97,7 +191,7 @@ pub fn object_files(store: &Path) -> Vec<std::path::PathBuf> {
 }
 
 /// The object file of a hex id.
-pub fn object_file(store: &Path, hex: &str) -> std::path::PathBuf {
+pub fn object_file(store: &Path, hex: &str) -> PathBuf {
     store.join("objects").join(&hex[..2]).join(hex)
 }
 

@@ -38,6 +38,28 @@ pub fn require_tool(name: &str) {
     assert!(found, "required tool '{name}' is not installed: run scripts/test, which installs every test dependency");
 }
 
+/// A test path as `&str` (temporary paths are UTF-8).
+pub fn path_str(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// Panic with `what`, the exit status and both outputs unless a finished
+/// command succeeded.
+pub fn assert_success(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A finished command's stdout as text.
+pub fn stdout_text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Run a command to completion; panic with its output if it fails.
 pub fn run(cmd: &str, args: &[&str]) -> Output {
     require_tool(cmd);
@@ -45,13 +67,7 @@ pub fn run(cmd: &str, args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {cmd}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out, &format!("{cmd} {args:?}"));
     out
 }
 
@@ -66,6 +82,35 @@ pub fn roamdisk(args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("run roamdisk")
+}
+
+/// Run `roamdisk ARGS`; panic with its output unless it succeeds. Returns
+/// stdout.
+pub fn rd(args: &[&str]) -> String {
+    let out = roamdisk(args);
+    assert_success(&out, &format!("roamdisk {args:?}"));
+    stdout_text(&out)
+}
+
+/// Run `roamdisk ARGS`, which must fail; returns stderr.
+pub fn rd_fail(args: &[&str]) -> String {
+    let out = roamdisk(args);
+    assert!(
+        !out.status.success(),
+        "roamdisk {args:?} should have failed:\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A new file of `size` bytes that read as zeroes (a hole), like
+/// `truncate -s SIZE PATH`.
+pub fn blank_file(path: &Path, size: u64) {
+    std::fs::File::create(path)
+        .expect("create")
+        .set_len(size)
+        .expect("set_len");
 }
 
 /// A running `roamdisk serve` on a Unix socket in a temporary directory.
@@ -190,6 +235,21 @@ impl Drop for Server {
     }
 }
 
+/// The stack spec `raw:PATH`.
+pub fn spec_raw(path: &Path) -> String {
+    format!("raw:{}", path.display())
+}
+
+/// A new temporary folder holding `disk.raw`, SIZE bytes of zeroes, served
+/// by `roamdisk serve raw:DISK EXTRA...`: (folder, image, server).
+pub fn serve_blank(size: u64, extra: &[&str]) -> (tempfile::TempDir, PathBuf, Server) {
+    let dir = tempdir();
+    let img = dir.path().join("disk.raw");
+    blank_file(&img, size);
+    let srv = Server::start(dir.path(), &[&[spec_raw(&img).as_str()], extra].concat());
+    (dir, img, srv)
+}
+
 /// Write `size` bytes of deterministic pseudo-random data to `path`.
 pub fn random_file(path: &Path, size: u64, seed: u64) {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).expect("create"));
@@ -248,14 +308,8 @@ pub fn python_nbd(script: &str, args: &[&str]) -> Command {
 /// fails. Returns its stdout.
 pub fn run_python_nbd(script: &str, args: &[&str]) -> String {
     let out = python_nbd(script, args).output().expect("run python");
-    assert!(
-        out.status.success(),
-        "python script failed ({}):\n{script}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    assert_success(&out, &format!("python script:\n{script}\n"));
+    stdout_text(&out)
 }
 
 /// Panic unless a `qemu-io` run succeeded: exit status 0 and no failed
@@ -288,6 +342,30 @@ pub fn qemu_img_copy(from: &str, to: &str) {
 /// files of the folder CONTENT, filling the (existing) file IMAGE.
 pub fn mke2fs_from(content: &str, image: &str) {
     run("mke2fs", &["-q", "-t", "ext4", "-d", content, image]);
+}
+
+/// `truncate -s SIZE PATH`: a file of SIZE (`64M`, or bytes) that reads
+/// as zeroes.
+pub fn truncate(path: &Path, size: &str) {
+    run("truncate", &["-s", size, path_str(path)]);
+}
+
+/// A new empty ext4 file system of SIZE in the file PATH (`truncate`,
+/// then `mke2fs -q -F -t ext4`).
+pub fn empty_ext4(path: &Path, size: &str) {
+    truncate(path, size);
+    run("mke2fs", &["-q", "-F", "-t", "ext4", path_str(path)]);
+}
+
+/// `debugfs -w -R REQUEST IMAGE`: change an ext2/3/4 image in place.
+pub fn debugfs_w(image: &Path, request: &str) {
+    run("debugfs", &["-w", "-R", request, path_str(image)]);
+}
+
+/// `e2fsck -fn IMAGE`: fails the test unless the ext2/3/4 file system in
+/// IMAGE is clean.
+pub fn e2fsck_clean(image: &Path) {
+    run("e2fsck", &["-fn", path_str(image)]);
 }
 
 /// `qemu-img convert -f raw -O FORMAT FROM TO`.
