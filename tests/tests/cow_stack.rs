@@ -8,18 +8,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 
 use common::*;
 
 const MIB: u64 = 1 << 20;
 const CLUSTER: u64 = 65536;
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
 
 /// A base file, a pristine copy of it, and the cow spec over it.
 struct Stack {
@@ -329,7 +324,7 @@ fn cow_flushed_writes_survive_server_kill9() {
     qemu_io(&srv.uri(), &["write -P 0x11 100 300000".into()]);
     // Flushed by the client, then more written and left unflushed, with the
     // client still connected when the server dies.
-    let mut client = python_nbd(
+    let client_cmd = python_nbd(
         r#"
 import sys, nbd
 h = nbd.NBD()
@@ -341,19 +336,11 @@ print("written", flush=True)
 sys.stdin.readline()
 "#,
         &[&srv.uri()],
-    )
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("spawn python");
-    let mut out = BufReader::new(client.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    out.read_line(&mut line).expect("read");
-    assert_eq!(line.trim(), "written");
+    );
+    let mut client = Talker::spawn(client_cmd, Stdio::null(), "python client");
+    assert_eq!(client.line(), "written");
     srv.kill9();
-    let _ = client.stdin.take().expect("stdin").write_all(b"\n");
-    let _ = client.wait();
+    client.release();
 
     let srv = st.start(&[]);
     let got = st.export_bytes(&srv);
@@ -466,22 +453,7 @@ fn qemu_img_convert_into_cow_export() {
             .expect("write");
     }
     let srv = st.start(&[]);
-    run(
-        "qemu-img",
-        &[
-            "convert",
-            "-n",
-            "-W",
-            "-m",
-            "16",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            path_str(&src),
-            &srv.uri(),
-        ],
-    );
+    qemu_img_copy_into_parallel(path_str(&src), &srv.uri());
     let want = std::fs::read(&src).expect("read src");
     assert_bytes_equal(&st.export_bytes(&srv), &want, "export after convert");
     assert!(srv.stop().success());
@@ -565,7 +537,7 @@ fn cow_flush_on_one_connection_covers_writes_of_another() {
     let size = 16 * MIB;
     let st = stack(size, 23);
     let srv = st.start(&[]);
-    let mut writer = python_nbd(
+    let writer_cmd = python_nbd(
         r#"
 import sys, nbd
 h = nbd.NBD()
@@ -577,16 +549,9 @@ print("written", flush=True)
 sys.stdin.readline()
 "#,
         &[&srv.uri()],
-    )
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("spawn writer");
-    let mut out = BufReader::new(writer.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    out.read_line(&mut line).expect("read");
-    assert_eq!(line.trim(), "written");
+    );
+    let mut writer = Talker::spawn(writer_cmd, Stdio::null(), "writer");
+    assert_eq!(writer.line(), "written");
     let flushed = run_python_nbd(
         r#"
 import sys, nbd
@@ -601,8 +566,7 @@ print("flushed")
     );
     assert_eq!(flushed.trim(), "flushed");
     srv.kill9();
-    let _ = writer.stdin.take().expect("stdin").write_all(b"\n");
-    let _ = writer.wait();
+    writer.release();
     let srv = st.start(&[]);
     let mut want = std::fs::read(&st.pristine).expect("read pristine");
     want[123_457..423_457].fill(0x5a);

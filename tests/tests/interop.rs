@@ -13,14 +13,6 @@ use json::Json;
 
 const MIB: u64 = 1 << 20;
 
-fn spec_raw(p: &Path) -> String {
-    format!("raw:{}", p.display())
-}
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
 /// A sparse file of `size` bytes with random data islands `(offset, len)`.
 fn sparse_file(path: &Path, size: u64, islands: &[(u64, u64)], seed: u64) {
     let f = std::fs::File::create(path).expect("create");
@@ -362,22 +354,7 @@ fn qemu_img_info_map_compare_and_convert_into_export() {
     let src = dir.path().join("src.raw");
     let src_islands = [(2 * MIB, 6 * MIB), (12 * MIB, 4096), (40 * MIB, 20 * MIB)];
     sparse_file(&src, size, &src_islands, 13);
-    run(
-        "qemu-img",
-        &[
-            "convert",
-            "-n",
-            "-W",
-            "-m",
-            "16",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            path_str(&src),
-            &uri,
-        ],
-    );
+    qemu_img_copy_into_parallel(path_str(&src), &uri);
     qemu_img_compare(path_str(&src), &uri);
     drop(srv);
     assert_files_equal(&src, &img);

@@ -7,9 +7,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Child, ChildStdout, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -104,20 +105,9 @@ h.shutdown()
 say("ok")
 "#;
 
-fn read_line(out: &mut BufReader<ChildStdout>, what: &str) -> String {
-    let mut line = String::new();
-    out.read_line(&mut line).expect("read child stdout");
-    assert!(!line.is_empty(), "{what} ended without output");
-    line.trim().to_string()
-}
-
-fn spawn_python(body: &str, args: &[&str]) -> Child {
-    python_nbd(&script(body), args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn python")
+/// Start a script with the [`PRELUDE`], to be talked to line by line.
+fn spawn_python(body: &str, args: &[&str], name: &str) -> Talker {
+    Talker::spawn(python_nbd(&script(body), args), Stdio::piped(), name)
 }
 
 fn verify(uri: &str, old: &Path, start: u64, n: u64, acked: &[u64]) -> String {
@@ -141,13 +131,7 @@ fn verify(uri: &str, old: &Path, start: u64, n: u64, acked: &[u64]) -> String {
 /// is in the file; the client sees the connection close.
 #[test]
 fn sigterm_with_client_connected_exits_zero_and_keeps_writes() {
-    let dir = tempdir();
-    let img = dir.path().join("disk.raw");
-    std::fs::File::create(&img)
-        .expect("create")
-        .set_len(16 * MIB)
-        .expect("set_len");
-    let srv = Server::start(dir.path(), &[&format!("raw:{}", img.display())]);
+    let (_dir, img, srv) = serve_blank(16 * MIB, &[]);
     let socket = srv.socket.clone();
     // A qemu-io session that has come and gone.
     qemu_io(&srv.uri(), &["write -P 0x5a 4096 100000".into()]);
@@ -166,9 +150,9 @@ except nbd.Error as e:
     say("closed")
 "#,
         &[&srv.uri()],
+        "client",
     );
-    let mut out = BufReader::new(client.stdout.take().expect("stdout"));
-    assert_eq!(read_line(&mut out, "client"), "written");
+    assert_eq!(client.line(), "written");
     let log_path = srv.log.clone();
     let t0 = Instant::now();
     let status = srv.stop();
@@ -184,14 +168,9 @@ except nbd.Error as e:
     );
     assert!(!socket.exists(), "socket {} left behind", socket.display());
     assert!(log.contains("stopped cleanly"), "log:\n{log}");
-    client
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"go\n")
-        .expect("tell client");
-    assert_eq!(read_line(&mut out, "client"), "closed");
-    assert!(client.wait().expect("wait").success());
+    client.tell("go");
+    assert_eq!(client.line(), "closed");
+    client.wait_success();
 
     let got = std::fs::read(&img).expect("read");
     assert!(
@@ -214,14 +193,8 @@ except nbd.Error as e:
 /// every write the server acknowledged is in the file.
 #[test]
 fn sigterm_during_write_burst_keeps_acknowledged_writes() {
-    let dir = tempdir();
-    let img = dir.path().join("disk.raw");
     let size = 64 * MIB;
-    std::fs::File::create(&img)
-        .expect("create")
-        .set_len(size)
-        .expect("set_len");
-    let srv = Server::start(dir.path(), &[&format!("raw:{}", img.display())]);
+    let (_dir, img, srv) = serve_blank(size, &[]);
     let start = 777u64;
     let n = (size - start) / BS;
     let mut client = spawn_python(
@@ -251,13 +224,13 @@ except nbd.Error as e:
 say("end", acked)
 "#,
         &[&srv.uri(), &start.to_string(), &n.to_string()],
+        "client",
     );
-    let mut out = BufReader::new(client.stdout.take().expect("stdout"));
-    assert_eq!(read_line(&mut out, "client"), "connected");
+    assert_eq!(client.line(), "connected");
     // Let it stream a while.
     let mut acked = Vec::new();
     while acked.len() < 300 {
-        let l = read_line(&mut out, "client");
+        let l = client.line();
         let j: u64 = l
             .strip_prefix("acked ")
             .expect("acked line")
@@ -271,7 +244,7 @@ say("end", acked)
         "exit status {status} after SIGTERM mid-burst"
     );
     let mut end = None;
-    for l in out.lines() {
+    for l in client.out.lines() {
         let l = l.expect("line");
         if let Some(j) = l.strip_prefix("acked ") {
             acked.push(j.parse().expect("n"));
@@ -279,7 +252,7 @@ say("end", acked)
             end = Some(k.parse::<usize>().expect("n"));
         }
     }
-    let wait = client.wait_with_output().expect("wait client");
+    let wait = client.child.wait_with_output().expect("wait client");
     assert_eq!(
         end,
         Some(acked.len()),
@@ -310,9 +283,9 @@ fn vanishing_clients(dir: &Path, spec: &str, old: &Path, restart: bool) {
     let blocks = 32 + burst;
     let bystander_at = 48 * MIB;
 
-    let mut bystander = spawn_python(BYSTANDER, &[&uri, &bystander_at.to_string()]);
-    let mut by_out = BufReader::new(bystander.stdout.take().expect("stdout"));
-    assert_eq!(read_line(&mut by_out, "bystander"), "ready");
+    let at = bystander_at.to_string();
+    let mut bystander = spawn_python(BYSTANDER, &[&uri, &at], "bystander");
+    assert_eq!(bystander.line(), "ready");
 
     // qemu-io, fed an endless stream of aio writes on stdin, killed in the
     // middle of it.
@@ -370,14 +343,9 @@ fn vanishing_clients(dir: &Path, spec: &str, old: &Path, restart: bool) {
     assert!(inflight > 0, "nothing was in flight when the writer died");
 
     // The bystander, connected all along, is still served.
-    bystander
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"go\n")
-        .expect("tell bystander");
-    assert_eq!(read_line(&mut by_out, "bystander"), "ok");
-    assert!(bystander.wait().expect("wait").success());
+    bystander.tell("go");
+    assert_eq!(bystander.line(), "ok");
+    bystander.wait_success();
 
     let sig = verify(&uri, old, start, blocks, &acked);
     assert_eq!(sig.len() as u64, blocks);
@@ -398,12 +366,9 @@ fn vanished_clients_lose_no_acknowledged_write_raw() {
     let img = dir.path().join("disk.raw");
     let old = dir.path().join("old.raw");
     for p in [&img, &old] {
-        std::fs::File::create(p)
-            .expect("create")
-            .set_len(64 * MIB)
-            .expect("set_len");
+        blank_file(p, 64 * MIB);
     }
-    vanishing_clients(dir.path(), &format!("raw:{}", img.display()), &old, false);
+    vanishing_clients(dir.path(), &spec_raw(&img), &old, false);
 }
 
 #[test]
@@ -426,14 +391,10 @@ fn vanished_clients_lose_no_acknowledged_write_cow_and_survive_restart() {
     );
 }
 
-/// SIGTERM, then give the server `limit` to exit. If it has not by then,
-/// run `release` (which must unblock it) and wait for it anyway. Returns the
-/// exit status, the time it took, and whether `limit` was exceeded.
-fn stop_within(
-    srv: Server,
-    limit: Duration,
-    release: impl FnOnce(),
-) -> (std::process::ExitStatus, Duration, bool) {
+/// SIGTERM, then give the server 10 s to exit. If it has not by then, run
+/// `release` (which must unblock it), wait for it anyway and fail with
+/// `late` and the time it took. The exit status must be 0.
+fn assert_prompt_stop(srv: Server, release: impl FnOnce(), late: &str) {
     let (tx, rx) = std::sync::mpsc::channel();
     let t0 = Instant::now();
     let stopper = std::thread::spawn(move || {
@@ -441,26 +402,30 @@ fn stop_within(
         let _ = tx.send(());
         status
     });
-    let late = rx.recv_timeout(limit).is_err();
-    if late {
+    let was_late = rx.recv_timeout(Duration::from_secs(10)).is_err();
+    if was_late {
         release();
     }
     let status = stopper.join().expect("stop");
-    (status, t0.elapsed(), late)
+    let took = t0.elapsed();
+    assert!(!was_late, "{late} ({took:?})");
+    assert!(status.success(), "exit status {status}");
+}
+
+/// Connect to SRV's socket and read the server's greeting (`NBDMAGIC`...).
+fn connect_greeted(srv: &Server) -> UnixStream {
+    let mut s = UnixStream::connect(&srv.socket).expect("connect");
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).expect("server greeting");
+    assert_eq!(&hello[..8], b"NBDMAGIC");
+    s
 }
 
 /// With `--max-connections 1` in use and one more client waiting, SIGTERM
 /// must still stop the server (it has nothing in flight to finish).
 #[test]
 fn sigterm_with_connection_limit_reached_still_shuts_down() {
-    let dir = tempdir();
-    let img = dir.path().join("disk.raw");
-    std::fs::File::create(&img)
-        .expect("create")
-        .set_len(MIB)
-        .expect("set_len");
-    let spec = format!("raw:{}", img.display());
-    let srv = Server::start(dir.path(), &[&spec, "--max-connections", "1"]);
+    let (_dir, _img, srv) = serve_blank(MIB, &["--max-connections", "1"]);
     let mut first = spawn_python(
         r#"
 h = nbd.NBD()
@@ -470,23 +435,23 @@ say("ready")
 sys.stdin.readline()
 "#,
         &[&srv.uri()],
+        "first client",
     );
-    let mut out = BufReader::new(first.stdout.take().expect("stdout"));
-    assert_eq!(read_line(&mut out, "first client"), "ready");
-    let second = std::os::unix::net::UnixStream::connect(&srv.socket).expect("connect");
+    assert_eq!(first.line(), "ready");
+    let second = UnixStream::connect(&srv.socket).expect("connect");
     std::thread::sleep(Duration::from_millis(300));
-    let mut stdin = first.stdin.take().expect("stdin");
-    let (status, took, late) = stop_within(srv, Duration::from_secs(10), move || {
+    let mut stdin = first.child.stdin.take().expect("stdin");
+    let release = move || {
         let _ = stdin.write_all(b"go\n");
         drop(second);
-    });
-    let _ = first.wait();
-    assert!(
-        !late,
+    };
+    assert_prompt_stop(
+        srv,
+        release,
         "SIGTERM was ignored while the connection limit was reached: the server \
-         exited only after the connected client left ({took:?})"
+         exited only after the connected client left",
     );
-    assert!(status.success(), "exit status {status}");
+    let _ = first.child.wait();
 }
 
 /// A client that connected but says nothing (still in the handshake, no
@@ -494,23 +459,10 @@ sys.stdin.readline()
 /// time-out.
 #[test]
 fn sigterm_with_client_idle_in_handshake_exits_promptly() {
-    let dir = tempdir();
-    let img = dir.path().join("disk.raw");
-    std::fs::File::create(&img)
-        .expect("create")
-        .set_len(MIB)
-        .expect("set_len");
-    let srv = Server::start(dir.path(), &[&format!("raw:{}", img.display())]);
-    let mut idle = std::os::unix::net::UnixStream::connect(&srv.socket).expect("connect");
-    let mut hello = [0u8; 18];
-    std::io::Read::read_exact(&mut idle, &mut hello).expect("server greeting");
-    assert_eq!(&hello[..8], b"NBDMAGIC");
-    let (status, took, late) = stop_within(srv, Duration::from_secs(10), move || drop(idle));
-    assert!(
-        !late,
-        "SIGTERM waited for a client idle in the handshake ({took:?})"
-    );
-    assert!(status.success(), "exit status {status}");
+    let (_dir, _img, srv) = serve_blank(MIB, &[]);
+    let idle = connect_greeted(&srv);
+    let why = "SIGTERM waited for a client idle in the handshake";
+    assert_prompt_stop(srv, move || drop(idle), why);
 }
 
 /// A client that stalls in the middle of a write's payload (the request is
@@ -518,20 +470,10 @@ fn sigterm_with_client_idle_in_handshake_exits_promptly() {
 /// 30 s drain time-out.
 #[test]
 fn sigterm_with_client_stalled_mid_payload_exits_promptly() {
-    use std::io::Read;
-    let dir = tempdir();
-    let img = dir.path().join("disk.raw");
-    std::fs::File::create(&img)
-        .expect("create")
-        .set_len(MIB)
-        .expect("set_len");
-    let srv = Server::start(dir.path(), &[&format!("raw:{}", img.display())]);
-    let mut s = std::os::unix::net::UnixStream::connect(&srv.socket).expect("connect");
+    let (_dir, img, srv) = serve_blank(MIB, &[]);
     // Fixed newstyle handshake by hand: greeting, client flags
     // (FIXED_NEWSTYLE | NO_ZEROES), NBD_OPT_EXPORT_NAME "".
-    let mut hello = [0u8; 18];
-    s.read_exact(&mut hello).expect("greeting");
-    assert_eq!(&hello[..8], b"NBDMAGIC");
+    let mut s = connect_greeted(&srv);
     s.write_all(&3u32.to_be_bytes()).expect("flags");
     let mut opt = 0x4948_4156_454F_5054u64.to_be_bytes().to_vec();
     opt.extend_from_slice(&1u32.to_be_bytes());
@@ -550,12 +492,8 @@ fn sigterm_with_client_stalled_mid_payload_exits_promptly() {
     req.extend_from_slice(&[0x55; 100]);
     s.write_all(&req).expect("partial request");
     std::thread::sleep(Duration::from_millis(300));
-    let (status, took, late) = stop_within(srv, Duration::from_secs(10), move || drop(s));
-    assert!(
-        !late,
-        "SIGTERM waited for a client stalled in the middle of a write payload ({took:?})"
-    );
-    assert!(status.success(), "exit status {status}");
+    let why = "SIGTERM waited for a client stalled in the middle of a write payload";
+    assert_prompt_stop(srv, move || drop(s), why);
     let got = std::fs::read(&img).expect("read");
     assert!(
         got.iter().all(|&b| b == 0),

@@ -6,9 +6,9 @@
 
 #![allow(dead_code)]
 
-use std::io::Write;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The `roamdisk` binary under test: `$ROAMDISK_BIN`, else the workspace's
@@ -312,6 +312,63 @@ pub fn run_python_nbd(script: &str, args: &[&str]) -> String {
     stdout_text(&out)
 }
 
+/// A child process talked to line by line: its stdin and stdout are pipes.
+pub struct Talker {
+    pub child: Child,
+    pub out: BufReader<ChildStdout>,
+    name: String,
+}
+
+impl Talker {
+    /// Start CMD with piped stdin and stdout, and STDERR; NAME is what
+    /// failures call it.
+    pub fn spawn(mut cmd: Command, stderr: Stdio, name: &str) -> Talker {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        let out = BufReader::new(child.stdout.take().expect("stdout"));
+        Talker {
+            child,
+            out,
+            name: name.to_string(),
+        }
+    }
+
+    /// The next line it prints, trimmed; fails if it ended without one.
+    pub fn line(&mut self) -> String {
+        let mut line = String::new();
+        self.out.read_line(&mut line).expect("read child stdout");
+        assert!(!line.is_empty(), "{} ended without output", self.name);
+        line.trim().to_string()
+    }
+
+    /// Send it LINE (with a newline); it must still be reading.
+    pub fn tell(&mut self, line: &str) {
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .unwrap_or_else(|e| panic!("tell {}: {e}", self.name));
+    }
+
+    /// Wait for it to exit, which it must do with status 0.
+    pub fn wait_success(mut self) {
+        let status = self.child.wait().expect("wait");
+        assert!(status.success(), "{} exited with {status}", self.name);
+    }
+
+    /// Send it an empty line if it still reads and reap it, whatever
+    /// became of it (after a crash of its server).
+    pub fn release(mut self) {
+        if let Some(mut stdin) = self.child.stdin.take() {
+            let _ = stdin.write_all(b"\n");
+        }
+        let _ = self.child.wait();
+    }
+}
+
 /// Panic unless a `qemu-io` run succeeded: exit status 0 and no failed
 /// command or pattern mismatch in its output (qemu-io reports some of
 /// those with exit status 0).
@@ -389,6 +446,13 @@ pub fn qemu_img_copy_into(from: &str, to: &str) {
         "qemu-img",
         &["convert", "-n", "-f", "raw", "-O", "raw", from, to],
     );
+}
+
+/// `qemu-img convert -n -W -m 16 -f raw -O raw FROM TO`: copy into an
+/// existing target with 16 coroutines writing out of order.
+pub fn qemu_img_copy_into_parallel(from: &str, to: &str) {
+    let args = ["convert", "-n", "-W", "-m", "16", "-f", "raw", "-O", "raw"];
+    run("qemu-img", &[&args[..], &[from, to]].concat());
 }
 
 /// Run `qemu-io -f raw IMAGE -c CMD...` (IMAGE a file or an NBD URI) and
