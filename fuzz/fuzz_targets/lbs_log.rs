@@ -16,28 +16,16 @@
 
 use libfuzzer_sys::fuzz_target;
 use roamdisk_lbs::checksum::ChecksumKind;
-use roamdisk_lbs::format::{
-    encode_entry, Cipher, Entry, Geometry, KeySource, MetaHeader, META_HEADER_SIZE,
-};
+use roamdisk_lbs::format::{encode_entry, Entry, Geometry, MetaHeader, META_HEADER_SIZE};
 use roamdisk_lbs::replay::{replay, ZERO};
 
 fn header(sum: ChecksumKind) -> MetaHeader {
-    MetaHeader {
-        uuid: [1; 16],
-        logical_size: 64 * 1024,
-        geometry: Geometry {
-            block_size: 1024,
-            cluster_size: 16 * 1024,
-            clusters: 6,
-        },
-        checksum: sum,
-        cipher: Cipher::None,
-        key_source: KeySource::None,
-        argon: (0, 0, 0),
-        salt: [0; 32],
-        key_check: [0; 16],
-        generation: 1,
-    }
+    let geometry = Geometry {
+        block_size: 1024,
+        cluster_size: 16 * 1024,
+        clusters: 6,
+    };
+    MetaHeader::plain([1; 16], 64 * 1024, geometry, sum)
 }
 
 /// Turn fuzz bytes into well-formed entries (kind and small fields from

@@ -2,7 +2,8 @@
 //! the generic layers (`raw`, `mem`, `cow`), the factory that builds a
 //! stack from a spec string or TOML table, the overlay-map engine
 //! ([`overlay`]) that `cow:` and the `cas:` session keep their states in,
-//! and durable file writes ([`durable`]).
+//! durable file writes ([`durable`]) and the frame of file headers
+//! ([`header`]).
 //!
 //! Operations carry no caller; the front end that receives a request runs
 //! it inside [`context::with_context`], and a layer that needs to know who
@@ -26,6 +27,7 @@ pub mod copy;
 mod dev;
 pub mod durable;
 mod error;
+pub mod header;
 pub mod layers;
 pub mod overlay;
 pub mod progress;

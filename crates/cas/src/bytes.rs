@@ -79,6 +79,32 @@ impl<'a> Reader<'a> {
         String::from_utf8(b.to_vec())
             .map_err(|_| corrupt(format!("{}: {field} is not UTF-8", self.what)))
     }
+    /// The frame's start (every header in this crate opens with it): an
+    /// 8-byte magic and a `u32` format version, both checked.
+    pub fn frame(&mut self, magic: &[u8; 8], version: u32) -> Result<()> {
+        if self.bytes(8, "magic")? != magic {
+            return Err(corrupt(format!("bad magic: not a roamdisk {}", self.what)));
+        }
+        let found = self.u32("version")?;
+        if found != version {
+            return Err(corrupt(format!(
+                "{} format version {found} (this build reads {version})",
+                self.what
+            )));
+        }
+        Ok(())
+    }
+    /// The header checksum: a `u32` CRC-32C of every byte before it.
+    pub fn header_crc(&mut self) -> Result<()> {
+        let covered = &self.buf[..self.pos];
+        if crc32c::crc32c(covered) != self.u32("header crc")? {
+            return Err(corrupt(format!(
+                "{} header checksum mismatch: the header is damaged",
+                self.what
+            )));
+        }
+        Ok(())
+    }
     /// Fail unless every byte was consumed.
     pub fn finish(&self) -> Result<()> {
         if self.remaining() != 0 {
@@ -141,6 +167,10 @@ impl Writer {
     pub fn zeros(&mut self, n: usize) -> &mut Self {
         self.buf.resize(self.buf.len() + n, 0);
         self
+    }
+    /// A CRC-32C of everything written so far (see [`Reader::header_crc`]).
+    pub fn crc(&mut self) -> &mut Self {
+        self.u32(crc32c::crc32c(&self.buf))
     }
 }
 

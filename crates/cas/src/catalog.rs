@@ -67,9 +67,8 @@ impl Catalog {
             .u32(VERSION)
             .u32(self.entries.len() as u32)
             .u64(self.generation)
-            .u32(0);
-        let crc = crc32c::crc32c(&w.buf);
-        w.u32(crc);
+            .u32(0)
+            .crc();
         for e in &self.entries {
             w.id(&e.version)
                 .id(&e.parent.unwrap_or(ChunkId::ZERO))
@@ -86,8 +85,7 @@ impl Catalog {
                 w.u8(t.len() as u8).bytes(t.as_bytes());
             }
         }
-        let crc = crc32c::crc32c(&w.buf);
-        w.u32(crc);
+        w.crc();
         w.buf
     }
 
@@ -100,20 +98,12 @@ impl Catalog {
         }
         let (body, trailer) = b.split_at(b.len() - 4);
         let mut r = Reader::new(body, "catalog");
-        if r.bytes(8, "magic")? != MAGIC {
-            return Err(corrupt("bad magic: not a roamdisk catalog"));
-        }
-        let version = r.u32("version")?;
-        if version != VERSION {
-            return Err(corrupt(format!(
-                "catalog format version {version} (this build reads {VERSION})"
-            )));
-        }
+        r.frame(&MAGIC, VERSION)?;
         let count = r.u32("count")?;
         let generation = r.u64("generation")?;
         let reserved = r.u32("reserved")?;
-        let hcrc = r.u32("header crc")?;
-        if crc32c::crc32c(&body[..HEADER_SIZE - 4]) != hcrc || reserved != 0 {
+        r.header_crc()?;
+        if reserved != 0 {
             return Err(corrupt("catalog header is damaged"));
         }
         if crc32c::crc32c(body) != u32::from_le_bytes(trailer.try_into().expect("4")) {

@@ -21,7 +21,6 @@ pub const MAGIC: [u8; 8] = *b"RDCASVER";
 pub const VERSION: u32 = 1;
 pub const FLAG_ENCRYPTED: u32 = 1;
 
-const H_CRC: usize = 60;
 pub const HEADER_SIZE: usize = 64;
 const KEY_ID_LEN: usize = 16;
 const NONCE_LEN: usize = 12;
@@ -80,15 +79,7 @@ fn hex(b: &[u8]) -> String {
 impl Header {
     pub fn parse(b: &[u8]) -> Result<Header> {
         let mut r = Reader::new(b, "version package");
-        if r.bytes(8, "magic")? != MAGIC {
-            return Err(corrupt("bad magic: not a roamdisk version package"));
-        }
-        let version = r.u32("version")?;
-        if version != VERSION {
-            return Err(corrupt(format!(
-                "version package format {version} (this build reads {VERSION})"
-            )));
-        }
+        r.frame(&MAGIC, VERSION)?;
         let flags = r.u32("flags")?;
         let hash = HashKind::from_u8(r.u8("hash")?)?;
         let reserved = r.bytes(3, "reserved")?;
@@ -98,10 +89,7 @@ impl Header {
         let refs_len = r.u64("refs length")?;
         let body_len = r.u64("body length")?;
         let reserved2 = r.u32("reserved")?;
-        let crc = r.u32("header crc")?;
-        if crc32c::crc32c(&b[..H_CRC]) != crc {
-            return Err(corrupt("version package header checksum mismatch"));
-        }
+        r.header_crc()?;
         if flags & !FLAG_ENCRYPTED != 0 || reserved != [0, 0, 0] || reserved2 != 0 {
             return Err(corrupt(format!(
                 "version package has unknown flags {flags:#x}"
@@ -218,42 +206,37 @@ impl Version {
             .u32(self.index.chunk_size)
             .u64(self.index.disk_size)
             .u64(self.index.data_bytes());
-        let sealed_body = match user_key {
-            None => body,
-            Some(key) => {
-                let body_len = KEY_ID_LEN + NONCE_LEN + body.len() + TAG_LEN;
-                h.u64(refs.len() as u64).u64(body_len as u64).u32(0);
-                let crc = crc32c::crc32c(&h.buf);
-                h.u32(crc);
-                let mut nonce = [0u8; NONCE_LEN];
-                openssl::rand::rand_bytes(&mut nonce)
-                    .map_err(|e| err(ErrorKind::Io, Op::Write, format!("no randomness: {e}")))?;
-                let mut aad = h.buf.clone();
-                aad.extend_from_slice(&refs);
-                let mut tag = [0u8; TAG_LEN];
-                let ct = encrypt_aead(
-                    Cipher::aes_256_gcm(),
-                    key,
-                    Some(&nonce),
-                    &aad,
-                    &body,
-                    &mut tag,
-                )
-                .map_err(|e| err(ErrorKind::Io, Op::Write, format!("AES-GCM failed: {e}")))?;
-                let mut out = h.buf;
-                out.extend_from_slice(&refs);
-                out.extend_from_slice(&key_id(key));
-                out.extend_from_slice(&nonce);
-                out.extend_from_slice(&ct);
-                out.extend_from_slice(&tag);
-                return Ok(out);
-            }
+        let body_len = match user_key {
+            Some(_) => KEY_ID_LEN + NONCE_LEN + body.len() + TAG_LEN,
+            None => body.len(),
         };
-        h.u64(0).u64(sealed_body.len() as u64).u32(0);
-        let crc = crc32c::crc32c(&h.buf);
-        h.u32(crc);
+        h.u64(refs.len() as u64).u64(body_len as u64).u32(0).crc();
+        let Some(key) = user_key else {
+            let mut out = h.buf;
+            out.extend_from_slice(&body);
+            return Ok(out);
+        };
+        let mut nonce = [0u8; NONCE_LEN];
+        openssl::rand::rand_bytes(&mut nonce)
+            .map_err(|e| err(ErrorKind::Io, Op::Write, format!("no randomness: {e}")))?;
+        let mut aad = h.buf.clone();
+        aad.extend_from_slice(&refs);
+        let mut tag = [0u8; TAG_LEN];
+        let ct = encrypt_aead(
+            Cipher::aes_256_gcm(),
+            key,
+            Some(&nonce),
+            &aad,
+            &body,
+            &mut tag,
+        )
+        .map_err(|e| err(ErrorKind::Io, Op::Write, format!("AES-GCM failed: {e}")))?;
         let mut out = h.buf;
-        out.extend_from_slice(&sealed_body);
+        out.extend_from_slice(&refs);
+        out.extend_from_slice(&key_id(key));
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(&ct);
+        out.extend_from_slice(&tag);
         Ok(out)
     }
 
@@ -468,8 +451,8 @@ mod tests {
         let mut b = version(true).encode(Some(&key)).unwrap();
         b[20..24].copy_from_slice(&1u32.to_le_bytes());
         b[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
-        let crc = crc32c::crc32c(&b[..H_CRC]);
-        b[H_CRC..HEADER_SIZE].copy_from_slice(&crc.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..HEADER_SIZE - 4]);
+        b[HEADER_SIZE - 4..HEADER_SIZE].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(Version::references_of(&b).unwrap().len(), 3);
         assert!(Version::decode(&b, Some(&key)).is_err());
     }

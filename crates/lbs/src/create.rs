@@ -141,16 +141,12 @@ pub fn plan(o: &CreateOptions) -> Result<(MetaHeader, DataSuper, Option<[u8; 64]
         }
     };
     let header = MetaHeader {
-        uuid,
-        logical_size: lblocks * bs,
-        geometry,
-        checksum: o.checksum,
         cipher,
         key_source,
         argon,
         salt,
         key_check: key.as_ref().map(crypto::key_check).unwrap_or([0; 16]),
-        generation: 1,
+        ..MetaHeader::plain(uuid, lblocks * bs, geometry, o.checksum)
     };
     // Round-trip through the parser: a header we write must be one we read.
     MetaHeader::parse(&header.encode()).map_err(|e| bad(format!("invalid geometry: {e}")))?;

@@ -3,6 +3,8 @@
 //! `fuzz/fuzz_targets/lbs_log.rs`). The byte layout is specified in
 //! `docs/formats/lbs.md`; the constants here follow it.
 
+use roamdisk_blockdev::header::{self, put_u32, put_u64, u32_at, u64_at, Frame, FrameError};
+
 use crate::checksum::ChecksumKind;
 
 /// Data-file superblock magic.
@@ -18,10 +20,9 @@ pub const SUPERBLOCK_SIZE: usize = 4096;
 /// Metadata header size.
 pub const META_HEADER_SIZE: usize = 256;
 
-// Data superblock field offsets.
-const D_MAGIC: usize = 0;
-const D_VERSION: usize = D_MAGIC + 8;
-const D_BLOCK: usize = D_VERSION + 4;
+// Data superblock field offsets; magic and version (bytes 0..12) are the
+// frame's ([`roamdisk_blockdev::header`]).
+const D_BLOCK: usize = header::FIELDS;
 const D_CLUSTER: usize = D_BLOCK + 4;
 const D_FLAGS: usize = D_CLUSTER + 4;
 const D_CLUSTERS: usize = D_FLAGS + 4;
@@ -30,11 +31,14 @@ const D_UUID: usize = D_DATA_OFFSET + 8;
 const D_END: usize = D_UUID + 16;
 const D_CRC: usize = 124;
 const _: () = assert!(D_END <= D_CRC);
+const DATA_FRAME: Frame = Frame {
+    magic: DATA_MAGIC,
+    version: VERSION,
+    crc_at: D_CRC,
+};
 
-// Metadata header field offsets.
-const M_MAGIC: usize = 0;
-const M_VERSION: usize = M_MAGIC + 8;
-const M_HEADER_SIZE: usize = M_VERSION + 4;
+// Metadata header field offsets, after the frame's magic and version.
+const M_HEADER_SIZE: usize = header::FIELDS;
 const M_UUID: usize = M_HEADER_SIZE + 4;
 const M_LOGICAL: usize = M_UUID + 16;
 const M_BLOCK: usize = M_LOGICAL + 8;
@@ -53,6 +57,12 @@ const M_GENERATION: usize = M_KEY_CHECK + 16;
 const M_END: usize = M_GENERATION + 8;
 const M_CRC: usize = 252;
 const _: () = assert!(M_END <= M_CRC);
+const META_FRAME: Frame = Frame {
+    magic: META_MAGIC,
+    version: VERSION,
+    crc_at: M_CRC,
+};
+const _: () = assert!(META_FRAME.size() == META_HEADER_SIZE);
 
 /// Entry header size (kind, reserved, length, seq).
 pub const ENTRY_HEADER: usize = 16;
@@ -104,19 +114,16 @@ pub enum FormatError {
     BadField(&'static str),
 }
 
-fn le32(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
-}
-fn le64(b: &[u8], o: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[o..o + 8]);
-    u64::from_le_bytes(a)
-}
-fn put32(b: &mut [u8], o: usize, v: u32) {
-    b[o..o + 4].copy_from_slice(&v.to_le_bytes());
-}
-fn put64(b: &mut [u8], o: usize, v: u64) {
-    b[o..o + 8].copy_from_slice(&v.to_le_bytes());
+impl FormatError {
+    /// The error of a rejected frame of the `what` header.
+    fn frame(e: FrameError, f: &Frame, what: &'static str) -> FormatError {
+        match e {
+            FrameError::Truncated(n) => FormatError::Truncated(n, f.size()),
+            FrameError::BadMagic => FormatError::BadMagic(what),
+            FrameError::BadVersion(v) => FormatError::BadVersion(v),
+            FrameError::BadCrc => FormatError::BadCrc,
+        }
+    }
 }
 
 /// The geometry both files agree on.
@@ -171,44 +178,31 @@ pub struct DataSuper {
 impl DataSuper {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; SUPERBLOCK_SIZE];
-        b[D_MAGIC..D_MAGIC + 8].copy_from_slice(&DATA_MAGIC);
-        put32(&mut b, D_VERSION, VERSION);
-        put32(&mut b, D_BLOCK, self.geometry.block_size);
-        put32(&mut b, D_CLUSTER, self.geometry.cluster_size);
-        put32(&mut b, D_FLAGS, self.encrypted as u32);
-        put64(&mut b, D_CLUSTERS, self.geometry.clusters);
-        put64(&mut b, D_DATA_OFFSET, self.geometry.data_offset());
+        put_u32(&mut b, D_BLOCK, self.geometry.block_size);
+        put_u32(&mut b, D_CLUSTER, self.geometry.cluster_size);
+        put_u32(&mut b, D_FLAGS, self.encrypted as u32);
+        put_u64(&mut b, D_CLUSTERS, self.geometry.clusters);
+        put_u64(&mut b, D_DATA_OFFSET, self.geometry.data_offset());
         b[D_UUID..D_UUID + 16].copy_from_slice(&self.uuid);
-        let crc = crc32c::crc32c(&b[..D_CRC]);
-        put32(&mut b, D_CRC, crc);
+        DATA_FRAME.seal(&mut b);
         b
     }
 
     pub fn parse(b: &[u8]) -> Result<DataSuper, FormatError> {
-        if b.len() < D_CRC + 4 {
-            return Err(FormatError::Truncated(b.len(), D_CRC + 4));
-        }
-        if b[D_MAGIC..D_MAGIC + 8] != DATA_MAGIC {
-            return Err(FormatError::BadMagic("data (.lbsd)"));
-        }
-        let v = le32(b, D_VERSION);
-        if v != VERSION {
-            return Err(FormatError::BadVersion(v));
-        }
-        if crc32c::crc32c(&b[..D_CRC]) != le32(b, D_CRC) {
-            return Err(FormatError::BadCrc);
-        }
-        let flags = le32(b, D_FLAGS);
+        DATA_FRAME
+            .check(b)
+            .map_err(|e| FormatError::frame(e, &DATA_FRAME, "data (.lbsd)"))?;
+        let flags = u32_at(b, D_FLAGS);
         if flags > 1 {
             return Err(FormatError::BadField("unknown data flags"));
         }
         let geometry = Geometry {
-            block_size: le32(b, D_BLOCK),
-            cluster_size: le32(b, D_CLUSTER),
-            clusters: le64(b, D_CLUSTERS),
+            block_size: u32_at(b, D_BLOCK),
+            cluster_size: u32_at(b, D_CLUSTER),
+            clusters: u64_at(b, D_CLUSTERS),
         };
         geometry.validate()?;
-        if le64(b, D_DATA_OFFSET) != geometry.data_offset() {
+        if u64_at(b, D_DATA_OFFSET) != geometry.data_offset() {
             return Err(FormatError::BadField("data offset"));
         }
         let mut uuid = [0u8; 16];
@@ -239,58 +233,67 @@ pub struct MetaHeader {
 }
 
 impl MetaHeader {
+    /// The first header of an unencrypted image (generation 1); an
+    /// encrypted one sets the cipher, key source and key fields over it.
+    pub fn plain(
+        uuid: [u8; 16],
+        logical_size: u64,
+        geometry: Geometry,
+        checksum: ChecksumKind,
+    ) -> MetaHeader {
+        MetaHeader {
+            uuid,
+            logical_size,
+            geometry,
+            checksum,
+            cipher: Cipher::None,
+            key_source: KeySource::None,
+            argon: (0, 0, 0),
+            salt: [0; 32],
+            key_check: [0; 16],
+            generation: 1,
+        }
+    }
+
     pub fn logical_blocks(&self) -> u64 {
         self.logical_size / self.geometry.block_size as u64
     }
 
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; META_HEADER_SIZE];
-        b[M_MAGIC..M_MAGIC + 8].copy_from_slice(&META_MAGIC);
-        put32(&mut b, M_VERSION, VERSION);
-        put32(&mut b, M_HEADER_SIZE, META_HEADER_SIZE as u32);
+        put_u32(&mut b, M_HEADER_SIZE, META_HEADER_SIZE as u32);
         b[M_UUID..M_UUID + 16].copy_from_slice(&self.uuid);
-        put64(&mut b, M_LOGICAL, self.logical_size);
-        put32(&mut b, M_BLOCK, self.geometry.block_size);
-        put32(&mut b, M_CLUSTER, self.geometry.cluster_size);
-        put64(&mut b, M_CLUSTERS, self.geometry.clusters);
+        put_u64(&mut b, M_LOGICAL, self.logical_size);
+        put_u32(&mut b, M_BLOCK, self.geometry.block_size);
+        put_u32(&mut b, M_CLUSTER, self.geometry.cluster_size);
+        put_u64(&mut b, M_CLUSTERS, self.geometry.clusters);
         b[M_CHECKSUM] = self.checksum.id();
         b[M_CIPHER] = self.cipher as u8;
         b[M_KEY_SOURCE] = self.key_source as u8;
-        put32(&mut b, M_ARGON_M, self.argon.0);
-        put32(&mut b, M_ARGON_T, self.argon.1);
-        put32(&mut b, M_ARGON_P, self.argon.2);
+        put_u32(&mut b, M_ARGON_M, self.argon.0);
+        put_u32(&mut b, M_ARGON_T, self.argon.1);
+        put_u32(&mut b, M_ARGON_P, self.argon.2);
         b[M_SALT..M_SALT + 32].copy_from_slice(&self.salt);
         b[M_KEY_CHECK..M_KEY_CHECK + 16].copy_from_slice(&self.key_check);
-        put64(&mut b, M_GENERATION, self.generation);
-        let crc = crc32c::crc32c(&b[..M_CRC]);
-        put32(&mut b, M_CRC, crc);
+        put_u64(&mut b, M_GENERATION, self.generation);
+        META_FRAME.seal(&mut b);
         b
     }
 
     pub fn parse(b: &[u8]) -> Result<MetaHeader, FormatError> {
-        if b.len() < META_HEADER_SIZE {
-            return Err(FormatError::Truncated(b.len(), META_HEADER_SIZE));
-        }
-        if b[M_MAGIC..M_MAGIC + 8] != META_MAGIC {
-            return Err(FormatError::BadMagic("metadata (.lbsm)"));
-        }
-        let v = le32(b, M_VERSION);
-        if v != VERSION {
-            return Err(FormatError::BadVersion(v));
-        }
-        if crc32c::crc32c(&b[..M_CRC]) != le32(b, M_CRC) {
-            return Err(FormatError::BadCrc);
-        }
-        if le32(b, M_HEADER_SIZE) as usize != META_HEADER_SIZE {
+        META_FRAME
+            .check(b)
+            .map_err(|e| FormatError::frame(e, &META_FRAME, "metadata (.lbsm)"))?;
+        if u32_at(b, M_HEADER_SIZE) as usize != META_HEADER_SIZE {
             return Err(FormatError::BadField("header size"));
         }
         let geometry = Geometry {
-            block_size: le32(b, M_BLOCK),
-            cluster_size: le32(b, M_CLUSTER),
-            clusters: le64(b, M_CLUSTERS),
+            block_size: u32_at(b, M_BLOCK),
+            cluster_size: u32_at(b, M_CLUSTER),
+            clusters: u64_at(b, M_CLUSTERS),
         };
         geometry.validate()?;
-        let logical_size = le64(b, M_LOGICAL);
+        let logical_size = u64_at(b, M_LOGICAL);
         let bs = geometry.block_size as u64;
         if logical_size == 0 || !logical_size.is_multiple_of(bs) {
             return Err(FormatError::BadField(
@@ -331,10 +334,14 @@ impl MetaHeader {
             checksum,
             cipher,
             key_source,
-            argon: (le32(b, M_ARGON_M), le32(b, M_ARGON_T), le32(b, M_ARGON_P)),
+            argon: (
+                u32_at(b, M_ARGON_M),
+                u32_at(b, M_ARGON_T),
+                u32_at(b, M_ARGON_P),
+            ),
             salt,
             key_check,
-            generation: le64(b, M_GENERATION),
+            generation: u64_at(b, M_GENERATION),
         })
     }
 }
@@ -450,7 +457,7 @@ pub fn parse_entry(
     if b.len() < ENTRY_HEADER + ENTRY_TRAILER {
         return Err(TailError::Truncated);
     }
-    let len = le32(b, 4);
+    let len = u32_at(b, 4);
     let l = len as usize;
     if !(ENTRY_HEADER + ENTRY_TRAILER..=MAX_ENTRY).contains(&l) || !l.is_multiple_of(4) {
         return Err(TailError::BadLength(len));
@@ -458,13 +465,13 @@ pub fn parse_entry(
     if b.len() < l {
         return Err(TailError::Truncated);
     }
-    if crc32c::crc32c(&b[..l - ENTRY_TRAILER]) != le32(b, l - ENTRY_TRAILER) {
+    if crc32c::crc32c(&b[..l - ENTRY_TRAILER]) != u32_at(b, l - ENTRY_TRAILER) {
         return Err(TailError::BadCrc);
     }
     if b[1] != 0 || b[2] != 0 || b[3] != 0 {
         return Err(TailError::BadEntry("reserved header bytes"));
     }
-    let seq = le64(b, 8);
+    let seq = u64_at(b, 8);
     let body = &b[ENTRY_HEADER..l - ENTRY_TRAILER];
     let in_range = |start: u64, count: u64, limit: u64| {
         count > 0 && start.checked_add(count).is_some_and(|e| e <= limit)
@@ -474,12 +481,12 @@ pub fn parse_entry(
             if body.len() < MAP_FIXED {
                 return Err(TailError::BadEntry("short MAP"));
             }
-            let lbn = le64(body, 0);
-            let pbn = le64(body, 8);
-            let count = le32(body, 16) as u64;
-            let epoch = le64(body, 24);
+            let lbn = u64_at(body, 0);
+            let pbn = u64_at(body, 8);
+            let count = u32_at(body, 16) as u64;
+            let epoch = u64_at(body, 24);
             let sums_len = count as usize * sum_width;
-            if le32(body, 20) != 0
+            if u32_at(body, 20) != 0
                 || body.len() < MAP_FIXED + sums_len
                 || body[MAP_FIXED + sums_len..].iter().any(|&x| x != 0)
                 || body.len() - MAP_FIXED - sums_len >= 4
@@ -507,8 +514,8 @@ pub fn parse_entry(
             if body.len() != 16 {
                 return Err(TailError::BadEntry("ZERO/TRIM layout"));
             }
-            let lbn = le64(body, 0);
-            let count = le64(body, 8);
+            let lbn = u64_at(body, 0);
+            let count = u64_at(body, 8);
             if !in_range(lbn, count, lblocks) {
                 return Err(TailError::BadEntry("ZERO/TRIM range"));
             }
@@ -519,12 +526,12 @@ pub fn parse_entry(
             }
         }
         KIND_BARRIER => {
-            if body.len() != 16 || le32(body, 12) != 0 {
+            if body.len() != 16 || u32_at(body, 12) != 0 {
                 return Err(TailError::BadEntry("BARRIER layout"));
             }
             Entry::Barrier {
-                number: le64(body, 0),
-                crc: le32(body, 8),
+                number: u64_at(body, 0),
+                crc: u32_at(body, 8),
             }
         }
         _ => return Err(TailError::BadEntry("unknown kind")),
@@ -537,22 +544,12 @@ mod tests {
     use super::*;
 
     fn header() -> MetaHeader {
-        MetaHeader {
-            uuid: [7; 16],
-            logical_size: 1 << 20,
-            geometry: Geometry {
-                block_size: 4096,
-                cluster_size: 65536,
-                clusters: 20,
-            },
-            checksum: ChecksumKind::Crc32c,
-            cipher: Cipher::None,
-            key_source: KeySource::None,
-            argon: (0, 0, 0),
-            salt: [0; 32],
-            key_check: [0; 16],
-            generation: 1,
-        }
+        let geometry = Geometry {
+            block_size: 4096,
+            cluster_size: 65536,
+            clusters: 20,
+        };
+        MetaHeader::plain([7; 16], 1 << 20, geometry, ChecksumKind::Crc32c)
     }
 
     #[test]

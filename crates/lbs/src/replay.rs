@@ -199,25 +199,15 @@ pub fn replay(bytes: &[u8], h: &MetaHeader) -> Result<Replayed, Inconsistent> {
 mod tests {
     use super::*;
     use crate::checksum::ChecksumKind;
-    use crate::format::{encode_entry, Cipher, Geometry, KeySource};
+    use crate::format::{encode_entry, Geometry};
 
     fn header() -> MetaHeader {
-        MetaHeader {
-            uuid: [0; 16],
-            logical_size: 64 * 1024,
-            geometry: Geometry {
-                block_size: 1024,
-                cluster_size: 16 * 1024,
-                clusters: 6,
-            },
-            checksum: ChecksumKind::Crc32c,
-            cipher: Cipher::None,
-            key_source: KeySource::None,
-            argon: (0, 0, 0),
-            salt: [0; 32],
-            key_check: [0; 16],
-            generation: 1,
-        }
+        let geometry = Geometry {
+            block_size: 1024,
+            cluster_size: 16 * 1024,
+            clusters: 6,
+        };
+        MetaHeader::plain([0; 16], 64 * 1024, geometry, ChecksumKind::Crc32c)
     }
 
     struct LogBuilder {

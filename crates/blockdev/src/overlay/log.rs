@@ -7,10 +7,12 @@
 //! session); everything else is here, once. Pure encoding and parsing (no
 //! I/O), fuzzed by `fuzz/fuzz_targets/overlay_map.rs`.
 
-// Header field offsets (chained, never bare numbers).
-const H_MAGIC: usize = 0;
-const H_VERSION: usize = H_MAGIC + 8;
-const H_BODY: usize = H_VERSION + 4;
+pub use crate::header::{u32_at, u64_at};
+use crate::header::{Frame, FrameError};
+
+// Header field offsets (chained, never bare numbers); magic and version
+// are the frame's ([`crate::header`]).
+const H_BODY: usize = crate::header::FIELDS;
 const H_CRC: usize = H_BODY + BODY_SIZE;
 /// Size of the header in bytes.
 pub const HEADER_SIZE: usize = H_CRC + 4;
@@ -75,47 +77,36 @@ pub trait MapHeader: Clone + Send + Sync + 'static {
     fn compacted(&mut self) {}
 }
 
-/// Read a little-endian `u32` at `o`.
-pub fn u32_at(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
-}
-
-/// Read a little-endian `u64` at `o`.
-pub fn u64_at(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+/// The frame of `H`'s header: its magic and version, the checksum at 60.
+fn frame<H: MapHeader>() -> Frame {
+    Frame {
+        magic: H::MAGIC,
+        version: H::VERSION,
+        crc_at: H_CRC,
+    }
 }
 
 /// Encode the 64-byte header.
 pub fn encode_header<H: MapHeader>(h: &H) -> [u8; HEADER_SIZE] {
     let mut b = [0u8; HEADER_SIZE];
-    b[H_MAGIC..H_VERSION].copy_from_slice(&H::MAGIC);
-    b[H_VERSION..H_BODY].copy_from_slice(&H::VERSION.to_le_bytes());
     let mut body = [0u8; BODY_SIZE];
     h.encode_body(&mut body);
     b[H_BODY..H_CRC].copy_from_slice(&body);
-    let crc = crc32c::crc32c(&b[..H_CRC]);
-    b[H_CRC..].copy_from_slice(&crc.to_le_bytes());
+    frame::<H>().seal(&mut b);
     b
 }
 
 /// Parse and validate a header from the start of `b`.
 pub fn parse_header<H: MapHeader>(b: &[u8]) -> Result<H, MapError> {
-    if b.len() < HEADER_SIZE {
-        return Err(MapError::Truncated(b.len()));
-    }
-    if b[H_MAGIC..H_VERSION] != H::MAGIC {
-        return Err(MapError::BadMagic(H::WHAT));
-    }
-    let found = u32_at(b, H_VERSION);
-    if found != H::VERSION {
-        return Err(MapError::BadVersion {
+    frame::<H>().check(b).map_err(|e| match e {
+        FrameError::Truncated(n) => MapError::Truncated(n),
+        FrameError::BadMagic => MapError::BadMagic(H::WHAT),
+        FrameError::BadVersion(found) => MapError::BadVersion {
             found,
             supported: H::VERSION,
-        });
-    }
-    if crc32c::crc32c(&b[..H_CRC]) != u32_at(b, H_CRC) {
-        return Err(MapError::BadHeaderCrc);
-    }
+        },
+        FrameError::BadCrc => MapError::BadHeaderCrc,
+    })?;
     H::parse_body(b[H_BODY..H_CRC].try_into().expect("body"))
 }
 
