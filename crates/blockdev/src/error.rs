@@ -125,13 +125,8 @@ impl Error {
     pub fn io(op: Op, layer: impl Into<String>, err: io::Error) -> Self {
         let kind = kind_of_io(&err);
         Error {
-            kind,
-            op,
-            layer: layer.into(),
-            offset: None,
-            path: None,
-            message: String::new(),
             source: Some(err),
+            ..Error::new(kind, op, layer, String::new())
         }
     }
 

@@ -243,20 +243,23 @@ fn lease_id_ok(id: &str) -> bool {
 }
 
 async fn refresh_lease(State(s): State<St>, Path(id): Path<String>) -> Response {
-    if !lease_id_ok(&id) {
-        return (StatusCode::BAD_REQUEST, "bad lease id").into_response();
-    }
-    match blocking(move || s.lease_refresh(&id)).await {
-        Ok(()) => StatusCode::OK.into_response(),
-        Err(r) => r,
-    }
+    on_lease(s, id, |s, id| s.lease_refresh(id)).await
 }
 
 async fn end_lease(State(s): State<St>, Path(id): Path<String>) -> Response {
+    on_lease(s, id, |s, id| s.lease_end(id)).await
+}
+
+/// Run `op` on lease `id` once the id is checked: 200 when it succeeds.
+async fn on_lease(
+    s: St,
+    id: String,
+    op: fn(&DynStore, &str) -> roamdisk_blockdev::Result<()>,
+) -> Response {
     if !lease_id_ok(&id) {
         return (StatusCode::BAD_REQUEST, "bad lease id").into_response();
     }
-    match blocking(move || s.lease_end(&id)).await {
+    match blocking(move || op(&s, &id)).await {
         Ok(()) => StatusCode::OK.into_response(),
         Err(r) => r,
     }

@@ -51,35 +51,30 @@ async fn error_reply(s: &mut BoxStream, opt: u32, rtype: u32, msg: &str) -> std:
     s.flush().await
 }
 
+async fn no_such_export(s: &mut BoxStream, opt: u32, name: &str) -> std::io::Result<()> {
+    let msg = format!("no export named '{name}'");
+    error_reply(s, opt, REP_ERR_UNKNOWN, &msg).await
+}
+
 fn transmission_flags(exp: &Export, structured: bool) -> u16 {
     let caps = exp.dev.caps();
-    let mut f = TF_HAS_FLAGS | TF_SEND_FLUSH | TF_SEND_CACHE;
-    if !caps.can_write {
-        f |= TF_READ_ONLY;
-    } else {
-        if caps.can_fua {
-            f |= TF_SEND_FUA;
-        }
-        if caps.can_trim {
-            f |= TF_SEND_TRIM;
-        }
-        if caps.can_zero {
-            f |= TF_SEND_WRITE_ZEROES;
-        }
-        if caps.can_fast_zero {
-            f |= TF_SEND_FAST_ZERO;
-        }
-    }
-    if caps.rotational {
-        f |= TF_ROTATIONAL;
-    }
-    if caps.can_multi_conn {
-        f |= TF_CAN_MULTI_CONN;
-    }
-    if structured {
-        f |= TF_SEND_DF;
-    }
-    f
+    let w = caps.can_write;
+    [
+        (!w, TF_READ_ONLY),
+        (w && caps.can_fua, TF_SEND_FUA),
+        (w && caps.can_trim, TF_SEND_TRIM),
+        (w && caps.can_zero, TF_SEND_WRITE_ZEROES),
+        (w && caps.can_fast_zero, TF_SEND_FAST_ZERO),
+        (caps.rotational, TF_ROTATIONAL),
+        (caps.can_multi_conn, TF_CAN_MULTI_CONN),
+        (structured, TF_SEND_DF),
+    ]
+    .into_iter()
+    .filter(|&(on, _)| on)
+    .fold(
+        TF_HAS_FLAGS | TF_SEND_FLUSH | TF_SEND_CACHE,
+        |f, (_, flag)| f | flag,
+    )
 }
 
 /// Run the handshake on `s`. Returns the (possibly TLS-wrapped) stream and
@@ -281,13 +276,7 @@ pub async fn negotiate(
                     continue;
                 }
                 if shared.find(&req.export).is_none() {
-                    error_reply(
-                        &mut s,
-                        opt,
-                        REP_ERR_UNKNOWN,
-                        &format!("no export named '{}'", req.export),
-                    )
-                    .await?;
+                    no_such_export(&mut s, opt, &req.export).await?;
                     continue;
                 }
                 let selected = if list && req.queries.is_empty() {
@@ -316,13 +305,7 @@ pub async fn negotiate(
                     }
                 };
                 let Some(export) = shared.find(&req.name) else {
-                    error_reply(
-                        &mut s,
-                        opt,
-                        REP_ERR_UNKNOWN,
-                        &format!("no export named '{}'", req.name),
-                    )
-                    .await?;
+                    no_such_export(&mut s, opt, &req.name).await?;
                     continue;
                 };
                 let mut p = Vec::with_capacity(12);

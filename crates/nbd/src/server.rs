@@ -308,56 +308,11 @@ impl Server {
         let mut acceptors = JoinSet::new();
         for l in unix {
             let tx = conn_tx.clone();
-            acceptors.spawn(async move {
-                loop {
-                    let accepted = l.accept().await.and_then(|(s, _)| {
-                        // Unix peers have no address; their process says
-                        // which VM or tool a client id belongs to.
-                        let peer = match s.peer_cred() {
-                            Ok(c) => match c.pid() {
-                                Some(pid) => format!("unix pid {pid} uid {}", c.uid()),
-                                None => format!("unix uid {}", c.uid()),
-                            },
-                            Err(_) => "unix".to_string(),
-                        };
-                        Ok((s.into_std()?, peer))
-                    });
-                    match accepted {
-                        Ok((s, peer)) => {
-                            if tx.send(Accepted::Unix(s, peer)).await.is_err() {
-                                break;
-                            }
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    }
-                }
-            });
+            acceptors.spawn(async move { while hand_over(&tx, Accepted::unix(&l).await).await {} });
         }
         for l in tcp {
             let tx = conn_tx.clone();
-            acceptors.spawn(async move {
-                loop {
-                    let accepted = l.accept().await.and_then(|(s, peer)| {
-                        let _ = s.set_nodelay(true);
-                        tracing::debug!(%peer, "connection");
-                        Ok((s.into_std()?, peer))
-                    });
-                    match accepted {
-                        Ok((s, peer)) => {
-                            if tx.send(Accepted::Tcp(s, peer)).await.is_err() {
-                                break;
-                            }
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    }
-                }
-            });
+            acceptors.spawn(async move { while hand_over(&tx, Accepted::tcp(&l).await).await {} });
         }
         drop(conn_tx);
         let active = Arc::new(AtomicUsize::new(0));
@@ -442,7 +397,46 @@ enum Accepted {
     Tcp(std::net::TcpStream, SocketAddr),
 }
 
+/// Hand an accepted connection to the serve loop; false once the loop is
+/// gone. A failed accept is logged and the next one comes after a pause.
+async fn hand_over(
+    tx: &tokio::sync::mpsc::Sender<Accepted>,
+    accepted: std::io::Result<Accepted>,
+) -> bool {
+    match accepted {
+        Ok(a) => tx.send(a).await.is_ok(),
+        Err(e) => {
+            tracing::warn!(error = %e, "accept failed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            true
+        }
+    }
+}
+
 impl Accepted {
+    /// The next connection on a Unix socket.
+    async fn unix(l: &UnixListener) -> std::io::Result<Accepted> {
+        let (s, _) = l.accept().await?;
+        // Unix peers have no address; their process says which VM or tool
+        // a client id belongs to.
+        let peer = match s.peer_cred() {
+            Ok(c) => match c.pid() {
+                Some(pid) => format!("unix pid {pid} uid {}", c.uid()),
+                None => format!("unix uid {}", c.uid()),
+            },
+            Err(_) => "unix".to_string(),
+        };
+        Ok(Accepted::Unix(s.into_std()?, peer))
+    }
+
+    /// The next connection on a TCP listener.
+    async fn tcp(l: &TcpListener) -> std::io::Result<Accepted> {
+        let (s, peer) = l.accept().await?;
+        let _ = s.set_nodelay(true);
+        tracing::debug!(%peer, "connection");
+        Ok(Accepted::Tcp(s.into_std()?, peer))
+    }
+
     /// Who is on the other end, for the log.
     fn peer(&self) -> String {
         match self {

@@ -163,32 +163,40 @@ impl RawDev {
     }
 
     fn punch(&self, off: u64, len: u64) -> Result<bool> {
-        if !self.can_punch.load(Ordering::Relaxed) {
-            return Ok(false);
-        }
-        let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
-        match rustix::fs::fallocate(&self.file, flags, off, len) {
-            Ok(()) => Ok(true),
-            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => {
-                self.can_punch.store(false, Ordering::Relaxed);
-                Ok(false)
-            }
-            Err(e) => Err(self.err(Op::Trim, off, e.into())),
-        }
+        self.fallocate(
+            &self.can_punch,
+            FallocateFlags::PUNCH_HOLE,
+            Op::Trim,
+            off,
+            len,
+        )
     }
 
     fn zero_range(&self, off: u64, len: u64) -> Result<bool> {
-        if !self.can_zero_range.load(Ordering::Relaxed) {
+        let mode = FallocateFlags::ZERO_RANGE;
+        self.fallocate(&self.can_zero_range, mode, Op::WriteZeroes, off, len)
+    }
+
+    /// `fallocate(mode | KEEP_SIZE)` while `supported` holds; `Ok(false)`
+    /// when the file system does not have the mode (it is not tried again).
+    fn fallocate(
+        &self,
+        supported: &AtomicBool,
+        mode: FallocateFlags,
+        op: Op,
+        off: u64,
+        len: u64,
+    ) -> Result<bool> {
+        if !supported.load(Ordering::Relaxed) {
             return Ok(false);
         }
-        let flags = FallocateFlags::ZERO_RANGE | FallocateFlags::KEEP_SIZE;
-        match rustix::fs::fallocate(&self.file, flags, off, len) {
+        match rustix::fs::fallocate(&self.file, mode | FallocateFlags::KEEP_SIZE, off, len) {
             Ok(()) => Ok(true),
             Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => {
-                self.can_zero_range.store(false, Ordering::Relaxed);
+                supported.store(false, Ordering::Relaxed);
                 Ok(false)
             }
-            Err(e) => Err(self.err(Op::WriteZeroes, off, e.into())),
+            Err(e) => Err(self.err(op, off, e.into())),
         }
     }
 

@@ -241,17 +241,7 @@ impl<H: MapHeader> OverlayMap<H> {
             return;
         }
         self.states.set(a, b, v);
-        let mut p = lock(&self.pending);
-        let mut s = a;
-        while s < b {
-            let n = (b - s).min(MAX_RUN);
-            p.push(Run {
-                start: s,
-                count: n as u32,
-                state: v,
-            });
-            s += n;
-        }
+        push_runs(&mut lock(&self.pending), a, b, v);
     }
 
     /// The lock stripe of `key` (callers choose the key: a cluster, a
@@ -395,17 +385,22 @@ fn coalesce(changes: Vec<Run>) -> Vec<Run> {
                 s += room;
             }
         }
-        while s < e {
-            let n = (e - s).min(MAX_RUN);
-            out.push(Run {
-                start: s,
-                count: n as u32,
-                state: v,
-            });
-            s += n;
-        }
+        push_runs(&mut out, s, e, v);
     }
     out
+}
+
+/// Append units `[s, e)` in state `v` as runs of at most `MAX_RUN` units.
+fn push_runs(out: &mut Vec<Run>, mut s: u64, e: u64, v: u8) {
+    while s < e {
+        let n = (e - s).min(MAX_RUN);
+        out.push(Run {
+            start: s,
+            count: n as u32,
+            state: v,
+        });
+        s += n;
+    }
 }
 
 #[cfg(test)]

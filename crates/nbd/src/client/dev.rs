@@ -319,7 +319,9 @@ impl BlockDev for NbdDev {
         if !self.has(TF_SEND_FLUSH) {
             return Ok(());
         }
-        self.run(Op::Flush, 0, |p| p.call(CMD_FLUSH, 0, 0, 0, None).map(drop))
+        self.run(Op::Flush, 0, |p| {
+            p.submit(CMD_FLUSH, 0, 0, 0, None)?.wait().map(drop)
+        })
     }
     fn trim(&self, off: u64, len: u64, flags: WriteFlags) -> Result<()> {
         if !self.has(TF_SEND_TRIM) {
@@ -363,7 +365,7 @@ impl BlockDev for NbdDev {
         }
         let ask = len.min(u32::MAX as u64 & !0xfff).max(1) as u32;
         let reply = self.run(Op::BlockStatus, off, |p| {
-            p.call(CMD_BLOCK_STATUS, 0, off, ask, None)
+            p.submit(CMD_BLOCK_STATUS, 0, off, ask, None)?.wait()
         })?;
         let mut out = Vec::new();
         let mut left = len;

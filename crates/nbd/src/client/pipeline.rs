@@ -181,18 +181,6 @@ impl Pipeline {
         }
         Ok(Pending(rx))
     }
-
-    /// Send one request and wait for its reply.
-    pub(super) fn call(
-        &self,
-        cmd: u16,
-        flags: u16,
-        offset: u64,
-        len: u32,
-        payload: Option<&[u8]>,
-    ) -> Result<Reply, Failed> {
-        self.submit(cmd, flags, offset, len, payload)?.wait()
-    }
 }
 
 impl Drop for Pipeline {
