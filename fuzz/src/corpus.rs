@@ -13,9 +13,9 @@
 //! byte shows up as a failing test, not as a shallow fuzzer).
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use roamdisk_blockdev::layers::mem::MemDev;
+use roamdisk_blockdev::testkit::run_tool;
 use roamdisk_blockdev::{BlockDev, WriteFlags};
 use roamdisk_borrow::plan::{Device, Histogram, Partition, PlanExtent, PlanOptions};
 use roamdisk_borrow::{Plan, Status};
@@ -369,27 +369,6 @@ pub fn workload_msr() -> Seeds {
     ]
 }
 
-fn tool(cmd: &str, args: &[&str], stdin: Option<&[u8]>) {
-    use std::io::Write;
-    let mut c = Command::new(cmd);
-    c.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
-    if stdin.is_some() {
-        c.stdin(Stdio::piped());
-    }
-    let mut child = c
-        .spawn()
-        .unwrap_or_else(|e| panic!("{cmd} is required for the fsmeta seeds: {e}"));
-    if let Some(s) = stdin {
-        child.stdin.take().unwrap().write_all(s).unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A real image made by `make(path)` on a zero file of `size` bytes.
 fn image(dir: &Path, name: &str, size: u64, make: impl FnOnce(&str)) -> Vec<u8> {
     let p = dir.join(name);
@@ -476,7 +455,7 @@ pub fn images() -> &'static Vec<(&'static str, Vec<u8>)> {
                 let mut a = vec!["-q", "-F"];
                 a.extend_from_slice(args);
                 a.push(p);
-                tool("mke2fs", &a, None);
+                run_tool("mke2fs", &a, None);
             }
         };
         let v = vec![
@@ -486,12 +465,12 @@ pub fn images() -> &'static Vec<(&'static str, Vec<u8>)> {
             ("ext2-metabg", image(d, "ext2", 2 << 20, mke2fs(&["-t", "ext2", "-b", "1024", "-g", "256", "-O", "meta_bg,^resize_inode", "-N", "64"]))),
             ("ext4-uninit-bg", image(d, "ext4u", 2 << 20, mke2fs(&["-t", "ext4", "-O", "^metadata_csum,uninit_bg", "-g", "1024", "-N", "64"]))),
             ("bigalloc", image(d, "big", 8 << 20, mke2fs(&["-t", "ext4", "-O", "bigalloc", "-C", "16384", "-N", "64"]))),
-            ("ntfs", image(d, "ntfs", 4 << 20, |p| tool("mkntfs", &["-q", "-F", "-Q", p], None))),
-            ("ntfs-4k", image(d, "ntfs4", 4 << 20, |p| tool("mkntfs", &["-q", "-F", "-Q", "-c", "4096", p], None))),
-            ("swap", image(d, "swap", 1 << 20, |p| tool("mkswap", &[p], None))),
-            ("gpt", image(d, "gpt", 4 << 20, |p| tool("sfdisk", &["-q", p], Some(b"label: gpt\nsize=1MiB\nsize=1MiB\n")))),
+            ("ntfs", image(d, "ntfs", 4 << 20, |p| run_tool("mkntfs", &["-q", "-F", "-Q", p], None))),
+            ("ntfs-4k", image(d, "ntfs4", 4 << 20, |p| run_tool("mkntfs", &["-q", "-F", "-Q", "-c", "4096", p], None))),
+            ("swap", image(d, "swap", 1 << 20, |p| run_tool("mkswap", &[p], None))),
+            ("gpt", image(d, "gpt", 4 << 20, |p| run_tool("sfdisk", &["-q", p], Some(b"label: gpt\nsize=1MiB\nsize=1MiB\n")))),
             ("gpt-4k", gpt_4k(8 << 20)),
-            ("mbr", image(d, "mbr", 8 << 20, |p| tool("sfdisk", &["-q", p], Some(b"label: dos\nsize=1MiB\nsize=1MiB\nsize=1MiB\nsize=4MiB, type=5\nsize=1MiB\nsize=512KiB\n")))),
+            ("mbr", image(d, "mbr", 8 << 20, |p| run_tool("sfdisk", &["-q", p], Some(b"label: dos\nsize=1MiB\nsize=1MiB\nsize=1MiB\nsize=4MiB, type=5\nsize=1MiB\nsize=512KiB\n")))),
         ];
         let _ = std::fs::remove_dir_all(&dir);
         // Partition tables are kept whole (their backup GPT header is not
@@ -714,20 +693,15 @@ pub fn borrow_plan() -> Seeds {
         ],
         free_histogram: free,
         borrowed_histogram: borrowed,
-        extents: vec![
-            PlanExtent {
+        // Two 4 KiB extents of partition 1, at 2 and 4 MiB.
+        extents: [2 << 20, 4 << 20]
+            .map(|offset| PlanExtent {
                 device: 0,
                 partition: 1,
-                offset: 2 << 20,
+                offset,
                 len: 4096,
-            },
-            PlanExtent {
-                device: 0,
-                partition: 1,
-                offset: 4 << 20,
-                len: 4096,
-            },
-        ],
+            })
+            .to_vec(),
         total_bytes: 8192,
     };
     s.push(("hand-made".into(), p.to_json().into_bytes()));

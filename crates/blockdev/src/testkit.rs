@@ -92,6 +92,42 @@ impl Rng {
     pub fn chance(&mut self, num: u64, den: u64) -> bool {
         self.below(den) < num
     }
+    /// `n` pseudo-random bytes: test data that neither compresses nor
+    /// reads as zeroes.
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(n + 8);
+        while v.len() < n {
+            v.extend_from_slice(&self.next_u64().to_le_bytes());
+        }
+        v.truncate(n);
+        v
+    }
+}
+
+/// Run a tool that makes a test image (`mke2fs`, `mkntfs`, `sfdisk`...)
+/// with `stdin` as its input. Panics when the tool is missing or fails:
+/// the test setup installs them, and a test never skips for lack of one.
+pub fn run_tool(cmd: &str, args: &[&str], stdin: Option<&[u8]>) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut c = Command::new(cmd);
+    c.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
+    if stdin.is_some() {
+        c.stdin(Stdio::piped());
+    }
+    let mut child = c
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd} is required (scripts/test installs it): {e}"));
+    if let Some(s) = stdin {
+        let mut input = child.stdin.take().expect("piped stdin");
+        input.write_all(s).expect("write the tool's input");
+    }
+    let out = child.wait_with_output().expect("wait for the tool");
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 struct CrashState {

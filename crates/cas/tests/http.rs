@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use roamdisk_blockdev::layers::mem::MemDev;
+use roamdisk_blockdev::testkit::Rng;
 use roamdisk_blockdev::{BlockDev, ErrorKind, WriteFlags};
 use roamdisk_cas::commit::{commit_image, CommitOptions, Source};
 use roamdisk_cas::gc::{gc, GcOptions};
@@ -52,15 +53,7 @@ fn start(
 
 fn disk() -> MemDev {
     let m = MemDev::new(2 << 20);
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let d: Vec<u8> = (0..2u32 << 20)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let d = Rng::new(1).bytes(2 << 20);
     m.write_at(&d, 0, WriteFlags::default()).unwrap();
     m
 }

@@ -3,32 +3,10 @@
 //! metadata or cut short. Every parser must return a result or a clear
 //! error, never panic, and never report free space outside the volume.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use proptest::prelude::*;
 use roamdisk_blockdev::layers::mem::MemDev;
+use roamdisk_blockdev::testkit::{run_tool, Rng};
 use roamdisk_blockdev::{BlockDev, ErrorKind, WriteFlags};
-
-fn tool(cmd: &str, args: &[&str], stdin: Option<&[u8]>) {
-    let mut c = Command::new(cmd);
-    c.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
-    if stdin.is_some() {
-        c.stdin(Stdio::piped());
-    }
-    let mut child = c
-        .spawn()
-        .unwrap_or_else(|e| panic!("{cmd} is required (scripts/test installs it): {e}"));
-    if let Some(s) = stdin {
-        child.stdin.take().unwrap().write_all(s).unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// Images made once per test process: (name, bytes).
 fn images() -> &'static Vec<(&'static str, Vec<u8>)> {
@@ -38,23 +16,23 @@ fn images() -> &'static Vec<(&'static str, Vec<u8>)> {
         std::fs::create_dir_all(&dir).unwrap();
         let mk = |name: &str, size: &str| {
             let f = dir.join(name).to_str().unwrap().to_string();
-            tool("truncate", &["-s", size, &f], None);
+            run_tool("truncate", &["-s", size, &f], None);
             f
         };
         let e4 = mk("e4", "8M");
-        tool("mke2fs", &["-q", "-F", "-t", "ext4", "-g", "1024", &e4], None);
+        run_tool("mke2fs", &["-q", "-F", "-t", "ext4", "-g", "1024", &e4], None);
         let e2 = mk("e2", "4M");
-        tool("mke2fs", &["-q", "-F", "-t", "ext2", "-b", "1024", "-O", "meta_bg,^resize_inode", &e2], None);
+        run_tool("mke2fs", &["-q", "-F", "-t", "ext2", "-b", "1024", "-O", "meta_bg,^resize_inode", &e2], None);
         let big = mk("big", "8M");
-        tool("mke2fs", &["-q", "-F", "-t", "ext4", "-O", "bigalloc", "-C", "16384", &big], None);
+        run_tool("mke2fs", &["-q", "-F", "-t", "ext4", "-O", "bigalloc", "-C", "16384", &big], None);
         let nt = mk("ntfs", "8M");
-        tool("mkntfs", &["-q", "-F", "-Q", &nt], None);
+        run_tool("mkntfs", &["-q", "-F", "-Q", &nt], None);
         let sw = mk("swap", "1M");
-        tool("mkswap", &[&sw], None);
+        run_tool("mkswap", &[&sw], None);
         let gpt = mk("gpt", "4M");
-        tool("sfdisk", &["-q", &gpt], Some(b"label: gpt\nsize=1MiB\nsize=1MiB\n"));
+        run_tool("sfdisk", &["-q", &gpt], Some(b"label: gpt\nsize=1MiB\nsize=1MiB\n"));
         let mbr = mk("mbr", "10M");
-        tool(
+        run_tool(
             "sfdisk",
             &["-q", &mbr],
             Some(b"label: dos\nsize=1MiB\nsize=1MiB\nsize=1MiB\nsize=5MiB, type=5\nsize=1MiB\nsize=512KiB\n"),
@@ -139,16 +117,9 @@ proptest! {
 
     #[test]
     fn random_bytes_behind_real_magics_never_panic(seed in any::<u64>(), kind in 0usize..5) {
-        // 70 KB of xorshift bytes (a proptest byte vector this long is slow).
-        let mut x = seed | 1;
-        let mut b: Vec<u8> = (0..70000)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        // 70 KB of pseudo-random bytes (a proptest byte vector this long
+        // is slow).
+        let mut b = Rng::new(seed).bytes(70000);
         match kind {
             0 => { b[1080] = 0x53; b[1081] = 0xEF; }
             1 => { b[3..11].copy_from_slice(b"NTFS    "); b[510] = 0x55; b[511] = 0xAA; }
