@@ -3,7 +3,7 @@
 //! to do.
 
 mod common;
-use common::roamdisk;
+use common::{rd_fail, roamdisk};
 
 const COMMANDS: &[&str] = &[
     "serve", "info", "layers", "lbs", "trace", "replay", "sperf", "sim", "model", "commit", "log",
@@ -46,26 +46,21 @@ fn every_command_help_has_an_example() {
 
 #[test]
 fn errors_say_what_to_do() {
-    let out = roamdisk(&["info", "raw:/nonexistent/disk.img"]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("does not exist") && err.contains("truncate"),
-        "{err}"
-    );
-
-    let out = roamdisk(&["info", "bogus:1"]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("unknown layer 'bogus'") && err.contains("cow"),
-        "{err}"
-    );
-
-    let out = roamdisk(&["serve", "mem:1M"]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--socket"), "{err}");
+    // Each failing command line and what its error must name.
+    let cases: [(&[&str], &[&str]); 3] = [
+        (
+            &["info", "raw:/nonexistent/disk.img"],
+            &["does not exist", "truncate"],
+        ),
+        (&["info", "bogus:1"], &["unknown layer 'bogus'", "cow"]),
+        (&["serve", "mem:1M"], &["--socket"]),
+    ];
+    for (args, names) in cases {
+        let err = rd_fail(args);
+        for n in names {
+            assert!(err.contains(n), "{err}");
+        }
+    }
 }
 
 #[test]

@@ -30,11 +30,7 @@ fn stack(size: u64, seed: u64) -> Stack {
     random_file(&base, size, seed);
     let pristine = dir.path().join("pristine.raw");
     std::fs::copy(&base, &pristine).expect("copy base");
-    let spec = format!(
-        "cow:{}:raw:{}",
-        dir.path().join("overlay.img").display(),
-        base.display()
-    );
+    let spec = spec_cow_raw(dir.path(), &base);
     Stack {
         dir,
         base,
@@ -267,11 +263,7 @@ fn cow_block_status_merges_overlay_and_base() {
     }
     let reference = dir.path().join("reference.raw");
     std::fs::copy(&base, &reference).expect("copy");
-    let spec = format!(
-        "cow:{}:raw:{}",
-        dir.path().join("overlay.img").display(),
-        base.display()
-    );
+    let spec = spec_cow_raw(dir.path(), &base);
     let cmds: Vec<String> = [
         format!("write -P 0x11 {} 10", 2 * MIB + 100),
         format!("write -z {} {}", MIB, CLUSTER),

@@ -13,7 +13,7 @@ mod nbdwire;
 use std::io::Write;
 use std::process::{Command, Output};
 
-use common::{require_tool, tempdir, Server};
+use common::{assert_success, require_tool, tempdir, Server};
 use nbdwire::*;
 
 const SIZE: u64 = 64 << 20;
@@ -910,13 +910,7 @@ fn nbdsh(uri: &str, script: &str) -> Output {
         .args(["-u", uri, "-c", script])
         .output()
         .expect("run nbdsh");
-    assert!(
-        out.status.success(),
-        "nbdsh failed ({}):\n{script}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out, &format!("nbdsh:\n{script}\n"));
     out
 }
 

@@ -378,11 +378,7 @@ fn vanished_clients_lose_no_acknowledged_write_cow_and_survive_restart() {
     random_file(&base, 64 * MIB, 41);
     let old = dir.path().join("old.raw");
     std::fs::copy(&base, &old).expect("copy");
-    let spec = format!(
-        "cow:{}:raw:{}",
-        dir.path().join("overlay.img").display(),
-        base.display()
-    );
+    let spec = spec_cow_raw(dir.path(), &base);
     vanishing_clients(dir.path(), &spec, &old, true);
     let a = std::fs::read(&base).expect("read base");
     assert!(

@@ -69,11 +69,7 @@ fn fixture() -> (tempfile::TempDir, PathBuf) {
 }
 
 fn cow_spec(dir: &Path) -> String {
-    format!(
-        "cow:{}:raw:{}",
-        dir.join("overlay.img").display(),
-        dir.join("base.img").display()
-    )
+    spec_cow_raw(dir, &dir.join("base.img"))
 }
 
 fn cas_spec(dir: &Path) -> String {

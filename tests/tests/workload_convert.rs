@@ -66,21 +66,14 @@ fn csv_lines(path: &Path) -> Vec<String> {
         .collect()
 }
 
+/// `roamdisk trace convert INPUT -o OUTPUT EXTRA...`.
+fn convert_args<'a>(input: &'a Path, output: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let io = [path_str(input), "-o", path_str(output)];
+    [&["trace", "convert"][..], &io, extra].concat()
+}
+
 fn convert(input: &Path, output: &Path, extra: &[&str]) {
-    let mut args = vec![
-        "trace",
-        "convert",
-        input.to_str().unwrap(),
-        "-o",
-        output.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let out = roamdisk(&args);
-    assert!(
-        out.status.success(),
-        "convert {input:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    rd(&convert_args(input, output, extra));
 }
 
 #[test]
@@ -229,34 +222,19 @@ fn msr_cambridge_csv_converts_and_keeps_every_field() {
     assert_eq!(std::fs::read(&csv).unwrap(), std::fs::read(&csv2).unwrap());
     // Bad input: the line and what is wrong.
     std::fs::write(&input, "1,usr,0,Read,0,512,1\n2,usr,0,Erase,0,512,1\n").unwrap();
-    let out = roamdisk(&[
-        "trace",
-        "convert",
-        input.to_str().unwrap(),
-        "--from",
-        "msr",
-        "-o",
-        bin.to_str().unwrap(),
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = rd_fail(&convert_args(&input, &bin, &["--from", "msr"]));
     assert!(err.contains("line 2") && err.contains("Erase"), "{err}");
 }
 
 #[test]
 fn damaged_traces_get_clear_errors() {
-    let dir = tempdir();
+    let (dir, t) = synth_in_tempdir("android-email", "t.rdtrace", "");
     let d = dir.path();
-    let t = d.join("t.rdtrace");
-    let out = roamdisk(&["trace", "synth", "android-email", "-o", t.to_str().unwrap()]);
-    assert!(out.status.success());
     let bytes = std::fs::read(&t).unwrap();
     // Cut short, as when a recorder is killed.
     let cut = d.join("cut.rdtrace");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
-    let out = roamdisk(&["trace", "stats", cut.to_str().unwrap()]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = rd_fail(&["trace", "stats", path_str(&cut)]);
     assert!(
         err.contains("truncated") && err.contains("trace convert"),
         "{err}"
@@ -273,13 +251,8 @@ fn damaged_traces_get_clear_errors() {
     bad[mid] ^= 0x40;
     let flipped = d.join("flipped.rdtrace");
     std::fs::write(&flipped, bad).unwrap();
-    let out = roamdisk(&["trace", "stats", flipped.to_str().unwrap()]);
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("corrupt"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let err = rd_fail(&["trace", "stats", path_str(&flipped)]);
+    assert!(err.contains("corrupt"), "{err}");
     // Not a trace at all.
     let junk = d.join("junk");
     std::fs::write(&junk, "hello\n").unwrap();

@@ -7,12 +7,23 @@ mod common;
 use common::*;
 
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 const SIZE: u64 = 24 << 20;
 
 fn blank(path: &Path) {
-    std::fs::File::create(path).unwrap().set_len(SIZE).unwrap();
+    blank_file(path, SIZE);
+}
+
+/// `src.img` in DIR: random data with zero stretches, so that a convert
+/// also sends zero writes.
+fn source_image(dir: &Path) -> PathBuf {
+    let src = dir.join("src.img");
+    random_file(&src, SIZE, 11);
+    let f = std::fs::OpenOptions::new().write(true).open(&src).unwrap();
+    f.write_all_at(&vec![0u8; 4 << 20], 4 << 20).unwrap();
+    f.write_all_at(&vec![0u8; 1 << 20], 17 << 20).unwrap();
+    src
 }
 
 #[test]
@@ -20,13 +31,7 @@ fn recorded_convert_replays_to_a_byte_identical_image() {
     require_tool("qemu-img");
     let dir = tempdir();
     let d = dir.path();
-    let src = d.join("src.img");
-    random_file(&src, SIZE, 11);
-    // Zero stretches, so the convert also sends zero writes.
-    let f = std::fs::OpenOptions::new().write(true).open(&src).unwrap();
-    f.write_all_at(&vec![0u8; 4 << 20], 4 << 20).unwrap();
-    f.write_all_at(&vec![0u8; 1 << 20], 17 << 20).unwrap();
-    drop(f);
+    let src = source_image(d);
     let target = d.join("target.img");
     blank(&target);
     let trace = d.join("convert.rdtrace");
@@ -47,13 +52,7 @@ fn recorded_convert_replays_to_a_byte_identical_image() {
     );
 
     // The trace holds the convert's writes and its final flush.
-    let out = roamdisk(&["trace", "stats", trace.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = rd(&["trace", "stats", path_str(&trace)]);
     let flushes: u64 = text
         .lines()
         .find(|l| l.starts_with("flush "))
@@ -71,13 +70,7 @@ fn recorded_convert_replays_to_a_byte_identical_image() {
         } else {
             fresh.display().to_string()
         };
-        let out = roamdisk(&["replay", trace.to_str().unwrap(), &t, "--data", "recorded"]);
-        assert!(
-            out.status.success(),
-            "replay failed:\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        rd(&["replay", path_str(&trace), &t, "--data", "recorded"]);
         assert!(
             std::fs::read(&fresh).unwrap() == source,
             "replay onto {fresh_target} is not byte-identical"
@@ -89,16 +82,7 @@ fn recorded_convert_replays_to_a_byte_identical_image() {
     let (a, b) = (d.join("a.img"), d.join("b.img"));
     for p in [&a, &b] {
         blank(p);
-        let out = roamdisk(&[
-            "replay",
-            trace.to_str().unwrap(),
-            &format!("raw:{}", p.display()),
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        rd(&["replay", path_str(&trace), &spec_raw(p)]);
     }
     let ia = std::fs::read(&a).unwrap();
     assert!(ia == std::fs::read(&b).unwrap());
@@ -107,29 +91,10 @@ fn recorded_convert_replays_to_a_byte_identical_image() {
 
 #[test]
 fn replay_refuses_a_missing_payload_and_a_small_target() {
-    let dir = tempdir();
-    let d = dir.path();
-    let trace = d.join("c.rdtrace");
-    let out = roamdisk(&[
-        "trace",
-        "synth",
-        "android-contacts",
-        "-o",
-        trace.to_str().unwrap(),
-    ]);
-    assert!(out.status.success());
-    let out = roamdisk(&[
-        "replay",
-        trace.to_str().unwrap(),
-        "mem:2G",
-        "--data",
-        "recorded",
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (_dir, trace) = synth_in_tempdir("android-contacts", "c.rdtrace", "");
+    let t = path_str(&trace);
+    let err = rd_fail(&["replay", t, "mem:2G", "--data", "recorded"]);
     assert!(err.contains("trace[data=on]"), "{err}");
-    let out = roamdisk(&["replay", trace.to_str().unwrap(), "mem:1M"]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = rd_fail(&["replay", t, "mem:1M"]);
     assert!(err.contains("use a larger target"), "{err}");
 }

@@ -31,52 +31,25 @@ fn client_rows(stdout: &str) -> Vec<(u32, u64, f64, u64)> {
 }
 
 fn records(trace: &str) -> u64 {
-    let out = roamdisk(&["trace", "cat", trace]);
-    assert!(out.status.success());
-    String::from_utf8_lossy(&out.stdout).lines().count() as u64 - 1
+    rd(&["trace", "cat", trace]).lines().count() as u64 - 1
+}
+
+/// A new boot trace `NAME` in DIR, made by `roamdisk trace synth boot
+/// OPTS`; returns its path.
+fn boot_trace(dir: &std::path::Path, name: &str, opts: &str) -> String {
+    let trace = dir.join(name);
+    trace_synth("boot", &trace, opts);
+    path_str(&trace).to_string()
 }
 
 #[test]
 fn fifty_clients_replay_one_trace_against_one_server() {
     let dir = tempdir();
-    let d = dir.path();
-    let trace = d.join("boot1.rdtrace");
-    let t = trace.to_str().unwrap();
-    let out = roamdisk(&[
-        "trace",
-        "synth",
-        "boot",
-        "--clients",
-        "1",
-        "--requests",
-        "300",
-        "-o",
-        t,
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let t = &boot_trace(dir.path(), "boot1.rdtrace", "--clients 1 --requests 300");
     let per_client = records(t);
-    let srv = Server::start(d, &["mem:8G"]);
-    let out = roamdisk(&[
-        "replay",
-        t,
-        &srv.uri(),
-        "--clients",
-        "50",
-        "--per",
-        "client",
-        "--stagger",
-        "2",
-    ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let srv = Server::start(dir.path(), &["mem:8G"]);
+    let opts = "--clients 50 --per client --stagger 2";
+    let stdout = rd(&argv(&["replay", t, &srv.uri()], opts));
     let rows = client_rows(&stdout);
     assert_eq!(rows.len(), 50, "{stdout}");
     for (i, (c, n, s, e)) in rows.iter().enumerate() {
@@ -97,44 +70,17 @@ fn fifty_clients_replay_one_trace_against_one_server() {
 fn a_generated_boot_storm_replays_per_client() {
     let dir = tempdir();
     let d = dir.path();
-    let trace = d.join("storm.rdtrace");
-    let t = trace.to_str().unwrap();
-    let out = roamdisk(&[
-        "trace",
-        "synth",
-        "boot",
-        "--clients",
-        "50",
-        "--requests",
-        "100",
-        "-o",
-        t,
-    ]);
-    assert!(out.status.success());
+    let t = &boot_trace(d, "storm.rdtrace", "--clients 50 --requests 100");
     let srv = Server::start(d, &["mem:8G"]);
-    let out = roamdisk(&[
-        "replay",
-        t,
-        &srv.uri(),
-        "--per",
-        "client",
-        "--plot",
-        d.join("storm").to_str().unwrap(),
-    ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let plot = d.join("storm");
+    let stdout = rd(&argv(
+        &["replay", t, &srv.uri(), "--plot", path_str(&plot)],
+        "--per client",
+    ));
     let rows = client_rows(&stdout);
     assert_eq!(rows.len(), 50, "{stdout}");
     assert!(rows.iter().all(|r| r.2 > 0.0 && r.3 == 0));
-    for f in [
-        "storm-clients.png",
-        "storm-clients.svg",
-        "storm-latency.png",
-    ] {
+    for f in "storm-clients.png storm-clients.svg storm-latency.png".split(' ') {
         assert!(d.join(f).exists(), "{f} missing");
     }
 }

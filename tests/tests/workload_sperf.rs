@@ -31,22 +31,8 @@ fn at(c: &[(f64, f64)], x: f64) -> f64 {
 fn sperf_on_the_card_model_has_the_seed_shape() {
     let dir = tempdir();
     let d = dir.path();
-    let out = roamdisk(&[
-        "sperf",
-        "flashsim:class6:mem:128M",
-        "--figure",
-        "1,2,4",
-        "--bytes",
-        "8M",
-        "--plot",
-        d.to_str().unwrap(),
-    ]);
-    let s = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{s}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args = ["sperf", "flashsim:class6:mem:128M", "--plot", path_str(d)];
+    let s = rd(&argv(&args, "--figure 1,2,4 --bytes 8M"));
     assert!(s.contains("(simulated card time)"));
     let ratio = curve(&s, "sequential:random write");
     assert!(at(&ratio, 4.0) > 20.0, "4 KiB: {ratio:?}");
@@ -60,28 +46,17 @@ fn sperf_on_the_card_model_has_the_seed_shape() {
     let w = curve(&s, "256 KiB writes");
     assert!(at(&w, 4.0) > 0.9 * at(&w, 1.0), "{w:?}");
     assert!(at(&w, 5.0) < 0.6 * at(&w, 4.0), "{w:?}");
-    for f in [
-        "sperf-fig1.png",
-        "sperf-fig1.svg",
-        "sperf-fig2.png",
-        "sperf-fig4.svg",
-    ] {
+    for f in "sperf-fig1.png sperf-fig1.svg sperf-fig2.png sperf-fig4.svg".split(' ') {
         assert!(d.join(f).exists(), "{f} missing");
     }
 }
 
 #[test]
 fn a_one_open_unit_card_degrades_with_two_writers() {
-    let out = roamdisk(&[
-        "sperf",
-        "flashsim:class4:mem:128M",
-        "--figure",
-        "4",
-        "--bytes",
-        "8M",
-    ]);
-    let s = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{s}");
+    let s = rd(&argv(
+        &["sperf", "flashsim:class4:mem:128M"],
+        "--figure 4 --bytes 8M",
+    ));
     let w = curve(&s, "256 KiB writes");
     assert!(at(&w, 2.0) < 0.6 * at(&w, 1.0), "{w:?}");
 }
@@ -91,42 +66,14 @@ fn sperf_measures_plain_patterns_and_guards_real_targets() {
     let dir = tempdir();
     let d = dir.path();
     let img = d.join("disk.img");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(16 << 20)
-        .unwrap();
-    let out = roamdisk(&[
-        "sperf",
-        img.to_str().unwrap(),
-        "--area",
-        "8M",
-        "--write-pct",
-        "100",
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    blank_file(&img, 16 << 20);
+    let sperf_img = ["sperf", path_str(&img)];
+    let err = rd_fail(&argv(&sperf_img, "--area 8M --write-pct 100"));
     assert!(err.contains("--destructive"), "{err}");
     // Reads need no permission; O_DIRECT file; strided and partitioned.
-    let out = roamdisk(&[
-        "sperf",
-        img.to_str().unwrap(),
-        "--area",
-        "8M",
-        "--bytes",
-        "1M",
-        "--write-pct",
-        "0",
-        "--pattern",
-        "sequential,stride:4,writers:2:1M",
-        "--bs",
-        "4K,64K",
-    ]);
-    let s = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{s}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let opts = "--area 8M --bytes 1M --write-pct 0 \
+                --pattern sequential,stride:4,writers:2:1M --bs 4K,64K";
+    let s = rd(&argv(&sperf_img, opts));
     for name in [
         "sequential 0% writes",
         "stride 4 0% writes",
@@ -136,7 +83,5 @@ fn sperf_measures_plain_patterns_and_guards_real_targets() {
         assert_eq!(c.len(), 2, "{name}: {c:?}");
         assert!(c.iter().all(|p| p.1 > 0.0));
     }
-    let out = roamdisk(&["sperf", "mem:1M", "--area", "8M"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("smaller --area"));
+    assert!(rd_fail(&["sperf", "mem:1M", "--area", "8M"]).contains("smaller --area"));
 }

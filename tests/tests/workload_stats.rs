@@ -6,16 +6,6 @@
 mod common;
 use common::*;
 
-fn stats(args: &[&str]) -> String {
-    let out = roamdisk(args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[test]
 fn generated_android_traces_print_their_table3_rows() {
     let dir = tempdir();
@@ -50,9 +40,8 @@ fn generated_android_traces_print_their_table3_rows() {
         ),
     ] {
         let t = d.join(format!("{kind}.rdtrace"));
-        let out = roamdisk(&["trace", "synth", kind, "-o", t.to_str().unwrap()]);
-        assert!(out.status.success());
-        let s = stats(&["trace", "stats", t.to_str().unwrap(), "--names", "android"]);
+        trace_synth(kind, &t, "");
+        let s = rd(&["trace", "stats", path_str(&t), "--names", "android"]);
         let line = s
             .lines()
             .find(|l| l.starts_with(part))
@@ -67,28 +56,10 @@ fn generated_android_traces_print_their_table3_rows() {
 
 #[test]
 fn desktop_mix_stats_and_plots() {
-    let dir = tempdir();
+    let (dir, t) = synth_in_tempdir("desktop", "desk.csv", "--requests 50000 --clients 3");
     let d = dir.path();
-    let t = d.join("desk.csv");
-    let out = roamdisk(&[
-        "trace",
-        "synth",
-        "desktop",
-        "--requests",
-        "50000",
-        "--clients",
-        "3",
-        "-o",
-        t.to_str().unwrap(),
-    ]);
-    assert!(out.status.success());
-    let s = stats(&[
-        "trace",
-        "stats",
-        t.to_str().unwrap(),
-        "--plot",
-        d.join("desk").to_str().unwrap(),
-    ]);
+    let plot = d.join("desk");
+    let s = rd(&["trace", "stats", path_str(&t), "--plot", path_str(&plot)]);
     assert!(s.contains("most frequent 4.0 KiB"), "{s}");
     assert!(s.contains("min 0.5 KiB, max 64.0 KiB"), "{s}");
     assert!(s.contains("150000 requests, 3 clients"), "{s}");

@@ -92,13 +92,7 @@ fn two_concurrent_clients_are_recorded_with_their_own_ids() {
 
     // Every record's client is the process that issued it: qemu-io a only
     // touched the first half, qemu-io b only the second.
-    let out = roamdisk(&["trace", "cat", trace.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let csv = String::from_utf8_lossy(&out.stdout);
+    let csv = rd(&["trace", "cat", path_str(&trace)]);
     let mut lines = csv.lines();
     assert_eq!(
         lines.next(),

@@ -84,12 +84,36 @@ pub fn roamdisk(args: &[&str]) -> Output {
         .expect("run roamdisk")
 }
 
+/// ARGS followed by the whitespace-separated words of OPTS: a command line
+/// whose fixed options read as one string (`argv(&["sperf", img], "--area
+/// 8M")`). OPTS holds no paths, so no word has a space in it.
+pub fn argv<'a>(args: &[&'a str], opts: &'a str) -> Vec<&'a str> {
+    args.iter()
+        .copied()
+        .chain(opts.split_whitespace())
+        .collect()
+}
+
 /// Run `roamdisk ARGS`; panic with its output unless it succeeds. Returns
 /// stdout.
 pub fn rd(args: &[&str]) -> String {
     let out = roamdisk(args);
     assert_success(&out, &format!("roamdisk {args:?}"));
     stdout_text(&out)
+}
+
+/// `roamdisk trace synth KIND -o OUT OPTS...`: a generated trace in OUT.
+pub fn trace_synth(kind: &str, out: &Path, opts: &str) {
+    rd(&argv(&["trace", "synth", kind, "-o", path_str(out)], opts));
+}
+
+/// A new temporary folder holding NAME, a trace made by [`trace_synth`]:
+/// (folder, trace).
+pub fn synth_in_tempdir(kind: &str, name: &str, opts: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempdir();
+    let trace = dir.path().join(name);
+    trace_synth(kind, &trace, opts);
+    (dir, trace)
 }
 
 /// Run `roamdisk ARGS`, which must fail; returns stderr.
@@ -238,6 +262,16 @@ impl Drop for Server {
 /// The stack spec `raw:PATH`.
 pub fn spec_raw(path: &Path) -> String {
     format!("raw:{}", path.display())
+}
+
+/// The stack spec `cow:DIR/overlay.img:raw:BASE`: a copy-on-write overlay
+/// in DIR over the raw file BASE.
+pub fn spec_cow_raw(dir: &Path, base: &Path) -> String {
+    format!(
+        "cow:{}:{}",
+        dir.join("overlay.img").display(),
+        spec_raw(base)
+    )
 }
 
 /// A new temporary folder holding `disk.raw`, SIZE bytes of zeroes, served
