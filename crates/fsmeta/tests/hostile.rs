@@ -134,10 +134,14 @@ proptest! {
 #[test]
 fn truncated_ext_is_a_clear_corrupt_error() {
     let (_, bytes) = &images()[0];
-    let cut = mem(&bytes[..bytes.len() / 2]);
-    let e = roamdisk_fsmeta::free_space(&cut, 0, cut.size()).unwrap_err();
+    assert_corrupt(&bytes[..bytes.len() / 2], "truncated");
+}
+
+/// Reading the free space of `volume` fails as corrupt, saying `says`.
+fn assert_corrupt(volume: &[u8], says: &str) {
+    let e = roamdisk_fsmeta::free_space(&mem(volume), 0, volume.len() as u64).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Corrupt);
-    assert!(e.to_string().contains("truncated"), "{e}");
+    assert!(e.to_string().contains(says), "{e}");
 }
 
 #[test]
@@ -150,9 +154,7 @@ fn a_torn_mft_record_is_reported() {
         .find(|&o| &b[o..o + 4] == b"FILE")
         .unwrap();
     b[at + 1022] ^= 0xFF; // last bytes of the record's 2nd sector
-    let e = roamdisk_fsmeta::free_space(&mem(&b), 0, b.len() as u64).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Corrupt);
-    assert!(e.to_string().contains("torn"), "{e}");
+    assert_corrupt(&b, "torn");
 }
 
 #[test]
@@ -161,9 +163,7 @@ fn a_corrupt_group_descriptor_checksum_is_reported() {
     let mut b = bytes.clone();
     // 1 KiB blocks: descriptors start at block 2; flip a bitmap pointer.
     b[2048 + 64] ^= 1;
-    let e = roamdisk_fsmeta::free_space(&mem(&b), 0, b.len() as u64).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Corrupt);
-    assert!(e.to_string().contains("checksum"), "{e}");
+    assert_corrupt(&b, "checksum");
 }
 
 #[test]

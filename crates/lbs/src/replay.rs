@@ -225,6 +225,17 @@ mod tests {
                 barriers: 0,
             }
         }
+        /// A MAP entry whose checksums (4 bytes a block) are all 1s.
+        fn map(&mut self, lbn: u64, pbn: u64, count: u64, epoch: u64) {
+            let sums = vec![1; count as usize * 4];
+            self.push(Entry::Map {
+                lbn,
+                pbn,
+                count,
+                epoch,
+                sums,
+            });
+        }
         fn push(&mut self, e: Entry) {
             let b = encode_entry(&e, self.seq, 4);
             self.seq += 1;
@@ -251,13 +262,7 @@ mod tests {
     fn rollback_to_last_barrier() {
         let h = header();
         let mut l = LogBuilder::new(&h);
-        l.push(Entry::Map {
-            lbn: 0,
-            pbn: 0,
-            count: 2,
-            epoch: 1,
-            sums: vec![1; 8],
-        });
+        l.map(0, 0, 2, 1);
         l.barrier();
         let good = l.bytes.len();
         l.push(Entry::Zero { lbn: 0, count: 2 });
@@ -291,20 +296,8 @@ mod tests {
     fn reuse_of_live_cluster_is_inconsistent() {
         let h = header();
         let mut l = LogBuilder::new(&h);
-        l.push(Entry::Map {
-            lbn: 0,
-            pbn: 0,
-            count: 1,
-            epoch: 1,
-            sums: vec![1; 4],
-        });
-        l.push(Entry::Map {
-            lbn: 5,
-            pbn: 1,
-            count: 1,
-            epoch: 2,
-            sums: vec![1; 4],
-        });
+        l.map(0, 0, 1, 1);
+        l.map(5, 1, 1, 2);
         l.barrier();
         assert!(replay(&l.bytes, &h).is_err());
     }

@@ -24,6 +24,11 @@ fn opts(size: u64, enc: bool, sum: ChecksumKind) -> CreateOptions {
     }
 }
 
+/// A new 1 MiB image in memory, with no crash point.
+fn mem_image(enc: bool, sum: ChecksumKind) -> MemImage {
+    MemImage::new(&opts(1 << 20, enc, sum), Countdown::unarmed())
+}
+
 fn lopts() -> LbsOptions {
     LbsOptions {
         background_gc: false,
@@ -65,10 +70,7 @@ fn round_trip_every_checksum_with_and_without_encryption() {
 
 #[test]
 fn overwrites_in_the_buffer_are_absorbed() {
-    let img = MemImage::new(
-        &opts(1 << 20, false, ChecksumKind::Crc32c),
-        Countdown::unarmed(),
-    );
+    let img = mem_image(false, ChecksumKind::Crc32c);
     let d = img.open(lopts()).unwrap();
     for i in 0..10u8 {
         d.write_at(&pattern(i, 4096), 0, WriteFlags::default())
@@ -85,10 +87,7 @@ fn overwrites_in_the_buffer_are_absorbed() {
 
 #[test]
 fn zero_and_trim_release_blocks_and_report_status() {
-    let img = MemImage::new(
-        &opts(1 << 20, false, ChecksumKind::Crc32c),
-        Countdown::unarmed(),
-    );
+    let img = mem_image(false, ChecksumKind::Crc32c);
     let d = img.open(lopts()).unwrap();
     d.write_at(&pattern(3, 64 * 1024), 0, WriteFlags::default())
         .unwrap();
@@ -126,17 +125,11 @@ fn zero_and_trim_release_blocks_and_report_status() {
 
 #[test]
 fn wrong_or_missing_key_is_refused() {
-    let img = MemImage::new(
-        &opts(1 << 20, true, ChecksumKind::Blake3),
-        Countdown::unarmed(),
-    );
+    let img = mem_image(true, ChecksumKind::Blake3);
     drop(img.open(lopts()).unwrap());
     let mut other = MemImage {
         key: Some(roamdisk_crypto::new_key()),
-        ..MemImage::new(
-            &opts(1 << 20, false, ChecksumKind::Crc32c),
-            Countdown::unarmed(),
-        )
+        ..mem_image(false, ChecksumKind::Crc32c)
     };
     other.data = img.data.clone();
     other.log = img.log.clone();
@@ -151,10 +144,7 @@ fn wrong_or_missing_key_is_refused() {
 
 #[test]
 fn data_file_holds_no_plaintext_when_encrypted() {
-    let img = MemImage::new(
-        &opts(1 << 20, true, ChecksumKind::Crc32c),
-        Countdown::unarmed(),
-    );
+    let img = mem_image(true, ChecksumKind::Crc32c);
     let d = img.open(lopts()).unwrap();
     let secret = b"TOP-SECRET-PAYLOAD-0123456789".repeat(150);
     d.write_at(&secret[..4096], 0, WriteFlags::default())
@@ -178,7 +168,7 @@ fn offset_of(raw: &[u8], marker: &[u8]) -> usize {
 #[test]
 fn randomised_block_is_detected() {
     for sum in ChecksumKind::ALL {
-        let img = MemImage::new(&opts(1 << 20, false, sum), Countdown::unarmed());
+        let img = mem_image(false, sum);
         let d = img.open(lopts()).unwrap();
         let mut blk = pattern(5, 4096);
         blk[..8].copy_from_slice(b"MARKER01");
@@ -199,10 +189,7 @@ fn randomised_block_is_detected() {
 
 #[test]
 fn swapped_blocks_are_detected() {
-    let img = MemImage::new(
-        &opts(1 << 20, false, ChecksumKind::Fletcher32),
-        Countdown::unarmed(),
-    );
+    let img = mem_image(false, ChecksumKind::Fletcher32);
     let d = img.open(lopts()).unwrap();
     let mut a = pattern(1, 4096);
     a[..8].copy_from_slice(b"BLOCK--A");
@@ -232,10 +219,7 @@ fn replayed_older_encrypted_block_is_detected() {
     // Encrypted: the attacker cannot find blocks by content, so capture the
     // whole data file, let the guest overwrite a block, then put every old
     // byte back (a replay of an older image of the same place).
-    let img = MemImage::new(
-        &opts(1 << 20, true, ChecksumKind::Crc32c),
-        Countdown::unarmed(),
-    );
+    let img = mem_image(true, ChecksumKind::Crc32c);
     let d = img.open(lopts()).unwrap();
     d.write_at(&pattern(1, 64 * 1024), 0, WriteFlags::default())
         .unwrap();
