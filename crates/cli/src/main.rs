@@ -43,8 +43,10 @@ enum Command {
     Serve(commands::serve::Args),
     Info(commands::info::Args),
     Layers(commands::layers::Args),
-    Lbs(commands::lbs::Args),
-    Trace(commands::trace::Args),
+    #[command(subcommand)]
+    Lbs(commands::lbs::Cmd),
+    #[command(subcommand)]
+    Trace(commands::trace::Cmd),
     Replay(commands::replay::Args),
     Sperf(commands::sperf::Args),
     Commit(commands::commit::Args),
@@ -53,10 +55,13 @@ enum Command {
     Tag(commands::tag::Args),
     Rm(commands::rm::Args),
     Gc(commands::gc::Args),
-    Store(commands::store::Args),
-    Borrow(commands::borrow::Args),
+    #[command(subcommand)]
+    Store(commands::store::Cmd),
+    #[command(subcommand)]
+    Borrow(commands::borrow::Cmd),
     Sim(commands::sim::Args),
-    Model(commands::model::Args),
+    #[command(subcommand)]
+    Model(commands::model::Cmd),
 }
 
 fn init_logging(verbose: u8, quiet: bool) {

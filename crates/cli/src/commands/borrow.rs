@@ -37,15 +37,9 @@ use crate::progress::{Output, Reporter};
 ///   roamdisk borrow free disk.img
 ///   roamdisk serve borrow:sda.plan --socket /tmp/t.sock
 ///   roamdisk borrow run --host /dev/sda --state /media/usb/vm.img --socket /tmp/vm.sock
-#[derive(Parser)]
-#[command(verbatim_doc_comment)]
-pub struct Args {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
 #[derive(Subcommand)]
-enum Cmd {
+#[command(verbatim_doc_comment)]
+pub enum Cmd {
     Scan(ScanArgs),
     Free(FreeArgs),
     Show(ShowArgs),
@@ -75,7 +69,7 @@ struct Filters {
 ///   roamdisk borrow scan /dev/sda --min-size 20G --dm-table table.txt
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct ScanArgs {
+pub struct ScanArgs {
     /// Host disks or disk images (read only).
     #[arg(required = true)]
     devices: Vec<PathBuf>,
@@ -111,7 +105,7 @@ struct ScanArgs {
 ///   roamdisk borrow free /dev/sda --json
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct FreeArgs {
+pub struct FreeArgs {
     /// Disks or images (read only).
     #[arg(required = true)]
     devices: Vec<PathBuf>,
@@ -130,7 +124,7 @@ struct FreeArgs {
 ///   roamdisk borrow show host.plan --partitions
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct ShowArgs {
+pub struct ShowArgs {
     plan: PathBuf,
     /// Print the JSON plan.
     #[arg(long, conflicts_with_all = ["dm_table", "partitions"])]
@@ -152,7 +146,7 @@ struct ShowArgs {
 ///   roamdisk borrow check host.plan --identity-only
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct CheckArgs {
+pub struct CheckArgs {
     plan: PathBuf,
     /// Compare hashes only; do not re-read the allocation maps.
     #[arg(long)]
@@ -171,7 +165,7 @@ struct CheckArgs {
 ///       --exec 'qemu-system-x86_64 -drive file=nbd:unix:/tmp/vm.sock,format=raw' --json
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct RunArgs {
+pub struct RunArgs {
     /// Host disk or image to borrow from (repeat for several).
     #[arg(long = "host", required = true, value_name = "DEVICE")]
     hosts: Vec<PathBuf>,
@@ -208,8 +202,8 @@ struct RunArgs {
     json: bool,
 }
 
-pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
-    match a.cmd {
+pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
+    match cmd {
         Cmd::Scan(s) => scan(s, quiet),
         Cmd::Free(f) => free(f),
         Cmd::Show(s) => show(s),

@@ -27,15 +27,9 @@ use roamdisk_blockdev::progress::{Progress, Unit};
 ///   roamdisk lbs import disk.qcow2 vm.lbsd
 ///   roamdisk serve lbs[key-file=vm.key]:vm.lbsd --socket /tmp/vm.sock
 ///   roamdisk lbs check vm.lbsd --key-file vm.key
-#[derive(Parser)]
-#[command(verbatim_doc_comment)]
-pub struct Args {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
 #[derive(Subcommand)]
-enum Cmd {
+#[command(verbatim_doc_comment)]
+pub enum Cmd {
     Create(CreateArgs),
     Info(InfoArgs),
     /// Verify every block's checksum, reporting corrupt blocks by LBN.
@@ -114,7 +108,7 @@ struct Geometry {
 ///   roamdisk lbs create vm.lbsd --size 20G --encrypt --key-file vm.key
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct CreateArgs {
+pub struct CreateArgs {
     #[command(flatten)]
     at: Where,
     /// Logical size (e.g. 20G).
@@ -130,7 +124,7 @@ struct CreateArgs {
 ///   roamdisk lbs info vm.lbsd --json
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct InfoArgs {
+pub struct InfoArgs {
     #[command(flatten)]
     at: Where,
     /// Print JSON.
@@ -140,7 +134,7 @@ struct InfoArgs {
 
 /// An existing image to open.
 #[derive(Parser)]
-struct OpenArgs {
+pub struct OpenArgs {
     #[command(flatten)]
     at: Where,
 }
@@ -152,7 +146,7 @@ struct OpenArgs {
 ///   roamdisk lbs import disk.qcow2 vm.lbsd --encrypt --key-file vm.key
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct ImportArgs {
+pub struct ImportArgs {
     /// Source: a stack spec (raw:disk.img, ...) or an image file of any format qemu-img reads.
     source: String,
     #[command(flatten)]
@@ -169,7 +163,7 @@ struct ImportArgs {
 ///   roamdisk lbs export vm.lbsd disk.qcow2 --format qcow2
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct ExportArgs {
+pub struct ExportArgs {
     #[command(flatten)]
     at: Where,
     /// Destination file (must not exist).
@@ -213,8 +207,8 @@ fn create_options(size: u64, g: &Geometry, at: &Where) -> anyhow::Result<CreateO
     })
 }
 
-pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
-    match a.cmd {
+pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
+    match cmd {
         Cmd::Create(c) => {
             let size = parse_size(&c.size).map_err(anyhow::Error::msg)?;
             let o = create_options(size, &c.geo, &c.at)?;

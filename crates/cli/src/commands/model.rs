@@ -23,15 +23,9 @@ use roamdisk_blockdev::progress::{Progress, Unit};
 /// Examples:
 ///   roamdisk model blocksize boot.rdtrace --fix-delay 8ms --bandwidth 6MB/s --plot out/bs
 ///   roamdisk model mva --hit 0.5,0.9,0.95,1 --clients 50 --plot out/mva
-#[derive(Parser)]
-#[command(verbatim_doc_comment)]
-pub struct Args {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
 #[derive(Subcommand)]
-enum Cmd {
+#[command(verbatim_doc_comment)]
+pub enum Cmd {
     Blocksize(BlockSizeArgs),
     Mva(MvaArgs),
 }
@@ -46,7 +40,7 @@ enum Cmd {
 ///   roamdisk model blocksize boot.rdtrace --fix-delay 8ms --bandwidth 6MB/s --plot out/bs
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct BlockSizeArgs {
+pub struct BlockSizeArgs {
     /// The trace (roamdisk binary or CSV trace format).
     trace: PathBuf,
     /// Fixed delay per fetched block (seek + request round trip).
@@ -90,7 +84,7 @@ struct BlockSizeArgs {
 ///   roamdisk model mva --demands 32k --disk 5ms --simulate
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct MvaArgs {
+pub struct MvaArgs {
     /// Built-in demands: Table 1's 4k or 32k column.
     #[arg(long, default_value = "4k")]
     demands: String,
@@ -137,8 +131,8 @@ struct MvaArgs {
     json: bool,
 }
 
-pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
-    match a.cmd {
+pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
+    match cmd {
         Cmd::Blocksize(b) => blocksize(b, quiet),
         Cmd::Mva(m) => mva_cmd(m),
     }

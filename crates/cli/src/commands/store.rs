@@ -27,15 +27,9 @@ use super::cas::StoreArgs;
 ///   roamdisk store info --store http://127.0.0.1:8700
 ///   roamdisk store verify --store /srv/store
 ///   roamdisk store keygen alice.key
-#[derive(Parser)]
-#[command(verbatim_doc_comment)]
-pub struct Args {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
 #[derive(Subcommand)]
-enum Cmd {
+#[command(verbatim_doc_comment)]
+pub enum Cmd {
     Init(InitArgs),
     Serve(ServeArgs),
     Info(InfoArgs),
@@ -49,7 +43,7 @@ enum Cmd {
 ///   roamdisk store init /srv/store --hash sha256 --quota 500G
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct InitArgs {
+pub struct InitArgs {
     dir: PathBuf,
     /// Hash function naming every chunk: blake3 or sha256 (fixed for the
     /// store's life).
@@ -75,7 +69,7 @@ struct InitArgs {
 ///   roamdisk commit disk.img --to alice/vm --store http://127.0.0.1:8700
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct ServeArgs {
+pub struct ServeArgs {
     dir: PathBuf,
     /// Address to listen on (port 0 picks one; the chosen address is
     /// printed).
@@ -90,7 +84,7 @@ struct ServeArgs {
 ///   roamdisk store info --store /srv/store --json
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct InfoArgs {
+pub struct InfoArgs {
     #[command(flatten)]
     st: StoreArgs,
 }
@@ -101,7 +95,7 @@ struct InfoArgs {
 ///   roamdisk store verify --store /srv/store
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct VerifyArgs {
+pub struct VerifyArgs {
     #[command(flatten)]
     st: StoreArgs,
 }
@@ -112,12 +106,12 @@ struct VerifyArgs {
 ///   roamdisk store keygen alice.key
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct KeygenArgs {
+pub struct KeygenArgs {
     file: PathBuf,
 }
 
-pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
-    match a.cmd {
+pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
+    match cmd {
         Cmd::Init(i) => {
             let mut cfg = StoreConfig {
                 hash: HashKind::from_name(&i.hash)?,

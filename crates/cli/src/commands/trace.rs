@@ -32,15 +32,9 @@ use roamdisk_blockdev::progress::{Progress, Unit};
 ///   roamdisk trace convert sda.blkparse.txt -o sda.rdtrace
 ///   roamdisk trace convert CAMRESWEBA03-lvm0.csv --from msr -o web.rdtrace
 ///   roamdisk trace cat contacts.rdtrace --limit 20
-#[derive(Parser)]
-#[command(verbatim_doc_comment)]
-pub struct Args {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
 #[derive(Subcommand)]
-enum Cmd {
+#[command(verbatim_doc_comment)]
+pub enum Cmd {
     Stats(StatsArgs),
     Synth(SynthArgs),
     Convert(ConvertArgs),
@@ -65,7 +59,7 @@ enum Cmd {
 ///   roamdisk trace stats desk.rdtrace --plot out/desk --json > desk.json
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct StatsArgs {
+pub struct StatsArgs {
     /// The trace (binary or CSV).
     trace: PathBuf,
     /// Partition names: "android" (the seed's Table 2: 0=/system, 1=/data,
@@ -121,7 +115,7 @@ struct StatsArgs {
 ///   roamdisk trace synth --list
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct SynthArgs {
+pub struct SynthArgs {
     /// The workload (see --list).
     #[arg(required_unless_present = "list")]
     kind: Option<String>,
@@ -163,7 +157,7 @@ struct SynthArgs {
 ///   roamdisk trace convert usr0.rdtrace -o usr0.csv
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct ConvertArgs {
+pub struct ConvertArgs {
     /// Input file, or - for stdin.
     input: PathBuf,
     /// Output trace (*.csv for CSV, anything else binary).
@@ -191,15 +185,15 @@ struct ConvertArgs {
 ///   roamdisk trace cat contacts.rdtrace --limit 20
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
-struct CatArgs {
+pub struct CatArgs {
     trace: PathBuf,
     /// Stop after this many records.
     #[arg(long, value_name = "N")]
     limit: Option<u64>,
 }
 
-pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
-    match a.cmd {
+pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
+    match cmd {
         Cmd::Stats(s) => run_stats(s, quiet),
         Cmd::Synth(s) => run_synth(s, quiet),
         Cmd::Convert(c) => run_convert(c, quiet),
