@@ -8,7 +8,7 @@
 //! the list to unlink it from. Lists are ordered front (oldest / least
 //! recently used, the eviction end) to back (newest / most recently used).
 
-use crate::index::NIL;
+use crate::index::{KeyIndex, NIL};
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Node<K, X> {
@@ -85,9 +85,67 @@ impl<K: Copy, X: Copy> Arena<K, X> {
         self.free = i;
     }
 
+    /// A node for `key` at the back of `l`, tagged `tag`, entered in
+    /// `index`; returns it.
+    #[inline]
+    pub fn insert_back<I: KeyIndex<K>>(
+        &mut self,
+        l: &mut List,
+        index: &mut I,
+        key: K,
+        tag: u8,
+        x: X,
+    ) -> u32 {
+        let i = self.alloc(key, tag, x);
+        self.push_back(l, i, tag);
+        index.insert(key, i);
+        i
+    }
+
+    /// Drop the unlinked node `i`: out of `index`, back to the free list;
+    /// returns its key.
+    #[inline]
+    pub fn forget<I: KeyIndex<K>>(&mut self, index: &mut I, i: u32) -> K {
+        let key = self.get(i).key;
+        index.remove(&key);
+        self.free(i);
+        key
+    }
+
+    /// Drop the front (oldest) node of `l` (which must not be empty);
+    /// returns its key.
+    #[inline]
+    pub fn pop_front<I: KeyIndex<K>>(&mut self, l: &mut List, index: &mut I) -> K {
+        let i = l.front;
+        self.unlink(l, i);
+        self.forget(index, i)
+    }
+
+    /// Remember the evicted, unlinked node `i` as a ghost at the back of
+    /// `ghosts` (tagged `tag`), dropping the oldest ghost beyond `cap`;
+    /// with `cap` 0 nothing is remembered and `i` is forgotten.
+    #[inline]
+    pub fn retire<I: KeyIndex<K>>(
+        &mut self,
+        i: u32,
+        ghosts: &mut List,
+        tag: u8,
+        cap: usize,
+        index: &mut I,
+    ) {
+        if cap == 0 {
+            self.forget(index, i);
+        } else {
+            self.push_back(ghosts, i, tag);
+            if ghosts.len > cap {
+                self.pop_front(ghosts, index);
+            }
+        }
+    }
+
     /// Take `key`'s node off the list its tag names, out of `index`, and
     /// free it; returns the tag it had (None when `key` is not there).
-    pub fn remove_keyed<I: crate::index::KeyIndex<K>>(
+    pub fn remove_keyed<I: KeyIndex<K>>(
         &mut self,
         lists: &mut [List],
         index: &mut I,
@@ -96,8 +154,7 @@ impl<K: Copy, X: Copy> Arena<K, X> {
         let i = index.get(key)?;
         let tag = self.get(i).tag;
         self.unlink(&mut lists[tag as usize], i);
-        index.remove(key);
-        self.free(i);
+        self.forget(index, i);
         Some(tag)
     }
 

@@ -91,13 +91,10 @@ impl<K: Copy + Send, I: KeyIndex<K>> Arc<K, I> {
         self.arena.get(v).key
     }
 
-    fn drop_ghost_lru(&mut self, list: u8) {
-        let l = &mut self.lists[list as usize];
-        let v = l.front;
-        let key = self.arena.get(v).key;
-        self.arena.unlink(l, v);
-        self.index.remove(&key);
-        self.arena.free(v);
+    /// Drop the LRU entry of `list`; returns its key.
+    fn drop_lru(&mut self, list: u8) -> K {
+        self.arena
+            .pop_front(&mut self.lists[list as usize], &mut self.index)
     }
 }
 
@@ -153,29 +150,22 @@ impl<K: Copy + Send, I: KeyIndex<K>> Policy<K> for Arc<K, I> {
                 if self.resident() >= c {
                     if self.len_of(T1) + self.len_of(B1) >= c {
                         if self.len_of(B1) > 0 {
-                            self.drop_ghost_lru(B1);
+                            self.drop_lru(B1);
                             evicted = Some(self.replace(false));
                         } else {
                             // T1 holds the whole cache: drop its LRU block.
-                            let l = &mut self.lists[T1 as usize];
-                            let v = l.front;
-                            let k = self.arena.get(v).key;
-                            self.arena.unlink(l, v);
-                            self.index.remove(&k);
-                            self.arena.free(v);
-                            evicted = Some(k);
+                            evicted = Some(self.drop_lru(T1));
                         }
                     } else {
                         let total: usize = self.lists.iter().map(|l| l.len).sum();
                         if total >= 2 * c && self.len_of(B2) > 0 {
-                            self.drop_ghost_lru(B2);
+                            self.drop_lru(B2);
                         }
                         evicted = Some(self.replace(false));
                     }
                 }
-                let i = self.arena.alloc(key, T1, ());
-                self.arena.push_back(&mut self.lists[T1 as usize], i, T1);
-                self.index.insert(key, i);
+                self.arena
+                    .insert_back(&mut self.lists[T1 as usize], &mut self.index, key, T1, ());
                 Outcome::Miss { evicted }
             }
         }

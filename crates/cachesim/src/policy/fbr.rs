@@ -248,6 +248,14 @@ impl<K: Copy + Send, I: KeyIndex<K>> Fbr<K, I> {
         self.arena.unlink(&mut self.stack, i);
     }
 
+    /// Take node `i` out of the stack, its section, the total count and
+    /// the index, and free it; returns its key.
+    fn drop_node(&mut self, i: u32) -> K {
+        self.take(i);
+        self.total -= self.arena.get(i).x.count as u64;
+        self.arena.forget(&mut self.index, i)
+    }
+
     /// Put node `i` on top of the stack in the new section and push the
     /// overflow down the sections.
     fn put_on_top(&mut self, i: u32) {
@@ -336,14 +344,7 @@ impl<K: Copy + Send, I: KeyIndex<K>> Policy<K> for Fbr<K, I> {
         }
         let mut evicted = None;
         if self.stack.len >= self.cap {
-            let v = self.victim();
-            self.take(v);
-            let n = self.arena.get(v);
-            let k = n.key;
-            self.total -= n.x.count as u64;
-            self.index.remove(&k);
-            self.arena.free(v);
-            evicted = Some(k);
+            evicted = Some(self.drop_node(self.victim()));
         }
         let i = self.arena.alloc(
             key,
@@ -366,10 +367,7 @@ impl<K: Copy + Send, I: KeyIndex<K>> Policy<K> for Fbr<K, I> {
                 // Removing from the middle of a section leaves the
                 // sections one short until the next accesses refill them
                 // from above, which is what a trimmed block should do.
-                self.take(i);
-                self.total -= self.arena.get(i).x.count as u64;
-                self.index.remove(key);
-                self.arena.free(i);
+                self.drop_node(i);
                 // Restore the invariant that sections fill top-down.
                 self.rebalance_after_remove();
                 true

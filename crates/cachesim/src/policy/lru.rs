@@ -86,15 +86,9 @@ impl<K: Copy + Send, I: KeyIndex<K>> Policy<K> for Lru<K, I> {
     }
 
     fn remove(&mut self, key: &K) -> bool {
-        match self.index.get(key) {
-            Some(i) => {
-                self.index.remove(key);
-                self.arena.unlink(&mut self.list, i);
-                self.arena.free(i);
-                true
-            }
-            None => false,
-        }
+        self.arena
+            .remove_keyed(std::slice::from_mut(&mut self.list), &mut self.index, key)
+            .is_some()
     }
 }
 

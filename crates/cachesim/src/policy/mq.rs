@@ -221,20 +221,13 @@ impl<K: Copy + Send, I: KeyIndex<K>> MultiQueue<K, I> {
         let v = self.lists[q].front;
         let key = self.arena.get(v).key;
         self.q_unlink(q, v);
-        if self.qout_cap == 0 {
-            self.index.remove(&key);
-            self.arena.free(v);
-        } else {
-            let (_, hi) = self.lists.split_at_mut(w);
-            self.arena.push_back(&mut hi[0], v, w as u8);
-            if hi[0].len > self.qout_cap {
-                let z = hi[0].front;
-                let zk = self.arena.get(z).key;
-                self.arena.unlink(&mut hi[0], z);
-                self.index.remove(&zk);
-                self.arena.free(z);
-            }
-        }
+        self.arena.retire(
+            v,
+            &mut self.lists[w],
+            w as u8,
+            self.qout_cap,
+            &mut self.index,
+        );
         key
     }
 
@@ -317,8 +310,7 @@ impl<K: Copy + Send, I: KeyIndex<K>> Policy<K> for MultiQueue<K, I> {
                 } else {
                     self.arena.unlink(&mut self.lists[tag], i);
                 }
-                self.index.remove(key);
-                self.arena.free(i);
+                self.arena.forget(&mut self.index, i);
                 tag < self.w()
             }
             None => false,

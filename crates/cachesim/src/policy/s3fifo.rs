@@ -149,21 +149,9 @@ impl<K: Copy + Send, I: KeyIndex<K>> S3Fifo<K, I> {
                 continue;
             }
             let key = n.key;
-            if self.g_cap == 0 {
-                self.arena.unlink(s, t);
-                self.index.remove(&key);
-                self.arena.free(t);
-            } else {
-                n.x = 0;
-                self.arena.move_back(s, g, t, G);
-                if g.len > self.g_cap {
-                    let z = g.front;
-                    let zk = self.arena.get(z).key;
-                    self.arena.unlink(g, z);
-                    self.index.remove(&zk);
-                    self.arena.free(z);
-                }
-            }
+            n.x = 0;
+            self.arena.unlink(s, t);
+            self.arena.retire(t, g, G, self.g_cap, &mut self.index);
             return key;
         }
     }
@@ -178,11 +166,7 @@ impl<K: Copy + Send, I: KeyIndex<K>> S3Fifo<K, I> {
                 self.arena.refresh(m, t);
                 continue;
             }
-            let key = n.key;
-            self.arena.unlink(m, t);
-            self.index.remove(&key);
-            self.arena.free(t);
-            return key;
+            return self.arena.pop_front(m, &mut self.index);
         }
     }
 }

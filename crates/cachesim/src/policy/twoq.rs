@@ -135,20 +135,9 @@ impl<K: Copy + Send, I: KeyIndex<K>> TwoQ<K, I> {
         if a1in.len > self.kin || am.len == 0 {
             let y = a1in.front;
             let key = self.arena.get(y).key;
-            if self.kout == 0 {
-                self.arena.unlink(a1in, y);
-                self.index.remove(&key);
-                self.arena.free(y);
-            } else {
-                self.arena.move_back(a1in, a1out, y, A1OUT);
-                if a1out.len > self.kout {
-                    let z = a1out.front;
-                    let zk = self.arena.get(z).key;
-                    self.arena.unlink(a1out, z);
-                    self.index.remove(&zk);
-                    self.arena.free(z);
-                }
-            }
+            self.arena.unlink(a1in, y);
+            self.arena
+                .retire(y, a1out, A1OUT, self.kout, &mut self.index);
             Some(key)
         } else {
             Some(self.drop_am_lru())
@@ -156,13 +145,8 @@ impl<K: Copy + Send, I: KeyIndex<K>> TwoQ<K, I> {
     }
 
     fn drop_am_lru(&mut self) -> K {
-        let am = &mut self.lists[AM as usize];
-        let y = am.front;
-        let key = self.arena.get(y).key;
-        self.arena.unlink(am, y);
-        self.index.remove(&key);
-        self.arena.free(y);
-        key
+        self.arena
+            .pop_front(&mut self.lists[AM as usize], &mut self.index)
     }
 }
 
@@ -207,10 +191,13 @@ impl<K: Copy + Send, I: KeyIndex<K>> Policy<K> for TwoQ<K, I> {
             },
             None => {
                 let evicted = self.reclaim();
-                let i = self.arena.alloc(key, A1IN, ());
-                self.arena
-                    .push_back(&mut self.lists[A1IN as usize], i, A1IN);
-                self.index.insert(key, i);
+                self.arena.insert_back(
+                    &mut self.lists[A1IN as usize],
+                    &mut self.index,
+                    key,
+                    A1IN,
+                    (),
+                );
                 Outcome::Miss { evicted }
             }
         }
