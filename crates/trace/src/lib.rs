@@ -17,6 +17,8 @@ pub mod format;
 pub mod recorder;
 pub mod stats;
 pub mod synth;
+#[cfg(test)]
+mod testkit;
 
 pub use format::{Format, Reader, Record, TraceError, TraceOp, Writer};
 

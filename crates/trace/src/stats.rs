@@ -445,6 +445,7 @@ impl From<&GroupStats> for Table3Row {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::stats_of;
 
     fn rec(op: TraceOp, offset: u64, len: u32) -> Record {
         Record {
@@ -469,7 +470,7 @@ mod tests {
             rec(TraceOp::Write, 4096, 2048), // skip
             rec(TraceOp::Trim, 0, 4096),
         ];
-        let s = analyze(recs.into_iter().map(Ok::<_, ()>), StatsOptions::default()).unwrap();
+        let s = stats_of(recs, StatsOptions::default());
         let row = Table3Row::from(&s.partitions[&0]);
         assert_eq!(row.read.count, 3);
         assert_eq!((row.read.small, row.read.medium, row.read.large), (1, 1, 1));
@@ -500,7 +501,7 @@ mod tests {
             rec(TraceOp::Read, 0, 4096), // distance 2
             rec(TraceOp::Read, 0, 4096), // distance 0
         ];
-        let s = analyze(recs.into_iter().map(Ok::<_, ()>), StatsOptions::default()).unwrap();
+        let s = stats_of(recs, StatsOptions::default());
         assert_eq!(s.cold_accesses, 3);
         assert_eq!(s.reuse[0], 1);
         assert_eq!(s.reuse[2], 1);

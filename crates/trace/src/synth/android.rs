@@ -391,13 +391,14 @@ mod tests {
     //! The proof that every generated Android trace reproduces every
     //! published column of LBS Table 3 within 5%.
     use super::*;
-    use crate::stats::{analyze, StatsOptions, Table3Dir, Table3Row};
+    use crate::stats::{StatsOptions, Table3Dir, Table3Row};
+    use crate::testkit::{stats_of, within};
 
     /// Within 5% of the published value; a published percentage is a
     /// rounded integer, so one that rounds to it also matches (this is what
     /// lets 0% be met at all).
     fn close(ours: f64, published: f64, is_pct: bool) -> bool {
-        (ours - published).abs() <= 0.05 * published || (is_pct && ours.round() == published)
+        within(ours, published) || (is_pct && ours.round() == published)
     }
 
     fn check_dir(
@@ -434,8 +435,7 @@ mod tests {
     fn check(scale: f64, seed: u64) {
         let mut bad = Vec::new();
         for t in &TRACES {
-            let recs = Generator::new(t, scale, seed, 0).map(Ok::<_, ()>);
-            let s = analyze(recs, StatsOptions::default()).unwrap();
+            let s = stats_of(Generator::new(t, scale, seed, 0), StatsOptions::default());
             assert_eq!(
                 s.partitions.keys().copied().collect::<Vec<_>>(),
                 t.partitions.iter().map(|p| p.device).collect::<Vec<_>>(),

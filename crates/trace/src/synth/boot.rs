@@ -168,15 +168,7 @@ impl Iterator for Client {
     type Item = Record;
     fn next(&mut self) -> Option<Record> {
         let time_ns = (self.start_ns + self.issued as f64 * self.ns_per_request) as u64;
-        let mk = |op, offset, len| Record {
-            time_ns,
-            client: self.client,
-            device: 0,
-            op,
-            offset,
-            len,
-            fragment: 0,
-        };
+        let mk = |op, offset, len| super::request(time_ns, self.client, op, offset, len);
         if self.pending_flush {
             self.pending_flush = false;
             return Some(mk(TraceOp::Flush, 0, 0));
@@ -284,22 +276,15 @@ impl Iterator for Generator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats::{analyze, StatsOptions};
+    use crate::stats::StatsOptions;
+    use crate::testkit::{stats_of, within};
     use std::collections::HashSet;
-
-    fn within(ours: f64, target: f64) -> bool {
-        (ours - target).abs() <= 0.05 * target
-    }
 
     #[test]
     fn boot_storm_has_its_documented_shape() {
         let p = BootParams::default();
         let recs: Vec<Record> = Generator::new(&p, 5).collect();
-        let s = analyze(
-            recs.iter().copied().map(Ok::<_, ()>),
-            StatsOptions::default(),
-        )
-        .unwrap();
+        let s = stats_of(recs.iter().copied(), StatsOptions::default());
         assert_eq!(s.clients.len(), p.clients as usize);
         let mut bad = Vec::new();
         for (c, g) in &s.clients {

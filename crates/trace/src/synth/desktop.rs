@@ -176,19 +176,12 @@ impl Iterator for Generator {
         cur.end = Some(off + len as u64);
         let gap = -(1.0 - self.rng.random::<f64>()).ln() * MEAN_GAP_NS;
         self.time += gap;
-        Some(Record {
-            time_ns: self.time as u64,
-            client: self.client,
-            device: 0,
-            op: if is_write {
-                TraceOp::Write
-            } else {
-                TraceOp::Read
-            },
-            offset: off,
-            len,
-            fragment: 0,
-        })
+        let op = if is_write {
+            TraceOp::Write
+        } else {
+            TraceOp::Read
+        };
+        Some(super::request(self.time as u64, self.client, op, off, len))
     }
 }
 
@@ -196,20 +189,13 @@ impl Iterator for Generator {
 mod tests {
     //! The desktop mix against the numbers of TransCom section 3.2.
     use super::*;
-    use crate::stats::{analyze, StatsOptions};
-
-    fn within(ours: f64, target: f64) -> bool {
-        (ours - target).abs() <= 0.05 * target
-    }
+    use crate::stats::StatsOptions;
+    use crate::testkit::{stats_of, within};
 
     #[test]
     fn desktop_mix_matches_transcom_within_5_percent() {
         let n = 200_000;
-        let s = analyze(
-            Generator::new(n, 42, 0).map(Ok::<_, ()>),
-            StatsOptions { block: BLOCK },
-        )
-        .unwrap();
+        let s = stats_of(Generator::new(n, 42, 0), StatsOptions { block: BLOCK });
         let t = &s.total;
         let mut bad = Vec::new();
         let mut check = |what: &str, ours: f64, target: f64| {

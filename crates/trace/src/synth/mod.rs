@@ -20,7 +20,7 @@ use std::collections::BinaryHeap;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::SeedableRng;
 
-use crate::format::Record;
+use crate::format::{Record, TraceOp};
 
 /// A workload to generate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,6 +173,20 @@ fn per_client(opts: &SynthOptions, make: impl Fn(u32, u64) -> RecordStream) -> R
             .map(|c| make(c, mix_seed(opts.seed, c as u64)))
             .collect(),
     ))
+}
+
+/// A request of `client` on device 0, the one disk of the desktop, boot
+/// and Virtual PC generators.
+pub(crate) fn request(time_ns: u64, client: u32, op: TraceOp, offset: u64, len: u32) -> Record {
+    Record {
+        time_ns,
+        client,
+        device: 0,
+        op,
+        offset,
+        len,
+        fragment: 0,
+    }
 }
 
 /// A seed for a sub-generator, decorrelated from its siblings.

@@ -16,40 +16,38 @@ pub const LARGE_MIN: u32 = 4608;
 pub const LARGE_MAX: u32 = 512 * 1024;
 const SECTOR: u32 = 512;
 
-/// Add up to `amount` bytes to `items` in `step`s, evenly, never above
-/// `cap`. Returns what could not be placed.
-fn grow(items: &mut [u32], mut amount: u64, step: u32, cap: u32) -> u64 {
-    loop {
-        let open: Vec<usize> = (0..items.len())
-            .filter(|&i| items[i] + step <= cap)
-            .collect();
-        let steps = amount / step as u64;
-        if open.is_empty() || steps == 0 {
-            return amount;
+/// The bound [`spread`] moves sizes toward: up to a cap or down to a
+/// floor.
+#[derive(Clone, Copy)]
+enum Toward {
+    Cap(u32),
+    Floor(u32),
+}
+
+impl Toward {
+    /// How far `x` may move before it reaches the bound.
+    fn room(self, x: u32) -> u32 {
+        match self {
+            Toward::Cap(cap) => cap.saturating_sub(x),
+            Toward::Floor(floor) => x.saturating_sub(floor),
         }
-        let per = steps / open.len() as u64;
-        if per == 0 {
-            for &i in open.iter().take(steps as usize) {
-                items[i] += step;
-                amount -= step as u64;
-            }
-            return amount;
-        }
-        for i in open {
-            let room = ((cap - items[i]) / step) as u64;
-            let add = per.min(room) * step as u64;
-            items[i] += add as u32;
-            amount -= add;
+    }
+
+    fn apply(self, x: &mut u32, by: u32) {
+        match self {
+            Toward::Cap(_) => *x += by,
+            Toward::Floor(_) => *x -= by,
         }
     }
 }
 
-/// Remove up to `amount` bytes from `items` in `step`s, evenly, never
-/// below `floor`. Returns what could not be removed.
-fn shrink(items: &mut [u32], mut amount: u64, step: u32, floor: u32) -> u64 {
+/// Add `amount` bytes to `items` (toward a cap) or take them away (toward
+/// a floor), in `step`s, evenly, never past the bound. Returns what could
+/// not be moved.
+fn spread(items: &mut [u32], mut amount: u64, step: u32, to: Toward) -> u64 {
     loop {
         let open: Vec<usize> = (0..items.len())
-            .filter(|&i| items[i] >= floor + step)
+            .filter(|&i| to.room(items[i]) >= step)
             .collect();
         let steps = amount / step as u64;
         if open.is_empty() || steps == 0 {
@@ -58,16 +56,16 @@ fn shrink(items: &mut [u32], mut amount: u64, step: u32, floor: u32) -> u64 {
         let per = steps / open.len() as u64;
         if per == 0 {
             for &i in open.iter().take(steps as usize) {
-                items[i] -= step;
+                to.apply(&mut items[i], step);
                 amount -= step as u64;
             }
             return amount;
         }
         for i in open {
-            let room = ((items[i] - floor) / step) as u64;
-            let sub = per.min(room) * step as u64;
-            items[i] -= sub as u32;
-            amount -= sub;
+            let room = (to.room(items[i]) / step) as u64;
+            let by = per.min(room) * step as u64;
+            to.apply(&mut items[i], by as u32);
+            amount -= by;
         }
     }
 }
@@ -101,16 +99,16 @@ pub fn allocate(
                 *x += add as u32;
                 extra -= add;
             }
-            extra = grow(&mut l, extra, SECTOR, LARGE_MAX);
+            extra = spread(&mut l, extra, SECTOR, Toward::Cap(LARGE_MAX));
         }
-        extra = grow(&mut s, extra, SECTOR, SMALL_MAX_SECTORS);
-        extra = grow(&mut s, extra, 1, SMALL_MAX);
-        grow(&mut l, extra, 1, LARGE_MAX);
+        extra = spread(&mut s, extra, SECTOR, Toward::Cap(SMALL_MAX_SECTORS));
+        extra = spread(&mut s, extra, 1, Toward::Cap(SMALL_MAX));
+        spread(&mut l, extra, 1, Toward::Cap(LARGE_MAX));
     } else {
         let mut deficit = base - total;
-        deficit = shrink(&mut m, deficit, SECTOR, MEDIUM_MIN);
-        deficit = shrink(&mut s, deficit, SECTOR, SMALL_MIN);
-        shrink(&mut m, deficit, 1, MEDIUM_MIN);
+        deficit = spread(&mut m, deficit, SECTOR, Toward::Floor(MEDIUM_MIN));
+        deficit = spread(&mut s, deficit, SECTOR, Toward::Floor(SMALL_MIN));
+        spread(&mut m, deficit, 1, Toward::Floor(MEDIUM_MIN));
     }
     let mut all: Vec<u32> = s.into_iter().chain(m).chain(l).collect();
     rand::seq::SliceRandom::shuffle(all.as_mut_slice(), rng);

@@ -282,36 +282,21 @@ impl Iterator for Generator {
         let (op, offset, len) = self.pending.pop_front()?;
         let time_ns = (self.issued as f64 * self.ns_per_request) as u64;
         self.issued += 1;
-        Some(Record {
-            time_ns,
-            client: self.client,
-            device: 0,
-            op,
-            offset,
-            len,
-            fragment: 0,
-        })
+        Some(super::request(time_ns, self.client, op, offset, len))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats::{analyze, StatsOptions};
-
-    fn within(ours: f64, target: f64) -> bool {
-        (ours - target).abs() <= 0.05 * target
-    }
+    use crate::stats::StatsOptions;
+    use crate::testkit::{stats_of, within};
 
     /// The generated trace's own statistics against the parameters: read
     /// share, request-size split, sequential share, alignment and places.
     fn check(p: &VpcParams, seed: u64) -> Vec<String> {
         let recs: Vec<Record> = Generator::new(p, seed, 0).collect();
-        let s = analyze(
-            recs.iter().copied().map(Ok::<_, ()>),
-            StatsOptions::default(),
-        )
-        .unwrap();
+        let s = stats_of(recs.iter().copied(), StatsOptions::default());
         let t = &s.total;
         let mut bad = Vec::new();
         let mut want = |what: &str, ours: f64, target: f64| {
