@@ -91,6 +91,32 @@ pub struct Partition {
     pub borrowed_extents: u64,
 }
 
+impl Partition {
+    /// Partition `number` of `device` as its table lists it, before the
+    /// scan looks inside: file system unknown, skipped, nothing free or
+    /// borrowed.
+    pub fn listed(device: u32, number: u32, start: u64, len: u64, type_name: &str) -> Partition {
+        Partition {
+            device,
+            number,
+            start,
+            len,
+            type_name: type_name.to_string(),
+            fs: "unknown".into(),
+            uuid: None,
+            label: None,
+            identity_sha256: String::new(),
+            status: Status::Skipped,
+            reason: None,
+            detail: None,
+            free_bytes: 0,
+            free_extents: 0,
+            borrowed_bytes: 0,
+            borrowed_extents: 0,
+        }
+    }
+}
+
 /// One extent of the borrowed disk, in logical order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -162,6 +188,47 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The plan of `extents` (the borrowed disk, back to back in this
+    /// order) over `devices` and `partitions`, written now by this
+    /// program: the borrowed histogram, the size and each partition's
+    /// borrowed bytes and extents are counted from the extents.
+    pub fn new(
+        options: PlanOptions,
+        devices: Vec<Device>,
+        mut partitions: Vec<Partition>,
+        free_histogram: Histogram,
+        extents: Vec<PlanExtent>,
+    ) -> Plan {
+        let mut borrowed_histogram = Histogram::default();
+        let mut total_bytes = 0;
+        for e in &extents {
+            borrowed_histogram.add(e.len);
+            total_bytes += e.len;
+            if let Some(p) = partitions
+                .iter_mut()
+                .find(|p| p.device == e.device && p.number == e.partition)
+            {
+                p.borrowed_bytes += e.len;
+                p.borrowed_extents += 1;
+            }
+        }
+        Plan {
+            format: FORMAT.into(),
+            version: VERSION,
+            created_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            tool: format!("roamdisk {}", env!("CARGO_PKG_VERSION")),
+            options,
+            devices,
+            partitions,
+            free_histogram,
+            borrowed_histogram,
+            extents,
+            total_bytes,
+        }
+    }
+
     /// Read and validate a plan file.
     pub fn load(path: &Path) -> Result<Plan, Error> {
         let text = std::fs::read_to_string(path).map_err(|e| {
@@ -350,59 +417,37 @@ mod tests {
     use super::*;
 
     fn sample() -> Plan {
-        Plan {
-            format: FORMAT.into(),
-            version: VERSION,
-            created_unix: 0,
-            tool: "test".into(),
-            options: PlanOptions {
+        let ext = |offset| PlanExtent {
+            device: 0,
+            partition: 1,
+            offset,
+            len: 4096,
+        };
+        let p = Plan::new(
+            PlanOptions {
                 min_extent: 4096,
                 max_extents: 10,
                 size_limit: 0,
             },
-            devices: vec![Device {
+            vec![Device {
                 id: 0,
                 path: "/dev/sdz".into(),
                 size: 1 << 30,
                 scheme: "gpt".into(),
                 table_sha256: "00".into(),
             }],
-            partitions: vec![Partition {
-                device: 0,
-                number: 1,
-                start: 1 << 20,
-                len: 100 << 20,
-                type_name: "Linux filesystem".into(),
+            vec![Partition {
                 fs: "ext4".into(),
-                uuid: None,
-                label: None,
                 identity_sha256: "00".into(),
                 status: Status::Used,
-                reason: None,
-                detail: None,
-                free_bytes: 0,
-                free_extents: 0,
-                borrowed_bytes: 8192,
-                borrowed_extents: 2,
+                ..Partition::listed(0, 1, 1 << 20, 100 << 20, "Linux filesystem")
             }],
-            free_histogram: Histogram::default(),
-            borrowed_histogram: Histogram::default(),
-            extents: vec![
-                PlanExtent {
-                    device: 0,
-                    partition: 1,
-                    offset: 2 << 20,
-                    len: 4096,
-                },
-                PlanExtent {
-                    device: 0,
-                    partition: 1,
-                    offset: 4 << 20,
-                    len: 4096,
-                },
-            ],
-            total_bytes: 8192,
-        }
+            Histogram::default(),
+            vec![ext(2 << 20), ext(4 << 20)],
+        );
+        assert_eq!(p.total_bytes, 8192);
+        assert_eq!(p.partitions[0].borrowed_extents, 2);
+        p
     }
 
     #[test]

@@ -14,8 +14,7 @@ use roamdisk_blockdev::{BlockDev, Error, ErrorKind, Op, Result};
 use roamdisk_fsmeta as fsmeta;
 
 use crate::plan::{
-    human, Device, Histogram, Partition, Plan, PlanExtent, PlanOptions, Status, FORMAT, UNIT,
-    VERSION,
+    human, Device, Histogram, Partition, Plan, PlanExtent, PlanOptions, Status, UNIT,
 };
 use crate::Progress;
 
@@ -104,24 +103,7 @@ pub fn scan_devices(
         });
         for p in &table.partitions {
             progress.set(base + p.start);
-            let mut part = Partition {
-                device: id,
-                number: p.number,
-                start: p.start,
-                len: p.len,
-                type_name: p.type_name.to_string(),
-                fs: "unknown".into(),
-                uuid: None,
-                label: None,
-                identity_sha256: String::new(),
-                status: Status::Skipped,
-                reason: None,
-                detail: None,
-                free_bytes: 0,
-                free_extents: 0,
-                borrowed_bytes: 0,
-                borrowed_extents: 0,
-            };
+            let mut part = Partition::listed(id, p.number, p.start, p.len, p.type_name);
             let skip = |part: &mut Partition, e: &Error| {
                 part.reason = Some(
                     match e.kind() {
@@ -215,45 +197,26 @@ pub fn scan_devices(
         chosen = keep;
     }
     chosen.sort_unstable_by_key(|c| (c.1, c.2, c.3));
-    let mut extents = Vec::with_capacity(chosen.len());
-    let mut borrowed_hist = Histogram::default();
-    let mut total_bytes = 0;
-    for (len, device, partition, offset) in chosen {
-        extents.push(PlanExtent {
+    let extents = chosen
+        .into_iter()
+        .map(|(len, device, partition, offset)| PlanExtent {
             device,
             partition,
             offset,
             len,
-        });
-        borrowed_hist.add(len);
-        total_bytes += len;
-        if let Some(p) = partitions
-            .iter_mut()
-            .find(|p| p.device == device && p.number == partition)
-        {
-            p.borrowed_bytes += len;
-            p.borrowed_extents += 1;
-        }
-    }
-    let plan = Plan {
-        format: FORMAT.into(),
-        version: VERSION,
-        created_unix: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        tool: format!("roamdisk {}", env!("CARGO_PKG_VERSION")),
-        options: PlanOptions {
+        })
+        .collect();
+    let plan = Plan::new(
+        PlanOptions {
             min_extent,
             max_extents: opts.max_extents,
             size_limit: opts.size_limit,
         },
         devices,
         partitions,
-        free_histogram: free_hist,
-        borrowed_histogram: borrowed_hist,
+        free_hist,
         extents,
-        total_bytes,
-    };
+    );
     plan.validate()?;
     if plan.total_bytes < opts.min_size {
         return Err(Error::new(

@@ -11,9 +11,7 @@ use proptest::prelude::*;
 use roamdisk_blockdev::layers::mem::MemDev;
 use roamdisk_blockdev::{BlockDev, WriteFlags, ZeroFlags};
 use roamdisk_borrow::ondemand::FetchDev;
-use roamdisk_borrow::plan::{
-    Device, Histogram, Partition, PlanExtent, PlanOptions, FORMAT, VERSION,
-};
+use roamdisk_borrow::plan::{Device, Histogram, Partition, PlanExtent, PlanOptions};
 use roamdisk_borrow::{BorrowDev, BorrowOptions, NoProgress, Plan, Status, Verify};
 
 const HOST: u64 = 1 << 20;
@@ -34,7 +32,7 @@ fn plan() -> Plan {
         ext(1, 2 << 12, 5 << 12),
         ext(0, 200 << 12, 2 << 12),
     ];
-    let total = extents.iter().map(|e| e.len).sum();
+    let total: u64 = extents.iter().map(|e| e.len).sum();
     let dev = |id| Device {
         id,
         path: format!("/mem{id}").into(),
@@ -43,40 +41,23 @@ fn plan() -> Plan {
         table_sha256: String::new(),
     };
     let part = |device| Partition {
-        device,
-        number: 1,
-        start: 0,
-        len: HOST,
-        type_name: "whole disk".into(),
         fs: "ext4".into(),
-        uuid: None,
-        label: None,
-        identity_sha256: String::new(),
         status: Status::Used,
-        reason: None,
-        detail: None,
-        free_bytes: 0,
-        free_extents: 0,
-        borrowed_bytes: 0,
-        borrowed_extents: 0,
+        ..Partition::listed(device, 1, 0, HOST, "whole disk")
     };
-    Plan {
-        format: FORMAT.into(),
-        version: VERSION,
-        created_unix: 0,
-        tool: "test".into(),
-        options: PlanOptions {
+    let plan = Plan::new(
+        PlanOptions {
             min_extent: 4096,
             max_extents: 100,
             size_limit: 0,
         },
-        devices: vec![dev(0), dev(1)],
-        partitions: vec![part(0), part(1)],
-        free_histogram: Histogram::default(),
-        borrowed_histogram: Histogram::default(),
+        vec![dev(0), dev(1)],
+        vec![part(0), part(1)],
+        Histogram::default(),
         extents,
-        total_bytes: total,
-    }
+    );
+    assert_eq!(plan.total_bytes, total);
+    plan
 }
 
 fn hosts() -> Vec<Arc<MemDev>> {
