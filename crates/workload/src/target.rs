@@ -80,6 +80,21 @@ impl DirectFile {
         let end = (off + len as u64).div_ceil(DIRECT_ALIGN as u64) * DIRECT_ALIGN as u64;
         (a, (end - a) as usize)
     }
+
+    /// An aligned span `(a, n)` must lie within the file: a file whose
+    /// size is not a multiple of 4 KiB has no aligned span over its end.
+    fn check_tail(&self, a: u64, n: usize, op: Op, off: u64) -> Result<()> {
+        if a + n as u64 > self.next.size() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                op,
+                "direct",
+                "an unaligned request at the end of a file whose size is not a multiple of 4 KiB; use --no-direct",
+            )
+            .at(off));
+        }
+        Ok(())
+    }
 }
 
 impl BlockDev for DirectFile {
@@ -105,15 +120,7 @@ impl BlockDev for DirectFile {
             return self.next.read_at(buf, off);
         }
         let (a, n) = self.span(off, buf.len());
-        if a + n as u64 > self.next.size() {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                Op::Read,
-                "direct",
-                "an unaligned request at the end of a file whose size is not a multiple of 4 KiB; use --no-direct",
-            )
-            .at(off));
-        }
+        self.check_tail(a, n, Op::Read, off)?;
         let mut b = AlignedBuf::new(n);
         self.next.read_at(b.get_mut(n), a)?;
         let s = (off - a) as usize;
@@ -130,15 +137,7 @@ impl BlockDev for DirectFile {
         let whole = s == 0 && n == buf.len();
         let _g = self.rmw.lock().unwrap_or_else(|p| p.into_inner());
         if !whole {
-            if a + n as u64 > self.next.size() {
-                return Err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    Op::Write,
-                    "direct",
-                    "an unaligned request at the end of a file whose size is not a multiple of 4 KiB; use --no-direct",
-                )
-                .at(off));
-            }
+            self.check_tail(a, n, Op::Write, off)?;
             self.next.read_at(b.get_mut(n), a)?;
         }
         b.get_mut(n)[s..s + buf.len()].copy_from_slice(buf);

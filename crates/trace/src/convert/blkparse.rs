@@ -245,6 +245,13 @@ CPU0 (bt):
         Ok(v)
     }
 
+    /// The error converting `text` with the default options.
+    fn error(text: &str) -> String {
+        run(text, &BlkparseOptions::default())
+            .unwrap_err()
+            .to_string()
+    }
+
     #[test]
     fn dispatch_events_become_records() {
         let v = run(SAMPLE, &BlkparseOptions::default()).unwrap();
@@ -280,21 +287,10 @@ CPU0 (bt):
     /// errors naming the line.
     #[test]
     fn ranges_past_2_64_or_with_too_many_fragments_are_errors() {
-        let e = run(
-            "  8,0 0 1 0.000000001 1 D R 36028797018963967 + 4194305 [x]\n",
-            &BlkparseOptions::default(),
-        )
-        .unwrap_err();
-        assert!(
-            e.to_string().contains("line 1") && e.to_string().contains("2^64"),
-            "{e}"
-        );
-        let e = run(
-            "  8,0 0 1 0.000000001 1 D R 0 + 36028797018963967 [x]\n",
-            &BlkparseOptions::default(),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("fragments"), "{e}");
+        let e = error("  8,0 0 1 0.000000001 1 D R 36028797018963967 + 4194305 [x]\n");
+        assert!(e.contains("line 1") && e.contains("2^64"), "{e}");
+        let e = error("  8,0 0 1 0.000000001 1 D R 0 + 36028797018963967 [x]\n");
+        assert!(e.contains("fragments"), "{e}");
         // The largest request still accepted: 65536 fragments.
         let v = run(
             "  8,0 0 1 0.000000001 1 D W 0 + 274877906944 [x]\n",
@@ -307,32 +303,13 @@ CPU0 (bt):
 
     #[test]
     fn malformed_event_lines_are_errors_with_line_numbers() {
-        let e = run(
-            "  8,0 0 1 0.5 1 D R 1 + 1 [x]\n",
-            &BlkparseOptions::default(),
-        )
-        .unwrap_err();
-        assert!(
-            e.to_string().contains("line 1") && e.to_string().contains("nanoseconds"),
-            "{e}"
-        );
-        let e = run(
-            "  8,0 0 1 0.000000001 1 D Q 1 + 1 [x]\n",
-            &BlkparseOptions::default(),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("unknown RWBS"), "{e}");
-        let e = run(
-            "  8,0 0 1 0.000000001 1 D R x + 1 [x]\n",
-            &BlkparseOptions::default(),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("SECTOR + COUNT"), "{e}");
-        let e = run(
-            "  8,0 0 1 99999999999999999.000000001 1 D R 1 + 1 [x]\n",
-            &BlkparseOptions::default(),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("too large"), "{e}");
+        let e = error("  8,0 0 1 0.5 1 D R 1 + 1 [x]\n");
+        assert!(e.contains("line 1") && e.contains("nanoseconds"), "{e}");
+        let e = error("  8,0 0 1 0.000000001 1 D Q 1 + 1 [x]\n");
+        assert!(e.contains("unknown RWBS"), "{e}");
+        let e = error("  8,0 0 1 0.000000001 1 D R x + 1 [x]\n");
+        assert!(e.contains("SECTOR + COUNT"), "{e}");
+        let e = error("  8,0 0 1 99999999999999999.000000001 1 D R 1 + 1 [x]\n");
+        assert!(e.contains("too large"), "{e}");
     }
 }
