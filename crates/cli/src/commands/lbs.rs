@@ -10,7 +10,7 @@ use roamdisk_blockdev::units::{format_size, parse_size};
 use roamdisk_blockdev::Access;
 use roamdisk_blockdev::{copy_sparse, BlockDev, CopyOptions};
 use roamdisk_lbs::create::{open_files, read_header, CreateOptions, Encryption, KeyOptions, Paths};
-use roamdisk_lbs::{ChecksumKind, LbsOptions};
+use roamdisk_lbs::{ChecksumKind, Lbs, LbsOptions};
 
 use crate::disk::Disk;
 use crate::progress::{Output, Reporter};
@@ -79,6 +79,28 @@ impl Where {
             key_file: self.key_file.clone(),
             passphrase_file: self.passphrase_file.clone(),
         }
+    }
+
+    /// Open the image with `opts`.
+    fn open(&self, opts: LbsOptions) -> anyhow::Result<Lbs> {
+        Ok(open_files(&self.paths(), &self.keys(), opts)?.0)
+    }
+
+    /// Open the image read-only.
+    fn open_read_only(&self) -> anyhow::Result<Lbs> {
+        self.open(LbsOptions {
+            read_only: true,
+            ..LbsOptions::default()
+        })
+    }
+
+    /// Open the image writable with no background GC (opening replays,
+    /// rolls back and compacts; the command does the rest).
+    fn open_foreground(&self) -> anyhow::Result<Lbs> {
+        self.open(LbsOptions {
+            background_gc: false,
+            ..LbsOptions::default()
+        })
     }
 }
 
@@ -228,14 +250,7 @@ pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
         }
         Cmd::Info(i) => info(&i),
         Cmd::Check(o) => {
-            let (lbs, _) = open_files(
-                &o.at.paths(),
-                &o.at.keys(),
-                LbsOptions {
-                    read_only: true,
-                    ..LbsOptions::default()
-                },
-            )?;
+            let lbs = o.at.open_read_only()?;
             let p = Reporter::phase_of(
                 Output::human(quiet),
                 "checking blocks",
@@ -265,15 +280,7 @@ pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
             let paths = o.at.paths();
             let before = std::fs::metadata(&paths.meta).map(|m| m.len()).unwrap_or(0);
             // Opening writable replays, rolls back and compacts.
-            let (lbs, _) = open_files(
-                &paths,
-                &o.at.keys(),
-                LbsOptions {
-                    background_gc: false,
-                    ..LbsOptions::default()
-                },
-            )?;
-            lbs.close()?;
+            o.at.open_foreground()?.close()?;
             let after = std::fs::metadata(&paths.meta).map(|m| m.len()).unwrap_or(0);
             println!(
                 "metadata log: {} -> {}",
@@ -283,14 +290,7 @@ pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Gc(o) => {
-            let (lbs, _) = open_files(
-                &o.at.paths(),
-                &o.at.keys(),
-                LbsOptions {
-                    background_gc: false,
-                    ..LbsOptions::default()
-                },
-            )?;
+            let lbs = o.at.open_foreground()?;
             let n = lbs.gc_now()?;
             let s = lbs.stats();
             lbs.close()?;
@@ -428,7 +428,7 @@ fn import(i: &ImportArgs, quiet: bool) -> anyhow::Result<()> {
     let paths = i.at.paths();
     roamdisk_lbs::create(&paths, &o)?;
     let result = (|| {
-        let (lbs, _) = open_files(&paths, &i.at.keys(), LbsOptions::default())?;
+        let lbs = i.at.open(LbsOptions::default())?;
         let copied = copy(src.as_ref(), &lbs, quiet, "importing")?;
         lbs.close()?;
         Ok::<_, anyhow::Error>(copied)
@@ -456,14 +456,7 @@ fn export(e: &ExportArgs, quiet: bool) -> anyhow::Result<()> {
     if e.dest.exists() {
         bail!("{} exists; remove it first", e.dest.display());
     }
-    let (lbs, _) = open_files(
-        &e.at.paths(),
-        &e.at.keys(),
-        LbsOptions {
-            read_only: true,
-            ..LbsOptions::default()
-        },
-    )?;
+    let lbs = e.at.open_read_only()?;
     let raw_path = if e.format == "raw" {
         e.dest.clone()
     } else {

@@ -138,17 +138,32 @@ pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
     }
 }
 
+/// The number at the start of `body` (made of the characters `numeric`
+/// accepts) and the unit after it; without a number, "'{t}' is not
+/// {what}".
+fn number_and_unit<'a>(
+    body: &'a str,
+    numeric: impl Fn(char) -> bool,
+    t: &str,
+    what: &str,
+) -> anyhow::Result<(f64, &'a str)> {
+    let (num, unit) = body.split_at(body.find(|c: char| !numeric(c)).unwrap_or(body.len()));
+    let v: f64 = num
+        .parse()
+        .map_err(|_| anyhow::anyhow!("'{t}' is not {what}"))?;
+    Ok((v, unit.trim()))
+}
+
 /// A duration: 8ms, 0.32ms, 150us, 1s, or a bare number of seconds.
 fn parse_time(s: &str) -> anyhow::Result<f64> {
     let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == '-'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let v: f64 = num
-        .parse()
-        .map_err(|_| anyhow::anyhow!("'{t}' is not a time: write e.g. 8ms, 0.32ms, 150us or 1s"))?;
-    let scale = match unit.trim() {
+    let (v, unit) = number_and_unit(
+        t,
+        |c| c.is_ascii_digit() || c == '.' || c == 'e' || c == '-',
+        t,
+        "a time: write e.g. 8ms, 0.32ms, 150us or 1s",
+    )?;
+    let scale = match unit {
         "" | "s" => 1.0,
         "ms" => 1e-3,
         "us" | "µs" => 1e-6,
@@ -164,18 +179,13 @@ fn parse_time(s: &str) -> anyhow::Result<f64> {
 
 /// A bandwidth in bytes per second: 6MB/s (SI), 6MiB/s (binary), 750KB/s.
 fn parse_rate(s: &str) -> anyhow::Result<f64> {
+    const WHAT: &str = "a bandwidth: write e.g. 6MB/s or 6MiB/s";
     let t = s.trim();
     let body = t
         .strip_suffix("/s")
-        .with_context(|| format!("'{t}' is not a bandwidth: write e.g. 6MB/s or 6MiB/s"))?;
-    let split = body
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(body.len());
-    let (num, unit) = body.split_at(split);
-    let v: f64 = num
-        .parse()
-        .map_err(|_| anyhow::anyhow!("'{t}' is not a bandwidth: write e.g. 6MB/s or 6MiB/s"))?;
-    let scale = match unit.trim() {
+        .with_context(|| format!("'{t}' is not {WHAT}"))?;
+    let (v, unit) = number_and_unit(body, |c| c.is_ascii_digit() || c == '.', t, WHAT)?;
+    let scale = match unit {
         "B" => 1.0,
         "KB" | "kB" => 1e3,
         "MB" => 1e6,

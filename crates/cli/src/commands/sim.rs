@@ -529,16 +529,43 @@ fn output(
     Ok(())
 }
 
+/// `blocks` blocks of `bs` bytes in MiB.
+fn mib(blocks: usize, bs: u64) -> f64 {
+    blocks as f64 * bs as f64 / 1048576.0
+}
+
 fn lru_series(level: &LevelReport, bs: u64, lo: usize, hi: usize, name: String) -> Option<Series> {
     let curve = level.lru.as_ref()?;
     let mut pts = Vec::new();
     let mut c = lo.max(1) as f64;
     while c <= hi as f64 * 1.0001 {
         let cap = c.round() as usize;
-        pts.push((cap as f64 * bs as f64 / 1048576.0, curve.hit_ratio(cap)));
+        pts.push((mib(cap, bs), curve.hit_ratio(cap)));
         c *= 2f64.powf(0.25);
     }
     Some(Series { name, points: pts })
+}
+
+/// The simulated hit ratio of `policy` at `level` against the cache size
+/// (MiB), at every simulated capacity.
+fn policy_series(
+    level: &LevelReport,
+    bs: u64,
+    capacities: &[usize],
+    policy: &str,
+    name: String,
+) -> Series {
+    let points = capacities
+        .iter()
+        .filter_map(|&c| {
+            level
+                .results
+                .iter()
+                .find(|x| x.policy == policy && x.capacity == c)
+                .map(|x| (mib(c, bs), x.all().hit_ratio()))
+        })
+        .collect();
+    Series { name, points }
 }
 
 fn plots(
@@ -549,7 +576,6 @@ fn plots(
     focus_cap: usize,
 ) -> anyhow::Result<Charts> {
     let bs = r.block_size;
-    let mib = |c: usize| c as f64 * bs as f64 / 1048576.0;
     let (lo, hi) = (capacities[0], *capacities.last().unwrap());
     // A logarithmic axis only labels decades: use it for wide ranges.
     let log_x = hi >= 8 * lo;
@@ -566,20 +592,7 @@ fn plots(
             }
             continue;
         }
-        let pts: Vec<(f64, f64)> = capacities
-            .iter()
-            .filter_map(|&c| {
-                single
-                    .results
-                    .iter()
-                    .find(|x| x.policy == label && x.capacity == c)
-                    .map(|x| (mib(c), x.all().hit_ratio()))
-            })
-            .collect();
-        series.push(Series {
-            name: label,
-            points: pts,
-        });
+        series.push(policy_series(single, bs, capacities, &label, label.clone()));
     }
     charts.line(
         "hit-ratio",
@@ -640,20 +653,13 @@ fn plots(
                 ),
             };
             if let Some(label) = &first {
-                let pts: Vec<(f64, f64)> = capacities
-                    .iter()
-                    .filter_map(|&c| {
-                        level
-                            .results
-                            .iter()
-                            .find(|x| &x.policy == label && x.capacity == c)
-                            .map(|x| (mib(c), x.all().hit_ratio()))
-                    })
-                    .collect();
-                series.push(Series {
-                    name: format!("{label}, {who}"),
-                    points: pts,
-                });
+                series.push(policy_series(
+                    level,
+                    bs,
+                    capacities,
+                    label,
+                    format!("{label}, {who}"),
+                ));
             }
             if let Some(s) = lru_series(level, bs, lo, hi, format!("LRU, {who}")) {
                 series.push(s);
