@@ -9,13 +9,8 @@
 # (crates/cachesim/examples/blocksize_sweep.rs) showing how the optimum
 # follows the length of sequential runs. Output in bench/results/cachesim/.
 set -eu
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-R=$ROOT/target/release/roamdisk
-WORK=${WORK:-/tmp/roamdisk-cachesim-bench}
-OUT=$ROOT/bench/results/cachesim
-mkdir -p "$WORK" "$OUT"
-[ -n "${NO_BUILD:-}" ] || (cd "$ROOT" && cargo build --release -q -p roamdisk && \
-  cargo build --release -q -p roamdisk-cachesim --example blocksize_sweep)
+. "$(dirname "$0")/cachesim-env.sh"
+build blocksize_sweep
 for K in vpc-boot vpc-office; do
   T=$WORK/$K.rdtrace
   "$R" trace synth "$K" --seed 1 -o "$T" -q

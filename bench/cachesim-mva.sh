@@ -5,11 +5,8 @@
 # the crossover hit ratio where disk and network demands are equal.
 # Output in bench/results/cachesim/.
 set -eu
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-R=$ROOT/target/release/roamdisk
-OUT=$ROOT/bench/results/cachesim
-mkdir -p "$OUT"
-[ -n "${NO_BUILD:-}" ] || (cd "$ROOT" && cargo build --release -q -p roamdisk)
+. "$(dirname "$0")/cachesim-env.sh"
+build
 "$R" model mva --demands 4k --hit 0,0.5,0.8,0.9,0.95,1 --clients 50 --simulate \
   --plot "$OUT/mva-4k" | tee "$OUT/mva-4k.txt"
 "$R" model mva --demands 32k --hit 0.5,0.9,0.931,1 --clients 50 --simulate --step 1 \

@@ -8,12 +8,8 @@
 # NO_BUILD=1 uses target/release as it is. See docs/BENCHMARKS.md,
 # "Cache policies, simulator and models (issue 7)".
 set -eu
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-R=$ROOT/target/release/roamdisk
-WORK=${WORK:-/tmp/roamdisk-cachesim-bench}
-mkdir -p "$WORK"
-[ -n "${NO_BUILD:-}" ] || (cd "$ROOT" && cargo build --release -q -p roamdisk && \
-  cargo build --release -q -p roamdisk-cachesim --example policy_speed)
+. "$(dirname "$0")/cachesim-env.sh"
+build policy_speed
 T=$WORK/desktop-1.rdtrace
 [ -f "$T" ] || "$R" trace synth desktop --clients 15 --seed 1 -o "$T" -q
 "$R" sim "$T" --policy lru --size 1/16 --no-lru-curve --export-keys "$WORK/desktop-1.keys" -q >/dev/null

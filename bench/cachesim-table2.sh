@@ -8,12 +8,8 @@
 # NO_BUILD=1 uses target/release as it is. See docs/BENCHMARKS.md,
 # "Cache policies, simulator and models (issue 7)".
 set -eu
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-R=$ROOT/target/release/roamdisk
-WORK=${WORK:-/tmp/roamdisk-cachesim-bench}
-OUT=$ROOT/bench/results/cachesim
-mkdir -p "$WORK" "$OUT"
-[ -n "${NO_BUILD:-}" ] || (cd "$ROOT" && cargo build --release -q -p roamdisk)
+. "$(dirname "$0")/cachesim-env.sh"
+build
 POLICIES=fmpq,2q,fbr,lru,arc,s3fifo,mq
 
 for seed in 1 2; do

@@ -26,33 +26,35 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
 
-# id, label, unit, kind, parameters. "fio" rows take fio options; "copy"
+
+def fio(id, label, unit, **options):
+    """A row measured by fio with these options."""
+    return (id, label, unit, "fio", options)
+
+
+def copy(id, label, **options):
+    """A row measured by nbdcopy (options: direction, flush)."""
+    return (id, label, "MB/s", "copy", options)
+
+
+# id, label, unit, kind, parameters: "fio" rows take fio options; "copy"
 # rows are nbdcopy directions.
 ROWS = [
-    ("randread-qd1", "4 KiB random read, QD 1", "IOPS", "fio",
-     dict(rw="randread", bs="4k", iodepth=1)),
-    ("randread-qd32", "4 KiB random read, QD 32", "IOPS", "fio",
-     dict(rw="randread", bs="4k", iodepth=32)),
-    ("randwrite-qd1", "4 KiB random write, QD 1", "IOPS", "fio",
-     dict(rw="randwrite", bs="4k", iodepth=1)),
-    ("randwrite-qd32", "4 KiB random write, QD 32", "IOPS", "fio",
-     dict(rw="randwrite", bs="4k", iodepth=32)),
-    ("seqread-1m", "1 MiB sequential read, QD 8", "MB/s", "fio",
-     dict(rw="read", bs="1m", iodepth=8)),
-    ("seqwrite-1m", "1 MiB sequential write, QD 8", "MB/s", "fio",
-     dict(rw="write", bs="1m", iodepth=8)),
-    ("nbdcopy-read", "nbdcopy export -> null:", "MB/s", "copy",
-     dict(direction="read")),
-    ("nbdcopy-write", "nbdcopy file -> export", "MB/s", "copy",
-     dict(direction="write")),
-    ("randwrite-qd1-flush", "4 KiB random write, QD 1, FLUSH/64", "IOPS", "fio",
-     dict(rw="randwrite", bs="4k", iodepth=1, fsync=64)),
-    ("randwrite-qd32-flush", "4 KiB random write, QD 32, FLUSH/64", "IOPS", "fio",
-     dict(rw="randwrite", bs="4k", iodepth=32, fsync=64)),
-    ("seqwrite-1m-flush", "1 MiB sequential write, QD 8, FLUSH/64", "MB/s", "fio",
-     dict(rw="write", bs="1m", iodepth=8, fsync=64)),
-    ("nbdcopy-write-flush", "nbdcopy file -> export, --flush", "MB/s", "copy",
-     dict(direction="write", flush=True)),
+    fio("randread-qd1", "4 KiB random read, QD 1", "IOPS", rw="randread", bs="4k", iodepth=1),
+    fio("randread-qd32", "4 KiB random read, QD 32", "IOPS", rw="randread", bs="4k", iodepth=32),
+    fio("randwrite-qd1", "4 KiB random write, QD 1", "IOPS", rw="randwrite", bs="4k", iodepth=1),
+    fio("randwrite-qd32", "4 KiB random write, QD 32", "IOPS", rw="randwrite", bs="4k", iodepth=32),
+    fio("seqread-1m", "1 MiB sequential read, QD 8", "MB/s", rw="read", bs="1m", iodepth=8),
+    fio("seqwrite-1m", "1 MiB sequential write, QD 8", "MB/s", rw="write", bs="1m", iodepth=8),
+    copy("nbdcopy-read", "nbdcopy export -> null:", direction="read"),
+    copy("nbdcopy-write", "nbdcopy file -> export", direction="write"),
+    fio("randwrite-qd1-flush", "4 KiB random write, QD 1, FLUSH/64", "IOPS",
+        rw="randwrite", bs="4k", iodepth=1, fsync=64),
+    fio("randwrite-qd32-flush", "4 KiB random write, QD 32, FLUSH/64", "IOPS",
+        rw="randwrite", bs="4k", iodepth=32, fsync=64),
+    fio("seqwrite-1m-flush", "1 MiB sequential write, QD 8, FLUSH/64", "MB/s",
+        rw="write", bs="1m", iodepth=8, fsync=64),
+    copy("nbdcopy-write-flush", "nbdcopy file -> export, --flush", direction="write", flush=True),
 ]
 
 COMPETITORS = ("qemu-nbd", "nbdkit")

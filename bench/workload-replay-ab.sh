@@ -11,20 +11,8 @@
 #       inproc-mem-4 inproc-trace-1
 set -euo pipefail
 BASE=$1; NEW=$2; N=${3:-1000000}; REPS=${4:-3}
-T=$(mktemp -d)
-SERVER=
-cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$T"; }
-trap cleanup EXIT
-"$NEW" -q trace synth desktop --requests "$N" -o "$T/desk.rdtrace"
-"$NEW" -q trace synth desktop --requests $((N / 50)) -o "$T/desk50.rdtrace"
-rps() { local r=$1; shift; "$r" -q replay "$@" | sed -n 's/.* s, \([0-9]*\) requests\/s.*/\1/p'; }
-serve() {
-  rm -f "$T/s.sock"
-  "$1" -q serve "$2" --socket "$T/s.sock" & SERVER=$!
-  for _ in $(seq 100); do [ -S "$T/s.sock" ] && break; sleep 0.05; done
-}
-stop() { kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; SERVER=; }
-U="nbd+unix:///?socket=$T/s.sock"
+. "$(dirname "$0")/workload-replay-env.sh"
+desktop_traces "$NEW" "$N"
 row() { # ROW base|new BINARY
   local label=$1 who=$2 bin=$3 v
   case $label in

@@ -361,6 +361,20 @@ fn blocksize(a: BlockSizeArgs, quiet: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A point's throughput, response time (ms) and the four utilizations,
+/// as columns of the MVA tables.
+fn mva_columns(p: &mva::MvaPoint) -> String {
+    format!(
+        "{:>12.1} {:>11.3} {:>7.3} {:>7.3} {:>7.3} {:>7.3}",
+        p.throughput,
+        p.response * 1e3,
+        p.utilization[0],
+        p.utilization[1],
+        p.utilization[2],
+        p.utilization[3]
+    )
+}
+
 fn mva_cmd(a: MvaArgs) -> anyhow::Result<()> {
     let mut d = match a.demands.to_ascii_lowercase().as_str() {
         "4k" => Demands::table1_4k(),
@@ -495,17 +509,7 @@ fn mva_cmd(a: MvaArgs) -> anyhow::Result<()> {
                 } else {
                     String::new()
                 };
-                println!(
-                    "  {:>5} {:>12.1} {:>11.3} {:>7.3} {:>7.3} {:>7.3} {:>7.3}{}",
-                    p.clients,
-                    p.throughput,
-                    p.response * 1e3,
-                    p.utilization[0],
-                    p.utilization[1],
-                    p.utilization[2],
-                    p.utilization[3],
-                    sim
-                );
+                println!("  {:>5} {}{}", p.clients, mva_columns(p), sim);
             }
         }
         println!("\nagainst the hit ratio at N = {}:", a.clients);
@@ -514,17 +518,7 @@ fn mva_cmd(a: MvaArgs) -> anyhow::Result<()> {
             "h", "X (req/s)", "R (ms)", "U cpu", "U mem", "U disk", "U net"
         );
         for (h, p, b) in &by_hit {
-            println!(
-                "  {:>6.3} {:>12.1} {:>11.3} {:>7.3} {:>7.3} {:>7.3} {:>7.3}  {}",
-                h,
-                p.throughput,
-                p.response * 1e3,
-                p.utilization[0],
-                p.utilization[1],
-                p.utilization[2],
-                p.utilization[3],
-                names[*b]
-            );
+            println!("  {:>6.3} {}  {}", h, mva_columns(p), names[*b]);
         }
         println!(
             "\nthe disk is the bottleneck up to a hit ratio of {:.3}; beyond it, the {}",
