@@ -59,6 +59,11 @@ pub struct Event<'a> {
     pub range: Option<(u64, u64)>,
 }
 
+/// The next field as a number (`None` when missing or not one).
+fn number<T: std::str::FromStr>(f: &mut std::str::SplitWhitespace<'_>) -> Option<T> {
+    f.next().and_then(|v| v.parse().ok())
+}
+
 /// Parse one line; `Ok(None)` for lines that are not events.
 pub fn parse_line(line: &str, lineno: u64) -> Result<Option<Event<'_>>, TraceError> {
     let mut f = line.split_whitespace();
@@ -75,14 +80,8 @@ pub fn parse_line(line: &str, lineno: u64) -> Result<Option<Event<'_>>, TraceErr
             format!("blkparse event line: {m}: '{}'", line.trim()),
         )
     };
-    let _cpu: u32 = f
-        .next()
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| bad("no CPU"))?;
-    let _seq: u64 = f
-        .next()
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| bad("no sequence number"))?;
+    let _cpu: u32 = number(&mut f).ok_or_else(|| bad("no CPU"))?;
+    let _seq: u64 = number(&mut f).ok_or_else(|| bad("no sequence number"))?;
     let time = f.next().ok_or_else(|| bad("no time"))?;
     let (secs, nanos) = time
         .split_once('.')
@@ -96,10 +95,7 @@ pub fn parse_line(line: &str, lineno: u64) -> Result<Option<Event<'_>>, TraceErr
         .checked_mul(1_000_000_000)
         .and_then(|s| s.checked_add(nanos))
         .ok_or_else(|| bad("time too large"))?;
-    let pid: u32 = f
-        .next()
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| bad("no process id"))?;
+    let pid: u32 = number(&mut f).ok_or_else(|| bad("no process id"))?;
     let action = f.next().ok_or_else(|| bad("no action"))?;
     let rwbs = f.next().unwrap_or("");
     let range = match (f.next(), f.next(), f.next()) {
@@ -245,11 +241,13 @@ CPU0 (bt):
         Ok(v)
     }
 
-    /// The error converting `text` with the default options.
-    fn error(text: &str) -> String {
-        run(text, &BlkparseOptions::default())
+    /// Converting `text` with the default options fails with an error
+    /// that says every one of `words`.
+    fn assert_error(text: &str, words: &[&str]) {
+        let e = run(text, &BlkparseOptions::default())
             .unwrap_err()
-            .to_string()
+            .to_string();
+        assert!(words.iter().all(|w| e.contains(w)), "{e}");
     }
 
     #[test]
@@ -287,10 +285,14 @@ CPU0 (bt):
     /// errors naming the line.
     #[test]
     fn ranges_past_2_64_or_with_too_many_fragments_are_errors() {
-        let e = error("  8,0 0 1 0.000000001 1 D R 36028797018963967 + 4194305 [x]\n");
-        assert!(e.contains("line 1") && e.contains("2^64"), "{e}");
-        let e = error("  8,0 0 1 0.000000001 1 D R 0 + 36028797018963967 [x]\n");
-        assert!(e.contains("fragments"), "{e}");
+        assert_error(
+            "  8,0 0 1 0.000000001 1 D R 36028797018963967 + 4194305 [x]\n",
+            &["line 1", "2^64"],
+        );
+        assert_error(
+            "  8,0 0 1 0.000000001 1 D R 0 + 36028797018963967 [x]\n",
+            &["fragments"],
+        );
         // The largest request still accepted: 65536 fragments.
         let v = run(
             "  8,0 0 1 0.000000001 1 D W 0 + 274877906944 [x]\n",
@@ -303,13 +305,25 @@ CPU0 (bt):
 
     #[test]
     fn malformed_event_lines_are_errors_with_line_numbers() {
-        let e = error("  8,0 0 1 0.5 1 D R 1 + 1 [x]\n");
-        assert!(e.contains("line 1") && e.contains("nanoseconds"), "{e}");
-        let e = error("  8,0 0 1 0.000000001 1 D Q 1 + 1 [x]\n");
-        assert!(e.contains("unknown RWBS"), "{e}");
-        let e = error("  8,0 0 1 0.000000001 1 D R x + 1 [x]\n");
-        assert!(e.contains("SECTOR + COUNT"), "{e}");
-        let e = error("  8,0 0 1 99999999999999999.000000001 1 D R 1 + 1 [x]\n");
-        assert!(e.contains("too large"), "{e}");
+        for (text, words) in [
+            (
+                "  8,0 0 1 0.5 1 D R 1 + 1 [x]\n",
+                &["line 1", "nanoseconds"][..],
+            ),
+            (
+                "  8,0 0 1 0.000000001 1 D Q 1 + 1 [x]\n",
+                &["unknown RWBS"][..],
+            ),
+            (
+                "  8,0 0 1 0.000000001 1 D R x + 1 [x]\n",
+                &["SECTOR + COUNT"][..],
+            ),
+            (
+                "  8,0 0 1 99999999999999999.000000001 1 D R 1 + 1 [x]\n",
+                &["too large"][..],
+            ),
+        ] {
+            assert_error(text, words);
+        }
     }
 }

@@ -103,56 +103,46 @@ const fn p(
     }
 }
 
-/// LBS Table 3, row by row: per partition the name, device, reads and
-/// writes (KiB, count, 1 / <=4 / >4 KiB, skip %), write % and barrier %.
+const fn t(
+    name: &'static str,
+    title: &'static str,
+    duration_s: f64,
+    partitions: &'static [PartitionTarget],
+) -> TraceTarget {
+    TraceTarget {
+        name,
+        title,
+        duration_s,
+        partitions,
+    }
+}
+
+/// LBS Table 3, row by row: per trace the name, title, duration (s) and
+/// partitions; per partition the name, device, reads and writes (KiB,
+/// count, 1 / <=4 / >4 KiB, skip %), write % and barrier %.
 #[rustfmt::skip]
 pub static TRACES: [TraceTarget; 5] = [
-    TraceTarget {
-        name: "boot",
-        title: "Android Boot: initial boot until BOOT_COMPLETED (LBS Table 3)",
-        duration_s: 40.0,
-        partitions: &[
-            p("/system", 0, d(18562, 1275, 21, 39, 1215, 0), d(0, 0, 0, 0, 0, NA), 0, 0),
-            p("/data", 1, d(28, 24, 24, 0, 0, 41), d(16468, 1204, 120, 43, 1041, 1), 98, 2),
-            p("/cache", 2, d(11, 7, 7, 0, 0, 27), d(18, 9, 7, 1, 1, 19), 56, 6),
-            p("/flex", 4, d(29, 6, 3, 1, 2, 7), d(0, 0, 0, 0, 0, NA), 0, 0),
-        ],
-    },
-    TraceTarget {
-        name: "contacts",
-        title: "Contacts Database: import 2000 contacts, search and delete 40 (LBS Table 3)",
-        duration_s: 300.0,
-        partitions: &[
-            p("/system", 0, d(763, 64, 8, 6, 50, 1), d(0, 0, 0, 0, 0, NA), 0, 0),
-            p("/data", 1, d(855, 83, 32, 21, 30, 4), d(55281, 21048, 15414, 3348, 2286, 17), 100, 4),
-        ],
-    },
-    TraceTarget {
-        name: "email",
-        title: "Email Client: IMAP mailbox of 356 messages (LBS Table 3)",
-        duration_s: 180.0,
-        partitions: &[
-            p("/system", 0, d(6218, 511, 80, 26, 405, 1), d(0, 0, 0, 0, 0, NA), 0, 0),
-            p("/data", 1, d(2473, 191, 53, 51, 87, 3), d(52100, 16668, 10520, 2595, 3553, 12), 99, 33),
-            p("/sdcard", 3, d(6, 3, 2, 1, 0, 17), d(112, 97, 90, 7, 0, 43), 97, 0),
-        ],
-    },
-    TraceTarget {
-        name: "slideshow",
-        title: "Slideshow: browse 52 images with thumbnails (LBS Table 3)",
-        duration_s: 120.0,
-        partitions: &[
-            p("/system", 0, d(5664, 449, 55, 23, 371, 1), d(0, 0, 0, 0, 0, NA), 0, 0),
-            p("/data", 1, d(500, 82, 27, 23, 32, 8), d(6452, 659, 173, 73, 413, 2), 89, 10),
-            p("/sdcard", 3, d(38, 18, 14, 2, 2, 22), d(13701, 1883, 1407, 197, 279, 6), 99, 0),
-        ],
-    },
-    TraceTarget {
-        name: "browsing",
-        title: "Web Browsing: a one-second sample of the Android browser (LBS Table 3)",
-        duration_s: 1.0,
-        partitions: &[p("/data", 1, d(43895, 1662, 313, 228, 1121, 1), d(12609, 3512, 2149, 542, 821, 10), 68, 18)],
-    },
+    t("boot", "Android Boot: initial boot until BOOT_COMPLETED (LBS Table 3)", 40.0, &[
+        p("/system", 0, d(18562, 1275, 21, 39, 1215, 0), d(0, 0, 0, 0, 0, NA), 0, 0),
+        p("/data", 1, d(28, 24, 24, 0, 0, 41), d(16468, 1204, 120, 43, 1041, 1), 98, 2),
+        p("/cache", 2, d(11, 7, 7, 0, 0, 27), d(18, 9, 7, 1, 1, 19), 56, 6),
+        p("/flex", 4, d(29, 6, 3, 1, 2, 7), d(0, 0, 0, 0, 0, NA), 0, 0),
+    ]),
+    t("contacts", "Contacts Database: import 2000 contacts, search and delete 40 (LBS Table 3)", 300.0, &[
+        p("/system", 0, d(763, 64, 8, 6, 50, 1), d(0, 0, 0, 0, 0, NA), 0, 0),
+        p("/data", 1, d(855, 83, 32, 21, 30, 4), d(55281, 21048, 15414, 3348, 2286, 17), 100, 4),
+    ]),
+    t("email", "Email Client: IMAP mailbox of 356 messages (LBS Table 3)", 180.0, &[
+        p("/system", 0, d(6218, 511, 80, 26, 405, 1), d(0, 0, 0, 0, 0, NA), 0, 0),
+        p("/data", 1, d(2473, 191, 53, 51, 87, 3), d(52100, 16668, 10520, 2595, 3553, 12), 99, 33),
+        p("/sdcard", 3, d(6, 3, 2, 1, 0, 17), d(112, 97, 90, 7, 0, 43), 97, 0),
+    ]),
+    t("slideshow", "Slideshow: browse 52 images with thumbnails (LBS Table 3)", 120.0, &[
+        p("/system", 0, d(5664, 449, 55, 23, 371, 1), d(0, 0, 0, 0, 0, NA), 0, 0),
+        p("/data", 1, d(500, 82, 27, 23, 32, 8), d(6452, 659, 173, 73, 413, 2), 89, 10),
+        p("/sdcard", 3, d(38, 18, 14, 2, 2, 22), d(13701, 1883, 1407, 197, 279, 6), 99, 0),
+    ]),
+    t("browsing", "Web Browsing: a one-second sample of the Android browser (LBS Table 3)", 1.0, &[p("/data", 1, d(43895, 1662, 313, 228, 1121, 1), d(12609, 3512, 2149, 542, 821, 10), 68, 18)]),
 ];
 
 /// The trace target called `name` (`boot`, `contacts`, ...).
