@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Commit of new data against what a user would pick for the same job, same
+# disk, same run (issue: roaming, "commit speed"): `roamdisk commit` into a
+# fresh store, `restic backup` into a fresh repository, `casync make` into a
+# fresh chunk store, and the durable-copy limit `dd bs=4M conv=fdatasync`.
+# Every row ends with `sync -f` on the target file system, so each one is
+# timed until its data is on disk (restic and casync do not all fsync).
+# The image is random data (nothing to deduplicate or compress) kept in the
+# page cache, so every row reads the same warm source.
+#
+# Usage: bench/cas-commit-peers.sh                 (1 GiB, 3 interleaved runs)
+#        SIZE=4G RUNS=5 DIR=/var/tmp/x bench/cas-commit-peers.sh
+# Prints a Markdown table: median seconds and MB/s per tool, and roamdisk's
+# speed as a multiple of the faster peer and of dd.
+# Needs: restic, casync (Debian packages), a release build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SIZE=${SIZE:-1G}
+RUNS=${RUNS:-3}
+DIR=${DIR:-/var/tmp/roamdisk-commit-peers}
+B=${ROAMDISK_BIN:-$PWD/target/release/roamdisk}
+for t in restic casync dd; do
+  command -v "$t" > /dev/null || { echo "missing $t: apt-get install restic casync" >&2; exit 1; }
+done
+mkdir -p "$DIR"
+img="$DIR/disk.img"
+if [ ! -f "$img" ] || [ "$(stat -c %s "$img")" != "$(numfmt --from=iec "$SIZE")" ]; then
+  echo "creating $SIZE of random data in $img" >&2
+  head -c "$SIZE" /dev/urandom > "$img"
+fi
+bytes=$(stat -c %s "$img")
+export RESTIC_PASSWORD=bench
+
+clean() { rm -rf "$DIR/out"; mkdir -p "$DIR/out"; sync -f "$DIR"; cat "$img" > /dev/null; }
+run_roamdisk() {
+  "$B" -q store init "$DIR/out/store"
+  "$B" commit "$img" --to bench/disk --store "$DIR/out/store" -q > /dev/null
+}
+run_restic() {
+  restic -q init --repo "$DIR/out/restic" > /dev/null
+  restic -q backup --repo "$DIR/out/restic" "$img" > /dev/null
+}
+run_casync() { casync make --store="$DIR/out/casync.castr" "$DIR/out/disk.caibx" "$img" > /dev/null; }
+run_dd() { dd if="$img" of="$DIR/out/copy.img" bs=4M conv=fdatasync status=none; }
+timed() {  # seconds for "$@" and a file-system sync after it
+  local t0 t1
+  t0=$(date +%s.%N); "$@"; sync -f "$DIR/out"; t1=$(date +%s.%N)
+  echo "$t1 - $t0" | bc -l
+}
+
+tools=(roamdisk restic casync dd)
+declare -A times
+for ((r = 1; r <= RUNS; r++)); do
+  for t in "${tools[@]}"; do
+    clean
+    s=$(timed "run_$t")
+    times[$t]="${times[$t]:-} $s"
+    echo "run $r: $t $s s" >&2
+  done
+done
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+declare -A med
+for t in "${tools[@]}"; do med[$t]=$(echo "${times[$t]}" | median); done
+mbs() { echo "$bytes / 1000000 / $1" | bc -l; }
+peer=${med[restic]}
+peer_name=restic
+if (($(echo "${med[casync]} < $peer" | bc -l))); then peer=${med[casync]}; peer_name=casync; fi
+
+echo "# $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $SIZE of random data in $DIR, median of $RUNS interleaved runs"
+echo "| tool | seconds | MB/s | all runs (s) |"
+echo "| --- | ---: | ---: | --- |"
+for t in "${tools[@]}"; do
+  printf "| %s | %.2f | %.0f | %s |\n" "$t" "${med[$t]}" "$(mbs "${med[$t]}")" "$(echo "${times[$t]}" | xargs printf '%.2f ')"
+done
+printf "\nroamdisk commit = %.2fx the faster peer (%s), %.2fx the durable copy (dd)\n" \
+  "$(echo "$peer / ${med[roamdisk]}" | bc -l)" "$peer_name" "$(echo "${med[dd]} / ${med[roamdisk]}" | bc -l)"
