@@ -16,6 +16,7 @@
 //! Formats: `docs/formats/cas-*.md`. Manual: `docs/layers/cas.md`.
 
 pub mod bytes;
+pub mod cache;
 pub mod catalog;
 pub mod chunk;
 pub mod commit;
