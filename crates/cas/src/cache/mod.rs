@@ -7,7 +7,7 @@ pub mod journal;
 pub mod pins;
 pub mod shared;
 
-pub use shared::{Admission, CacheOptions, CacheStats, SharedCache};
+pub use shared::{Admission, CacheOptions, CacheStats, SharedCache, SharedChoice};
 
 #[cfg(test)]
 mod tests;

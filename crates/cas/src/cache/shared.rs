@@ -592,6 +592,15 @@ impl SharedCache {
     /// folder holds none. Reconciles files and journal (see the module
     /// documentation) and starts the writer thread.
     pub fn open(dir: &Path, create: &CacheOptions) -> Result<SharedCache> {
+        if !dir.exists() {
+            // Decoded chunks of every image on the host: for its owner only.
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| io(Op::Open, e, dir))?;
+        }
         for sub in ["chunks", "tmp", "pins"] {
             let p = dir.join(sub);
             std::fs::create_dir_all(&p).map_err(|e| io(Op::Open, e, &p))?;
@@ -899,5 +908,67 @@ impl Drop for SharedCache {
             drop(tx);
             let _ = handle.join();
         }
+    }
+}
+
+/// Where the host's shared cache lives unless told otherwise:
+/// `$ROAMDISK_SHARED_CACHE` (`off` turns it off), else
+/// `$XDG_CACHE_HOME/roamdisk/shared`, else `~/.cache/roamdisk/shared`.
+pub fn default_dir() -> Option<PathBuf> {
+    match std::env::var("ROAMDISK_SHARED_CACHE") {
+        Ok(s) if s == "off" => return None,
+        Ok(s) if !s.is_empty() => return Some(PathBuf::from(s)),
+        _ => {}
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("roamdisk/shared"))
+}
+
+/// The shared cache in `dir`, opened once per process: every session of
+/// this process uses the same instance (one writer, one set of open
+/// files).
+pub fn host(dir: &Path) -> Result<Arc<SharedCache>> {
+    static OPEN: Mutex<Vec<(PathBuf, std::sync::Weak<SharedCache>)>> = Mutex::new(Vec::new());
+    let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+    open.retain(|(_, w)| w.strong_count() > 0);
+    if let Some(c) = open.iter().find(|(p, _)| p == dir).and_then(|(_, w)| w.upgrade()) {
+        return Ok(c);
+    }
+    let c = Arc::new(SharedCache::open(dir, &CacheOptions::default())?);
+    open.push((dir.to_path_buf(), Arc::downgrade(&c)));
+    Ok(c)
+}
+
+/// Which shared cache a disk uses: the host's default, none, or a folder.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SharedChoice {
+    #[default]
+    Default,
+    Off,
+    Dir(PathBuf),
+}
+
+impl SharedChoice {
+    /// A layer option's value: `off`, or a folder.
+    pub fn parse(v: Option<&str>) -> SharedChoice {
+        match v {
+            None => SharedChoice::Default,
+            Some("off") => SharedChoice::Off,
+            Some(d) => SharedChoice::Dir(PathBuf::from(d)),
+        }
+    }
+
+    pub fn open(&self) -> Result<Option<Arc<SharedCache>>> {
+        let dir = match self {
+            SharedChoice::Off => return Ok(None),
+            SharedChoice::Dir(d) => d.clone(),
+            SharedChoice::Default => match default_dir() {
+                Some(d) => d,
+                None => return Ok(None),
+            },
+        };
+        host(&dir).map(Some)
     }
 }

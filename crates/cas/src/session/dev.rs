@@ -9,7 +9,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use roamdisk_blockdev::overlay::OverlayMap;
 use roamdisk_blockdev::Access;
@@ -20,6 +20,8 @@ use roamdisk_blockdev::{
 
 use super::map::Header;
 use super::SessionConfig;
+use crate::cache::pins::PinGuard;
+use crate::cache::SharedChoice;
 use crate::chunk::Key;
 use crate::error::{bad_arg, context, corrupt, io};
 use crate::index::{SectorState, SECTOR};
@@ -39,6 +41,8 @@ pub struct SessionOpen {
     pub key_file: Option<PathBuf>,
     /// Override P1 at write time.
     pub zero_detect: Option<bool>,
+    /// The host's shared cache to read through.
+    pub shared_cache: SharedChoice,
 }
 
 /// Where a sector reads from.
@@ -57,6 +61,15 @@ fn src_of(state: u8) -> Src {
     }
 }
 
+/// Pin every chunk of the session's base version in the shared cache
+/// (those its EMPTY sectors may still read).
+fn pin_base(base: &VersionView) -> Result<Option<PinGuard>> {
+    match base.shared_cache() {
+        Some(sc) => sc.pin(&base.chunk_ids()).map(Some),
+        None => Ok(None),
+    }
+}
+
 /// A session's disk.
 pub struct CasDev {
     dir: PathBuf,
@@ -69,6 +82,9 @@ pub struct CasDev {
     read_only: bool,
     zero_detect: bool,
     user_key: Option<Key>,
+    /// Keeps the base version's chunks in the shared cache while the
+    /// session runs.
+    pins: Mutex<Option<PinGuard>>,
     _lock: File,
 }
 
@@ -95,7 +111,9 @@ impl CasDev {
         let (map, _) = OverlayMap::<Header>::open(&states_path, "cas", opts.read_only)?;
         let header = map.header();
         let base = VersionView::open(store.clone(), header.base, user_key.as_ref())
-            .map_err(|e| context(e, format!("the base of session {}", dir.display())))?;
+            .map_err(|e| context(e, format!("the base of session {}", dir.display())))?
+            .with_shared_cache(opts.shared_cache.open()?);
+        let pins = pin_base(&base)?;
         let size = header.disk_size;
         if base.version.index.disk_size != size {
             return Err(corrupt(format!(
@@ -126,6 +144,7 @@ impl CasDev {
             map,
             read_only: opts.read_only,
             user_key,
+            pins: Mutex::new(pins),
             _lock: lock,
         };
         if !opts.read_only {
@@ -180,9 +199,12 @@ impl CasDev {
         let changes: Vec<(u64, u64, u8)> =
             changes.iter().map(|&(a, b, st)| (a, b, st as u8)).collect();
         let id = view.id;
+        let view = view.with_shared_cache(self.base().shared_cache().cloned());
+        let pins = pin_base(&view)?;
         self.map
             .replace(&changes, |h| h.base = id, || self.cache.flush())?;
         *self.base.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(view);
+        *self.pins.lock().unwrap_or_else(|e| e.into_inner()) = pins;
         Ok(())
     }
 
