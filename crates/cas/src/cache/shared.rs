@@ -44,6 +44,11 @@ use super::pins;
 use crate::error::{bad_arg, corrupt, io};
 use crate::hash::ChunkId;
 
+/// Chunks the writer stores per `syncfs`.
+const WRITE_BATCH: usize = 256;
+/// Chunks held in memory waiting for the writer (64 MiB of 64 KiB chunks).
+const MAX_PENDING: usize = 1024;
+
 pub const CONFIG_MAGIC: &str = "roamdisk-shared-cache";
 pub const CONFIG_VERSION: u32 = 1;
 
@@ -339,29 +344,57 @@ impl Inner {
         })
     }
 
-    /// Store one chunk: write it durably under `tmp/`, then admit it.
-    fn store(&self, id: ChunkId, data: &[u8]) -> Result<Admission> {
-        if data.len() > self.config.unit as usize {
-            return Ok(Admission::Refused);
+    /// Store chunks: write each under `tmp/`, make them all durable with
+    /// one `syncfs`, then admit them one by one.
+    fn store_many(&self, items: &[(ChunkId, Arc<Vec<u8>>)]) -> Vec<Result<Admission>> {
+        let tmp_dir = self.dir.join("tmp");
+        let mut staged = Vec::with_capacity(items.len());
+        for (id, data) in items {
+            if data.len() > self.config.unit as usize {
+                staged.push(Ok(None));
+                continue;
+            }
+            let tmp = tmp_dir.join(format!(
+                "{}.{}.{}",
+                id.to_hex(),
+                std::process::id(),
+                self.tmp_seq.fetch_add(1, Ordering::Relaxed)
+            ));
+            let wrote = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+                .and_then(|f| f.write_all_at(data, 0));
+            staged.push(match wrote {
+                Ok(()) => Ok(Some(tmp)),
+                Err(e) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    Err(io(Op::Write, e, &tmp))
+                }
+            });
         }
-        let tmp = self.dir.join("tmp").join(format!(
-            "{}.{}.{}",
-            id.to_hex(),
-            std::process::id(),
-            self.tmp_seq.fetch_add(1, Ordering::Relaxed)
-        ));
-        let write = || -> std::io::Result<()> {
-            let f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-            f.write_all_at(data, 0)?;
-            f.sync_data()
-        };
-        if let Err(e) = write() {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(io(Op::Write, e, &tmp));
-        }
-        let out = self.admit(id, data.len() as u32, &tmp);
-        let _ = std::fs::remove_file(&tmp);
-        out
+        let synced =
+            File::open(&tmp_dir).and_then(|d| rustix::fs::syncfs(&d).map_err(std::io::Error::from));
+        items
+            .iter()
+            .zip(staged)
+            .map(|((id, data), st)| {
+                let tmp = match st? {
+                    Some(t) => t,
+                    None => return Ok(Admission::Refused),
+                };
+                let out = match &synced {
+                    Ok(()) => self.admit(*id, data.len() as u32, &tmp),
+                    Err(e) => Err(io(
+                        Op::Flush,
+                        std::io::Error::new(e.kind(), e.to_string()),
+                        &tmp_dir,
+                    )),
+                };
+                let _ = std::fs::remove_file(&tmp);
+                out
+            })
+            .collect()
     }
 
     fn admit(&self, id: ChunkId, size: u32, tmp: &Path) -> Result<Admission> {
@@ -760,7 +793,9 @@ impl SharedCache {
         let me = &*self.inner;
         {
             let mut p = me.pending.lock().unwrap_or_else(|e| e.into_inner());
-            if p.contains_key(&id) {
+            // Past this, chunks arrive faster than the disk takes them:
+            // leave them out rather than hold them all in memory.
+            if p.contains_key(&id) || p.len() >= MAX_PENDING {
                 return;
             }
             p.insert(id, data);
@@ -782,7 +817,8 @@ impl SharedCache {
 
     /// Store one chunk now (the writer thread's work, done inline).
     pub fn insert_now(&self, id: ChunkId, data: &[u8]) -> Result<Admission> {
-        let a = self.inner.store(id, data)?;
+        let item = [(id, Arc::new(data.to_vec()))];
+        let a = self.inner.store_many(&item).pop().expect("one result")?;
         self.inner.count(id, a);
         Ok(a)
     }
@@ -867,37 +903,44 @@ impl Inner {
 /// at least once a second.
 fn writer(me: &Inner, rx: mpsc::Receiver<ChunkId>) {
     loop {
-        match rx.recv_timeout(Duration::from_secs(1)) {
-            Ok(id) => {
-                let data = me
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&id)
-                    .cloned();
-                if let Some(data) = data {
-                    match me.store(id, &data) {
-                        Ok(a) => me.count(id, a),
-                        Err(e) => {
-                            tracing::warn!("shared cache: chunk {} not stored: {e}", id.short())
-                        }
-                    }
-                }
-                let mut p = me.pending.lock().unwrap_or_else(|e| e.into_inner());
-                p.remove(&id);
-                if p.is_empty() {
-                    me.drained.notify_all();
-                }
-            }
+        let first = match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(id) => id,
             Err(RecvTimeoutError::Timeout) => {
                 if let Err(e) = me.flush_touches() {
                     tracing::warn!("shared cache: {e}");
                 }
+                continue;
             }
             Err(RecvTimeoutError::Disconnected) => {
                 let _ = me.flush_touches();
                 return;
             }
+        };
+        let mut ids = vec![first];
+        while ids.len() < WRITE_BATCH {
+            match rx.try_recv() {
+                Ok(id) => ids.push(id),
+                Err(_) => break,
+            }
+        }
+        let items: Vec<(ChunkId, Arc<Vec<u8>>)> = {
+            let p = me.pending.lock().unwrap_or_else(|e| e.into_inner());
+            ids.iter()
+                .filter_map(|id| p.get(id).map(|d| (*id, d.clone())))
+                .collect()
+        };
+        for ((id, _), out) in items.iter().zip(me.store_many(&items)) {
+            match out {
+                Ok(a) => me.count(*id, a),
+                Err(e) => tracing::warn!("shared cache: chunk {} not stored: {e}", id.short()),
+            }
+        }
+        let mut p = me.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for id in &ids {
+            p.remove(id);
+        }
+        if p.is_empty() {
+            me.drained.notify_all();
         }
     }
 }
@@ -933,7 +976,11 @@ pub fn host(dir: &Path) -> Result<Arc<SharedCache>> {
     static OPEN: Mutex<Vec<(PathBuf, std::sync::Weak<SharedCache>)>> = Mutex::new(Vec::new());
     let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
     open.retain(|(_, w)| w.strong_count() > 0);
-    if let Some(c) = open.iter().find(|(p, _)| p == dir).and_then(|(_, w)| w.upgrade()) {
+    if let Some(c) = open
+        .iter()
+        .find(|(p, _)| p == dir)
+        .and_then(|(_, w)| w.upgrade())
+    {
         return Ok(c);
     }
     let c = Arc::new(SharedCache::open(dir, &CacheOptions::default())?);
