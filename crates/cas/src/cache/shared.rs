@@ -127,6 +127,7 @@ struct Inner {
     pending: Mutex<HashMap<ChunkId, Arc<Vec<u8>>>>,
     drained: Condvar,
     refused: Mutex<HashSet<ChunkId>>,
+    refused_any: std::sync::atomic::AtomicBool,
     hits: AtomicU64,
     hit_bytes: AtomicU64,
     inserted: AtomicU64,
@@ -705,6 +706,7 @@ impl SharedCache {
             pending: Mutex::new(HashMap::new()),
             drained: Condvar::new(),
             refused: Mutex::new(HashSet::new()),
+            refused_any: std::sync::atomic::AtomicBool::new(false),
             hits: AtomicU64::new(0),
             hit_bytes: AtomicU64::new(0),
             inserted: AtomicU64::new(0),
@@ -826,11 +828,18 @@ impl SharedCache {
     /// Whether the cache refused `id` since the last call (its session
     /// should keep it in its private cache); clears the mark.
     pub fn take_refused(&self, id: &ChunkId) -> bool {
+        let mut r = self.inner.refused.lock().unwrap_or_else(|e| e.into_inner());
+        let hit = r.remove(id);
         self.inner
-            .refused
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id)
+            .refused_any
+            .store(!r.is_empty(), Ordering::Relaxed);
+        hit
+    }
+
+    /// Whether any chunk is marked refused (a cheap check before
+    /// [`SharedCache::take_refused`]).
+    pub fn has_refused(&self) -> bool {
+        self.inner.refused_any.load(Ordering::Relaxed)
     }
 
     /// Wait until every chunk handed to [`SharedCache::insert`] is stored
@@ -889,10 +898,13 @@ impl Inner {
         match a {
             Admission::Admitted => self.inserted.fetch_add(1, Ordering::Relaxed),
             Admission::Refused => {
-                self.refused
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(id);
+                let mut r = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+                if r.len() >= MAX_PENDING * 64 {
+                    // Marks nobody came back for: forget them.
+                    r.clear();
+                }
+                r.insert(id);
+                self.refused_any.store(true, Ordering::Relaxed);
                 self.refused_n.fetch_add(1, Ordering::Relaxed)
             }
         };

@@ -29,7 +29,7 @@ fn id(n: u32) -> ChunkId {
 
 fn data(n: u32) -> Vec<u8> {
     (0..UNIT)
-        .map(|i| (i as u32 ^ n.wrapping_mul(2654435761)) as u8)
+        .map(|i| (i ^ n.wrapping_mul(2654435761)) as u8)
         .collect()
 }
 

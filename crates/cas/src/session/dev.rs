@@ -240,6 +240,61 @@ impl CasDev {
         Ok(())
     }
 
+    /// Lock the stripes of sectors `[s0, s1)`, in order.
+    fn lock_stripes(&self, s0: u64, s1: u64) -> Vec<std::sync::MutexGuard<'_, ()>> {
+        let stripes = roamdisk_blockdev::overlay::LOCK_STRIPES as u64;
+        let (k0, k1) = (s0 / STRIPE_SECTORS, s1.max(s0 + 1).div_ceil(STRIPE_SECTORS));
+        let mut keys: Vec<u64> = (k0..k1.min(k0 + stripes)).map(|k| k % stripes).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys.into_iter().map(|k| self.map.stripe(k)).collect()
+    }
+
+    /// Chunks of `[a, b)` that the shared cache refused to keep (it is
+    /// full of chunks other sessions still need): copy their EMPTY
+    /// sectors into this session's private cache and mark them CLEAN, so
+    /// they are never fetched again (seed section 3.3).
+    fn keep_refused(&self, base: &VersionView, a: u64, b: u64) -> Result<()> {
+        let Some(sc) = base.shared_cache() else {
+            return Ok(());
+        };
+        if !sc.has_refused() {
+            return Ok(());
+        }
+        let idx = &base.version.index;
+        let cs = idx.chunk_size as u64;
+        for i in (a / cs)..b.div_ceil(cs) {
+            let i = i as usize;
+            if idx.ids[i].is_zero() || !sc.take_refused(&idx.ids[i]) {
+                continue;
+            }
+            let data = base.chunk(i)?;
+            let first = i as u64 * cs / SECTOR;
+            let n = data.len() as u64 / SECTOR;
+            let _guards = self.lock_stripes(first, first + n);
+            let mut s = first;
+            while s < first + n {
+                if self.raw_state(s) != SectorState::Empty as u8 {
+                    s += 1;
+                    continue;
+                }
+                let mut e = s + 1;
+                while e < first + n && self.raw_state(e) == SectorState::Empty as u8 {
+                    e += 1;
+                }
+                let (x, y) = (
+                    ((s - first) * SECTOR) as usize,
+                    ((e - first) * SECTOR) as usize,
+                );
+                self.cache
+                    .write_at(&data[x..y], s * SECTOR, WriteFlags::default())?;
+                self.mark(s, e, SectorState::Clean as u8);
+                s = e;
+            }
+        }
+        Ok(())
+    }
+
     /// Best effort: let the cache release space of sectors that no longer
     /// hold data (whole 4 KiB blocks only).
     fn release_cache(&self, s0: u64, s1: u64) {
@@ -274,6 +329,7 @@ impl CasDev {
     /// Zero whole sectors `[s0, s1)` by state.
     fn zero_sectors(&self, s0: u64, s1: u64) {
         if s1 > s0 {
+            let _guards = self.lock_stripes(s0, s1);
             self.mark(s0, s1, SectorState::Zero as u8);
             self.release_cache(s0, s1);
         }
@@ -315,27 +371,25 @@ impl BlockDev for CasDev {
             match src {
                 Src::Cache => self.cache.read_at(dst, a)?,
                 Src::Zero => dst.fill(0),
-                Src::Base => base.read_at(dst, a)?,
+                Src::Base => {
+                    base.read_at(dst, a)?;
+                    self.keep_refused(&base, a, b)?;
+                }
             }
             Ok(true)
         })
     }
     fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
         let end = off + buf.len() as u64;
+        // Under the locks of the chunks written (taken in order): a
+        // read-modify-write of partial sectors, and a fill of the private
+        // cache from the base, must not interleave with a write.
+        let a = off / SECTOR * SECTOR;
+        let b = end.div_ceil(SECTOR) * SECTOR;
+        let _guards = self.lock_stripes(a / SECTOR, b / SECTOR);
         if off.is_multiple_of(SECTOR) && end.is_multiple_of(SECTOR) {
             self.write_aligned(buf, off)?;
         } else {
-            // Read-modify-write of the partial sectors at either end, under
-            // the locks of their chunks (taken in order).
-            let a = off / SECTOR * SECTOR;
-            let b = end.div_ceil(SECTOR) * SECTOR;
-            let stripe = |sector: u64| {
-                (sector / STRIPE_SECTORS) % roamdisk_blockdev::overlay::LOCK_STRIPES as u64
-            };
-            let mut stripes = vec![stripe(a / SECTOR), stripe(b / SECTOR - 1)];
-            stripes.sort_unstable();
-            stripes.dedup();
-            let _guards: Vec<_> = stripes.iter().map(|&k| self.map.stripe(k)).collect();
             let mut tmp = vec![0u8; (b - a) as usize];
             self.read_at(&mut tmp[..SECTOR as usize], a)?;
             let last = (b - a - SECTOR) as usize;
