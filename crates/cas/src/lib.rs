@@ -26,6 +26,7 @@ pub mod guest;
 pub mod hash;
 pub mod index;
 pub mod layer;
+pub mod lookaside;
 pub mod repo;
 pub mod server;
 pub mod session;

@@ -18,6 +18,7 @@ use crate::chunk::Key;
 use crate::error::{context, err};
 use crate::hash::ChunkId;
 use crate::index::{SectorState, SECTOR};
+use crate::lookaside::Lookaside;
 use crate::store::{fetch, ChunkRead, DynStore};
 use crate::version::Version;
 use roamdisk_blockdev::Progress;
@@ -44,6 +45,8 @@ pub struct VersionView {
     cache: Mutex<Vec<(usize, Arc<Vec<u8>>)>>,
     /// The host's shared cache: read before the store, filled from it.
     shared: Option<Arc<SharedCache>>,
+    /// Lookaside media: tried before the store.
+    lookaside: Option<Arc<Lookaside>>,
     /// Fetches under way, so concurrent readers of one chunk wait for one
     /// fetch instead of making their own.
     inflight: Mutex<HashMap<usize, Arc<Flight>>>,
@@ -79,6 +82,7 @@ impl VersionView {
             version,
             cache: Mutex::new(Vec::new()),
             shared: None,
+            lookaside: None,
             inflight: Mutex::new(HashMap::new()),
             fetched: AtomicU64::new(0),
             fetched_bytes: AtomicU64::new(0),
@@ -89,6 +93,16 @@ impl VersionView {
     pub fn with_shared_cache(mut self, cache: Option<Arc<SharedCache>>) -> VersionView {
         self.shared = cache;
         self
+    }
+
+    /// Try these media before the store.
+    pub fn with_lookaside(mut self, media: Option<Arc<Lookaside>>) -> VersionView {
+        self.lookaside = media;
+        self
+    }
+
+    pub fn lookaside(&self) -> Option<&Arc<Lookaside>> {
+        self.lookaside.as_ref()
     }
 
     pub fn shared_cache(&self) -> Option<&Arc<SharedCache>> {
@@ -190,7 +204,14 @@ impl VersionView {
             drop(d);
             return self.fetch_chunk(i).map(Arc::new);
         }
-        let got = self.fetch_chunk(i).map(Arc::new);
+        let got = match self.read_lookaside(i) {
+            Some(d) => Ok(Arc::new(d)),
+            None => self.fetch_chunk(i).map(Arc::new).inspect(|d| {
+                self.fetched.fetch_add(1, Ordering::Relaxed);
+                self.fetched_bytes
+                    .fetch_add(d.len() as u64, Ordering::Relaxed);
+            }),
+        };
         *flight.done.lock().unwrap_or_else(|e| e.into_inner()) = Some(got.as_ref().ok().cloned());
         flight.cv.notify_all();
         self.inflight
@@ -198,9 +219,6 @@ impl VersionView {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&i);
         let data = got?;
-        self.fetched.fetch_add(1, Ordering::Relaxed);
-        self.fetched_bytes
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
         if let Some(sc) = &self.shared {
             sc.insert(self.version.index.ids[i], data.clone());
         }
@@ -223,6 +241,18 @@ impl VersionView {
         })?;
         check_len(&data, idx.chunk_len(i), &idx.ids[i])?;
         Ok(data)
+    }
+
+    /// Chunk `i` from a lookaside medium, verified, if one has it.
+    fn read_lookaside(&self, i: usize) -> Option<Vec<u8>> {
+        let la = self.lookaside.as_ref()?;
+        let idx = &self.version.index;
+        la.find(
+            &self.store.config().codec(),
+            &idx.ids[i],
+            idx.key(i),
+            idx.chunk_len(i),
+        )
     }
 
     /// Read from the shared cache, if it holds chunk `i`: a `pread` of

@@ -43,6 +43,8 @@ pub struct SessionOpen {
     pub zero_detect: Option<bool>,
     /// The host's shared cache to read through.
     pub shared_cache: SharedChoice,
+    /// Lookaside media, besides those in session.toml.
+    pub lookaside: Vec<PathBuf>,
 }
 
 /// Where a sector reads from.
@@ -113,6 +115,14 @@ impl CasDev {
         let base = VersionView::open(store.clone(), header.base, user_key.as_ref())
             .map_err(|e| context(e, format!("the base of session {}", dir.display())))?
             .with_shared_cache(opts.shared_cache.open()?);
+        let media: Vec<PathBuf> = config
+            .lookaside
+            .iter()
+            .chain(&opts.lookaside)
+            .cloned()
+            .collect();
+        let media = crate::lookaside::for_view(&store, &base, &media)?;
+        let base = base.with_lookaside(media);
         let pins = pin_base(&base)?;
         let size = header.disk_size;
         if base.version.index.disk_size != size {
