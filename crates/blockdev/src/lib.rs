@@ -1,5 +1,5 @@
 //! roamdisk's block-device stack: the [`BlockDev`] trait, one error type,
-//! the generic layers (`raw`, `mem`, `cow`), the factory that builds a
+//! the generic layers (`raw`, `mem`, `cow`, `throttle`), the factory that builds a
 //! stack from a spec string or TOML table, the overlay-map engine
 //! ([`overlay`]) that `cow:` and the `cas:` session keep their states in,
 //! durable file writes ([`durable`]) and the frame of file headers
@@ -33,6 +33,7 @@ pub mod overlay;
 pub mod progress;
 pub mod spec;
 pub mod testkit;
+pub mod throttle;
 pub mod units;
 
 pub use checked::Checked;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use roamdisk_blockdev::{BlockDev, LayerKind, OpenCtx};
 
+use crate::cache::SharedChoice;
 use crate::session::dev::{CasDev, SessionOpen};
 use crate::view::VersionView;
 
@@ -37,6 +38,8 @@ pub static CAS: LayerKind = LayerKind {
         ("store", "chunk store (directory or http:// URL) instead of the session's"),
         ("key-file", "the user's key file (encrypted images)"),
         ("zero-detect", "P1 at write time: a sector of zeroes is kept as ZERO with no data (on/off, default on)"),
+        ("shared-cache", "the host's shared chunk cache: a folder, or off (default $ROAMDISK_SHARED_CACHE, else ~/.cache/roamdisk/shared)"),
+        ("lookaside", "media tried before the store, separated by '+': chunk-store folders (a resume set), image files, block devices; every chunk found is verified"),
     ],
     wraps: false,
     inner_read_only: false,
@@ -47,6 +50,8 @@ pub static CAS: LayerKind = LayerKind {
             store: ctx.opt("store").map(str::to_string),
             key_file: ctx.opt("key-file").map(PathBuf::from),
             zero_detect: ctx.flag("cas", "zero-detect")?,
+            shared_cache: SharedChoice::parse(ctx.opt("shared-cache")),
+            lookaside: crate::lookaside::parse_media(ctx.opt("lookaside")),
         };
         Ok(Arc::new(CasDev::open(&dir, &opts, ctx.registry)?) as Arc<dyn BlockDev>)
     },
@@ -60,6 +65,8 @@ pub static CAS_VERSION: LayerKind = LayerKind {
     options: &[
         ("store", "chunk store (directory or http:// URL; default $ROAMDISK_STORE)"),
         ("key-file", "the user's key file (encrypted images)"),
+        ("shared-cache", "the host's shared chunk cache: a folder, or off (default $ROAMDISK_SHARED_CACHE, else ~/.cache/roamdisk/shared)"),
+        ("lookaside", "media tried before the store, separated by '+': chunk-store folders (a resume set), image files, block devices; every chunk found is verified"),
     ],
     wraps: false,
     inner_read_only: false,
@@ -72,7 +79,11 @@ pub static CAS_VERSION: LayerKind = LayerKind {
             None => None,
         };
         let (_, entry) = crate::repo::resolve(&*store, target)?;
-        let view = VersionView::open(store, entry.version, key.as_ref())?;
+        let view = VersionView::open(store.clone(), entry.version, key.as_ref())?
+            .with_shared_cache(SharedChoice::parse(ctx.opt("shared-cache")).open()?);
+        let media = crate::lookaside::parse_media(ctx.opt("lookaside"));
+        let media = crate::lookaside::for_view(&store, &view, &media)?;
+        let view = view.with_lookaside(media);
         Ok(Arc::new(view) as Arc<dyn BlockDev>)
     },
 };

@@ -16,6 +16,7 @@
 //! Formats: `docs/formats/cas-*.md`. Manual: `docs/layers/cas.md`.
 
 pub mod bytes;
+pub mod cache;
 pub mod catalog;
 pub mod chunk;
 pub mod commit;
@@ -25,6 +26,7 @@ pub mod guest;
 pub mod hash;
 pub mod index;
 pub mod layer;
+pub mod lookaside;
 pub mod repo;
 pub mod server;
 pub mod session;

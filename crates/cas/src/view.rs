@@ -6,15 +6,19 @@
 //! Every chunk is verified against its name when fetched; a bad chunk is
 //! an error naming it, never data.
 
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 use rayon::prelude::*;
 use roamdisk_blockdev::{push_extent, Alloc, BlockDev, Caps, Extent, Op, Result, WriteFlags};
 
+use crate::cache::SharedCache;
 use crate::chunk::Key;
 use crate::error::{context, err};
 use crate::hash::ChunkId;
 use crate::index::{SectorState, SECTOR};
+use crate::lookaside::Lookaside;
 use crate::store::{fetch, ChunkRead, DynStore};
 use crate::version::Version;
 use roamdisk_blockdev::Progress;
@@ -39,6 +43,30 @@ pub struct VersionView {
     pub id: ChunkId,
     pub version: Version,
     cache: Mutex<Vec<(usize, Arc<Vec<u8>>)>>,
+    /// The host's shared cache: read before the store, filled from it.
+    shared: Option<Arc<SharedCache>>,
+    /// Lookaside media: tried before the store.
+    lookaside: Option<Arc<Lookaside>>,
+    /// Fetches under way, so concurrent readers of one chunk wait for one
+    /// fetch instead of making their own.
+    inflight: Mutex<HashMap<usize, Arc<Flight>>>,
+    fetched: AtomicU64,
+    fetched_bytes: AtomicU64,
+}
+
+/// One fetch under way: `None` until done, then the chunk (or `None` if
+/// it failed: each waiter then fetches for itself and gets its own error).
+#[derive(Default)]
+struct Flight {
+    done: Mutex<Option<Option<Arc<Vec<u8>>>>>,
+    cv: Condvar,
+}
+
+/// Chunks a view fetched from its store (cache hits not counted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FetchStats {
+    pub chunks: u64,
+    pub bytes: u64,
 }
 
 impl VersionView {
@@ -53,6 +81,53 @@ impl VersionView {
             id,
             version,
             cache: Mutex::new(Vec::new()),
+            shared: None,
+            lookaside: None,
+            inflight: Mutex::new(HashMap::new()),
+            fetched: AtomicU64::new(0),
+            fetched_bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// Read through (and fill) the host's shared cache.
+    pub fn with_shared_cache(mut self, cache: Option<Arc<SharedCache>>) -> VersionView {
+        self.shared = cache;
+        self
+    }
+
+    /// Try these media before the store.
+    pub fn with_lookaside(mut self, media: Option<Arc<Lookaside>>) -> VersionView {
+        self.lookaside = media;
+        self
+    }
+
+    pub fn lookaside(&self) -> Option<&Arc<Lookaside>> {
+        self.lookaside.as_ref()
+    }
+
+    pub fn shared_cache(&self) -> Option<&Arc<SharedCache>> {
+        self.shared.as_ref()
+    }
+
+    /// The distinct chunks of the version (what a session pins).
+    pub fn chunk_ids(&self) -> Vec<ChunkId> {
+        let mut ids: Vec<ChunkId> = self
+            .version
+            .index
+            .ids
+            .iter()
+            .filter(|id| !id.is_zero())
+            .copied()
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    pub fn fetch_stats(&self) -> FetchStats {
+        FetchStats {
+            chunks: self.fetched.load(Ordering::Relaxed),
+            bytes: self.fetched_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -95,10 +170,58 @@ impl VersionView {
                 return Ok(data);
             }
         }
-        let data = Arc::new(self.fetch_chunk(i)?);
+        let data = self.fetch_once(i)?;
         let mut c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        c.insert(0, (i, data.clone()));
-        c.truncate(CACHE_CHUNKS);
+        if !c.iter().any(|(k, _)| *k == i) {
+            c.insert(0, (i, data.clone()));
+            c.truncate(CACHE_CHUNKS);
+        }
+        Ok(data)
+    }
+
+    /// Fetch chunk `i` from the store, once however many readers ask at
+    /// the same time, and hand it to the shared cache.
+    fn fetch_once(&self, i: usize) -> Result<Arc<Vec<u8>>> {
+        let (flight, leader) = {
+            let mut m = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+            match m.get(&i) {
+                Some(f) => (f.clone(), false),
+                None => {
+                    let f = Arc::new(Flight::default());
+                    m.insert(i, f.clone());
+                    (f, true)
+                }
+            }
+        };
+        if !leader {
+            let mut d = flight.done.lock().unwrap_or_else(|e| e.into_inner());
+            while d.is_none() {
+                d = flight.cv.wait(d).unwrap_or_else(|e| e.into_inner());
+            }
+            if let Some(Some(data)) = d.as_ref() {
+                return Ok(data.clone());
+            }
+            drop(d);
+            return self.fetch_chunk(i).map(Arc::new);
+        }
+        let got = match self.read_lookaside(i) {
+            Some(d) => Ok(Arc::new(d)),
+            None => self.fetch_chunk(i).map(Arc::new).inspect(|d| {
+                self.fetched.fetch_add(1, Ordering::Relaxed);
+                self.fetched_bytes
+                    .fetch_add(d.len() as u64, Ordering::Relaxed);
+            }),
+        };
+        *flight.done.lock().unwrap_or_else(|e| e.into_inner()) = Some(got.as_ref().ok().cloned());
+        flight.cv.notify_all();
+        self.inflight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&i);
+        let data = got?;
+        if let Some(sc) = &self.shared {
+            sc.insert(self.version.index.ids[i], data.clone());
+        }
         Ok(data)
     }
 
@@ -118,6 +241,31 @@ impl VersionView {
         })?;
         check_len(&data, idx.chunk_len(i), &idx.ids[i])?;
         Ok(data)
+    }
+
+    /// Chunk `i` from a lookaside medium, verified, if one has it.
+    fn read_lookaside(&self, i: usize) -> Option<Vec<u8>> {
+        let la = self.lookaside.as_ref()?;
+        let idx = &self.version.index;
+        la.find(
+            &self.store.config().codec(),
+            &idx.ids[i],
+            idx.key(i),
+            idx.chunk_len(i),
+        )
+    }
+
+    /// Read from the shared cache, if it holds chunk `i`: a `pread` of
+    /// the bytes asked for, no hashing (the chunk was verified on the way
+    /// in).
+    fn read_shared(&self, i: usize, dst: &mut [u8], within: usize) -> Result<bool> {
+        match &self.shared {
+            Some(sc) => {
+                let idx = &self.version.index;
+                sc.read(&idx.ids[i], idx.chunk_len(i), dst, within)
+            }
+            None => Ok(false),
+        }
     }
 
     /// Whether sectors `[s0, s1)` of chunk `i` all read as zero.
@@ -171,7 +319,7 @@ impl BlockDev for VersionView {
             let s1 = (within + n).div_ceil(SECTOR) as usize;
             if self.zero_sectors(i, s0, s1) {
                 dst.fill(0);
-            } else {
+            } else if !self.read_shared(i, dst, within as usize)? {
                 let c = self.chunk(i)?;
                 dst.copy_from_slice(&c[within as usize..(within + n) as usize]);
             }

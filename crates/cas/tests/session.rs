@@ -191,3 +191,67 @@ fn session_round_trip_plain() {
 fn session_round_trip_encrypted() {
     run(true);
 }
+
+/// Seed section 3.3: when the shared cache is full of chunks that running
+/// sessions still need (pinned), a chunk it cannot keep goes into the
+/// reading session's private cache (its sectors become CLEAN) and is never
+/// fetched again; the pinned chunks all stay.
+#[test]
+fn a_full_pinned_shared_cache_sends_chunks_to_the_private_cache() {
+    use roamdisk_cas::cache::{CacheOptions, SharedCache, SharedChoice};
+    let (t, _st, v1, _) = setup(false);
+    let scdir = t.path().join("shared");
+    let sc = SharedCache::open(
+        &scdir,
+        &CacheOptions {
+            size: 4 * 65536,
+            unit: 65536,
+            policy: "lru".into(),
+        },
+    )
+    .unwrap();
+    let sdir = t.path().join("sess");
+    let cfg = SessionConfig::new(t.path().join("store").to_str().unwrap(), "alice/desk");
+    session::create(&sdir, &cfg, v1, SIZE).unwrap();
+    let opts = SessionOpen {
+        shared_cache: SharedChoice::Dir(scdir.clone()),
+        ..Default::default()
+    };
+    let dev = CasDev::open(&sdir, &opts, &Registry::with_builtin()).unwrap();
+    let model = read_all(&base_disk());
+    // The session pins every chunk of its base: the first four read fill
+    // the cache, the rest are refused.
+    let mut buf = vec![0u8; 4096];
+    for round in 0..2 {
+        for c in 0..8u64 {
+            dev.read_at(&mut buf, c * 65536 + 4096).unwrap();
+            assert_eq!(
+                buf,
+                model[(c * 65536 + 4096) as usize..][..4096],
+                "{round} {c}"
+            );
+        }
+        sc.sync().unwrap();
+        let handle = dev.base();
+        let shared = handle.shared_cache().unwrap();
+        shared.sync().unwrap();
+    }
+    assert_eq!(sc.usage().unwrap().0, 4, "the cap holds");
+    // Chunks 4..8 were refused, then kept in the private cache: CLEAN.
+    for c in 4..8u64 {
+        assert_eq!(dev.state(c * 128 + 1), SectorState::Clean, "chunk {c}");
+    }
+    for c in 0..4u64 {
+        assert_eq!(dev.state(c * 128 + 1), SectorState::Empty, "chunk {c}");
+    }
+    let fetched = dev.base().fetch_stats().chunks;
+    assert_eq!(read_all(&dev), model);
+    assert!(fetched >= 8, "{fetched}");
+    // Reading the first eight chunks again fetches nothing.
+    let before = dev.base().fetch_stats().chunks;
+    for c in 0..8u64 {
+        dev.read_at(&mut buf, c * 65536).unwrap();
+    }
+    assert_eq!(dev.base().fetch_stats().chunks, before);
+    dev.flush().unwrap();
+}

@@ -3,6 +3,7 @@
 pub mod cow;
 pub mod mem;
 pub mod raw;
+pub mod throttle;
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use crate::error::{Error, ErrorKind, Op};
 use crate::spec::{LayerKind, OpenCtx};
 
 /// The layer kinds of this crate.
-pub static BUILTIN: &[&LayerKind] = &[&RAW, &MEM, &COW];
+pub static BUILTIN: &[&LayerKind] = &[&RAW, &MEM, &COW, &THROTTLE];
 
 /// `raw:PATH`.
 pub static RAW: LayerKind = LayerKind {
@@ -66,5 +67,33 @@ pub static COW: LayerKind = LayerKind {
         })?;
         let opts = cow::CowOptions { cluster_size };
         Ok(Arc::new(cow::CowDev::open(&overlay, base, ctx.read_only, &opts)?) as Arc<dyn BlockDev>)
+    },
+};
+
+/// `throttle[rate=R,latency=D,burst=B]:NEXT`.
+pub static THROTTLE: LayerKind = LayerKind {
+    name: "throttle",
+    summary: "NEXT behind an emulated network link: a bandwidth limit (token bucket) and a latency per request",
+    args: &[],
+    options: &[
+        ("rate", "bandwidth per direction: 1Mbit, 100kbit, or bytes per second such as 10M (default unlimited)"),
+        ("latency", "added to every request: 8ms, 250us (default 0)"),
+        ("burst", "bytes that may go at once after an idle period (default 64K)"),
+    ],
+    wraps: true,
+    inner_read_only: false,
+    open: |ctx: &OpenCtx<'_>, next| {
+        let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "throttle", m);
+        let next = next.ok_or_else(|| bad("needs a layer to throttle (throttle[rate=1Mbit]:raw:disk.img)".into()))?;
+        let rate = ctx.opt("rate").map(crate::throttle::parse_rate).transpose().map_err(bad)?.unwrap_or(0);
+        let latency = ctx
+            .opt("latency")
+            .map(crate::throttle::parse_duration)
+            .transpose()
+            .map_err(bad)?
+            .unwrap_or_default();
+        let burst = ctx.size_opt("throttle", "burst")?.unwrap_or(64 << 10);
+        let spec = crate::throttle::LinkSpec { rate, latency, burst };
+        Ok(Arc::new(throttle::ThrottleDev::new(next, spec)) as Arc<dyn BlockDev>)
     },
 };

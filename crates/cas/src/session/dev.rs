@@ -9,7 +9,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use roamdisk_blockdev::overlay::OverlayMap;
 use roamdisk_blockdev::Access;
@@ -20,6 +20,8 @@ use roamdisk_blockdev::{
 
 use super::map::Header;
 use super::SessionConfig;
+use crate::cache::pins::PinGuard;
+use crate::cache::SharedChoice;
 use crate::chunk::Key;
 use crate::error::{bad_arg, context, corrupt, io};
 use crate::index::{SectorState, SECTOR};
@@ -39,6 +41,10 @@ pub struct SessionOpen {
     pub key_file: Option<PathBuf>,
     /// Override P1 at write time.
     pub zero_detect: Option<bool>,
+    /// The host's shared cache to read through.
+    pub shared_cache: SharedChoice,
+    /// Lookaside media, besides those in session.toml.
+    pub lookaside: Vec<PathBuf>,
 }
 
 /// Where a sector reads from.
@@ -57,6 +63,15 @@ fn src_of(state: u8) -> Src {
     }
 }
 
+/// Pin every chunk of the session's base version in the shared cache
+/// (those its EMPTY sectors may still read).
+fn pin_base(base: &VersionView) -> Result<Option<PinGuard>> {
+    match base.shared_cache() {
+        Some(sc) => sc.pin(&base.chunk_ids()).map(Some),
+        None => Ok(None),
+    }
+}
+
 /// A session's disk.
 pub struct CasDev {
     dir: PathBuf,
@@ -69,6 +84,9 @@ pub struct CasDev {
     read_only: bool,
     zero_detect: bool,
     user_key: Option<Key>,
+    /// Keeps the base version's chunks in the shared cache while the
+    /// session runs.
+    pins: Mutex<Option<PinGuard>>,
     _lock: File,
 }
 
@@ -95,7 +113,17 @@ impl CasDev {
         let (map, _) = OverlayMap::<Header>::open(&states_path, "cas", opts.read_only)?;
         let header = map.header();
         let base = VersionView::open(store.clone(), header.base, user_key.as_ref())
-            .map_err(|e| context(e, format!("the base of session {}", dir.display())))?;
+            .map_err(|e| context(e, format!("the base of session {}", dir.display())))?
+            .with_shared_cache(opts.shared_cache.open()?);
+        let media: Vec<PathBuf> = config
+            .lookaside
+            .iter()
+            .chain(&opts.lookaside)
+            .cloned()
+            .collect();
+        let media = crate::lookaside::for_view(&store, &base, &media)?;
+        let base = base.with_lookaside(media);
+        let pins = pin_base(&base)?;
         let size = header.disk_size;
         if base.version.index.disk_size != size {
             return Err(corrupt(format!(
@@ -126,6 +154,7 @@ impl CasDev {
             map,
             read_only: opts.read_only,
             user_key,
+            pins: Mutex::new(pins),
             _lock: lock,
         };
         if !opts.read_only {
@@ -180,9 +209,12 @@ impl CasDev {
         let changes: Vec<(u64, u64, u8)> =
             changes.iter().map(|&(a, b, st)| (a, b, st as u8)).collect();
         let id = view.id;
+        let view = view.with_shared_cache(self.base().shared_cache().cloned());
+        let pins = pin_base(&view)?;
         self.map
             .replace(&changes, |h| h.base = id, || self.cache.flush())?;
         *self.base.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(view);
+        *self.pins.lock().unwrap_or_else(|e| e.into_inner()) = pins;
         Ok(())
     }
 
@@ -214,6 +246,61 @@ impl CasDev {
                 self.mark(a, b, SectorState::Dirty as u8);
             }
             i = j;
+        }
+        Ok(())
+    }
+
+    /// Lock the stripes of sectors `[s0, s1)`, in order.
+    fn lock_stripes(&self, s0: u64, s1: u64) -> Vec<std::sync::MutexGuard<'_, ()>> {
+        let stripes = roamdisk_blockdev::overlay::LOCK_STRIPES as u64;
+        let (k0, k1) = (s0 / STRIPE_SECTORS, s1.max(s0 + 1).div_ceil(STRIPE_SECTORS));
+        let mut keys: Vec<u64> = (k0..k1.min(k0 + stripes)).map(|k| k % stripes).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys.into_iter().map(|k| self.map.stripe(k)).collect()
+    }
+
+    /// Chunks of `[a, b)` that the shared cache refused to keep (it is
+    /// full of chunks other sessions still need): copy their EMPTY
+    /// sectors into this session's private cache and mark them CLEAN, so
+    /// they are never fetched again (seed section 3.3).
+    fn keep_refused(&self, base: &VersionView, a: u64, b: u64) -> Result<()> {
+        let Some(sc) = base.shared_cache() else {
+            return Ok(());
+        };
+        if !sc.has_refused() {
+            return Ok(());
+        }
+        let idx = &base.version.index;
+        let cs = idx.chunk_size as u64;
+        for i in (a / cs)..b.div_ceil(cs) {
+            let i = i as usize;
+            if idx.ids[i].is_zero() || !sc.take_refused(&idx.ids[i]) {
+                continue;
+            }
+            let data = base.chunk(i)?;
+            let first = i as u64 * cs / SECTOR;
+            let n = data.len() as u64 / SECTOR;
+            let _guards = self.lock_stripes(first, first + n);
+            let mut s = first;
+            while s < first + n {
+                if self.raw_state(s) != SectorState::Empty as u8 {
+                    s += 1;
+                    continue;
+                }
+                let mut e = s + 1;
+                while e < first + n && self.raw_state(e) == SectorState::Empty as u8 {
+                    e += 1;
+                }
+                let (x, y) = (
+                    ((s - first) * SECTOR) as usize,
+                    ((e - first) * SECTOR) as usize,
+                );
+                self.cache
+                    .write_at(&data[x..y], s * SECTOR, WriteFlags::default())?;
+                self.mark(s, e, SectorState::Clean as u8);
+                s = e;
+            }
         }
         Ok(())
     }
@@ -252,6 +339,7 @@ impl CasDev {
     /// Zero whole sectors `[s0, s1)` by state.
     fn zero_sectors(&self, s0: u64, s1: u64) {
         if s1 > s0 {
+            let _guards = self.lock_stripes(s0, s1);
             self.mark(s0, s1, SectorState::Zero as u8);
             self.release_cache(s0, s1);
         }
@@ -293,27 +381,25 @@ impl BlockDev for CasDev {
             match src {
                 Src::Cache => self.cache.read_at(dst, a)?,
                 Src::Zero => dst.fill(0),
-                Src::Base => base.read_at(dst, a)?,
+                Src::Base => {
+                    base.read_at(dst, a)?;
+                    self.keep_refused(&base, a, b)?;
+                }
             }
             Ok(true)
         })
     }
     fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
         let end = off + buf.len() as u64;
+        // Under the locks of the chunks written (taken in order): a
+        // read-modify-write of partial sectors, and a fill of the private
+        // cache from the base, must not interleave with a write.
+        let a = off / SECTOR * SECTOR;
+        let b = end.div_ceil(SECTOR) * SECTOR;
+        let _guards = self.lock_stripes(a / SECTOR, b / SECTOR);
         if off.is_multiple_of(SECTOR) && end.is_multiple_of(SECTOR) {
             self.write_aligned(buf, off)?;
         } else {
-            // Read-modify-write of the partial sectors at either end, under
-            // the locks of their chunks (taken in order).
-            let a = off / SECTOR * SECTOR;
-            let b = end.div_ceil(SECTOR) * SECTOR;
-            let stripe = |sector: u64| {
-                (sector / STRIPE_SECTORS) % roamdisk_blockdev::overlay::LOCK_STRIPES as u64
-            };
-            let mut stripes = vec![stripe(a / SECTOR), stripe(b / SECTOR - 1)];
-            stripes.sort_unstable();
-            stripes.dedup();
-            let _guards: Vec<_> = stripes.iter().map(|&k| self.map.stripe(k)).collect();
             let mut tmp = vec![0u8; (b - a) as usize];
             self.read_at(&mut tmp[..SECTOR as usize], a)?;
             let last = (b - a - SECTOR) as usize;

@@ -47,6 +47,10 @@ pub struct SessionConfig {
     /// no data written.
     #[serde(default = "yes")]
     pub zero_detect: bool,
+    /// Lookaside media tried before the store (chunk-store folders, image
+    /// files, block devices).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lookaside: Vec<PathBuf>,
 }
 
 fn yes() -> bool {
@@ -63,6 +67,7 @@ impl SessionConfig {
             cache: "raw:cache.raw".into(),
             key_file: None,
             zero_detect: true,
+            lookaside: Vec::new(),
         }
     }
 

@@ -16,6 +16,7 @@ pub mod config;
 pub mod http;
 pub mod local;
 pub mod quota;
+pub mod throttle;
 pub mod wire;
 
 use std::sync::Arc;

@@ -67,6 +67,7 @@ pub struct InitArgs {
 /// Example:
 ///   roamdisk store serve /srv/store --listen 127.0.0.1:8700
 ///   roamdisk commit disk.img --to alice/vm --store http://127.0.0.1:8700
+///   roamdisk store serve /srv/store --listen 127.0.0.1:8700 --limit 1Mbit --latency 8ms
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
 pub struct ServeArgs {
@@ -75,6 +76,13 @@ pub struct ServeArgs {
     /// printed).
     #[arg(long, value_name = "ADDR:PORT")]
     listen: SocketAddr,
+    /// Emulate a slow link: serve objects at most this fast, each
+    /// direction (1Mbit, 100kbit, or bytes per second such as 10M).
+    #[arg(long, value_name = "RATE")]
+    limit: Option<String>,
+    /// Emulate a distant store: add this latency to every request (8ms).
+    #[arg(long, value_name = "DELAY")]
+    latency: Option<String>,
 }
 
 /// Show what a store holds: objects, bytes, versions, deduplication, and
@@ -147,10 +155,31 @@ pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
 }
 
 fn serve(s: ServeArgs, quiet: bool) -> anyhow::Result<()> {
-    let st = store::open(
+    let mut st = store::open(
         s.dir.to_str().context("store path is not UTF-8")?,
         &Default::default(),
     )?;
+    if s.limit.is_some() || s.latency.is_some() {
+        use roamdisk_blockdev::throttle::{parse_duration, parse_rate, LinkSpec};
+        let spec = LinkSpec {
+            rate: s
+                .limit
+                .as_deref()
+                .map(parse_rate)
+                .transpose()
+                .map_err(anyhow::Error::msg)?
+                .unwrap_or(0),
+            latency: s
+                .latency
+                .as_deref()
+                .map(parse_duration)
+                .transpose()
+                .map_err(anyhow::Error::msg)?
+                .unwrap_or_default(),
+            burst: 64 << 10,
+        };
+        st = std::sync::Arc::new(roamdisk_cas::store::throttle::ThrottleStore::new(st, spec));
+    }
     if !s.listen.ip().is_loopback() {
         tracing::warn!(addr = %s.listen, "serving a chunk store without authentication or TLS on a non-loopback address");
     }
