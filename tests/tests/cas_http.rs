@@ -6,48 +6,18 @@
 mod cas_common;
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-
 use cas_common::{
     checkout, checkout_fail, commit_session, commit_version, json_str, object_file, open_session,
-    qemu_io_session, rd, Cas,
+    qemu_io_session, rd, Cas, ChunkServer,
 };
-use common::{bin, path_str, qemu_img_compare, qemu_img_convert, qemu_io};
-
-struct ChunkServer(Child);
-
-impl Drop for ChunkServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start(dir: &std::path::Path) -> (ChunkServer, String) {
-    let mut child = Command::new(bin())
-        .args(["store", "serve", path_str(dir), "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn store serve");
-    let mut line = String::new();
-    BufReader::new(child.stderr.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no URL in: {line}"))
-        .to_string();
-    (ChunkServer(child), url)
-}
+use common::{path_str, qemu_img_compare, qemu_img_convert, qemu_io};
 
 #[test]
 fn commit_session_checkout_and_gc_through_the_chunk_server() {
     let cas = Cas::with(&["--hash", "sha256"]);
     let dir = cas.dir();
-    let (_srv, url) = start(&cas.store);
+    let srv = ChunkServer::start(&cas.store, &[]);
+    let url = srv.url.clone();
     let raw = cas.random_file("disk.raw", 12 << 20, 21);
     qemu_io(path_str(&raw), &["write -z 4M 2M".into()]);
     let qcow = dir.join("disk.qcow2");

@@ -7,12 +7,14 @@
 
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 
 use tempfile::TempDir;
 
 use crate::common::{
-    path_str, qemu_img_compare, qemu_io, random_file, run_python_nbd, tempdir, Server,
+    bin, path_str, qemu_img_compare, qemu_io, random_file, run_python_nbd, tempdir, Server,
 };
 pub use crate::common::{rd, rd_fail};
 
@@ -236,4 +238,40 @@ pub fn put_at(disk: &Path, part: &Path, offset: u64) {
         .expect("open disk");
     f.seek(SeekFrom::Start(offset)).expect("seek");
     f.write_all(&data).expect("write");
+}
+
+/// `roamdisk store serve STORE --listen 127.0.0.1:0 EXTRA...` on a free
+/// loopback port; killed when dropped.
+pub struct ChunkServer {
+    child: Child,
+    pub url: String,
+}
+
+impl ChunkServer {
+    pub fn start(store: &Path, extra: &[&str]) -> ChunkServer {
+        let mut child = Command::new(bin())
+            .args(["store", "serve", path_str(store), "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn store serve");
+        let mut line = String::new();
+        BufReader::new(child.stderr.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no URL in: {line}"))
+            .to_string();
+        ChunkServer { child, url }
+    }
+}
+
+impl Drop for ChunkServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -25,7 +25,9 @@ use crate::cache::SharedChoice;
 use crate::chunk::Key;
 use crate::error::{bad_arg, context, corrupt, io};
 use crate::index::{SectorState, SECTOR};
-use crate::store::DynStore;
+use crate::hash::ChunkId;
+use crate::store::{DynStore, StoreConfig};
+use crate::version::Version;
 use crate::view::VersionView;
 
 /// Sectors that share a lock stripe for read-modify-write.
@@ -61,6 +63,56 @@ fn src_of(state: u8) -> Src {
         1 => Src::Zero,
         _ => Src::Base,
     }
+}
+
+/// The session's copy of its store's settings.
+const STORE_COPY: &str = "store.toml";
+/// The session's copy of its base version package (the stored object).
+const BASE_COPY: &str = "base.version";
+
+/// Write a copy the session can do without (best effort: a failure is
+/// logged, and the session reads from the store as before).
+fn keep_copy(path: &Path, bytes: &[u8]) {
+    if let Err(e) = roamdisk_blockdev::durable::write_atomically(path, bytes) {
+        tracing::warn!("cannot keep {}: {e}", path.display());
+    }
+}
+
+/// Give a new session its copies of the store's settings and of its base
+/// version, so it opens and reads what is cached with no network.
+pub fn keep_offline_copies(dir: &Path, store: &DynStore, base: &ChunkId) -> Result<()> {
+    keep_copy(&dir.join(STORE_COPY), store.config().to_toml().as_bytes());
+    let raw = store.get(base).map_err(|e| context(e, format!("version {base}")))?;
+    keep_copy(&dir.join(BASE_COPY), &raw);
+    Ok(())
+}
+
+/// The session's base version: from its own copy (checked against the
+/// version id like any object from a store), else from the store, and then
+/// copied, so the session opens with no network next time.
+fn load_base(
+    dir: &Path,
+    store: &DynStore,
+    id: &ChunkId,
+    key: Option<&Key>,
+    read_only: bool,
+) -> Result<Version> {
+    let codec = store.config().codec();
+    let copy = dir.join(BASE_COPY);
+    let raw = match std::fs::read(&copy) {
+        Ok(raw) if codec.open(id, None, &raw).is_ok() => raw,
+        _ => {
+            let raw = store.get(id).map_err(|e| context(e, format!("version {id}")))?;
+            if !read_only {
+                keep_copy(&copy, &raw);
+            }
+            raw
+        }
+    };
+    let bytes = codec
+        .open(id, None, &raw)
+        .map_err(|e| context(e, format!("version {id}")))?;
+    Version::decode(&bytes, key).map_err(|e| context(e, format!("version {id}")))
 }
 
 /// Pin every chunk of the session's base version in the shared cache
@@ -103,7 +155,21 @@ impl CasDev {
             .map_err(|e| io(Op::Open, e, &lock_path))?;
         roamdisk_blockdev::layers::raw::lock_file(&lock, opts.read_only, "cas", dir)?;
         let store_loc = opts.store.clone().unwrap_or_else(|| config.store.clone());
-        let store = crate::store::open(&store_loc, &Default::default())?;
+        // The session keeps a copy of its store's settings, so it opens
+        // (and reads what is cached) when the store cannot be reached.
+        let known = std::fs::read_to_string(dir.join(STORE_COPY))
+            .ok()
+            .and_then(|t| StoreConfig::parse(&t).ok());
+        let store = crate::store::open(
+            &store_loc,
+            &crate::store::OpenOptions {
+                known_config: known.clone(),
+                ..Default::default()
+            },
+        )?;
+        if !opts.read_only && known.as_ref() != Some(store.config()) {
+            keep_copy(&dir.join(STORE_COPY), store.config().to_toml().as_bytes());
+        }
         let key_file = opts.key_file.clone().or_else(|| config.key_file.clone());
         let user_key = match &key_file {
             Some(k) => Some(crate::version::read_key_file(k)?),
@@ -112,8 +178,9 @@ impl CasDev {
         let states_path = dir.join("states");
         let (map, _) = OverlayMap::<Header>::open(&states_path, "cas", opts.read_only)?;
         let header = map.header();
-        let base = VersionView::open(store.clone(), header.base, user_key.as_ref())
-            .map_err(|e| context(e, format!("the base of session {}", dir.display())))?
+        let version = load_base(dir, &store, &header.base, user_key.as_ref(), opts.read_only)
+            .map_err(|e| context(e, format!("the base of session {}", dir.display())))?;
+        let base = VersionView::from_parts(store.clone(), header.base, version)
             .with_shared_cache(opts.shared_cache.open()?);
         let media: Vec<PathBuf> = config
             .lookaside
@@ -209,7 +276,12 @@ impl CasDev {
         let changes: Vec<(u64, u64, u8)> =
             changes.iter().map(|&(a, b, st)| (a, b, st as u8)).collect();
         let id = view.id;
-        let view = view.with_shared_cache(self.base().shared_cache().cloned());
+        if let Ok(raw) = self.store.get(&id) {
+            keep_copy(&self.dir.join(BASE_COPY), &raw);
+        }
+        let view = view
+            .with_shared_cache(self.base().shared_cache().cloned())
+            .with_lookaside(self.base().lookaside().cloned());
         let pins = pin_base(&view)?;
         self.map
             .replace(&changes, |h| h.base = id, || self.cache.flush())?;

@@ -6,6 +6,10 @@
 //! SESSION/states         per-sector states + base version (map.rs)
 //! SESSION/cache.raw      the private cache: a sparse file the size of the
 //!                        disk (or an LBS image, cache.lbsd/.lbsm)
+//! SESSION/store.toml     a copy of the store's settings, and
+//! SESSION/base.version   a copy of the base version's stored object: the
+//!                        session opens (and reads what the shared cache and
+//!                        lookaside media hold) when the store is unreachable
 //! ```
 //!
 //! The `cas:SESSION` layer ([`dev::CasDev`]) serves it; `roamdisk commit

@@ -61,7 +61,10 @@ fn jitter() -> u64 {
 impl HttpStore {
     /// Connect to `url` (e.g. `http://127.0.0.1:8700`) and read the store's
     /// settings.
-    pub fn connect(url: &str, parallel: usize) -> Result<HttpStore> {
+    /// Connect to `url`. If the server does not answer and `known` (its
+    /// settings as last seen) is given, the store opens anyway: every
+    /// request then fails, and readers are served by their caches.
+    pub fn connect(url: &str, parallel: usize, known: Option<&StoreConfig>) -> Result<HttpStore> {
         if url.starts_with("https://") {
             return Err(bad_arg(
                 "https chunk stores are not built in: put `roamdisk store serve` behind a TLS proxy and use an SSH tunnel or a loopback URL",
@@ -93,7 +96,15 @@ impl HttpStore {
             config: StoreConfig::default(),
             pool,
         };
-        let a = s.call("GET", "/v1/store", None, &[])?;
+        let a = match (s.call("GET", "/v1/store", None, &[]), known) {
+            (Ok(a), _) => a,
+            (Err(e), Some(c)) if e.kind() == ErrorKind::Io => {
+                tracing::warn!("{e}; working offline: only chunks in the caches and on lookaside media can be read");
+                s.config = c.clone();
+                return Ok(s);
+            }
+            (Err(e), _) => return Err(e),
+        };
         s.expect(&a, &[200], "read the store settings")?;
         let text =
             String::from_utf8(a.body).map_err(|_| corrupt("store settings are not UTF-8"))?;

@@ -239,6 +239,10 @@ pub struct OpenOptions {
     pub create: Option<StoreConfig>,
     /// Parallel requests for HTTP stores (default 8).
     pub parallel: Option<usize>,
+    /// The store's settings as last seen (a session keeps a copy): an
+    /// HTTP store that cannot be reached opens with them, so what is
+    /// cached or on lookaside media stays readable with no network.
+    pub known_config: Option<StoreConfig>,
 }
 
 /// Open a store from a location: a directory path, or an `http://` URL of
@@ -248,6 +252,7 @@ pub fn open(location: &str, opts: &OpenOptions) -> Result<DynStore> {
         Arc::new(http::HttpStore::connect(
             location,
             opts.parallel.unwrap_or(8),
+            opts.known_config.as_ref(),
         )?)
     } else {
         let path = std::path::Path::new(location);

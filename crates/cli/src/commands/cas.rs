@@ -52,6 +52,7 @@ impl StoreArgs {
         let opts = store::OpenOptions {
             create: create.then(StoreConfig::default),
             parallel: Some(self.parallel),
+            ..Default::default()
         };
         store::open(&loc, &opts).with_context(|| format!("cannot open chunk store {loc}"))
     }

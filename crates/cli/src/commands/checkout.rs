@@ -143,6 +143,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             other => bail!("--cache must be raw or lbs, not '{other}'"),
         }
         session::create(dir, &cfg, entry.version, view.size())?;
+        roamdisk_cas::session::dev::keep_offline_copies(dir, &store, &entry.version)?;
         if !quiet {
             println!(
                 "session {} on {describe}; commits go to {target}\n  serve it:  roamdisk serve cas:{} --socket /tmp/vm.sock\n  commit it: roamdisk commit cas:{} -m \"...\"",

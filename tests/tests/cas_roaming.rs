@@ -1,0 +1,190 @@
+//! Roaming: a session reads through the host's shared cache and lookaside
+//! media before the network (Machine Bank 3.1-3.3, ISR lookaside caching),
+//! and `throttle` makes a slow link on loopback.
+//!
+//! The proofs take the network away: once the chunk server is killed, any
+//! chunk the session would fetch fails the read, so a session that still
+//! reads every byte right got them all from the cache or the medium.
+
+mod cas_common;
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use cas_common::{commit_version, open_session, Cas, ChunkServer};
+use common::{path_str, qemu_img_compare, qemu_img_convert, qemu_io, roamdisk, Server};
+
+const SIZE: u64 = 8 << 20;
+const CHUNKS: usize = (SIZE / 65536) as usize;
+
+/// A session SESS (checked out while the chunk server is up) served with
+/// `cas[OPTS]:SESS`, its whole disk copied to OUT by qemu-img.
+fn read_all(dir: &Path, sess: &Path, opts: &str, out: &Path) -> bool {
+    let srv = Server::start(dir, &[&format!("cas[{opts}]:{}", sess.display())]);
+    let ok = roamdisk_free_convert(&srv.uri(), out);
+    srv.stop();
+    ok
+}
+
+/// `qemu-img convert` of an export to a raw file: whether it succeeded.
+fn roamdisk_free_convert(uri: &str, out: &Path) -> bool {
+    let _ = std::fs::remove_file(out);
+    std::process::Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "raw", uri, path_str(out)])
+        .output()
+        .expect("qemu-img")
+        .status
+        .success()
+}
+
+fn chunk_files(cache: &Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(cache.join("chunks")) else {
+        return 0;
+    };
+    rd.map(|d| std::fs::read_dir(d.unwrap().path()).unwrap().count())
+        .sum()
+}
+
+/// A store with an 8 MiB random disk committed as `u/vm`, its chunk
+/// server, and sessions s1..sN checked out over HTTP.
+fn setup(
+    sessions: usize,
+) -> (
+    Cas,
+    std::path::PathBuf,
+    ChunkServer,
+    Vec<std::path::PathBuf>,
+) {
+    let cas = Cas::new();
+    let src = cas.random_file("disk.raw", SIZE, 11);
+    commit_version(cas.s(), path_str(&src), "u/vm", &[]);
+    let srv = ChunkServer::start(&cas.store, &[]);
+    let sess = (1..=sessions)
+        .map(|i| {
+            let s = cas.dir().join(format!("s{i}"));
+            open_session(&srv.url, "u/vm", &s, &[]);
+            s
+        })
+        .collect();
+    (cas, src, srv, sess)
+}
+
+#[test]
+fn what_one_session_fetched_is_never_fetched_again_even_after_kill_9() {
+    let (cas, src, chunk_server, s) = setup(3);
+    let dir = cas.dir();
+    let cache = dir.join("shared");
+    let opts = format!("shared-cache={}", cache.display());
+    // Session 1 reads the whole disk over HTTP; its server is killed -9
+    // once the cache holds every chunk.
+    let srv = Server::start(dir, &[&format!("cas[{opts}]:{}", s[0].display())]);
+    let out = dir.join("out.raw");
+    assert!(roamdisk_free_convert(&srv.uri(), &out));
+    qemu_img_compare(path_str(&src), path_str(&out));
+    let t0 = Instant::now();
+    while chunk_files(&cache) < CHUNKS && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        chunk_files(&cache),
+        CHUNKS,
+        "every chunk in the shared cache"
+    );
+    srv.kill9();
+    // The network goes away.
+    drop(chunk_server);
+    // Session 2, on the same host, reads everything from the cache.
+    assert!(
+        read_all(dir, &s[1], &opts, &out),
+        "served from the shared cache"
+    );
+    qemu_img_compare(path_str(&src), path_str(&out));
+    // Without the cache the same read needs the store, and fails.
+    assert!(!read_all(dir, &s[2], "shared-cache=off", &out));
+}
+
+#[test]
+fn lookaside_media_serve_chunks_and_wrong_or_damaged_ones_cost_only_time() {
+    let (cas, src, chunk_server, s) = setup(5);
+    let dir = cas.dir();
+    let url = chunk_server.url.clone();
+    let out = dir.join("out.raw");
+    let no_cache = "shared-cache=off";
+    // A damaged copy (one byte of chunk 3) and an unrelated file.
+    let mut bytes = std::fs::read(&src).unwrap();
+    bytes[3 * 65536 + 100] ^= 0x40;
+    let damaged = dir.join("damaged.raw");
+    std::fs::write(&damaged, &bytes).unwrap();
+    let wrong = cas.random_file("wrong.raw", SIZE, 99);
+    // With the store up, a wrong or a damaged medium still reads right.
+    for medium in [&wrong, &damaged] {
+        let opts = format!("{no_cache},store={url},lookaside={}", medium.display());
+        assert!(read_all(dir, &s[0], &opts, &out), "{}", medium.display());
+        qemu_img_compare(path_str(&src), path_str(&out));
+    }
+    drop(chunk_server);
+    // With the store gone, the right medium serves every chunk...
+    let opts = format!("{no_cache},lookaside={}", src.display());
+    assert!(read_all(dir, &s[1], &opts, &out), "served from the medium");
+    qemu_img_compare(path_str(&src), path_str(&out));
+    // ...and the damaged one is refused where it is damaged (the chunk
+    // is needed from the store, which is gone), never served.
+    let opts = format!("{no_cache},lookaside={}", damaged.display());
+    assert!(!read_all(dir, &s[2], &opts, &out));
+    // A chunk-store folder works as a medium too (what a resume set is).
+    let opts = format!("{no_cache},lookaside={}", cas.store.display());
+    assert!(
+        read_all(dir, &s[3], &opts, &out),
+        "served from a store folder"
+    );
+    qemu_img_compare(path_str(&src), path_str(&out));
+}
+
+#[test]
+fn throttle_holds_reads_to_its_rate_and_store_serve_limits_too() {
+    let cas = Cas::new();
+    let dir = cas.dir();
+    let src = cas.random_file("disk.raw", 4 << 20, 5);
+    // 8 Mbit/s = 1 MB/s: 2 MiB takes at least 2 s less one burst (64K).
+    let srv = Server::start(
+        dir,
+        &[&format!(
+            "throttle[rate=8Mbit,latency=1ms]:raw:{}",
+            src.display()
+        )],
+    );
+    let t0 = Instant::now();
+    let got = qemu_io(&srv.uri(), &["read 0 2M".into()]);
+    let took = t0.elapsed();
+    assert!(got.contains("read 2097152/2097152"), "{got}");
+    assert!(took >= Duration::from_millis(2000), "{took:?}");
+    let out = dir.join("out.raw");
+    qemu_img_convert(&srv.uri(), "raw", path_str(&out));
+    qemu_img_compare(path_str(&src), path_str(&out));
+    srv.stop();
+    // A chunk server limited to 16 Mbit/s serves 4 MiB in at least 2 s.
+    commit_version(cas.s(), path_str(&src), "u/vm", &[]);
+    let slow = ChunkServer::start(&cas.store, &["--limit", "16Mbit", "--latency", "8ms"]);
+    let t0 = Instant::now();
+    let out = dir.join("checked-out.raw");
+    let o = roamdisk(&[
+        "checkout",
+        "u/vm",
+        "--store",
+        &slow.url,
+        "--output",
+        path_str(&out),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        t0.elapsed() >= Duration::from_millis(2000),
+        "{:?}",
+        t0.elapsed()
+    );
+    qemu_img_compare(path_str(&src), path_str(&out));
+    // Bad settings say what is expected.
+    let e = roamdisk(&["info", "throttle[rate=fast]:mem:1M"]);
+    let msg = String::from_utf8_lossy(&e.stderr);
+    assert!(!e.status.success() && msg.contains("1Mbit"), "{msg}");
+}
