@@ -24,8 +24,8 @@ use crate::cache::pins::PinGuard;
 use crate::cache::SharedChoice;
 use crate::chunk::Key;
 use crate::error::{bad_arg, context, corrupt, io};
-use crate::index::{SectorState, SECTOR};
 use crate::hash::ChunkId;
+use crate::index::{SectorState, SECTOR};
 use crate::store::{DynStore, StoreConfig};
 use crate::version::Version;
 use crate::view::VersionView;
@@ -82,7 +82,9 @@ fn keep_copy(path: &Path, bytes: &[u8]) {
 /// version, so it opens and reads what is cached with no network.
 pub fn keep_offline_copies(dir: &Path, store: &DynStore, base: &ChunkId) -> Result<()> {
     keep_copy(&dir.join(STORE_COPY), store.config().to_toml().as_bytes());
-    let raw = store.get(base).map_err(|e| context(e, format!("version {base}")))?;
+    let raw = store
+        .get(base)
+        .map_err(|e| context(e, format!("version {base}")))?;
     keep_copy(&dir.join(BASE_COPY), &raw);
     Ok(())
 }
@@ -102,7 +104,9 @@ fn load_base(
     let raw = match std::fs::read(&copy) {
         Ok(raw) if codec.open(id, None, &raw).is_ok() => raw,
         _ => {
-            let raw = store.get(id).map_err(|e| context(e, format!("version {id}")))?;
+            let raw = store
+                .get(id)
+                .map_err(|e| context(e, format!("version {id}")))?;
             if !read_only {
                 keep_copy(&copy, &raw);
             }
