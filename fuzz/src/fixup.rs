@@ -306,3 +306,13 @@ pub fn ntfs(img: &mut crate::disk::Image) {
         }
     }
 }
+
+/// A format whose last 4 bytes are the CRC-32C of everything before them
+/// (the shared cache's pin sets, lookaside indexes).
+pub fn trailing_crc(b: &mut [u8]) {
+    if b.len() >= 4 {
+        let end = b.len() - 4;
+        let crc = crc32c::crc32c(&b[..end]);
+        put32(b, end, crc);
+    }
+}

@@ -37,3 +37,13 @@ pub fn context(e: Error, what: impl std::fmt::Display) -> Error {
     };
     e.msg(m)
 }
+
+/// Open (creating if needed) the file a folder's users `flock`.
+pub fn open_lock_file(path: &std::path::Path) -> roamdisk_blockdev::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| io(Op::Open, e, path))
+}

@@ -687,12 +687,7 @@ impl SharedCache {
             .map_err(|e| bad_arg(format!("the shared cache's policy: {e}")).path(&cfg_path))?;
         let capacity = (config.size / config.unit as u64).min(u32::MAX as u64 / 4) as usize;
         let lock_path = dir.join("lock");
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| io(Op::Open, e, &lock_path))?;
+        let lock = crate::error::open_lock_file(&lock_path)?;
         let inner = Arc::new(Inner {
             dir: dir.to_path_buf(),
             state: Mutex::new(State::new(&spec, capacity)),

@@ -7,14 +7,14 @@
 //! to the private cache and becomes DIRTY. A flush makes the cache durable
 //! and then appends the changed states to the session map.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 use roamdisk_blockdev::overlay::OverlayMap;
 use roamdisk_blockdev::Access;
 use roamdisk_blockdev::{
-    extents_covering, push_extent, Alloc, BlockDev, Caps, Extent, Op, Registry, Result, WriteFlags,
+    extents_covering, push_extent, Alloc, BlockDev, Caps, Extent, Registry, Result, WriteFlags,
     ZeroFlags,
 };
 
@@ -23,7 +23,7 @@ use super::SessionConfig;
 use crate::cache::pins::PinGuard;
 use crate::cache::SharedChoice;
 use crate::chunk::Key;
-use crate::error::{bad_arg, context, corrupt, io};
+use crate::error::{bad_arg, context, corrupt};
 use crate::hash::ChunkId;
 use crate::index::{SectorState, SECTOR};
 use crate::store::{DynStore, StoreConfig};
@@ -151,12 +151,7 @@ impl CasDev {
     pub fn open(dir: &Path, opts: &SessionOpen, registry: &Registry) -> Result<CasDev> {
         let config = SessionConfig::load(dir)?;
         let lock_path = dir.join("lock");
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| io(Op::Open, e, &lock_path))?;
+        let lock = crate::error::open_lock_file(&lock_path)?;
         roamdisk_blockdev::layers::raw::lock_file(&lock, opts.read_only, "cas", dir)?;
         let store_loc = opts.store.clone().unwrap_or_else(|| config.store.clone());
         // The session keeps a copy of its store's settings, so it opens

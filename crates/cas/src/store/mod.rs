@@ -12,6 +12,47 @@
 //! A store returns the stored bytes as they are; callers verify every
 //! object against its name with [`fetch`] (or [`crate::chunk::ChunkCodec`]).
 
+/// Inside `impl ChunkWrite for D` of a decorator holding `inner:
+/// DynStore`: `sync` and the lease calls, passed through.
+macro_rules! forward_sync_and_leases {
+    () => {
+        fn sync(&self) -> roamdisk_blockdev::Result<()> {
+            self.inner.sync()
+        }
+        fn lease_begin(&self) -> roamdisk_blockdev::Result<$crate::store::Lease> {
+            self.inner.lease_begin()
+        }
+        fn lease_refresh(&self, id: &str) -> roamdisk_blockdev::Result<()> {
+            self.inner.lease_refresh(id)
+        }
+        fn lease_end(&self, id: &str) -> roamdisk_blockdev::Result<()> {
+            self.inner.lease_end(id)
+        }
+    };
+}
+
+/// Inside `impl ChunkPrune for D` of a decorator holding `inner:
+/// DynStore`: the clock, listings and recovery, passed through.
+macro_rules! forward_prune_listings {
+    () => {
+        fn now(&self) -> roamdisk_blockdev::Result<std::time::SystemTime> {
+            self.inner.now()
+        }
+        fn list_objects(
+            &self,
+            f: &mut dyn FnMut($crate::store::ObjectEntry),
+        ) -> roamdisk_blockdev::Result<()> {
+            self.inner.list_objects(f)
+        }
+        fn leases(&self) -> roamdisk_blockdev::Result<Vec<$crate::store::Lease>> {
+            self.inner.leases()
+        }
+        fn recover(&self, cutoff: std::time::SystemTime) -> roamdisk_blockdev::Result<(u64, u64)> {
+            self.inner.recover(cutoff)
+        }
+    };
+}
+
 pub mod config;
 pub mod http;
 pub mod local;

@@ -10,10 +10,7 @@ use std::time::SystemTime;
 use roamdisk_blockdev::units::format_size;
 use roamdisk_blockdev::{ErrorKind, Op, Result};
 
-use super::{
-    ChunkPrune, ChunkRead, ChunkWrite, DynStore, Lease, ObjectEntry, ObjectParts, PutOutcome,
-    StoreConfig,
-};
+use super::{ChunkPrune, ChunkRead, ChunkWrite, DynStore, ObjectParts, PutOutcome, StoreConfig};
 use crate::error::err;
 use crate::hash::ChunkId;
 
@@ -111,9 +108,7 @@ impl ChunkWrite for QuotaStore {
         }
         Ok(out)
     }
-    fn sync(&self) -> Result<()> {
-        self.inner.sync()
-    }
+    forward_sync_and_leases!();
     fn ref_update(
         &self,
         name: &str,
@@ -122,24 +117,10 @@ impl ChunkWrite for QuotaStore {
     ) -> Result<bool> {
         self.inner.ref_update(name, expected, new)
     }
-    fn lease_begin(&self) -> Result<Lease> {
-        self.inner.lease_begin()
-    }
-    fn lease_refresh(&self, id: &str) -> Result<()> {
-        self.inner.lease_refresh(id)
-    }
-    fn lease_end(&self, id: &str) -> Result<()> {
-        self.inner.lease_end(id)
-    }
 }
 
 impl ChunkPrune for QuotaStore {
-    fn now(&self) -> Result<SystemTime> {
-        self.inner.now()
-    }
-    fn list_objects(&self, f: &mut dyn FnMut(ObjectEntry)) -> Result<()> {
-        self.inner.list_objects(f)
-    }
+    forward_prune_listings!();
     fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
         let r = self.inner.remove_if_older(id, cutoff)?;
         if let Some(n) = r {
@@ -147,12 +128,6 @@ impl ChunkPrune for QuotaStore {
                 .fetch_sub(n.min(self.used.load(Ordering::SeqCst)), Ordering::SeqCst);
         }
         Ok(r)
-    }
-    fn leases(&self) -> Result<Vec<Lease>> {
-        self.inner.leases()
-    }
-    fn recover(&self, cutoff: SystemTime) -> Result<(u64, u64)> {
-        self.inner.recover(cutoff)
     }
 }
 

@@ -11,10 +11,7 @@ use std::time::SystemTime;
 use roamdisk_blockdev::throttle::{Link, LinkSpec};
 use roamdisk_blockdev::Result;
 
-use super::{
-    ChunkPrune, ChunkRead, ChunkWrite, DynStore, Lease, ObjectEntry, ObjectParts, PutOutcome,
-    StoreConfig,
-};
+use super::{ChunkPrune, ChunkRead, ChunkWrite, DynStore, ObjectParts, PutOutcome, StoreConfig};
 use crate::hash::ChunkId;
 
 pub struct ThrottleStore {
@@ -92,9 +89,7 @@ impl ChunkWrite for ThrottleStore {
         );
         self.inner.put_many_parts(items)
     }
-    fn sync(&self) -> Result<()> {
-        self.inner.sync()
-    }
+    forward_sync_and_leases!();
     fn ref_update(
         &self,
         name: &str,
@@ -104,31 +99,11 @@ impl ChunkWrite for ThrottleStore {
         self.up.pass(new.map_or(0, |b| b.len() as u64));
         self.inner.ref_update(name, expected, new)
     }
-    fn lease_begin(&self) -> Result<Lease> {
-        self.inner.lease_begin()
-    }
-    fn lease_refresh(&self, id: &str) -> Result<()> {
-        self.inner.lease_refresh(id)
-    }
-    fn lease_end(&self, id: &str) -> Result<()> {
-        self.inner.lease_end(id)
-    }
 }
 
 impl ChunkPrune for ThrottleStore {
-    fn now(&self) -> Result<SystemTime> {
-        self.inner.now()
-    }
-    fn list_objects(&self, f: &mut dyn FnMut(ObjectEntry)) -> Result<()> {
-        self.inner.list_objects(f)
-    }
+    forward_prune_listings!();
     fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
         self.inner.remove_if_older(id, cutoff)
-    }
-    fn leases(&self) -> Result<Vec<Lease>> {
-        self.inner.leases()
-    }
-    fn recover(&self, cutoff: SystemTime) -> Result<(u64, u64)> {
-        self.inner.recover(cutoff)
     }
 }
