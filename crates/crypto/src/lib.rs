@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use openssl::cipher::Cipher as OsslCipher;
 use openssl::cipher_ctx::CipherCtx;
-use openssl::symm::Mode;
 use sha2::Digest;
 
 /// XTS-AES-256 key length (two AES-256 keys).
@@ -75,27 +74,24 @@ impl Xts {
 
     /// Encrypt one block in place.
     pub fn encrypt(&self, pbn: u64, epoch: u64, block: &mut [u8]) {
-        self.crypt(Mode::Encrypt, pbn, epoch, block)
+        let t = tweak(pbn, epoch);
+        self.with_ctx(|enc, _| {
+            enc.encrypt_init(None, None, Some(&t)).expect("xts tweak");
+            let n = enc
+                .cipher_update_inplace(block, block.len())
+                .expect("xts encrypt");
+            debug_assert_eq!(n, block.len());
+        })
     }
 
     /// Decrypt one block in place.
     pub fn decrypt(&self, pbn: u64, epoch: u64, block: &mut [u8]) {
-        self.crypt(Mode::Decrypt, pbn, epoch, block)
-    }
-
-    /// Run one block in place through this thread's context for `mode`,
-    /// with the tweak of (`pbn`, `epoch`).
-    fn crypt(&self, mode: Mode, pbn: u64, epoch: u64, block: &mut [u8]) {
         let t = tweak(pbn, epoch);
-        self.with_ctx(|enc, dec| {
-            let ctx = match mode {
-                Mode::Encrypt => enc.encrypt_init(None, None, Some(&t)).map(|()| enc),
-                Mode::Decrypt => dec.decrypt_init(None, None, Some(&t)).map(|()| dec),
-            }
-            .expect("xts tweak");
-            let n = ctx
+        self.with_ctx(|_, dec| {
+            dec.decrypt_init(None, None, Some(&t)).expect("xts tweak");
+            let n = dec
                 .cipher_update_inplace(block, block.len())
-                .expect("xts update");
+                .expect("xts decrypt");
             debug_assert_eq!(n, block.len());
         })
     }
