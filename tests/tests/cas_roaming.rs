@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cas_common::{commit_version, open_session, Cas, ChunkServer};
-use common::{path_str, qemu_img_compare, qemu_img_convert, qemu_io, roamdisk, Server};
+use common::{path_str, qemu_img_compare, qemu_img_convert, qemu_io, rd, roamdisk, Server};
 
 const SIZE: u64 = 8 << 20;
 const CHUNKS: usize = (SIZE / 65536) as usize;
@@ -187,4 +187,76 @@ fn throttle_holds_reads_to_its_rate_and_store_serve_limits_too() {
     let e = roamdisk(&["info", "throttle[rate=fast]:mem:1M"]);
     let msg = String::from_utf8_lossy(&e.stderr);
     assert!(!e.status.success() && msg.contains("1Mbit"), "{msg}");
+}
+
+#[test]
+fn hoard_fetches_a_whole_version_and_says_when_the_network_may_go() {
+    let (cas, src, chunk_server, s) = setup(1);
+    let dir = cas.dir();
+    let cache = dir.join("shared");
+    let sc = path_str(&cache);
+    let url = chunk_server.url.clone();
+    let check = rd(&[
+        "hoard",
+        "u/vm",
+        "--store",
+        &url,
+        "--shared-cache",
+        sc,
+        "--check",
+    ]);
+    assert!(check.contains(&format!("0 of {CHUNKS} chunks")), "{check}");
+    let out = rd(&["hoard", "u/vm", "--store", &url, "--shared-cache", sc]);
+    assert!(
+        out.contains(&format!("{CHUNKS} of {CHUNKS} chunks")),
+        "{out}"
+    );
+    assert!(out.contains("fully hoarded: the network may go"), "{out}");
+    let again = rd(&[
+        "hoard",
+        "u/vm",
+        "--store",
+        &url,
+        "--shared-cache",
+        sc,
+        "--json",
+    ]);
+    assert!(
+        again.contains(&format!("\"cached_before\": {CHUNKS}")),
+        "{again}"
+    );
+    assert!(again.contains("\"fetched\": 0"), "{again}");
+    drop(chunk_server);
+    let out_img = dir.join("out.raw");
+    let opts = format!("shared-cache={}", cache.display());
+    assert!(
+        read_all(dir, &s[0], &opts, &out_img),
+        "read offline after hoard"
+    );
+    qemu_img_compare(path_str(&src), path_str(&out_img));
+    // A cache too small for the version says how much did not fit.
+    let small = dir.join("small");
+    std::fs::create_dir_all(&small).unwrap();
+    std::fs::write(
+        small.join("cache.toml"),
+        "magic = \"roamdisk-shared-cache\"\nversion = 1\nsize = 1048576\nunit = 65536\npolicy = \"lru\"\n",
+    )
+    .unwrap();
+    let st = cas.s().to_string();
+    let out = rd(&[
+        "hoard",
+        "u/vm",
+        "--store",
+        &st,
+        "--shared-cache",
+        path_str(&small),
+    ]);
+    assert!(out.contains(&format!("16 of {CHUNKS} chunks")), "{out}");
+    assert!(
+        out.contains(&format!(
+            "not fully hoarded: {} chunks did not fit",
+            CHUNKS - 16
+        )),
+        "{out}"
+    );
 }

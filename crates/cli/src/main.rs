@@ -55,6 +55,7 @@ enum Command {
     Tag(commands::tag::Args),
     Rm(commands::rm::Args),
     Gc(commands::gc::Args),
+    Hoard(commands::hoard::Args),
     #[command(subcommand)]
     Store(commands::store::Cmd),
     #[command(subcommand)]
@@ -123,6 +124,7 @@ fn main() -> std::process::ExitCode {
         Command::Tag(a) => commands::tag::run(a, cli.quiet),
         Command::Rm(a) => commands::rm::run(a, cli.quiet),
         Command::Gc(a) => commands::gc::run(a, cli.quiet),
+        Command::Hoard(a) => commands::hoard::run(a, cli.quiet),
         Command::Store(a) => commands::store::run(a, cli.quiet),
         Command::Borrow(a) => commands::borrow::run(a, cli.quiet),
         Command::Sim(a) => commands::sim::run(a, cli.quiet),

@@ -3,6 +3,7 @@
 //! the pin sets ([`pins`]) through which running sessions keep the chunks
 //! they still need. Formats: `docs/formats/cas-shared-cache.md`.
 
+pub mod hoard;
 pub mod journal;
 pub mod pins;
 pub mod shared;

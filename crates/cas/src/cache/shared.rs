@@ -815,9 +815,18 @@ impl SharedCache {
     /// Store one chunk now (the writer thread's work, done inline).
     pub fn insert_now(&self, id: ChunkId, data: &[u8]) -> Result<Admission> {
         let item = [(id, Arc::new(data.to_vec()))];
-        let a = self.inner.store_many(&item).pop().expect("one result")?;
-        self.inner.count(id, a);
-        Ok(a)
+        self.insert_many_now(&item).pop().expect("one result")
+    }
+
+    /// Store verified, decoded chunks now, made durable together.
+    pub fn insert_many_now(&self, items: &[(ChunkId, Arc<Vec<u8>>)]) -> Vec<Result<Admission>> {
+        let out = self.inner.store_many(items);
+        for ((id, _), a) in items.iter().zip(&out) {
+            if let Ok(a) = a {
+                self.inner.count(*id, *a);
+            }
+        }
+        out
     }
 
     /// Whether the cache refused `id` since the last call (its session

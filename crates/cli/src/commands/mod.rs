@@ -5,6 +5,7 @@ pub mod cas;
 pub mod checkout;
 pub mod commit;
 pub mod gc;
+pub mod hoard;
 pub mod info;
 pub mod layers;
 pub mod lbs;
