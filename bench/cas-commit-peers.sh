@@ -22,13 +22,8 @@ B=${ROAMDISK_BIN:-$PWD/target/release/roamdisk}
 for t in restic casync dd; do
   command -v "$t" > /dev/null || { echo "missing $t: apt-get install restic casync" >&2; exit 1; }
 done
-mkdir -p "$DIR"
-img="$DIR/disk.img"
-if [ ! -f "$img" ] || [ "$(stat -c %s "$img")" != "$(numfmt --from=iec "$SIZE")" ]; then
-  echo "creating $SIZE of random data in $img" >&2
-  head -c "$SIZE" /dev/urandom > "$img"
-fi
-bytes=$(stat -c %s "$img")
+. bench/cas-env.sh
+random_image "$DIR" "$SIZE"
 export RESTIC_PASSWORD=bench
 
 clean() { rm -rf "$DIR/out"; mkdir -p "$DIR/out"; sync -f "$DIR"; cat "$img" > /dev/null; }

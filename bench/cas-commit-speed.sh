@@ -17,13 +17,8 @@ cd "$(dirname "$0")/.."
 SIZE=${SIZE:-4G}
 DIR=${DIR:-/dev/shm/roamdisk-cas-bench}
 B=${ROAMDISK_BIN:-$PWD/target/release/roamdisk}
-mkdir -p "$DIR"
-img="$DIR/disk.img"
-if [ ! -f "$img" ] || [ "$(stat -c %s "$img")" != "$(numfmt --from=iec "$SIZE")" ]; then
-  echo "creating $SIZE of random data in $img" >&2
-  head -c "$SIZE" /dev/urandom > "$img"
-fi
-bytes=$(stat -c %s "$img")
+. bench/cas-env.sh
+random_image "$DIR" "$SIZE"
 half=$((bytes / 2 / 4194304))
 cat "$img" > /dev/null
 
