@@ -325,10 +325,15 @@ impl CasDev {
     fn lock_stripes(&self, s0: u64, s1: u64) -> Vec<std::sync::MutexGuard<'_, ()>> {
         let stripes = roamdisk_blockdev::overlay::LOCK_STRIPES as u64;
         let (k0, k1) = (s0 / STRIPE_SECTORS, s1.max(s0 + 1).div_ceil(STRIPE_SECTORS));
-        let mut keys: Vec<u64> = (k0..k1.min(k0 + stripes)).map(|k| k % stripes).collect();
-        keys.sort_unstable();
-        keys.dedup();
-        keys.into_iter().map(|k| self.map.stripe(k)).collect()
+        let n = (k1 - k0).min(stripes);
+        let first = k0 % stripes;
+        // Ascending order: the stripes from 0 that wrapped around, then
+        // the rest up to the last stripe.
+        let wrapped = (first + n).saturating_sub(stripes);
+        (0..wrapped)
+            .chain(first..(first + n).min(stripes))
+            .map(|k| self.map.stripe(k))
+            .collect()
     }
 
     /// Chunks of `[a, b)` that the shared cache refused to keep (it is
