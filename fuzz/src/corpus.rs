@@ -175,6 +175,7 @@ pub fn sample_version(encrypted: bool) -> Version {
             },
         },
         index: sample_index(encrypted, false),
+        working_set: Vec::new(),
     }
 }
 
@@ -182,6 +183,9 @@ pub fn cas_version() -> Seeds {
     let mut s = Seeds::new();
     let plain = sample_version(false);
     s.extend(both("plain", &plain.encode(None).unwrap()));
+    let mut with_set = sample_version(false);
+    with_set.working_set = (0..with_set.index.records() as u32).rev().collect();
+    s.extend(both("working-set", &with_set.encode(None).unwrap()));
     s.extend(both(
         "plain-raw-index",
         &plain

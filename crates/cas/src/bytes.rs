@@ -82,17 +82,31 @@ impl<'a> Reader<'a> {
     /// The frame's start (every header in this crate opens with it): an
     /// 8-byte magic and a `u32` format version, both checked.
     pub fn frame(&mut self, magic: &[u8; 8], version: u32) -> Result<()> {
+        self.frame_versions(magic, version..=version).map(|_| ())
+    }
+    /// Like [`Reader::frame`], for formats of which this build reads
+    /// several versions: the version found.
+    pub fn frame_versions(
+        &mut self,
+        magic: &[u8; 8],
+        versions: std::ops::RangeInclusive<u32>,
+    ) -> Result<u32> {
         if self.bytes(8, "magic")? != magic {
             return Err(corrupt(format!("bad magic: not a roamdisk {}", self.what)));
         }
         let found = self.u32("version")?;
-        if found != version {
+        if !versions.contains(&found) {
+            let reads = if versions.start() == versions.end() {
+                versions.start().to_string()
+            } else {
+                format!("{} to {}", versions.start(), versions.end())
+            };
             return Err(corrupt(format!(
-                "{} format version {found} (this build reads {version})",
+                "{} format version {found} (this build reads {reads})",
                 self.what
             )));
         }
-        Ok(())
+        Ok(found)
     }
     /// The header checksum: a `u32` CRC-32C of every byte before it.
     pub fn header_crc(&mut self) -> Result<()> {

@@ -512,6 +512,7 @@ pub fn commit_image<S: ChunkWrite + ?Sized>(
         config: opts.config.clone(),
         memory,
         index,
+        working_set: Vec::new(),
     };
     finish_commit(store, up, &version, opts, started, None)
 }

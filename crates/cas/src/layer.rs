@@ -1,6 +1,6 @@
 //! The layer kinds of this crate for stack specs:
 //!
-//! - `cas[store=S,key-file=F,zero-detect=on|off]:SESSION` — a session's
+//! - `cas[store=S,key-file=F,zero-detect=on|off,prefetch=on|off]:SESSION` — a session's
 //!   writable disk (see `crate::session`);
 //! - `cas-version[store=S,key-file=F]:USER/IMAGE[@REV]` — a committed
 //!   version, read-only (time travel without materialising).
@@ -40,6 +40,7 @@ pub static CAS: LayerKind = LayerKind {
         ("zero-detect", "P1 at write time: a sector of zeroes is kept as ZERO with no data (on/off, default on)"),
         ("shared-cache", "the host's shared chunk cache: a folder, or off (default $ROAMDISK_SHARED_CACHE, else ~/.cache/roamdisk/shared)"),
         ("lookaside", "media tried before the store, separated by '+': chunk-store folders (a resume set), image files, block devices; every chunk found is verified"),
+        ("prefetch", "fetch the base version's recorded working set in the background, in the order it was first read (on/off, default on)"),
     ],
     wraps: false,
     inner_read_only: false,
@@ -52,8 +53,11 @@ pub static CAS: LayerKind = LayerKind {
             zero_detect: ctx.flag("cas", "zero-detect")?,
             shared_cache: SharedChoice::parse(ctx.opt("shared-cache")),
             lookaside: crate::lookaside::parse_media(ctx.opt("lookaside")),
+            no_prefetch: ctx.flag("cas", "prefetch")? == Some(false),
         };
-        Ok(Arc::new(CasDev::open(&dir, &opts, ctx.registry)?) as Arc<dyn BlockDev>)
+        let dev = Arc::new(CasDev::open(&dir, &opts, ctx.registry)?);
+        dev.start_prefetch();
+        Ok(dev as Arc<dyn BlockDev>)
     },
 };
 

@@ -11,7 +11,10 @@
 //! (time travel). The `cas:` layer ([`layer`]) runs a session over a
 //! version with a private cache of this session's sectors; [`commit`] turns
 //! a whole disk or a session's useful updates into a new version; [`gc`]
-//! removes chunks no version needs, safely while commits run.
+//! removes chunks no version needs, safely while commits run. Sessions
+//! roam: a host [`cache`] shared by its sessions, [`lookaside`] media, a
+//! recorded working set fetched ahead on resume, and the [`resume`] set a
+//! suspended session carries to the next host.
 //!
 //! Formats: `docs/formats/cas-*.md`. Manual: `docs/layers/cas.md`.
 
@@ -28,6 +31,7 @@ pub mod index;
 pub mod layer;
 pub mod lookaside;
 pub mod repo;
+pub mod resume;
 pub mod server;
 pub mod session;
 pub mod store;

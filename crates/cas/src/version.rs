@@ -18,7 +18,10 @@ use crate::index::Index;
 use roamdisk_blockdev::{ErrorKind, Op, Result};
 
 pub const MAGIC: [u8; 8] = *b"RDCASVER";
+/// The format written for a version without a working set (read by every
+/// build); one with a working set is written as [`VERSION_WORKING_SET`].
 pub const VERSION: u32 = 1;
+pub const VERSION_WORKING_SET: u32 = 2;
 pub const FLAG_ENCRYPTED: u32 = 1;
 
 pub const HEADER_SIZE: usize = 64;
@@ -49,6 +52,10 @@ pub struct Version {
     pub config: Vec<u8>,
     pub memory: Memory,
     pub index: Index,
+    /// The recorded working set: disk chunk numbers in the order a session
+    /// first read them (a boot's reads first), unique. Resume prefetches
+    /// them in this order. Empty: none recorded.
+    pub working_set: Vec<u32>,
 }
 
 /// The readable header of a package.
@@ -62,6 +69,32 @@ pub struct Header {
     pub data_bytes: u64,
     refs_len: u64,
     body_len: u64,
+}
+
+/// The working-set section of a format-2 body: a count and that many
+/// distinct chunk numbers, each below `records`.
+pub(crate) fn read_working_set(r: &mut Reader<'_>, records: usize) -> Result<Vec<u32>> {
+    let n = r.u32("working set count")? as usize;
+    if n == 0 || n > records || n.saturating_mul(4) > r.remaining() {
+        return Err(corrupt(format!(
+            "working set of {n} chunks for a {records}-chunk disk (truncated or damaged)"
+        )));
+    }
+    let mut seen = vec![false; records];
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let c = r.u32("working set chunk")?;
+        match seen.get_mut(c as usize) {
+            Some(s) if !*s => *s = true,
+            _ => {
+                return Err(corrupt(format!(
+                    "working set names chunk {c} twice or beyond the {records}-chunk disk"
+                )))
+            }
+        }
+        out.push(c);
+    }
+    Ok(out)
 }
 
 /// The identifier of a user key (shown in errors, stored in packages).
@@ -79,7 +112,7 @@ fn hex(b: &[u8]) -> String {
 impl Header {
     pub fn parse(b: &[u8]) -> Result<Header> {
         let mut r = Reader::new(b, "version package");
-        r.frame(&MAGIC, VERSION)?;
+        r.frame_versions(&MAGIC, VERSION..=VERSION_WORKING_SET)?;
         let flags = r.u32("flags")?;
         let hash = HashKind::from_u8(r.u8("hash")?)?;
         let reserved = r.bytes(3, "reserved")?;
@@ -154,6 +187,12 @@ impl Version {
             }
         }
         w.u64(idx.len() as u64).bytes(idx);
+        if !self.working_set.is_empty() {
+            w.u32(self.working_set.len() as u32);
+            for &n in &self.working_set {
+                w.u32(n);
+            }
+        }
         w.buf
     }
 
@@ -198,8 +237,22 @@ impl Version {
             Vec::new()
         };
         let mut h = Writer::new();
+        if let Some(&n) = self
+            .working_set
+            .iter()
+            .find(|&&n| n as usize >= self.index.records())
+        {
+            return Err(bad_arg(format!(
+                "working set names chunk {n} of a {}-chunk disk",
+                self.index.records()
+            )));
+        }
         h.bytes(&MAGIC)
-            .u32(VERSION)
+            .u32(if self.working_set.is_empty() {
+                VERSION
+            } else {
+                VERSION_WORKING_SET
+            })
             .u32(if encrypted { FLAG_ENCRYPTED } else { 0 })
             .u8(self.index.hash as u8)
             .zeros(3)
@@ -318,6 +371,11 @@ impl Version {
             return Err(corrupt("index is truncated"));
         }
         let index = Index::parse(r.bytes(ilen as usize, "index")?, true)?;
+        let working_set = if b[8..12] == VERSION_WORKING_SET.to_le_bytes() {
+            read_working_set(&mut r, index.records())?
+        } else {
+            Vec::new()
+        };
         r.finish()?;
         if index.hash != h.hash
             || index.chunk_size != h.chunk_size
@@ -333,6 +391,7 @@ impl Version {
             config,
             memory,
             index,
+            working_set,
         })
     }
 
@@ -419,7 +478,61 @@ mod tests {
                 },
             },
             index,
+            working_set: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_working_set_makes_format_2_and_round_trips() {
+        for encrypted in [false, true] {
+            let key = [42u8; 32];
+            let key = encrypted.then_some(&key);
+            let mut v = version(encrypted);
+            let plain = v.encode(key).unwrap();
+            assert_eq!(plain[8..12], VERSION.to_le_bytes(), "no set: format 1");
+            v.working_set = vec![3, 0, 2];
+            let b = v.encode(key).unwrap();
+            assert_eq!(b[8..12], VERSION_WORKING_SET.to_le_bytes());
+            assert_eq!(Version::decode(&b, key).unwrap(), v);
+            v.working_set = vec![4];
+            assert_eq!(
+                v.encode(key).unwrap_err().kind(),
+                ErrorKind::InvalidArgument
+            );
+        }
+        // Plain: damage the set's entries and count (last 16 bytes: count
+        // 3, then 3, 0, 2).
+        let mut v = version(false);
+        v.working_set = vec![3, 0, 2];
+        let b = v.encode(None).unwrap();
+        let n = b.len();
+        let mut dup = b.clone();
+        dup[n - 4..].copy_from_slice(&3u32.to_le_bytes());
+        assert!(Version::decode(&dup, None)
+            .unwrap_err()
+            .to_string()
+            .contains("twice"));
+        let mut far = b.clone();
+        far[n - 4..].copy_from_slice(&9u32.to_le_bytes());
+        assert_eq!(
+            Version::decode(&far, None).unwrap_err().kind(),
+            ErrorKind::Corrupt
+        );
+        let mut count = b.clone();
+        count[n - 16..n - 12].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(
+            Version::decode(&count, None).unwrap_err().kind(),
+            ErrorKind::Corrupt
+        );
+        // A format-1 header over a body with a set: trailing bytes.
+        let mut v1 = b.clone();
+        v1[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        let crc = crc32c::crc32c(&v1[..HEADER_SIZE - 4]);
+        v1[HEADER_SIZE - 4..HEADER_SIZE].copy_from_slice(&crc.to_le_bytes());
+        assert!(Version::decode(&v1, None)
+            .unwrap_err()
+            .to_string()
+            .contains("trailing"));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use rayon::prelude::*;
 use roamdisk_blockdev::{push_extent, Alloc, BlockDev, Caps, Extent, Op, Result, WriteFlags};
 
-use crate::cache::SharedCache;
+use crate::cache::{Admission, SharedCache};
 use crate::chunk::Key;
 use crate::error::{context, err};
 use crate::hash::ChunkId;
@@ -60,6 +60,74 @@ pub struct VersionView {
 struct Flight {
     done: Mutex<Option<Option<Arc<Vec<u8>>>>>,
     cv: Condvar,
+}
+
+/// Objects gathered per batch (one request to the store for those no
+/// cache or medium holds).
+pub const GATHER_BATCH: usize = 64;
+
+/// Where a gathered object came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    SharedCache,
+    Lookaside,
+    Store,
+}
+
+/// An object to gather: its id (not zero), decoded length and convergent
+/// key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wanted {
+    pub id: ChunkId,
+    pub len: usize,
+    pub key: Option<Key>,
+}
+
+/// One gathered object.
+#[derive(Debug, Clone)]
+pub struct Gathered {
+    /// The decoded bytes (`None` for a shared-cache hit gathered without
+    /// `need_data`).
+    pub data: Option<Arc<Vec<u8>>>,
+    pub source: Source,
+    /// The shared cache refused to keep it (full of pinned chunks).
+    pub refused: bool,
+}
+
+impl Gathered {
+    fn new(data: Option<Arc<Vec<u8>>>, source: Source) -> Gathered {
+        Gathered {
+            data,
+            source,
+            refused: false,
+        }
+    }
+}
+
+/// Bytes gathered by source.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GatherStats {
+    pub chunks: u64,
+    pub bytes: u64,
+    pub shared_cache_bytes: u64,
+    pub lookaside_bytes: u64,
+    pub store_bytes: u64,
+    /// Chunks the shared cache refused.
+    pub refused: u64,
+}
+
+impl GatherStats {
+    pub fn add(&mut self, g: &Gathered, len: usize) {
+        let n = len as u64;
+        self.chunks += 1;
+        self.bytes += n;
+        match g.source {
+            Source::SharedCache => self.shared_cache_bytes += n,
+            Source::Lookaside => self.lookaside_bytes += n,
+            Source::Store => self.store_bytes += n,
+        }
+        self.refused += g.refused as u64;
+    }
 }
 
 /// Chunks a view fetched from its store (cache hits not counted).
@@ -135,24 +203,126 @@ impl VersionView {
         &self.store
     }
 
-    /// Write the version's memory image (chunked like the disk, each
-    /// chunk verified as it is fetched) to `w`.
-    pub fn write_memory(&self, w: &mut dyn std::io::Write) -> Result<()> {
-        let mem = &self.version.memory;
-        let chunk = self.version.index.chunk_size as u64;
-        let mut left = mem.size;
-        for (i, id) in mem.ids.iter().enumerate() {
-            let n = left.min(chunk) as usize;
-            let data = if id.is_zero() {
-                vec![0u8; n]
-            } else {
-                fetch(&*self.store, id, mem.keys.get(i))?
-            };
-            w.write_all(&data[..n.min(data.len())])
-                .map_err(|e| roamdisk_blockdev::Error::io(Op::Write, "cas", e))?;
-            left -= n as u64;
+    /// Write the version's memory image to `w`: its chunks gathered in
+    /// batches from the shared cache, lookaside media or the store (each
+    /// verified as it arrives).
+    pub fn write_memory(&self, w: &mut dyn std::io::Write) -> Result<GatherStats> {
+        let mut stats = GatherStats::default();
+        for batch in self.memory_chunks().chunks(GATHER_BATCH) {
+            let wanted: Vec<Wanted> = batch.iter().filter(|c| !c.id.is_zero()).copied().collect();
+            let mut got = self.gather(&wanted, true)?.into_iter();
+            for c in batch {
+                let data = if c.id.is_zero() {
+                    Arc::new(vec![0u8; c.len])
+                } else {
+                    let g = got.next().expect("one result per chunk");
+                    stats.add(&g, c.len);
+                    g.data.expect("gathered with data")
+                };
+                w.write_all(&data)
+                    .map_err(|e| roamdisk_blockdev::Error::io(Op::Write, "cas", e))?;
+            }
         }
-        Ok(())
+        Ok(stats)
+    }
+
+    /// The memory image's chunks, in order (zero ids included).
+    pub fn memory_chunks(&self) -> Vec<Wanted> {
+        let mem = &self.version.memory;
+        let cs = self.version.index.chunk_size as u64;
+        (0..mem.ids.len())
+            .map(|i| Wanted {
+                id: mem.ids[i],
+                len: (mem.size - i as u64 * cs).min(cs) as usize,
+                key: mem.keys.get(i).copied(),
+            })
+            .collect()
+    }
+
+    /// Disk chunk `i` as an object to gather.
+    pub fn disk_chunk(&self, i: usize) -> Wanted {
+        let idx = &self.version.index;
+        Wanted {
+            id: idx.ids[i],
+            len: idx.chunk_len(i),
+            key: idx.key(i).copied(),
+        }
+    }
+
+    /// Gather objects (none zero): each from the shared cache if it holds
+    /// it, else from a lookaside medium, else from the store — the rest in
+    /// one batched request, verified in parallel — and put what was not
+    /// cached into the shared cache, durable together. With `need_data`,
+    /// cached objects are read too. Results are in the order asked.
+    pub fn gather(&self, wanted: &[Wanted], need_data: bool) -> Result<Vec<Gathered>> {
+        let ids: Vec<ChunkId> = wanted.iter().map(|w| w.id).collect();
+        let cached = match &self.shared {
+            Some(sc) => sc.contains_many(&ids)?,
+            None => vec![false; ids.len()],
+        };
+        let mut out: Vec<Option<Gathered>> = Vec::with_capacity(wanted.len());
+        let mut from_store = Vec::new();
+        for (k, w) in wanted.iter().enumerate() {
+            if let (true, Some(sc)) = (cached[k], &self.shared) {
+                let mut data = None;
+                if need_data {
+                    let mut b = vec![0u8; w.len];
+                    if sc.read(&w.id, w.len, &mut b, 0)? {
+                        data = Some(Arc::new(b));
+                    }
+                }
+                if !need_data || data.is_some() {
+                    out.push(Some(Gathered::new(data, Source::SharedCache)));
+                    continue;
+                }
+            }
+            if let Some(d) = self.find_lookaside(w) {
+                out.push(Some(Gathered::new(Some(Arc::new(d)), Source::Lookaside)));
+                continue;
+            }
+            from_store.push(k);
+            out.push(None);
+        }
+        if !from_store.is_empty() {
+            let ids: Vec<ChunkId> = from_store.iter().map(|&k| wanted[k].id).collect();
+            let raw = self.store.get_many(&ids);
+            let codec = self.store.config().codec();
+            let decoded: Vec<Result<Vec<u8>>> = from_store
+                .par_iter()
+                .zip(raw)
+                .map(|(&k, r)| {
+                    let w = &wanted[k];
+                    let ctx =
+                        |e| context(e, format!("chunk {} of version {}", w.id, self.id.short()));
+                    let data = codec
+                        .open(&w.id, w.key.as_ref(), &r.map_err(ctx)?)
+                        .map_err(ctx)?;
+                    check_len(&data, w.len, &w.id)?;
+                    Ok(data)
+                })
+                .collect();
+            for (&k, d) in from_store.iter().zip(decoded) {
+                let d = d?;
+                self.fetched.fetch_add(1, Ordering::Relaxed);
+                self.fetched_bytes
+                    .fetch_add(d.len() as u64, Ordering::Relaxed);
+                out[k] = Some(Gathered::new(Some(Arc::new(d)), Source::Store));
+            }
+        }
+        let mut out: Vec<Gathered> = out.into_iter().map(|g| g.expect("gathered")).collect();
+        if let Some(sc) = &self.shared {
+            let new: Vec<usize> = (0..out.len())
+                .filter(|&k| out[k].source != Source::SharedCache)
+                .collect();
+            let items: Vec<(ChunkId, Arc<Vec<u8>>)> = new
+                .iter()
+                .map(|&k| (wanted[k].id, out[k].data.clone().expect("fetched")))
+                .collect();
+            for (&k, a) in new.iter().zip(sc.insert_many_now(&items)) {
+                out[k].refused = a? == Admission::Refused;
+            }
+        }
+        Ok(out)
     }
 
     /// The decoded content of chunk `i` (all zeroes for no chunk).
@@ -245,14 +415,12 @@ impl VersionView {
 
     /// Chunk `i` from a lookaside medium, verified, if one has it.
     fn read_lookaside(&self, i: usize) -> Option<Vec<u8>> {
+        self.find_lookaside(&self.disk_chunk(i))
+    }
+
+    fn find_lookaside(&self, w: &Wanted) -> Option<Vec<u8>> {
         let la = self.lookaside.as_ref()?;
-        let idx = &self.version.index;
-        la.find(
-            &self.store.config().codec(),
-            &idx.ids[i],
-            idx.key(i),
-            idx.chunk_len(i),
-        )
+        la.find(&self.store.config().codec(), &w.id, w.key.as_ref(), w.len)
     }
 
     /// Read from the shared cache, if it holds chunk `i`: a `pread` of

@@ -56,6 +56,8 @@ enum Command {
     Rm(commands::rm::Args),
     Gc(commands::gc::Args),
     Hoard(commands::hoard::Args),
+    Suspend(commands::suspend::Args),
+    Resume(commands::resume::Args),
     #[command(subcommand)]
     Store(commands::store::Cmd),
     #[command(subcommand)]
@@ -125,6 +127,8 @@ fn main() -> std::process::ExitCode {
         Command::Rm(a) => commands::rm::run(a, cli.quiet),
         Command::Gc(a) => commands::gc::run(a, cli.quiet),
         Command::Hoard(a) => commands::hoard::run(a, cli.quiet),
+        Command::Suspend(a) => commands::suspend::run(a, cli.quiet),
+        Command::Resume(a) => commands::resume::run(a, cli.quiet),
         Command::Store(a) => commands::store::run(a, cli.quiet),
         Command::Borrow(a) => commands::borrow::run(a, cli.quiet),
         Command::Sim(a) => commands::sim::run(a, cli.quiet),

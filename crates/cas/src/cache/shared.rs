@@ -865,7 +865,13 @@ impl SharedCache {
 
     /// Whether the cache holds `id` (by the journal, as of now).
     pub fn contains(&self, id: &ChunkId) -> Result<bool> {
-        self.inner.locked(|_, st| Ok(st.resident.contains_key(id)))
+        Ok(self.contains_many(std::slice::from_ref(id))?[0])
+    }
+
+    /// Which of `ids` the cache holds (by the journal, as of now).
+    pub fn contains_many(&self, ids: &[ChunkId]) -> Result<Vec<bool>> {
+        self.inner
+            .locked(|_, st| Ok(ids.iter().map(|id| st.resident.contains_key(id)).collect()))
     }
 
     /// Resident chunks and their bytes (by the journal, as of now).

@@ -19,6 +19,7 @@ use roamdisk_blockdev::{
 };
 
 use super::map::Header;
+use super::workset::Recorder;
 use super::SessionConfig;
 use crate::cache::pins::PinGuard;
 use crate::cache::SharedChoice;
@@ -28,7 +29,7 @@ use crate::hash::ChunkId;
 use crate::index::{SectorState, SECTOR};
 use crate::store::{DynStore, StoreConfig};
 use crate::version::Version;
-use crate::view::VersionView;
+use crate::view::{GatherStats, VersionView};
 
 /// Sectors that share a lock stripe for read-modify-write.
 const STRIPE_SECTORS: u64 = 128;
@@ -47,6 +48,9 @@ pub struct SessionOpen {
     pub shared_cache: SharedChoice,
     /// Lookaside media, besides those in session.toml.
     pub lookaside: Vec<PathBuf>,
+    /// Do not fetch the base version's working set in the background
+    /// ([`CasDev::start_prefetch`] does nothing).
+    pub no_prefetch: bool,
 }
 
 /// Where a sector reads from.
@@ -143,8 +147,28 @@ pub struct CasDev {
     /// Keeps the base version's chunks in the shared cache while the
     /// session runs.
     pins: Mutex<Option<PinGuard>>,
+    /// The chunks the guest read from the base (writable sessions).
+    workset: Option<Recorder>,
+    no_prefetch: bool,
     _lock: File,
 }
+
+/// How far the background fetch of a working set has come.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PrefetchStatus {
+    /// The working set's chunks that had to come from somewhere (not
+    /// already in the private cache) and their bytes.
+    pub chunks: u64,
+    pub bytes: u64,
+    /// What has arrived, by source.
+    pub got: GatherStats,
+    pub done: bool,
+    /// Why it stopped early (the reads it did not make happen on demand).
+    pub error: Option<String>,
+}
+
+/// Working-set chunks fetched per batch (one request to the store).
+const PREFETCH_BATCH: usize = 16;
 
 impl CasDev {
     /// Open the session in `dir`. `registry` opens the private cache.
@@ -209,7 +233,10 @@ impl CasDev {
                 cache.size()
             )));
         }
+        let workset = (!opts.read_only).then(|| Recorder::load(dir, base.version.index.records()));
         let dev = CasDev {
+            workset,
+            no_prefetch: opts.no_prefetch,
             dir: dir.to_path_buf(),
             zero_detect: opts.zero_detect.unwrap_or(config.zero_detect),
             config,
@@ -354,31 +381,142 @@ impl CasDev {
             if idx.ids[i].is_zero() || !sc.take_refused(&idx.ids[i]) {
                 continue;
             }
-            let data = base.chunk(i)?;
-            let first = i as u64 * cs / SECTOR;
-            let n = data.len() as u64 / SECTOR;
-            let _guards = self.lock_stripes(first, first + n);
-            let mut s = first;
-            while s < first + n {
-                if self.raw_state(s) != SectorState::Empty as u8 {
-                    s += 1;
-                    continue;
-                }
-                let mut e = s + 1;
-                while e < first + n && self.raw_state(e) == SectorState::Empty as u8 {
-                    e += 1;
-                }
-                let (x, y) = (
-                    ((s - first) * SECTOR) as usize,
-                    ((e - first) * SECTOR) as usize,
-                );
-                self.cache
-                    .write_at(&data[x..y], s * SECTOR, WriteFlags::default())?;
-                self.mark(s, e, SectorState::Clean as u8);
-                s = e;
-            }
+            self.fill_clean(i, &base.chunk(i)?)?;
         }
         Ok(())
+    }
+
+    /// Copy the EMPTY sectors of base chunk `i` (its bytes: `data`) into
+    /// the private cache and mark them CLEAN.
+    fn fill_clean(&self, i: usize, data: &[u8]) -> Result<()> {
+        let cs = self.base().version.index.chunk_size as u64;
+        let first = i as u64 * cs / SECTOR;
+        let n = data.len() as u64 / SECTOR;
+        let _guards = self.lock_stripes(first, first + n);
+        let mut s = first;
+        while s < first + n {
+            if self.raw_state(s) != SectorState::Empty as u8 {
+                s += 1;
+                continue;
+            }
+            let mut e = s + 1;
+            while e < first + n && self.raw_state(e) == SectorState::Empty as u8 {
+                e += 1;
+            }
+            let (x, y) = (
+                ((s - first) * SECTOR) as usize,
+                ((e - first) * SECTOR) as usize,
+            );
+            self.cache
+                .write_at(&data[x..y], s * SECTOR, WriteFlags::default())?;
+            self.mark(s, e, SectorState::Clean as u8);
+            s = e;
+        }
+        Ok(())
+    }
+
+    /// Whether some sector of base chunk `i` still reads from the base.
+    fn reads_base(&self, i: usize) -> bool {
+        let cs = self.base().version.index.chunk_sectors() as u64;
+        let s0 = i as u64 * cs;
+        (s0..(s0 + cs).min(self.sectors())).any(|s| self.raw_state(s) == SectorState::Empty as u8)
+    }
+
+    /// Record the base chunks of bytes `[a, b)` as read by the guest.
+    fn record_reads(&self, base: &VersionView, a: u64, b: u64) {
+        let Some(ws) = &self.workset else { return };
+        let idx = &base.version.index;
+        let cs = idx.chunk_size as u64;
+        for i in (a / cs)..b.div_ceil(cs) {
+            if !idx.ids[i as usize].is_zero() {
+                ws.touch(i as usize);
+            }
+        }
+    }
+
+    /// The chunks the guest read from the base in this session (across
+    /// its commits), first touch first.
+    pub fn working_set(&self) -> Vec<u32> {
+        self.workset
+            .as_ref()
+            .map(Recorder::order)
+            .unwrap_or_default()
+    }
+
+    /// Fetch the base version's recorded working set in the background, in
+    /// its order, in batches: from the shared cache, lookaside media, then
+    /// the store, into the shared cache (or, when that is off or refuses,
+    /// into the private cache as CLEAN). Chunks the session no longer
+    /// reads from the base are skipped. It stops when the session closes
+    /// or is rebased. Returns the status it updates.
+    pub fn start_prefetch(self: &Arc<Self>) -> Arc<Mutex<PrefetchStatus>> {
+        let base = self.base();
+        let idx = &base.version.index;
+        let list: Vec<usize> = base
+            .version
+            .working_set
+            .iter()
+            .map(|&c| c as usize)
+            .filter(|&i| !idx.ids[i].is_zero() && self.reads_base(i))
+            .collect();
+        let status = Arc::new(Mutex::new(PrefetchStatus {
+            chunks: list.len() as u64,
+            bytes: list.iter().map(|&i| idx.chunk_len(i) as u64).sum(),
+            done: list.is_empty() || self.no_prefetch,
+            ..Default::default()
+        }));
+        if list.is_empty() || self.no_prefetch {
+            return status;
+        }
+        let weak = Arc::downgrade(self);
+        let st = status.clone();
+        let spawned = std::thread::Builder::new()
+            .name("cas-prefetch".into())
+            .spawn(move || {
+                let lock = || st.lock().unwrap_or_else(|e| e.into_inner());
+                let mut filled = false;
+                for batch in list.chunks(PREFETCH_BATCH) {
+                    let Some(dev) = weak.upgrade() else { break };
+                    if dev.base().id != base.id {
+                        break;
+                    }
+                    let todo: Vec<usize> = batch
+                        .iter()
+                        .copied()
+                        .filter(|&i| dev.reads_base(i))
+                        .collect();
+                    let wanted: Vec<_> = todo.iter().map(|&i| base.disk_chunk(i)).collect();
+                    let got = base.gather(&wanted, false).and_then(|got| {
+                        for (&i, g) in todo.iter().zip(&got) {
+                            lock().got.add(g, base.version.index.chunk_len(i));
+                            let private = g.refused || base.shared_cache().is_none();
+                            if let (true, false, Some(d)) = (private, dev.read_only, &g.data) {
+                                dev.fill_clean(i, d)?;
+                                filled = true;
+                            }
+                        }
+                        Ok(())
+                    });
+                    if let Err(e) = got {
+                        tracing::warn!("prefetch of the working set stopped: {e}");
+                        lock().error = Some(e.to_string());
+                        break;
+                    }
+                }
+                // What went into the private cache is kept, as a guest
+                // flush would keep it.
+                if let (true, Some(dev)) = (filled, weak.upgrade()) {
+                    if let Err(e) = dev.flush() {
+                        tracing::warn!("cannot keep the prefetched working set: {e}");
+                    }
+                }
+                lock().done = true;
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start the working-set prefetch: {e}");
+            status.lock().unwrap_or_else(|e| e.into_inner()).done = true;
+        }
+        status
     }
 
     /// Best effort: let the cache release space of sectors that no longer
@@ -422,6 +560,23 @@ impl CasDev {
     }
 }
 
+impl CasDev {
+    /// Keep the recorded working set (a hint: failures are logged only).
+    fn save_working_set(&self) {
+        if let Some(ws) = &self.workset {
+            if let Err(e) = ws.save(&self.dir) {
+                tracing::warn!("cannot keep the working set: {e}");
+            }
+        }
+    }
+}
+
+impl Drop for CasDev {
+    fn drop(&mut self) {
+        self.save_working_set();
+    }
+}
+
 impl BlockDev for CasDev {
     fn layer(&self) -> &'static str {
         "cas"
@@ -459,6 +614,7 @@ impl BlockDev for CasDev {
                 Src::Zero => dst.fill(0),
                 Src::Base => {
                     base.read_at(dst, a)?;
+                    self.record_reads(&base, a, b);
                     self.keep_refused(&base, a, b)?;
                 }
             }
@@ -490,7 +646,9 @@ impl BlockDev for CasDev {
     }
     fn flush(&self) -> Result<()> {
         // The private cache's data is durable before any record claims it.
-        self.map.commit(|| self.cache.flush())
+        self.map.commit(|| self.cache.flush())?;
+        self.save_working_set();
+        Ok(())
     }
     fn trim(&self, off: u64, len: u64, flags: WriteFlags) -> Result<()> {
         // Only whole sectors; trimmed sectors read as zero (and commit as

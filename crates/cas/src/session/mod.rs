@@ -10,6 +10,8 @@
 //! SESSION/base.version   a copy of the base version's stored object: the
 //!                        session opens (and reads what the shared cache and
 //!                        lookaside media hold) when the store is unreachable
+//! SESSION/working-set    the chunks the guest read, first touch first
+//!                        (workset.rs): stored with the next commit
 //! ```
 //!
 //! The `cas:SESSION` layer ([`dev::CasDev`]) serves it; `roamdisk commit
@@ -19,6 +21,7 @@
 pub mod dev;
 pub mod map;
 pub mod update;
+pub mod workset;
 
 use std::path::{Path, PathBuf};
 

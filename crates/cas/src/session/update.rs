@@ -180,6 +180,15 @@ fn plan_chunk(
     })
 }
 
+/// The working set a new version keeps: what this session read, first
+/// touch first, then the rest of its base's set.
+fn carried_working_set(session: Vec<u32>, base: &[u32]) -> Vec<u32> {
+    let mut seen: std::collections::HashSet<u32> = session.iter().copied().collect();
+    let mut out = session;
+    out.extend(base.iter().copied().filter(|c| seen.insert(*c)));
+    out
+}
+
 /// Commit a session's useful updates as a new version and rebase the
 /// session onto it. The session must not be in use (opening it writable
 /// took its lock).
@@ -273,6 +282,7 @@ pub fn commit_session(
         },
         memory,
         index,
+        working_set: carried_working_set(dev.working_set(), &base.version.working_set),
     };
     let summary = finish_commit(&**store, up, &version, &copts, started, Some(report))?;
     // Rebase: dropped ZERO writes must keep reading as zero from the cache.

@@ -82,6 +82,41 @@ fn absolute_location(loc: &str) -> String {
         .unwrap_or_else(|_| loc.to_string())
 }
 
+/// Create a session in `dir` on `view` (from `store`), committing to
+/// `target`, with a `raw` or `lbs` private cache and lookaside media.
+pub fn new_session(
+    dir: &std::path::Path,
+    st: &StoreArgs,
+    store: &roamdisk_cas::store::DynStore,
+    view: &VersionView,
+    target: &str,
+    cache: &str,
+    lookaside: &[PathBuf],
+) -> anyhow::Result<()> {
+    roamdisk_cas::store::check_ref_name(target)?;
+    let mut cfg = SessionConfig::new(&absolute_location(&st.location()), target);
+    cfg.key_file = st
+        .key_file
+        .as_ref()
+        .map(|k| std::fs::canonicalize(k).unwrap_or_else(|_| k.clone()));
+    cfg.lookaside = lookaside
+        .iter()
+        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
+        .collect();
+    match cache {
+        "raw" => {}
+        "lbs" => {
+            std::fs::create_dir_all(dir)?;
+            NewImage::create(&dir.join("cache.lbsd"), "lbs", view.size())?.finish()?;
+            cfg.cache = "lbs:cache.lbsd".into();
+        }
+        other => bail!("--cache must be raw or lbs, not '{other}'"),
+    }
+    session::create(dir, &cfg, view.id, view.size())?;
+    roamdisk_cas::session::dev::keep_offline_copies(dir, store, &view.id)?;
+    Ok(())
+}
+
 pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     check_rev(&a.version)?;
     let store = a.st.open(false)?;
@@ -127,23 +162,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     }
     if let Some(dir) = &a.session {
         let target = a.as_image.clone().unwrap_or_else(|| name.clone());
-        roamdisk_cas::store::check_ref_name(&target)?;
-        let mut cfg = SessionConfig::new(&absolute_location(&a.st.location()), &target);
-        cfg.key_file =
-            a.st.key_file
-                .as_ref()
-                .map(|k| std::fs::canonicalize(k).unwrap_or_else(|_| k.clone()));
-        match a.cache.as_str() {
-            "raw" => {}
-            "lbs" => {
-                std::fs::create_dir_all(dir)?;
-                NewImage::create(&dir.join("cache.lbsd"), "lbs", view.size())?.finish()?;
-                cfg.cache = "lbs:cache.lbsd".into();
-            }
-            other => bail!("--cache must be raw or lbs, not '{other}'"),
-        }
-        session::create(dir, &cfg, entry.version, view.size())?;
-        roamdisk_cas::session::dev::keep_offline_copies(dir, &store, &entry.version)?;
+        new_session(dir, &a.st, &store, &view, &target, &a.cache, &[])?;
         if !quiet {
             println!(
                 "session {} on {describe}; commits go to {target}\n  serve it:  roamdisk serve cas:{} --socket /tmp/vm.sock\n  commit it: roamdisk commit cas:{} -m \"...\"",

@@ -14,7 +14,7 @@ use roamdisk_cas::session::dev::CasDev;
 use roamdisk_cas::session::update::{commit_session, UpdateOptions};
 
 use super::cas::{short, StoreArgs};
-use crate::disk::DiskSpec;
+use crate::disk::{Disk, DiskSpec};
 use crate::progress::Reporter;
 
 /// Commit a disk as a new version of a content-addressed image.
@@ -186,31 +186,18 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     if let Some(t) = &opts.tag {
         roamdisk_cas::catalog::check_tag(t)?;
     }
-    let mut src = DiskSpec::parse(&a.source)?;
-    let session = src.spec.kind == CAS.name;
-    if session {
+    let src = DiskSpec::parse(&a.source)?;
+    if src.spec.kind == CAS.name {
         if a.encrypt {
             bail!("--encrypt applies to initial commits; a session keeps its image's encryption");
         }
-        // The command's store and key file override the session's.
-        let p = &mut src.spec.params;
-        if let Some(s) = &a.st.store {
-            p.insert("store".into(), s.clone());
-        }
-        if let Some(k) = &a.st.key_file {
-            p.insert("key-file".into(), k.display().to_string());
-        }
-        let disk = src.open(Access::ReadWrite)?;
-        let dev = disk
-            .layer::<CasDev>()
-            .context("the cas layer opened no session")?;
         let u = UpdateOptions {
             commit: opts,
             p1: !a.no_p1,
             p2: !a.no_p2,
             p3: !a.no_p3,
         };
-        let summary = commit_session(dev, &u, &FsmetaAnalyzer, &progress)?;
+        let (summary, _) = update_commit(src, &a.st, &u, &progress)?;
         return finish(&summary, progress, quiet, a.st.json);
     }
     let Some(to) = &a.to else {
@@ -233,7 +220,32 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     finish(&summary, progress, quiet, a.st.json)
 }
 
-fn finish(
+/// The update commit of the session `src` (a `cas:` spec); the command's
+/// store and key file override the session's. Returns the open session
+/// (rebased onto the new version).
+pub fn update_commit(
+    mut src: DiskSpec,
+    st: &StoreArgs,
+    u: &UpdateOptions,
+    progress: &Reporter,
+) -> anyhow::Result<(CommitSummary, Disk)> {
+    let p = &mut src.spec.params;
+    if let Some(s) = &st.store {
+        p.insert("store".into(), s.clone());
+    }
+    if let Some(k) = &st.key_file {
+        p.insert("key-file".into(), k.display().to_string());
+    }
+    p.insert("prefetch".into(), "off".into());
+    let disk = src.open(Access::ReadWrite)?;
+    let dev = disk
+        .layer::<CasDev>()
+        .context("the cas layer opened no session")?;
+    let summary = commit_session(dev, u, &FsmetaAnalyzer, progress)?;
+    Ok((summary, disk))
+}
+
+pub fn finish(
     summary: &CommitSummary,
     progress: Reporter,
     quiet: bool,

@@ -34,6 +34,10 @@ pub struct Args {
     /// ~/.cache/roamdisk/shared).
     #[arg(long, value_name = "DIR")]
     shared_cache: Option<String>,
+    /// Lookaside media tried before the store (a resume set, an image
+    /// file, a block device); repeat for several. Every chunk is verified.
+    #[arg(long, value_name = "PATH")]
+    lookaside: Vec<std::path::PathBuf>,
     #[command(flatten)]
     st: StoreArgs,
 }
@@ -48,9 +52,12 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         "the shared cache is off ($ROAMDISK_SHARED_CACHE=off): name one with --shared-cache DIR",
     )?;
     let view = VersionView::open(store.clone(), entry.version, key.as_ref())
-        .with_context(|| format!("cannot read {name}@{}", entry.version.short()))?;
+        .with_context(|| format!("cannot read {name}@{}", entry.version.short()))?
+        .with_shared_cache(Some(cache.clone()));
+    let media = roamdisk_cas::lookaside::for_view(&store, &view, &a.lookaside)?;
+    let view = view.with_lookaside(media);
     let progress = a.st.progress(quiet);
-    let s = hoard(&view, &cache, a.check, &progress)?;
+    let s = hoard(&view, a.check, &progress)?;
     progress.finish();
     if a.st.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
@@ -69,10 +76,11 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     );
     if !a.check {
         println!(
-            "  {} were there already; fetched {} ({}) in {:.1} s",
+            "  {} were there already; fetched {} ({}, {} of them from lookaside media) in {:.1} s",
             s.cached_before,
             s.fetched,
             format_size(s.fetched_bytes),
+            s.from_lookaside,
             s.seconds
         );
     }

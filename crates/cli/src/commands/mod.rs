@@ -12,11 +12,13 @@ pub mod lbs;
 pub mod log;
 pub mod model;
 pub mod replay;
+pub mod resume;
 pub mod rm;
 pub mod serve;
 pub mod sim;
 pub mod sperf;
 pub mod store;
+pub mod suspend;
 pub mod tag;
 pub mod trace;
 

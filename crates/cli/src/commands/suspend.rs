@@ -1,0 +1,150 @@
+//! `roamdisk suspend`: end a session on this host — commit its useful
+//! updates with the memory image, configuration and recorded working set,
+//! and optionally write the resume set to a portable folder.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use roamdisk_blockdev::units::format_size;
+use roamdisk_cas::commit::CommitOptions;
+use roamdisk_cas::resume::write_resume_set;
+use roamdisk_cas::session::dev::CasDev;
+use roamdisk_cas::session::update::UpdateOptions;
+
+use super::cas::{short, StoreArgs};
+use super::commit::{finish, update_commit};
+use crate::disk::DiskSpec;
+
+/// Suspend a session: stop the VM first (or have it save its memory to a
+/// file), then run this. It commits the session's useful updates (the
+/// same filters as `roamdisk commit cas:SESSION`) as a new version that
+/// also keeps the memory image, the VM configuration and the session's
+/// recorded working set: the disk chunks the guest read, in the order it
+/// first read them. A session of that version — `roamdisk resume` on
+/// another host — fetches that working set first, in that order.
+///
+/// --to-media DIR writes the resume set (the version package, the memory
+/// image and the working-set chunks, as stored: compressed or encrypted)
+/// to a folder, e.g. on a USB key; give it to `roamdisk resume
+/// --lookaside DIR` on the next host. Every chunk read from it is
+/// verified, so a stale or damaged copy costs only speed.
+///
+/// Examples:
+///   roamdisk suspend ~/s/alice --memory vm.mem --config vm.conf -m "end of day"
+///   roamdisk suspend ~/s/alice --memory vm.mem --to-media /media/usb/alice
+///   (next host) roamdisk resume alice/desktop --session ~/s/alice --lookaside /media/usb/alice --socket /tmp/vm.sock
+#[derive(Parser)]
+#[command(verbatim_doc_comment)]
+pub struct Args {
+    /// The session folder (or cas:SESSION).
+    session: String,
+    /// Description of the version.
+    #[arg(short, long, default_value = "suspended")]
+    message: String,
+    /// The VM's memory image to keep with the version.
+    #[arg(long, value_name = "FILE")]
+    memory: Option<PathBuf>,
+    /// The VM configuration file to keep (default: the base version's).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Tag the new version.
+    #[arg(long)]
+    tag: Option<String>,
+    /// Write the resume set to this folder (created as a chunk store).
+    #[arg(long, value_name = "DIR")]
+    to_media: Option<PathBuf>,
+    /// Keep written zeroes as data (switch P1 off).
+    #[arg(long)]
+    no_p1: bool,
+    /// Keep writes to free file-system clusters (switch P2 off).
+    #[arg(long)]
+    no_p2: bool,
+    /// Keep writes to guest swap (switch P3 off).
+    #[arg(long)]
+    no_p3: bool,
+    #[command(flatten)]
+    st: StoreArgs,
+}
+
+pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
+    let progress = a.st.progress(quiet);
+    let config = match &a.config {
+        Some(p) => std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?,
+        None => Vec::new(),
+    };
+    if let Some(t) = &a.tag {
+        roamdisk_cas::catalog::check_tag(t)?;
+    }
+    let u = UpdateOptions {
+        commit: CommitOptions {
+            description: a.message.clone(),
+            config,
+            memory: a.memory.clone(),
+            tag: a.tag.clone(),
+            ..Default::default()
+        },
+        p1: !a.no_p1,
+        p2: !a.no_p2,
+        p3: !a.no_p3,
+    };
+    let spec = match a.session.strip_prefix("cas:") {
+        Some(_) => a.session.clone(),
+        None => format!("cas:{}", a.session),
+    };
+    let (summary, disk) = update_commit(DiskSpec::parse(&spec)?, &a.st, &u, &progress)?;
+    let dev = disk
+        .layer::<CasDev>()
+        .context("the cas layer opened no session")?;
+    let view = dev.base();
+    let media = match &a.to_media {
+        Some(dir) => Some(write_resume_set(&view, dir, &progress)?),
+        None => None,
+    };
+    if a.st.json {
+        progress.finish();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "commit": summary,
+                "working_set_chunks": view.version.working_set.len(),
+                "resume_set": media,
+            }))?
+        );
+        return Ok(());
+    }
+    finish(&summary, progress, quiet, false)?;
+    if quiet {
+        return Ok(());
+    }
+    let ws = &view.version.working_set;
+    let cs = view.version.index.chunk_size as u64;
+    println!(
+        "  working set {} chunks ({}) recorded, fetched first on resume",
+        ws.len(),
+        format_size(ws.len() as u64 * cs)
+    );
+    if let (Some(m), Some(dir)) = (&media, &a.to_media) {
+        println!(
+            "  resume set  {} memory-image and {} working-set chunks in {}: {} objects copied ({}), {} already there",
+            m.memory_chunks,
+            m.working_set_chunks,
+            dir.display(),
+            m.copied,
+            format_size(m.copied_bytes),
+            m.already_there
+        );
+    }
+    println!(
+        "suspended {}@{}; on the next host:\n  roamdisk resume {}@{} --session DIR{} --socket /tmp/vm.sock",
+        summary.catalog,
+        short(&summary.version),
+        summary.catalog,
+        short(&summary.version),
+        a.to_media
+            .as_ref()
+            .map(|d| format!(" --lookaside {}", d.display()))
+            .unwrap_or_default()
+    );
+    Ok(())
+}

@@ -1,0 +1,236 @@
+//! Suspend and resume (Machine Bank 3.3, ISR): `roamdisk suspend` commits
+//! a session with its memory image and the working set the guest read,
+//! and writes the resume set to a folder; `roamdisk resume` on another
+//! host (another folder, another shared cache) fetches that set first —
+//! from the folder, verified — and the session then reads it with the
+//! network gone. A wrong or damaged folder costs only the fetch.
+
+mod cas_common;
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use cas_common::{commit_version, json_num, open_session, Cas, ChunkServer};
+use common::{path_str, qemu_img_compare, qemu_io, random_file, rd, run_python_nbd, Server};
+
+const SIZE: u64 = 8 << 20;
+const K64: u64 = 65536;
+/// What the guest reads in the first session: 1 MiB at 0, 512 KiB at 5 MiB.
+const READS: [(u64, u64); 2] = [(0, 1 << 20), (5 << 20, 512 << 10)];
+const WS_CHUNKS: u64 = 16 + 8;
+const MEMORY: u64 = 1 << 20;
+
+struct Suspended {
+    cas: Cas,
+    /// The disk as the session left it.
+    want: PathBuf,
+    memory: PathBuf,
+    media: PathBuf,
+    server: ChunkServer,
+}
+
+/// Commit an 8 MiB random disk, run a session over HTTP that reads READS
+/// and writes 64 KiB at 4 MiB, and suspend it with a memory image and
+/// `--to-media`.
+fn suspended() -> Suspended {
+    let cas = Cas::new();
+    let dir = cas.dir().to_path_buf();
+    let src = cas.random_file("disk.raw", SIZE, 21);
+    commit_version(cas.s(), path_str(&src), "u/vm", &[]);
+    let server = ChunkServer::start(&cas.store, &[]);
+    let s1 = dir.join("s1");
+    open_session(&server.url, "u/vm", &s1, &[]);
+    let srv = Server::start(
+        &dir,
+        &[&format!(
+            "cas[shared-cache={}]:{}",
+            dir.join("shared1").display(),
+            s1.display()
+        )],
+    );
+    let mut cmds: Vec<String> = READS.iter().map(|(o, l)| format!("read {o} {l}")).collect();
+    cmds.push(format!("write -P 0x5a {} {K64}", 4 << 20));
+    qemu_io(&srv.uri(), &cmds);
+    srv.stop();
+    let want = dir.join("want.raw");
+    let mut bytes = std::fs::read(&src).unwrap();
+    bytes[(4 << 20)..(4 << 20) + K64 as usize].fill(0x5a);
+    std::fs::write(&want, &bytes).unwrap();
+    let memory = dir.join("vm.mem");
+    random_file(&memory, MEMORY, 22);
+    let media = dir.join("usb");
+    let out = rd(&[
+        "suspend",
+        path_str(&s1),
+        "--memory",
+        path_str(&memory),
+        "--to-media",
+        path_str(&media),
+        "--json",
+    ]);
+    assert_eq!(json_num(&out, "working_set_chunks"), WS_CHUNKS, "{out}");
+    assert_eq!(json_num(&out, "memory_chunks"), MEMORY / K64, "{out}");
+    // The committed version holds the session's write.
+    let co = dir.join("co.raw");
+    cas_common::checkout(&server.url, "u/vm", &co, &[]);
+    qemu_img_compare(path_str(&want), path_str(&co));
+    Suspended {
+        cas,
+        want,
+        memory,
+        media,
+        server,
+    }
+}
+
+/// `roamdisk resume u/vm` into a new session (another host: its own
+/// shared cache), with lookaside MEDIA; returns the JSON report.
+fn resume(s: &Suspended, name: &str, media: &[&Path], shared: &str) -> String {
+    let dir = s.cas.dir();
+    let mem_out = dir.join(format!("{name}.mem"));
+    let mut args = vec![
+        "resume".to_string(),
+        "u/vm".into(),
+        "--store".into(),
+        s.server.url.clone(),
+        "--session".into(),
+        dir.join(name).display().to_string(),
+        "--shared-cache".into(),
+        shared.into(),
+        "--memory-out".into(),
+        mem_out.display().to_string(),
+        "--json".into(),
+    ];
+    for m in media {
+        args.push("--lookaside".into());
+        args.push(m.display().to_string());
+    }
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = rd(&argv);
+    assert_eq!(
+        std::fs::read(&mem_out).unwrap(),
+        std::fs::read(&s.memory).unwrap(),
+        "the memory image comes back whole, whatever the medium"
+    );
+    out
+}
+
+/// Read READS (and, if `also`, that range) of the session through NBD and
+/// compare with WANT: whether every read succeeded and matched.
+fn reads_match(dir: &Path, spec: &str, want: &Path, also: Option<(u64, u64)>) -> bool {
+    let srv = Server::start(dir, &[spec]);
+    let ranges: Vec<String> = READS
+        .iter()
+        .chain(also.iter())
+        .map(|(o, l)| format!("({o},{l})"))
+        .collect();
+    let script = format!(
+        "import nbd, sys\nh = nbd.NBD()\nh.connect_uri(sys.argv[1])\nwant = open(sys.argv[2], 'rb').read()\n\
+         ok = True\nfor o, l in [{}]:\n    try:\n        ok = ok and h.pread(l, o) == want[o:o + l]\n    except nbd.Error:\n        ok = False\n\
+         print('match' if ok else 'differ')\n",
+        ranges.join(",")
+    );
+    let out = run_python_nbd(&script, &[&srv.uri(), path_str(want)]);
+    srv.stop();
+    out.trim() == "match"
+}
+
+#[test]
+fn resume_elsewhere_takes_the_resume_set_from_the_medium_and_runs_without_the_network() {
+    let s = suspended();
+    let dir = s.cas.dir().to_path_buf();
+    let shared2 = dir.join("shared2");
+    let out = resume(&s, "s2", &[&s.media], path_str(&shared2));
+    // Everything of the resume set came from the medium: nothing fetched.
+    assert_eq!(json_num(&out, "chunks"), MEMORY / K64, "{out}");
+    assert_eq!(json_num(&out, "store_bytes"), 0, "{out}");
+    assert_eq!(json_num(&out, "lookaside_bytes"), MEMORY, "{out}");
+    let ws = &out[out.find("\"working_set\"").unwrap()..];
+    assert_eq!(json_num(ws, "bytes"), WS_CHUNKS * K64, "{out}");
+    assert_eq!(json_num(ws, "lookaside_bytes"), WS_CHUNKS * K64, "{out}");
+    assert_eq!(json_num(ws, "store_bytes"), 0, "{out}");
+    assert_eq!(json_num(&out, "hoard_cached"), WS_CHUNKS, "{out}");
+    // The network goes away: the working set reads right from this host...
+    let Suspended { server, .. } = s;
+    drop(server);
+    let spec = format!(
+        "cas[shared-cache={}]:{}",
+        shared2.display(),
+        dir.join("s2").display()
+    );
+    let want = dir.join("want.raw");
+    assert!(reads_match(&dir, &spec, &want, None));
+    // ...and a chunk outside it needs the store, which is gone.
+    assert!(!reads_match(&dir, &spec, &want, Some((6 << 20, K64))));
+}
+
+#[test]
+fn a_resume_with_no_shared_cache_keeps_the_working_set_in_the_session() {
+    let s = suspended();
+    let dir = s.cas.dir().to_path_buf();
+    let out = resume(&s, "s2", &[&s.media], "off");
+    assert_eq!(json_num(&out, "store_bytes"), 0, "{out}");
+    let Suspended { server, want, .. } = s;
+    drop(server);
+    let spec = format!("cas[shared-cache=off]:{}", dir.join("s2").display());
+    assert!(
+        reads_match(&dir, &spec, &want, None),
+        "from the private cache"
+    );
+}
+
+#[test]
+fn a_wrong_or_damaged_medium_costs_the_fetch_and_nothing_else() {
+    let s = suspended();
+    let dir = s.cas.dir().to_path_buf();
+    // Damaged: every object in the folder has a byte flipped.
+    let damaged = dir.join("damaged");
+    common::run("cp", &["-a", path_str(&s.media), path_str(&damaged)]);
+    for f in cas_common::object_files(&damaged) {
+        let mut b = std::fs::read(&f).unwrap();
+        let n = b.len();
+        b[n - 1] ^= 0x01;
+        std::fs::write(&f, b).unwrap();
+    }
+    // Wrong: the resume set of another image.
+    let other = Cas::new();
+    let src = other.random_file("other.raw", SIZE, 23);
+    commit_version(other.s(), path_str(&src), "u/other", &[]);
+    let os = other.dir().join("s");
+    open_session(other.s(), "u/other", &os, &[]);
+    qemu_io_reads(other.dir(), &os);
+    let wrong = dir.join("wrong");
+    rd(&[
+        "suspend",
+        path_str(&os),
+        "--memory",
+        path_str(&src),
+        "--to-media",
+        path_str(&wrong),
+    ]);
+    for (i, medium) in [&damaged, &wrong].into_iter().enumerate() {
+        let shared = dir.join(format!("shared-{i}"));
+        let out = resume(&s, &format!("r{i}"), &[medium], path_str(&shared));
+        assert_eq!(
+            json_num(&out, "lookaside_bytes"),
+            0,
+            "{}: {out}",
+            medium.display()
+        );
+        assert_eq!(json_num(&out, "store_bytes"), MEMORY, "{out}");
+        let ws = &out[out.find("\"working_set\"").unwrap()..];
+        assert_eq!(json_num(ws, "store_bytes"), WS_CHUNKS * K64, "{out}");
+        let spec = format!(
+            "cas[shared-cache={}]:{}",
+            shared.display(),
+            dir.join(format!("r{i}")).display()
+        );
+        assert!(reads_match(&dir, &spec, &s.want, Some((4 << 20, K64))));
+    }
+}
+
+/// Read READS of the session SESS so its working set has them.
+fn qemu_io_reads(dir: &Path, sess: &Path) {
+    let cmds: Vec<String> = READS.iter().map(|(o, l)| format!("read {o} {l}")).collect();
+    cas_common::qemu_io_session(dir, sess, &cmds);
+}
