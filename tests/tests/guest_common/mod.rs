@@ -71,6 +71,7 @@ pub struct Guest {
     dir: PathBuf,
     memory_mib: u32,
     disks: Vec<String>,
+    extra: Vec<String>,
 }
 
 impl Guest {
@@ -81,6 +82,7 @@ impl Guest {
             dir: dir.to_path_buf(),
             memory_mib: 256,
             disks: Vec::new(),
+            extra: Vec::new(),
         }
     }
 
@@ -104,6 +106,13 @@ impl Guest {
         self
     }
 
+    /// Add qemu arguments after the ones the guest always has (devices,
+    /// `-incoming`...).
+    pub fn qemu_args(mut self, args: &[&str]) -> Guest {
+        self.extra.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
+
     /// The folder holding the guest's files.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -114,6 +123,10 @@ impl Guest {
         let mut a: Vec<String> = [
             "-accel",
             "tcg",
+            // Every feature TCG emulates: more than twice as fast as the
+            // default qemu64 model (mke2fs 4 s -> 0.2 s).
+            "-cpu",
+            "max",
             "-M",
             "pc",
             "-m",
@@ -147,6 +160,7 @@ impl Guest {
             a.push("-device".into());
             a.push(format!("virtio-blk-pci,drive=disk{i}"));
         }
+        a.extend(self.extra.iter().cloned());
         a
     }
 
