@@ -159,6 +159,111 @@ fn a_guest_formats_and_fills_a_session_and_its_commit_holds_the_files() {
     println!("whole test: {:?}", t0.elapsed());
 }
 
+/// The guest on a resumed host: reads back what the first guest wrote,
+/// adds a file.
+const SECOND_GUEST_SCRIPT: &str = r#"
+mount -t ext4 /dev/vda /mnt
+sha256sum /mnt/big.bin
+cat /mnt/tree/a/b/hello.txt
+echo "written on the second host" >/mnt/tree/second.txt
+sync
+umount /mnt
+"#;
+
+/// Roaming end to end: a guest fills a session on one host; the session is
+/// suspended with a memory image and its resume set written to a folder
+/// (the USB key); `roamdisk resume` in another folder with another shared
+/// cache (the next host) serves it at once with the folder as lookaside,
+/// and a second guest finds the files and adds one; the host side then
+/// checks the resumed session's commit with e2fsck and debugfs.
+#[test]
+fn a_guest_suspended_on_one_host_resumes_on_another_with_its_resume_set() {
+    let (cas, chunks, _) = store_with_base_image();
+    let dir = cas.dir();
+    let sess = dir.join("host-a/sess");
+    open_session(&chunks.url, IMAGE, &sess, &[]);
+    let srv = serve_session(dir, &sess);
+    let first = Guest::new(dir)
+        .nbd_disk(&srv.socket, "")
+        .run(GUEST_SCRIPT, GUEST_TIMEOUT);
+    first.assert_ok();
+    let big_sha = guest_sha256(&first, "/mnt/big.bin");
+    assert!(srv.stop().success());
+
+    let memory = dir.join("vm.mem");
+    random_file(&memory, 4 * MIB, 8);
+    let usb = dir.join("usb");
+    let out = run_stdout(
+        path_str(&common::bin()),
+        &[
+            "suspend",
+            path_str(&sess),
+            "--memory",
+            path_str(&memory),
+            "--to-media",
+            path_str(&usb),
+        ],
+    );
+    assert!(out.contains("suspended alice/vm@"), "{out}");
+
+    // The next host: its own folder and shared cache; served at once.
+    let host_b = dir.join("host-b");
+    std::fs::create_dir_all(&host_b).unwrap();
+    let mem_out = host_b.join("vm.mem");
+    let resumed = host_b.join("sess");
+    let srv = Server::start_command(
+        &host_b,
+        "resume.sock",
+        "resume",
+        &[
+            IMAGE,
+            "--store",
+            &chunks.url,
+            "--session",
+            path_str(&resumed),
+            "--shared-cache",
+            path_str(&host_b.join("shared")),
+            "--lookaside",
+            path_str(&usb),
+            "--memory-out",
+            path_str(&mem_out),
+        ],
+    );
+    assert_eq!(
+        std::fs::read(&mem_out).unwrap(),
+        std::fs::read(&memory).unwrap(),
+        "the memory image is written before the disk is served"
+    );
+    let second = Guest::new(&host_b)
+        .nbd_disk(&srv.socket, "")
+        .run(SECOND_GUEST_SCRIPT, GUEST_TIMEOUT);
+    second.assert_ok();
+    assert_eq!(guest_sha256(&second, "/mnt/big.bin"), big_sha);
+    assert!(
+        second.lines().contains(&"hello from the guest"),
+        "{}",
+        second.console
+    );
+    let log = srv.log_text();
+    assert!(srv.stop().success(), "{log}");
+
+    let out = commit_session(&resumed, &["-m", "on host b", "--json"]);
+    let v = json_str(&out, "version");
+    let committed = host_b.join("committed.raw");
+    checkout(
+        &chunks.url,
+        &format!("{IMAGE}@{}", &v[..12]),
+        &committed,
+        &[],
+    );
+    assert_guest_files(&committed, &big_sha);
+    let second_txt = run_stdout(
+        "debugfs",
+        &["-R", "cat /tree/second.txt", path_str(&committed)],
+    );
+    assert_eq!(second_txt, "written on the second host\n");
+}
+
 /// The guest's failures reach the test: a failing command ends the script
 /// (`sh -e`) with its status, and a guest with no disk still powers off.
 #[test]

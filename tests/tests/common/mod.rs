@@ -152,11 +152,17 @@ impl Server {
     }
 
     pub fn start_named(dir: &Path, sock: &str, args: &[&str]) -> Server {
+        Self::start_command(dir, sock, "serve", args)
+    }
+
+    /// Start `roamdisk COMMAND ARGS... --socket DIR/SOCK` (a command that
+    /// serves NBD, such as `serve` or `resume`) and wait until it listens.
+    pub fn start_command(dir: &Path, sock: &str, command: &str, args: &[&str]) -> Server {
         let socket = dir.join(sock);
         let log = dir.join(format!("{sock}.log"));
         let logf = std::fs::File::create(&log).expect("log file");
         let child = Command::new(bin())
-            .arg("serve")
+            .arg(command)
             .args(args)
             .arg("--socket")
             .arg(&socket)
