@@ -11,7 +11,7 @@ mod cas_common;
 mod common;
 mod guest_common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cas_common::{
@@ -113,6 +113,22 @@ fn assert_guest_files(image: &Path, big_sha: &str) {
     assert_eq!(f2, "file 2\n", "{img}");
 }
 
+/// Commit the session SESS, check the new version out into DIR and check
+/// the guest's files in it; returns the checked-out image.
+fn committed_files(chunks: &ChunkServer, sess: &Path, dir: &Path, big_sha: &str) -> PathBuf {
+    let out = commit_session(sess, &["-m", "after the guest", "--json"]);
+    let v = json_str(&out, "version");
+    let committed = dir.join("committed.raw");
+    checkout(
+        &chunks.url,
+        &format!("{IMAGE}@{}", &v[..12]),
+        &committed,
+        &[],
+    );
+    assert_guest_files(&committed, big_sha);
+    committed
+}
+
 #[test]
 fn a_guest_formats_and_fills_a_session_and_its_commit_holds_the_files() {
     let (cas, chunks, sig_sha) = store_with_base_image();
@@ -146,16 +162,7 @@ fn a_guest_formats_and_fills_a_session_and_its_commit_holds_the_files() {
     assert_guest_files(&live, &big_sha);
 
     // The session's commit carries the guest's writes.
-    let out = commit_session(&sess, &["-m", "after the guest", "--json"]);
-    let v = json_str(&out, "version");
-    let committed = dir.join("committed.raw");
-    checkout(
-        &chunks.url,
-        &format!("{IMAGE}@{}", &v[..12]),
-        &committed,
-        &[],
-    );
-    assert_guest_files(&committed, &big_sha);
+    committed_files(&chunks, &sess, dir, &big_sha);
     println!("whole test: {:?}", t0.elapsed());
 }
 
@@ -247,16 +254,7 @@ fn a_guest_suspended_on_one_host_resumes_on_another_with_its_resume_set() {
     let log = srv.log_text();
     assert!(srv.stop().success(), "{log}");
 
-    let out = commit_session(&resumed, &["-m", "on host b", "--json"]);
-    let v = json_str(&out, "version");
-    let committed = host_b.join("committed.raw");
-    checkout(
-        &chunks.url,
-        &format!("{IMAGE}@{}", &v[..12]),
-        &committed,
-        &[],
-    );
-    assert_guest_files(&committed, &big_sha);
+    let committed = committed_files(&chunks, &resumed, &host_b, &big_sha);
     let second_txt = run_stdout(
         "debugfs",
         &["-R", "cat /tree/second.txt", path_str(&committed)],

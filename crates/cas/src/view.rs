@@ -539,12 +539,13 @@ impl BlockDev for VersionView {
 }
 
 /// Copy every non-zero sector of a version into `dst` (which must read
-/// as zeroes beforehand: a new sparse file or image). Chunks are fetched
-/// and verified in parallel batches. Returns the bytes written.
+/// as zeroes beforehand: a new sparse file or image). Chunks are gathered
+/// ([`VersionView::gather`]) in batches, verified in parallel. Returns the
+/// bytes written.
 pub fn materialise(view: &VersionView, dst: &dyn BlockDev, progress: &dyn Progress) -> Result<u64> {
     let idx = &view.version.index;
     progress.phase("checking out", idx.disk_size);
-    let batch = 64usize;
+    let batch = GATHER_BATCH;
     let mut written = 0u64;
     for first in (0..idx.records()).step_by(batch) {
         let recs: Vec<usize> = (first..(first + batch).min(idx.records())).collect();
@@ -553,31 +554,19 @@ pub fn materialise(view: &VersionView, dst: &dyn BlockDev, progress: &dyn Progre
             .copied()
             .filter(|&i| !idx.ids[i].is_zero())
             .collect();
-        let ids: Vec<ChunkId> = wanted.iter().map(|&i| idx.ids[i]).collect();
-        let raw = view.store.get_many(&ids);
-        let codec = view.store.config().codec();
-        let decoded: Vec<Result<Vec<u8>>> = wanted
-            .par_iter()
-            .zip(raw)
-            .map(|(&i, r)| {
-                let ctx = |e| {
-                    context(
-                        e,
-                        format!(
-                            "chunk {i} of version {} in store {}",
-                            view.id.short(),
-                            view.store.describe()
-                        ),
-                    )
-                };
-                let obj = r.map_err(ctx)?;
-                let data = codec.open(&idx.ids[i], idx.key(i), &obj).map_err(ctx)?;
-                check_len(&data, idx.chunk_len(i), &idx.ids[i])?;
-                Ok(data)
-            })
-            .collect();
-        for (&i, data) in wanted.iter().zip(decoded) {
-            let data = data?;
+        let objects: Vec<Wanted> = wanted.iter().map(|&i| view.disk_chunk(i)).collect();
+        let decoded = view.gather(&objects, true).map_err(|e| {
+            context(
+                e,
+                format!(
+                    "checking out version {} from store {}",
+                    view.id.short(),
+                    view.store.describe()
+                ),
+            )
+        })?;
+        for (&i, got) in wanted.iter().zip(decoded) {
+            let data = got.data.expect("gathered with data");
             let base = i as u64 * idx.chunk_size as u64;
             // Write runs of non-ZERO sectors; ZERO ones stay holes.
             let sectors = data.len().div_ceil(SECTOR as usize);

@@ -82,6 +82,35 @@ fn absolute_location(loc: &str) -> String {
         .unwrap_or_else(|_| loc.to_string())
 }
 
+/// Serve `dev` as the default export on `listen` until SIGINT/SIGTERM.
+pub fn serve_one(
+    dev: Arc<dyn BlockDev>,
+    access: Access,
+    describe: &str,
+    listen: Vec<Listen>,
+    quiet: bool,
+) -> anyhow::Result<()> {
+    let export = Export {
+        name: String::new(),
+        description: describe.to_string(),
+        dev: Arc::new(Checked::new(dev, access)),
+    };
+    let how = if access == Access::ReadOnly {
+        " read-only"
+    } else {
+        ""
+    };
+    serve_until(vec![export], listen, ServeOptions::default(), |bound| {
+        if !quiet {
+            for uri in &bound.uris {
+                eprintln!("roamdisk: serving {describe}{how} on {uri}");
+            }
+        }
+        signalled()
+    })?;
+    Ok(())
+}
+
 /// Create a session in `dir` on `view` (from `store`), committing to
 /// `target`, with a `raw` or `lbs` private cache and lookaside media.
 pub fn new_session(
@@ -179,19 +208,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         if listen.is_empty() {
             bail!("say where to serve {describe}: --socket PATH and/or --listen ADDR:PORT");
         }
-        let export = Export {
-            name: String::new(),
-            description: describe.clone(),
-            dev: Arc::new(Checked::new(Arc::new(view), Access::ReadOnly)),
-        };
-        serve_until(vec![export], listen, ServeOptions::default(), |bound| {
-            if !quiet {
-                for uri in &bound.uris {
-                    eprintln!("roamdisk: serving {describe} read-only on {uri}");
-                }
-            }
-            signalled()
-        })?;
+        serve_one(Arc::new(view), Access::ReadOnly, &describe, listen, quiet)?;
         return Ok(());
     }
     bail!("say what to do with {describe}: --output FILE, --session DIR or --serve --socket PATH")

@@ -72,6 +72,18 @@ pub struct Args {
     /// index sealed with the user's key (--key-file; created if missing).
     #[arg(long)]
     encrypt: bool,
+    #[command(flatten)]
+    filters: Filters,
+    /// Read at most this many bytes per second (e.g. 50M).
+    #[arg(long, value_name = "RATE")]
+    limit_rate: Option<String>,
+    #[command(flatten)]
+    st: StoreArgs,
+}
+
+/// The useful-update filters of an update commit, each on by default.
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct Filters {
     /// Keep written zeroes as data (switch P1 off).
     #[arg(long)]
     no_p1: bool,
@@ -81,11 +93,22 @@ pub struct Args {
     /// Keep writes to guest swap (switch P3 off).
     #[arg(long)]
     no_p3: bool,
-    /// Read at most this many bytes per second (e.g. 50M).
-    #[arg(long, value_name = "RATE")]
-    limit_rate: Option<String>,
-    #[command(flatten)]
-    st: StoreArgs,
+}
+
+impl Filters {
+    /// Update-commit options with these filters.
+    pub fn update(&self, commit: CommitOptions) -> UpdateOptions {
+        UpdateOptions {
+            commit,
+            p1: !self.no_p1,
+            p2: !self.no_p2,
+            p3: !self.no_p3,
+        }
+    }
+
+    fn any_off(&self) -> bool {
+        self.no_p1 || self.no_p2 || self.no_p3
+    }
 }
 
 pub fn print_summary(s: &CommitSummary, json: bool) -> anyhow::Result<()> {
@@ -191,20 +214,14 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         if a.encrypt {
             bail!("--encrypt applies to initial commits; a session keeps its image's encryption");
         }
-        let u = UpdateOptions {
-            commit: opts,
-            p1: !a.no_p1,
-            p2: !a.no_p2,
-            p3: !a.no_p3,
-        };
-        let (summary, _) = update_commit(src, &a.st, &u, &progress)?;
+        let (summary, _) = update_commit(src, &a.st, &a.filters.update(opts), &progress)?;
         return finish(&summary, progress, quiet, a.st.json);
     }
     let Some(to) = &a.to else {
         bail!("say which image the disk becomes: --to USER/IMAGE");
     };
     roamdisk_cas::store::check_ref_name(to)?;
-    if a.no_p1 || a.no_p2 || a.no_p3 {
+    if a.filters.any_off() {
         bail!("--no-p1/--no-p2/--no-p3 apply to update commits of cas:SESSION");
     }
     opts.user_key = match (&a.st.key_file, a.encrypt) {

@@ -11,16 +11,16 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
-use roamdisk_blockdev::{Access, BlockDev, Checked, Progress};
+use roamdisk_blockdev::{Access, BlockDev, Progress};
 use roamdisk_cas::cache::SharedChoice;
 use roamdisk_cas::repo::{check_rev, resolve};
 use roamdisk_cas::session::dev::{CasDev, PrefetchStatus, SessionOpen};
 use roamdisk_cas::view::{GatherStats, VersionView};
-use roamdisk_nbd::{serve_until, signalled, Export, Listen, ServeOptions};
+use roamdisk_nbd::Listen;
 use serde::Serialize;
 
 use super::cas::{short, StoreArgs};
-use super::checkout::new_session;
+use super::checkout::{new_session, serve_one};
 
 /// Resume a version on this host: create a session of USER/IMAGE[@REV]
 /// (the latest version by default: what `roamdisk suspend` committed) in
@@ -257,21 +257,6 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         progress.finish();
         show(&report(ws), json);
     });
-    let export = Export {
-        name: String::new(),
-        description: dev.describe(),
-        dev: Arc::new(Checked::new(
-            dev.clone() as Arc<dyn BlockDev>,
-            Access::ReadWrite,
-        )),
-    };
-    serve_until(vec![export], listen, ServeOptions::default(), |bound| {
-        if !quiet {
-            for uri in &bound.uris {
-                eprintln!("roamdisk: serving the resumed session on {uri}");
-            }
-        }
-        signalled()
-    })?;
-    Ok(())
+    let describe = dev.describe();
+    serve_one(dev, Access::ReadWrite, &describe, listen, quiet)
 }

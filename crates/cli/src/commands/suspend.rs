@@ -10,10 +10,9 @@ use roamdisk_blockdev::units::format_size;
 use roamdisk_cas::commit::CommitOptions;
 use roamdisk_cas::resume::write_resume_set;
 use roamdisk_cas::session::dev::CasDev;
-use roamdisk_cas::session::update::UpdateOptions;
 
 use super::cas::{short, StoreArgs};
-use super::commit::{finish, update_commit};
+use super::commit::{finish, update_commit, Filters};
 use crate::disk::DiskSpec;
 
 /// Suspend a session: stop the VM first (or have it save its memory to a
@@ -54,15 +53,8 @@ pub struct Args {
     /// Write the resume set to this folder (created as a chunk store).
     #[arg(long, value_name = "DIR")]
     to_media: Option<PathBuf>,
-    /// Keep written zeroes as data (switch P1 off).
-    #[arg(long)]
-    no_p1: bool,
-    /// Keep writes to free file-system clusters (switch P2 off).
-    #[arg(long)]
-    no_p2: bool,
-    /// Keep writes to guest swap (switch P3 off).
-    #[arg(long)]
-    no_p3: bool,
+    #[command(flatten)]
+    filters: Filters,
     #[command(flatten)]
     st: StoreArgs,
 }
@@ -76,18 +68,13 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     if let Some(t) = &a.tag {
         roamdisk_cas::catalog::check_tag(t)?;
     }
-    let u = UpdateOptions {
-        commit: CommitOptions {
-            description: a.message.clone(),
-            config,
-            memory: a.memory.clone(),
-            tag: a.tag.clone(),
-            ..Default::default()
-        },
-        p1: !a.no_p1,
-        p2: !a.no_p2,
-        p3: !a.no_p3,
-    };
+    let u = a.filters.update(CommitOptions {
+        description: a.message.clone(),
+        config,
+        memory: a.memory.clone(),
+        tag: a.tag.clone(),
+        ..Default::default()
+    });
     let spec = match a.session.strip_prefix("cas:") {
         Some(_) => a.session.clone(),
         None => format!("cas:{}", a.session),
