@@ -52,6 +52,8 @@ pub struct VersionView {
     inflight: Mutex<HashMap<usize, Arc<Flight>>>,
     fetched: AtomicU64,
     fetched_bytes: AtomicU64,
+    /// Chunk id → the disk chunks that hold it (built on first use).
+    by_id: std::sync::OnceLock<HashMap<ChunkId, Vec<u32>>>,
 }
 
 /// One fetch under way: `None` until done, then the chunk (or `None` if
@@ -154,7 +156,23 @@ impl VersionView {
             inflight: Mutex::new(HashMap::new()),
             fetched: AtomicU64::new(0),
             fetched_bytes: AtomicU64::new(0),
+            by_id: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The disk chunks that hold object `id` (none if the version does
+    /// not use it).
+    pub fn chunks_with(&self, id: &ChunkId) -> &[u32] {
+        let map = self.by_id.get_or_init(|| {
+            let mut m: HashMap<ChunkId, Vec<u32>> = HashMap::new();
+            for (i, id) in self.version.index.ids.iter().enumerate() {
+                if !id.is_zero() {
+                    m.entry(*id).or_default().push(i as u32);
+                }
+            }
+            m
+        });
+        map.get(id).map(Vec::as_slice).unwrap_or(&[])
     }
 
     /// Read through (and fill) the host's shared cache.

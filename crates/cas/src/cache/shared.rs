@@ -126,7 +126,9 @@ struct Inner {
     /// are served from here meanwhile.
     pending: Mutex<HashMap<ChunkId, Arc<Vec<u8>>>>,
     drained: Condvar,
-    refused: Mutex<HashSet<ChunkId>>,
+    /// Chunks handed to [`SharedCache::insert`] that the cache refused,
+    /// kept for the session that reads them to store privately.
+    refused: Mutex<HashMap<ChunkId, Arc<Vec<u8>>>>,
     refused_any: std::sync::atomic::AtomicBool,
     hits: AtomicU64,
     hit_bytes: AtomicU64,
@@ -700,7 +702,7 @@ impl SharedCache {
             touches: Mutex::new(HashSet::new()),
             pending: Mutex::new(HashMap::new()),
             drained: Condvar::new(),
-            refused: Mutex::new(HashSet::new()),
+            refused: Mutex::new(HashMap::new()),
             refused_any: std::sync::atomic::AtomicBool::new(false),
             hits: AtomicU64::new(0),
             hit_bytes: AtomicU64::new(0),
@@ -823,21 +825,26 @@ impl SharedCache {
         let out = self.inner.store_many(items);
         for ((id, _), a) in items.iter().zip(&out) {
             if let Ok(a) = a {
-                self.inner.count(*id, *a);
+                self.inner.count(*id, *a, None);
             }
         }
         out
     }
 
-    /// Whether the cache refused `id` since the last call (its session
-    /// should keep it in its private cache); clears the mark.
-    pub fn take_refused(&self, id: &ChunkId) -> bool {
+    /// The chunks handed to [`SharedCache::insert`] and refused since, of
+    /// those `wanted` picks (a session takes those of its own version, to
+    /// keep them in its private cache); they are forgotten here.
+    pub fn take_refused(&self, wanted: &dyn Fn(&ChunkId) -> bool) -> Vec<(ChunkId, Arc<Vec<u8>>)> {
         let mut r = self.inner.refused.lock().unwrap_or_else(|e| e.into_inner());
-        let hit = r.remove(id);
+        let ids: Vec<ChunkId> = r.keys().filter(|id| wanted(id)).copied().collect();
+        let out = ids
+            .into_iter()
+            .filter_map(|id| r.remove(&id).map(|d| (id, d)))
+            .collect();
         self.inner
             .refused_any
             .store(!r.is_empty(), Ordering::Relaxed);
-        hit
+        out
     }
 
     /// Whether any chunk is marked refused (a cheap check before
@@ -849,13 +856,24 @@ impl SharedCache {
     /// Wait until every chunk handed to [`SharedCache::insert`] is stored
     /// (or refused), and journal the references seen so far.
     pub fn sync(&self) -> Result<()> {
+        self.drain();
+        self.inner.flush_touches()
+    }
+
+    /// Wait until every chunk handed to [`SharedCache::insert`] is stored
+    /// or refused.
+    pub fn drain(&self) {
         let me = &*self.inner;
         let mut p = me.pending.lock().unwrap_or_else(|e| e.into_inner());
         while !p.is_empty() {
             p = me.drained.wait(p).unwrap_or_else(|e| e.into_inner());
         }
-        drop(p);
-        me.flush_touches()
+    }
+
+    /// Whether this process has seen the cache refuse a chunk (it is, or
+    /// was, full of pinned chunks).
+    pub fn ever_refused(&self) -> bool {
+        self.inner.refused_n.load(Ordering::Relaxed) > 0
     }
 
     /// Keep `ids` from eviction while the guard lives.
@@ -904,17 +922,21 @@ impl SharedCache {
 }
 
 impl Inner {
-    fn count(&self, id: ChunkId, a: Admission) {
+    /// Count an admission; a refused chunk handed over in the background
+    /// (`keep`) is kept for its session to take.
+    fn count(&self, id: ChunkId, a: Admission, keep: Option<&Arc<Vec<u8>>>) {
         match a {
             Admission::Admitted => self.inserted.fetch_add(1, Ordering::Relaxed),
             Admission::Refused => {
-                let mut r = self.refused.lock().unwrap_or_else(|e| e.into_inner());
-                if r.len() >= MAX_PENDING * 64 {
-                    // Marks nobody came back for: forget them.
-                    r.clear();
+                if let Some(data) = keep {
+                    let mut r = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+                    // Beyond this nobody is taking them: the session
+                    // fetches such a chunk again when it reads it.
+                    if r.len() < MAX_PENDING {
+                        r.insert(id, data.clone());
+                        self.refused_any.store(true, Ordering::Relaxed);
+                    }
                 }
-                r.insert(id);
-                self.refused_any.store(true, Ordering::Relaxed);
                 self.refused_n.fetch_add(1, Ordering::Relaxed)
             }
         };
@@ -951,9 +973,9 @@ fn writer(me: &Inner, rx: mpsc::Receiver<ChunkId>) {
                 .filter_map(|id| p.get(id).map(|d| (*id, d.clone())))
                 .collect()
         };
-        for ((id, _), out) in items.iter().zip(me.store_many(&items)) {
+        for ((id, data), out) in items.iter().zip(me.store_many(&items)) {
             match out {
-                Ok(a) => me.count(*id, a),
+                Ok(a) => me.count(*id, a, Some(data)),
                 Err(e) => tracing::warn!("shared cache: chunk {} not stored: {e}", id.short()),
             }
         }

@@ -77,7 +77,17 @@ fn the_cap_holds_and_lru_evicts_the_oldest() {
     // Too large for the unit: refused, nothing stored.
     let big = vec![1u8; UNIT as usize + 1];
     assert_eq!(c.insert_now(id(9), &big).unwrap(), Admission::Refused);
-    assert!(c.take_refused(&id(9)));
+    // Refused inline: the caller knows; nothing is kept for a session.
+    assert!(c.take_refused(&|_| true).is_empty());
+    // Refused in the background: kept until the session takes it.
+    c.insert(id(9), std::sync::Arc::new(big.clone()));
+    c.sync().unwrap();
+    assert!(c.has_refused());
+    assert!(c.take_refused(&|i| *i == id(8)).is_empty());
+    let got = c.take_refused(&|i| *i == id(9));
+    assert_eq!(got.len(), 1);
+    assert_eq!(*got[0].1, big);
+    assert!(!c.has_refused());
 }
 
 #[test]

@@ -363,25 +363,23 @@ impl CasDev {
             .collect()
     }
 
-    /// Chunks of `[a, b)` that the shared cache refused to keep (it is
+    /// Chunks of the base that the shared cache refused to keep (it is
     /// full of chunks other sessions still need): copy their EMPTY
     /// sectors into this session's private cache and mark them CLEAN, so
-    /// they are never fetched again (seed section 3.3).
-    fn keep_refused(&self, base: &VersionView, a: u64, b: u64) -> Result<()> {
+    /// they are never fetched again (seed section 3.3). Called after guest
+    /// reads and before flushes, never under stripe locks.
+    fn keep_refused(&self) -> Result<()> {
+        let base = self.base();
         let Some(sc) = base.shared_cache() else {
             return Ok(());
         };
-        if !sc.has_refused() {
+        if self.read_only || !sc.has_refused() {
             return Ok(());
         }
-        let idx = &base.version.index;
-        let cs = idx.chunk_size as u64;
-        for i in (a / cs)..b.div_ceil(cs) {
-            let i = i as usize;
-            if idx.ids[i].is_zero() || !sc.take_refused(&idx.ids[i]) {
-                continue;
+        for (id, data) in sc.take_refused(&|id| !base.chunks_with(id).is_empty()) {
+            for &i in base.chunks_with(&id) {
+                self.fill_clean(i as usize, &data)?;
             }
-            self.fill_clean(i, &base.chunk(i)?)?;
         }
         Ok(())
     }
@@ -561,6 +559,24 @@ impl CasDev {
 }
 
 impl CasDev {
+    /// Read, with no stripe lock taken (a write's read-modify-write holds
+    /// them).
+    fn read_inner(&self, buf: &mut [u8], off: u64) -> Result<()> {
+        let base = self.base();
+        self.runs(off, off + buf.len() as u64, |src, a, b| {
+            let dst = &mut buf[(a - off) as usize..(b - off) as usize];
+            match src {
+                Src::Cache => self.cache.read_at(dst, a)?,
+                Src::Zero => dst.fill(0),
+                Src::Base => {
+                    base.read_at(dst, a)?;
+                    self.record_reads(&base, a, b);
+                }
+            }
+            Ok(true)
+        })
+    }
+
     /// Keep the recorded working set (a hint: failures are logged only).
     fn save_working_set(&self) {
         if let Some(ws) = &self.workset {
@@ -606,20 +622,8 @@ impl BlockDev for CasDev {
         }
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
-        let base = self.base();
-        self.runs(off, off + buf.len() as u64, |src, a, b| {
-            let dst = &mut buf[(a - off) as usize..(b - off) as usize];
-            match src {
-                Src::Cache => self.cache.read_at(dst, a)?,
-                Src::Zero => dst.fill(0),
-                Src::Base => {
-                    base.read_at(dst, a)?;
-                    self.record_reads(&base, a, b);
-                    self.keep_refused(&base, a, b)?;
-                }
-            }
-            Ok(true)
-        })
+        self.read_inner(buf, off)?;
+        self.keep_refused()
     }
     fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
         let end = off + buf.len() as u64;
@@ -633,9 +637,9 @@ impl BlockDev for CasDev {
             self.write_aligned(buf, off)?;
         } else {
             let mut tmp = vec![0u8; (b - a) as usize];
-            self.read_at(&mut tmp[..SECTOR as usize], a)?;
+            self.read_inner(&mut tmp[..SECTOR as usize], a)?;
             let last = (b - a - SECTOR) as usize;
-            self.read_at(&mut tmp[last..], b - SECTOR)?;
+            self.read_inner(&mut tmp[last..], b - SECTOR)?;
             tmp[(off - a) as usize..(end - a) as usize].copy_from_slice(buf);
             self.write_aligned(&tmp, a)?;
         }
@@ -645,6 +649,15 @@ impl BlockDev for CasDev {
         Ok(())
     }
     fn flush(&self) -> Result<()> {
+        if let Some(sc) = self.base().shared_cache() {
+            // A cache full of pinned chunks refuses what it is handed in
+            // the background: wait for its verdicts, so what it refused
+            // is kept privately with this flush.
+            if sc.ever_refused() {
+                sc.drain();
+            }
+            self.keep_refused()?;
+        }
         // The private cache's data is durable before any record claims it.
         self.map.commit(|| self.cache.flush())?;
         self.save_working_set();
