@@ -250,18 +250,21 @@ pub fn codec<S: ChunkRead + ?Sized>(store: &S) -> ChunkCodec {
     store.config().codec()
 }
 
-/// Validate a ref (catalog) name: `USER/IMAGE`, each part 1-64 of
-/// `[A-Za-z0-9._-]`, not starting with a dot.
+/// Whether `p` may be a user or image name: 1-64 of `[A-Za-z0-9._-]`,
+/// not starting with a dot.
+pub fn is_name_part(p: &str) -> bool {
+    !p.is_empty()
+        && p.len() <= 64
+        && !p.starts_with('.')
+        && p.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+/// Validate a ref (catalog) name: `USER/IMAGE`, each part
+/// [`is_name_part`].
 pub fn check_ref_name(name: &str) -> Result<()> {
     let parts: Vec<&str> = name.split('/').collect();
-    let ok_part = |p: &str| {
-        !p.is_empty()
-            && p.len() <= 64
-            && !p.starts_with('.')
-            && p.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
-    };
-    if parts.len() != 2 || !parts.iter().all(|p| ok_part(p)) {
+    if parts.len() != 2 || !parts.iter().all(|p| is_name_part(p)) {
         return Err(bad_arg(format!(
             "'{name}' is not USER/IMAGE (each part 1-64 letters, digits, '.', '_' or '-', not starting with '.')"
         )));
