@@ -26,6 +26,7 @@ use crate::chunk::Key;
 use crate::error::{bad_arg, context, corrupt};
 use crate::hash::ChunkId;
 use crate::index::{SectorState, SECTOR};
+use crate::store::http::Credentials;
 use crate::store::{DynStore, StoreConfig};
 use crate::version::Version;
 use crate::view::VersionView;
@@ -41,6 +42,8 @@ pub struct SessionOpen {
     pub store: Option<String>,
     /// Use this key file instead of the one in session.toml.
     pub key_file: Option<PathBuf>,
+    /// Use this token file or CA instead of those in session.toml.
+    pub credentials: Credentials,
     /// Override P1 at write time.
     pub zero_detect: Option<bool>,
     /// The host's shared cache to read through.
@@ -163,6 +166,7 @@ impl CasDev {
             &store_loc,
             &crate::store::OpenOptions {
                 known_config: known.clone(),
+                credentials: config.credentials(&opts.credentials),
                 ..Default::default()
             },
         )?;

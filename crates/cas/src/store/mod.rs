@@ -287,25 +287,27 @@ pub struct OpenOptions {
     /// HTTP store that cannot be reached opens with them, so what is
     /// cached or on lookaside media stays readable with no network.
     pub known_config: Option<StoreConfig>,
+    /// The token and CA of an HTTP store (what is not given here comes
+    /// from `$ROAMDISK_STORE_TOKEN_FILE` and `$ROAMDISK_STORE_CA`).
+    pub credentials: http::Credentials,
 }
 
-/// Open a store from a location: a directory path, or an `http://` URL of
-/// a `roamdisk store serve`.
+/// Whether a store location is the URL of a `roamdisk store serve`.
+pub fn is_url(location: &str) -> bool {
+    location.starts_with("http://") || location.starts_with("https://")
+}
+
+/// Open a store from a location: a directory path, or an `http://` or
+/// `https://` URL of a `roamdisk store serve`.
 pub fn open(location: &str, opts: &OpenOptions) -> Result<DynStore> {
-    let store: DynStore = if location.starts_with("http://") || location.starts_with("https://") {
-        Arc::new(http::HttpStore::connect(
-            location,
-            opts.parallel.unwrap_or(8),
-            opts.known_config.as_ref(),
-        )?)
+    let store: DynStore = if is_url(location) {
+        Arc::new(http::HttpStore::connect(location, opts)?)
     } else {
         let path = std::path::Path::new(location);
         Arc::new(local::LocalStore::open(path, opts.create.as_ref())?)
     };
     match store.config().quota {
-        Some(q) if !location.starts_with("http") => {
-            Ok(Arc::new(quota::QuotaStore::new(store, q)?) as DynStore)
-        }
+        Some(q) if !is_url(location) => Ok(Arc::new(quota::QuotaStore::new(store, q)?) as DynStore),
         _ => Ok(store),
     }
 }

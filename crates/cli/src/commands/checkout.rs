@@ -1,7 +1,7 @@
 //! `roamdisk checkout`: time travel — materialise any version as a raw,
 //! LBS or qemu-img image, start a session on it, or serve it read-only.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
@@ -74,12 +74,15 @@ pub struct Args {
 }
 
 fn absolute_location(loc: &str) -> String {
-    if loc.starts_with("http://") || loc.starts_with("https://") {
+    if roamdisk_cas::store::is_url(loc) {
         return loc.to_string();
     }
-    std::fs::canonicalize(loc)
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|_| loc.to_string())
+    absolute(Path::new(loc)).display().to_string()
+}
+
+/// `p` made absolute (as it is, if it cannot be).
+fn absolute(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
 pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
@@ -128,11 +131,15 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     if let Some(dir) = &a.session {
         let target = a.as_image.clone().unwrap_or_else(|| name.clone());
         roamdisk_cas::store::check_ref_name(&target)?;
-        let mut cfg = SessionConfig::new(&absolute_location(&a.st.location()), &target);
-        cfg.key_file =
-            a.st.key_file
-                .as_ref()
-                .map(|k| std::fs::canonicalize(k).unwrap_or_else(|_| k.clone()));
+        let location = a.st.location();
+        let mut cfg = SessionConfig::new(&absolute_location(&location), &target);
+        cfg.key_file = a.st.key_file.as_deref().map(absolute);
+        if roamdisk_cas::store::is_url(&location) {
+            // The paths, never the token: the session opens with them later.
+            let creds = a.st.credentials().or_env();
+            cfg.token_file = creds.token_file.as_deref().map(absolute);
+            cfg.ca_file = creds.ca_file.as_deref().map(absolute);
+        }
         match a.cache.as_str() {
             "raw" => {}
             "lbs" => {

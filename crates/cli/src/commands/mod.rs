@@ -17,6 +17,7 @@ pub mod serve;
 pub mod sim;
 pub mod sperf;
 pub mod store;
+pub mod store_user;
 pub mod tag;
 pub mod trace;
 
