@@ -306,6 +306,12 @@ fn missing_wrong_revoked_and_renewed_tokens() {
     assert_success(&o, "log with the renewed token");
     net.fails_as("alice", &log);
     net.assert_logged(&["reason=wrong token for user alice", "path=/v1/store"]);
+    // SIGHUP re-reads the users file; the server keeps serving.
+    common::run("kill", &["-HUP", &net.srv.pid().to_string()]);
+    assert_success(
+        &net.run(&log, Some(&net.ca()), Some(&renewed)),
+        "log after SIGHUP",
+    );
     // A users file that no longer parses shuts the gate for everyone.
     std::fs::write(
         &net.users,

@@ -293,6 +293,11 @@ impl ChunkServer {
         );
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Everything the server logged so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(self.log.path()).unwrap_or_default()
