@@ -16,6 +16,7 @@ use roamdisk_blockdev::ErrorKind;
 use roamdisk_cas::server::users::{check_grant, Users, MAX_GRANTS};
 use roamdisk_cas::store::is_name_part;
 use roamdisk_fuzz::corpus::users_token;
+use roamdisk_fuzz::parse_text;
 
 /// A catalog a grant covers.
 fn covered(grant: &str) -> String {
@@ -26,16 +27,8 @@ fn covered(grant: &str) -> String {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else {
+    let Some(u) = parse_text(data, ErrorKind::Corrupt, Users::parse) else {
         return;
-    };
-    let u = match Users::parse(text) {
-        Ok(u) => u,
-        Err(e) => {
-            assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
-            let _ = e.to_string();
-            return;
-        }
     };
     let t = u.to_toml();
     assert_eq!(Users::parse(&t).expect("to_toml output parses"), u, "{t}");
