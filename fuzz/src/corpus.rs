@@ -22,11 +22,11 @@ use roamdisk_borrow::{Plan, Status};
 use roamdisk_cas::catalog::{Catalog, Entry};
 use roamdisk_cas::chunk::{ChunkCodec, Key};
 use roamdisk_cas::index::{Index, SectorState};
-use roamdisk_cas::session::map;
 use roamdisk_cas::server::users::Users;
+use roamdisk_cas::session::map;
 use roamdisk_cas::store::config::StoreConfig;
-use roamdisk_cas::token::Token;
 use roamdisk_cas::store::{wire, ObjectEntry};
+use roamdisk_cas::token::Token;
 use roamdisk_cas::version::{Memory, Version};
 use roamdisk_cas::{ChunkId, HashKind};
 use roamdisk_trace::format::binary::{Encoder, CHUNK_HEADER_LEN, HEADER_LEN};
@@ -283,8 +283,10 @@ pub fn cas_store_users() -> Seeds {
     let mut u = Users::default();
     u.add("alice", users_token("alice").hash(), false).unwrap();
     u.add("root", users_token("root").hash(), true).unwrap();
-    u.add("b.o-b_2", users_token("other").hash(), false).unwrap();
-    u.add("mallory", users_token("mallory").hash(), false).unwrap();
+    u.add("b.o-b_2", users_token("other").hash(), false)
+        .unwrap();
+    u.add("mallory", users_token("mallory").hash(), false)
+        .unwrap();
     u.revoke("mallory").unwrap();
     u.share("root/*", "alice", false).unwrap();
     u.share("b.o-b_2/shared", "alice", true).unwrap();
