@@ -160,7 +160,11 @@ impl Caller {
 /// What a request needs, from its method and path (before any handler
 /// runs). Requests the table does not know need an admin.
 pub fn need<'a>(method: &Method, path: &'a str) -> Need<'a> {
-    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let admin = Need::Admin("make this request");
+    let Some(rest) = path.strip_prefix('/') else {
+        return admin;
+    };
+    let segs: Vec<&str> = rest.split('/').collect();
     let m = method.as_str();
     let read = matches!(m, "GET" | "HEAD");
     match (segs.as_slice(), m) {
@@ -182,7 +186,7 @@ pub fn need<'a>(method: &Method, path: &'a str) -> Need<'a> {
                 Need::Write(catalog)
             }
         }
-        _ => Need::Admin("make this request"),
+        _ => admin,
     }
 }
 
@@ -337,5 +341,7 @@ mod tests {
         );
         assert!(matches!(need(&get, "/v1/refs/bob/../x/y"), Need::Admin(_)));
         assert!(matches!(need(&Method::POST, "/v1/nothing"), Need::Admin(_)));
+        assert!(matches!(need(&get, "//v1/refs/bob/vm"), Need::Admin(_)));
+        assert!(matches!(need(&get, "v1/refs/bob/vm"), Need::Admin(_)));
     }
 }

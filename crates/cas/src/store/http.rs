@@ -41,7 +41,7 @@ pub struct Credentials {
     /// A token file (`USER.SECRET`, made by `roamdisk store user add`).
     pub token_file: Option<PathBuf>,
     /// PEM certificates trusted for `https://` stores instead of the
-    /// system's roots (a private CA, a self-signed server).
+    /// system's roots: the private CA that signed the server's certificate.
     pub ca_file: Option<PathBuf>,
 }
 

@@ -24,8 +24,8 @@ pub struct StoreArgs {
     /// default $ROAMDISK_STORE_TOKEN_FILE). Keep it mode 0600.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
-    /// CA certificates (PEM) trusted for an https:// store, e.g. its
-    /// self-signed certificate (default $ROAMDISK_STORE_CA, else the
+    /// CA certificates (PEM) trusted for an https:// store: the private CA
+    /// that signed its certificate (default $ROAMDISK_STORE_CA, else the
     /// system's roots).
     #[arg(long, value_name = "FILE")]
     pub ca: Option<PathBuf>,
