@@ -10,23 +10,13 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use roamdisk_blockdev::ErrorKind;
 use roamdisk_borrow::{Plan, Status, UNIT};
+use roamdisk_fuzz::parse_text;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else {
+    let Some(plan) = parse_text(data, ErrorKind::InvalidArgument, Plan::from_json) else {
         return;
-    };
-    let plan = match Plan::from_json(text) {
-        Ok(p) => p,
-        Err(e) => {
-            assert_eq!(
-                e.kind(),
-                roamdisk_blockdev::ErrorKind::InvalidArgument,
-                "{e}"
-            );
-            let _ = e.to_string();
-            return;
-        }
     };
     plan.validate().expect("a loaded plan is valid");
     let json = plan.to_json();

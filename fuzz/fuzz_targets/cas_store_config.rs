@@ -7,19 +7,13 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use roamdisk_blockdev::ErrorKind;
 use roamdisk_cas::store::config::StoreConfig;
+use roamdisk_fuzz::parse_text;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else {
+    let Some(c) = parse_text(data, ErrorKind::Corrupt, StoreConfig::parse) else {
         return;
-    };
-    let c = match StoreConfig::parse(text) {
-        Ok(c) => c,
-        Err(e) => {
-            assert_eq!(e.kind(), roamdisk_blockdev::ErrorKind::Corrupt, "{e}");
-            let _ = e.to_string();
-            return;
-        }
     };
     assert!(c.zstd_level.is_none_or(|l| (1..=19).contains(&l)));
     assert_ne!(c.quota, Some(0));

@@ -22,9 +22,11 @@ use roamdisk_borrow::{Plan, Status};
 use roamdisk_cas::catalog::{Catalog, Entry};
 use roamdisk_cas::chunk::{ChunkCodec, Key};
 use roamdisk_cas::index::{Index, SectorState};
+use roamdisk_cas::server::users::Users;
 use roamdisk_cas::session::map;
 use roamdisk_cas::store::config::StoreConfig;
 use roamdisk_cas::store::{wire, ObjectEntry};
+use roamdisk_cas::token::Token;
 use roamdisk_cas::version::{Memory, Version};
 use roamdisk_cas::{ChunkId, HashKind};
 use roamdisk_trace::format::binary::{Encoder, CHUNK_HEADER_LEN, HEADER_LEN};
@@ -272,6 +274,30 @@ pub fn cas_store_config() -> Seeds {
         ),
         ("sha256-zstd7-quota".into(), c.to_toml().into_bytes()),
         ("none".into(), none.to_toml().into_bytes()),
+    ]
+}
+
+/// The token of user `name` that the `cas_store_users` target tries: a
+/// fixed secret of zeroes, whose hash the seeds give some users.
+pub fn users_token(name: &str) -> Token {
+    Token::parse(&format!("{name}.{}", "0".repeat(64))).expect("a valid user name")
+}
+
+pub fn cas_store_users() -> Seeds {
+    let mut u = Users::default();
+    u.add("alice", users_token("alice").hash(), false).unwrap();
+    u.add("root", users_token("root").hash(), true).unwrap();
+    u.add("b.o-b_2", users_token("other").hash(), false)
+        .unwrap();
+    u.add("mallory", users_token("mallory").hash(), false)
+        .unwrap();
+    u.revoke("mallory").unwrap();
+    u.share("root/*", "alice", false).unwrap();
+    u.share("b.o-b_2/shared", "alice", true).unwrap();
+    u.share("alice/vm", "b.o-b_2", false).unwrap();
+    vec![
+        ("empty".into(), Users::default().to_toml().into_bytes()),
+        ("four-users".into(), u.to_toml().into_bytes()),
     ]
 }
 
@@ -722,6 +748,7 @@ pub fn all() -> Vec<(&'static str, Seeds)> {
         ("cas_session_map", cas_session_map()),
         ("cas_wire", cas_wire()),
         ("cas_store_config", cas_store_config()),
+        ("cas_store_users", cas_store_users()),
         ("workload_trace", workload_trace()),
         ("workload_blkparse", workload_blkparse()),
         ("workload_msr", workload_msr()),
@@ -827,6 +854,14 @@ mod tests {
                         "{name}: {f:?}"
                     );
                 }
+            }
+        }
+        for (name, s) in get("cas_store_users") {
+            let u = Users::parse(std::str::from_utf8(&s).unwrap())
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            for (user, admitted) in [("alice", true), ("mallory", false), ("b.o-b_2", false)] {
+                let got = u.authenticate(Some(users_token(user).as_str())).is_ok();
+                assert!(name == "empty" || got == admitted, "{name}: {user}");
             }
         }
         for (name, s) in get("borrow_plan") {

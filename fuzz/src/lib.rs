@@ -44,6 +44,26 @@ pub fn fix_cow_map_checksums(b: &mut [u8]) {
     }
 }
 
+/// The input of a target for a text format, parsed: `None` when it is
+/// not UTF-8 (those formats are read as text, so such input never reaches
+/// the parser) or when `parse` refuses it, and then the refusal must be of
+/// `kind` and print.
+pub fn parse_text<T>(
+    data: &[u8],
+    kind: roamdisk_blockdev::ErrorKind,
+    parse: impl FnOnce(&str) -> roamdisk_blockdev::Result<T>,
+) -> Option<T> {
+    let text = std::str::from_utf8(data).ok()?;
+    match parse(text) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            assert_eq!(e.kind(), kind, "{e}");
+            let _ = e.to_string();
+            None
+        }
+    }
+}
+
 /// Named seed inputs of one target.
 pub type Seeds = Vec<(&'static str, Vec<u8>)>;
 

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::certs::{make_ca, make_leaf, CLIENT_EXT, SERVER_EXT};
 use common::{random_file, require_tool, run, tempdir};
 use nbdwire::*;
 
@@ -182,57 +183,6 @@ struct X509 {
     /// Our ca-cert.pem with a client certificate from the other CA.
     rogue_client_dir: PathBuf,
 }
-
-/// Run `openssl` in `dir` with a whitespace-separated argument line.
-fn openssl(dir: &Path, line: &str) {
-    require_tool("openssl");
-    let args: Vec<&str> = line.split_whitespace().collect();
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(&args)
-        .output()
-        .expect("run openssl");
-    assert!(out.status.success(), "openssl {line}: {}", text(&out));
-}
-
-const EC_KEY: &str = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
-
-/// A CA in `dir` (ca-cert.pem, ca-key.pem).
-fn make_ca(dir: &Path, name: &str) {
-    std::fs::create_dir_all(dir).unwrap();
-    openssl(
-        dir,
-        &format!(
-            "req -x509 {EC_KEY} -keyout ca-key.pem -out ca-cert.pem -days 2 -subj /CN={name} \
-             -addext basicConstraints=critical,CA:TRUE \
-             -addext keyUsage=critical,keyCertSign,cRLSign"
-        ),
-    );
-}
-
-/// `who`-cert.pem and `who`-key.pem in `ca`, signed by its CA.
-fn make_leaf(ca: &Path, who: &str, ext: &str) {
-    std::fs::write(ca.join(format!("{who}.ext")), ext).unwrap();
-    openssl(
-        ca,
-        &format!("req {EC_KEY} -keyout {who}-key.pem -out {who}.csr -subj /CN={who}"),
-    );
-    openssl(
-        ca,
-        &format!(
-            "x509 -req -in {who}.csr -CA ca-cert.pem -CAkey ca-key.pem -CAcreateserial \
-             -days 2 -out {who}-cert.pem -extfile {who}.ext"
-        ),
-    );
-}
-
-const SERVER_EXT: &str = "subjectAltName=IP:127.0.0.1,DNS:localhost\n\
-    extendedKeyUsage=serverAuth\n\
-    keyUsage=critical,digitalSignature,keyEncipherment\n\
-    basicConstraints=CA:FALSE\n";
-const CLIENT_EXT: &str = "extendedKeyUsage=clientAuth\n\
-    keyUsage=critical,digitalSignature,keyEncipherment\n\
-    basicConstraints=CA:FALSE\n";
 
 fn x509(dir: &Path) -> X509 {
     let ca = dir.join("ca");

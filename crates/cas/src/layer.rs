@@ -1,8 +1,8 @@
 //! The layer kinds of this crate for stack specs:
 //!
-//! - `cas[store=S,key-file=F,zero-detect=on|off,prefetch=on|off]:SESSION` — a session's
+//! - `cas[store=S,key-file=F,token-file=T,ca=C,zero-detect=on|off,prefetch=on|off]:SESSION` — a session's
 //!   writable disk (see `crate::session`);
-//! - `cas-version[store=S,key-file=F]:USER/IMAGE[@REV]` — a committed
+//! - `cas-version[store=S,key-file=F,token-file=T,ca=C]:USER/IMAGE[@REV]` — a committed
 //!   version, read-only (time travel without materialising).
 
 use std::path::PathBuf;
@@ -12,6 +12,7 @@ use roamdisk_blockdev::{BlockDev, LayerKind, OpenCtx};
 
 use crate::cache::SharedChoice;
 use crate::session::dev::{CasDev, SessionOpen};
+use crate::store::http::Credentials;
 use crate::view::VersionView;
 
 /// The store used when none is named: `$ROAMDISK_STORE`, else
@@ -29,14 +30,24 @@ pub fn default_store() -> String {
     base.join("roamdisk/store").display().to_string()
 }
 
+/// The `token-file` and `ca` options of a layer.
+fn credentials(ctx: &OpenCtx<'_>) -> Credentials {
+    Credentials {
+        token_file: ctx.opt("token-file").map(PathBuf::from),
+        ca_file: ctx.opt("ca").map(PathBuf::from),
+    }
+}
+
 /// `cas:SESSION`.
 pub static CAS: LayerKind = LayerKind {
     name: "cas",
     summary: "a content-addressed image session (roamdisk checkout --session): private cache of this session's sectors over a version in a chunk store",
     args: &["session"],
     options: &[
-        ("store", "chunk store (directory or http:// URL) instead of the session's"),
+        ("store", "chunk store (directory or http(s):// URL) instead of the session's"),
         ("key-file", "the user's key file (encrypted images)"),
+        ("token-file", "token file for an HTTP store, instead of the session's (default $ROAMDISK_STORE_TOKEN_FILE)"),
+        ("ca", "CA certificates (PEM) trusted for an https:// store, instead of the session's (default $ROAMDISK_STORE_CA, else the system's)"),
         ("zero-detect", "P1 at write time: a sector of zeroes is kept as ZERO with no data (on/off, default on)"),
         ("shared-cache", "the host's shared chunk cache: a folder, or off (default $ROAMDISK_SHARED_CACHE, else ~/.cache/roamdisk/shared)"),
         ("lookaside", "media tried before the store, separated by '+': chunk-store folders (a resume set), image files, block devices; every chunk found is verified"),
@@ -50,6 +61,7 @@ pub static CAS: LayerKind = LayerKind {
             read_only: ctx.read_only,
             store: ctx.opt("store").map(str::to_string),
             key_file: ctx.opt("key-file").map(PathBuf::from),
+            credentials: credentials(ctx),
             zero_detect: ctx.flag("cas", "zero-detect")?,
             shared_cache: SharedChoice::parse(ctx.opt("shared-cache")),
             lookaside: crate::lookaside::parse_media(ctx.opt("lookaside")),
@@ -67,8 +79,10 @@ pub static CAS_VERSION: LayerKind = LayerKind {
     summary: "a committed version of a content-addressed image, read-only (time travel: @VERSION, @TAG or @DATE)",
     args: &["image"],
     options: &[
-        ("store", "chunk store (directory or http:// URL; default $ROAMDISK_STORE)"),
+        ("store", "chunk store (directory or http(s):// URL; default $ROAMDISK_STORE)"),
         ("key-file", "the user's key file (encrypted images)"),
+        ("token-file", "token file for an HTTP store (default $ROAMDISK_STORE_TOKEN_FILE)"),
+        ("ca", "CA certificates (PEM) trusted for an https:// store (default $ROAMDISK_STORE_CA, else the system's)"),
         ("shared-cache", "the host's shared chunk cache: a folder, or off (default $ROAMDISK_SHARED_CACHE, else ~/.cache/roamdisk/shared)"),
         ("lookaside", "media tried before the store, separated by '+': chunk-store folders (a resume set), image files, block devices; every chunk found is verified"),
     ],
@@ -77,7 +91,13 @@ pub static CAS_VERSION: LayerKind = LayerKind {
     open: |ctx: &OpenCtx<'_>, _next| {
         let target = ctx.get("cas-version", "image")?;
         let loc = ctx.opt("store").map(str::to_string).unwrap_or_else(default_store);
-        let store = crate::store::open(&loc, &Default::default())?;
+        let store = crate::store::open(
+            &loc,
+            &crate::store::OpenOptions {
+                credentials: credentials(ctx),
+                ..Default::default()
+            },
+        )?;
         let key = match ctx.opt("key-file") {
             Some(k) => Some(crate::version::read_key_file(std::path::Path::new(k))?),
             None => None,

@@ -270,8 +270,7 @@ impl Version {
             return Ok(out);
         };
         let mut nonce = [0u8; NONCE_LEN];
-        openssl::rand::rand_bytes(&mut nonce)
-            .map_err(|e| err(ErrorKind::Io, Op::Write, format!("no randomness: {e}")))?;
+        crate::secret::fill_random(&mut nonce, "a nonce")?;
         let mut aad = h.buf.clone();
         aad.extend_from_slice(&refs);
         let mut tag = [0u8; TAG_LEN];
@@ -424,10 +423,8 @@ impl Version {
 /// Read a user key file: 64 hex digits (a 256-bit key). Passwords are
 /// refused: the key must be full-entropy.
 pub fn read_key_file(path: &std::path::Path) -> Result<Key> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| crate::error::io(Op::Open, e, path).msg("cannot read the key file"))?;
-    let t = text.trim();
-    let id = ChunkId::from_hex(t).ok_or_else(|| {
+    let t = crate::secret::read_file(path, "the key file")?;
+    let id = ChunkId::from_hex(&t).ok_or_else(|| {
         bad_arg(format!(
             "{} is not a key file (64 hex digits, made by `roamdisk store keygen`); passwords are not accepted as keys",
             path.display()
@@ -438,20 +435,9 @@ pub fn read_key_file(path: &std::path::Path) -> Result<Key> {
 
 /// Create a new key file (mode 0600) holding 256 random bits.
 pub fn create_key_file(path: &std::path::Path) -> Result<Key> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let mut key = [0u8; 32];
-    openssl::rand::rand_bytes(&mut key)
-        .map_err(|e| err(ErrorKind::Io, Op::Write, format!("no randomness: {e}")))?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| crate::error::io(Op::Write, e, path).msg("cannot create the key file"))?;
-    writeln!(f, "{}", ChunkId(key).to_hex())
-        .and_then(|_| f.sync_all())
-        .map_err(|e| crate::error::io(Op::Write, e, path))?;
+    crate::secret::fill_random(&mut key, "a key")?;
+    crate::secret::create_file(path, &ChunkId(key).to_hex(), "the key file")?;
     Ok(key)
 }
 

@@ -39,7 +39,7 @@ fn start(
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(roamdisk_cas::server::serve(
             local,
-            "127.0.0.1:0".parse().unwrap(),
+            &roamdisk_cas::server::ServerOptions::new("127.0.0.1:0".parse().unwrap()),
             move |a| atx.send(a).unwrap(),
             async {
                 let _ = rx.await;

@@ -80,9 +80,11 @@ fn init_logging(verbose: u8, quiet: bool) {
             "roamdisk={level},roamdisk_nbd={level},roamdisk_blockdev={level},roamdisk_lbs={level},roamdisk_workload={level},roamdisk_trace={level},roamdisk_cas={level}"
         ))
     });
+    // Colours only on a terminal: a log file or journal gets plain text.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();
 }

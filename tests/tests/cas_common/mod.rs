@@ -7,9 +7,9 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
@@ -241,31 +241,66 @@ pub fn put_at(disk: &Path, part: &Path, offset: u64) {
 }
 
 /// `roamdisk store serve STORE --listen 127.0.0.1:0 EXTRA...` on a free
-/// loopback port; killed when dropped.
+/// loopback port, its stderr (the log) kept in a file; killed when
+/// dropped.
 pub struct ChunkServer {
     child: Child,
+    /// `http://127.0.0.1:PORT`, or `https://` with `--tls-cert`.
     pub url: String,
+    log: tempfile::NamedTempFile,
 }
 
 impl ChunkServer {
     pub fn start(store: &Path, extra: &[&str]) -> ChunkServer {
-        let mut child = Command::new(bin())
+        let log = tempfile::Builder::new()
+            .prefix("roamdisk-store-serve-")
+            .suffix(".log")
+            .tempfile()
+            .expect("log file");
+        let child = Command::new(bin())
             .args(["store", "serve", path_str(store), "--listen", "127.0.0.1:0"])
             .args(extra)
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stderr(log.reopen().expect("log file"))
             .spawn()
             .expect("spawn store serve");
-        let mut line = String::new();
-        BufReader::new(child.stderr.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no URL in: {line}"))
-            .to_string();
-        ChunkServer { child, url }
+        let mut srv = ChunkServer {
+            child,
+            url: String::new(),
+            log,
+        };
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(20) {
+            let text = srv.log_text();
+            if let Some(url) = text
+                .split_whitespace()
+                .find(|w| w.starts_with("http://") || w.starts_with("https://"))
+            {
+                // The whole address is written once a space follows it.
+                if text.contains(&format!("{url} ")) {
+                    srv.url = url.to_string();
+                    return srv;
+                }
+            }
+            if let Ok(Some(st)) = srv.child.try_wait() {
+                panic!("roamdisk store serve exited early ({st}):\n{text}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "roamdisk store serve did not listen within 20 s:\n{}",
+            srv.log_text()
+        );
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything the server logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
     }
 }
 

@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod certs;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, ExitStatus, Output, Stdio};

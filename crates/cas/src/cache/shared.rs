@@ -870,10 +870,22 @@ impl SharedCache {
         }
     }
 
-    /// Whether this process has seen the cache refuse a chunk (it is, or
-    /// was, full of pinned chunks).
-    pub fn ever_refused(&self) -> bool {
-        self.inner.refused_n.load(Ordering::Relaxed) > 0
+    /// Whether chunks handed to [`SharedCache::insert`] and not yet stored
+    /// might be refused: they do not all fit beside what this process
+    /// knows to be resident.
+    pub fn may_refuse_pending(&self) -> bool {
+        let me = &*self.inner;
+        let pending: u64 = {
+            let p = me.pending.lock().unwrap_or_else(|e| e.into_inner());
+            p.values().map(|d| d.len() as u64).sum()
+        };
+        if pending == 0 {
+            return false;
+        }
+        // What every process has stored, as of now (other sessions fill
+        // the cache too); on error, assume the worst.
+        let resident = me.locked(|_, st| Ok(st.bytes)).unwrap_or(u64::MAX / 2);
+        resident + pending > me.config.size
     }
 
     /// Keep `ids` from eviction while the guard lives.

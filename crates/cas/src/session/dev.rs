@@ -27,6 +27,7 @@ use crate::chunk::Key;
 use crate::error::{bad_arg, context, corrupt};
 use crate::hash::ChunkId;
 use crate::index::{SectorState, SECTOR};
+use crate::store::http::Credentials;
 use crate::store::{DynStore, StoreConfig};
 use crate::version::Version;
 use crate::view::{GatherStats, VersionView};
@@ -42,6 +43,8 @@ pub struct SessionOpen {
     pub store: Option<String>,
     /// Use this key file instead of the one in session.toml.
     pub key_file: Option<PathBuf>,
+    /// Use this token file or CA instead of those in session.toml.
+    pub credentials: Credentials,
     /// Override P1 at write time.
     pub zero_detect: Option<bool>,
     /// The host's shared cache to read through.
@@ -187,6 +190,7 @@ impl CasDev {
             &store_loc,
             &crate::store::OpenOptions {
                 known_config: known.clone(),
+                credentials: config.credentials(&opts.credentials),
                 ..Default::default()
             },
         )?;
@@ -653,7 +657,7 @@ impl BlockDev for CasDev {
             // A cache full of pinned chunks refuses what it is handed in
             // the background: wait for its verdicts, so what it refused
             // is kept privately with this flush.
-            if sc.ever_refused() {
+            if sc.may_refuse_pending() {
                 sc.drain();
             }
             self.keep_refused()?;

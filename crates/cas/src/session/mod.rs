@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{bad_arg, corrupt, io};
 use crate::hash::ChunkId;
+use crate::store::http::Credentials;
 use roamdisk_blockdev::{Op, Result};
 
 pub const CONFIG_MAGIC: &str = "roamdisk-cas-session";
@@ -40,8 +41,15 @@ pub const CONFIG_VERSION: u32 = 1;
 pub struct SessionConfig {
     pub magic: String,
     pub version: u32,
-    /// The chunk store: a directory or an `http://` URL.
+    /// The chunk store: a directory or an `http://`/`https://` URL.
     pub store: String,
+    /// The token file of an HTTP store (its path: the token stays in its
+    /// own 0600 file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    /// The CA certificates trusted for an `https://` store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
     /// Where commits of this session go: `USER/IMAGE`.
     pub target: String,
     /// The private cache as a stack spec; relative paths are inside the
@@ -70,6 +78,8 @@ impl SessionConfig {
             magic: CONFIG_MAGIC.into(),
             version: CONFIG_VERSION,
             store: store.into(),
+            token_file: None,
+            ca_file: None,
             target: target.into(),
             cache: "raw:cache.raw".into(),
             key_file: None,
@@ -97,6 +107,15 @@ impl SessionConfig {
         }
         crate::store::check_ref_name(&c.target)?;
         Ok(c)
+    }
+
+    /// How to reach the store: `over` (layer options) first, then what
+    /// the session was created with.
+    pub fn credentials(&self, over: &Credentials) -> Credentials {
+        Credentials {
+            token_file: over.token_file.clone().or_else(|| self.token_file.clone()),
+            ca_file: over.ca_file.clone().or_else(|| self.ca_file.clone()),
+        }
     }
 
     /// The cache spec with its path made absolute.

@@ -3,20 +3,26 @@
 //! with compare-and-swap (ETag / If-Match), leases and gc operations.
 //! Requests run in parallel on a pool of `parallel` connections; transport
 //! errors and 5xx answers are retried with exponential backoff and jitter.
-//! Protocol: `docs/formats/cas-http.md`.
+//! `https://` stores are checked against the system's roots or a CA file;
+//! a token file makes every request carry `Authorization: Bearer`.
+//! Protocol: `docs/formats/cas-http.md`; manual: `docs/store-server.md`.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use rayon::prelude::*;
 use roamdisk_blockdev::{ErrorKind, Op, Result};
+use ureq::tls::{PemItem, RootCerts, TlsConfig, TlsProvider};
 
 use super::wire;
 use super::{
-    check_ref_name, ChunkPrune, ChunkRead, ChunkWrite, Lease, ObjectEntry, PutOutcome, StoreConfig,
+    check_ref_name, ChunkPrune, ChunkRead, ChunkWrite, Lease, ObjectEntry, OpenOptions, PutOutcome,
+    StoreConfig,
 };
 use crate::chunk::{HEADER_SIZE, MAX_OBJECT};
-use crate::error::{bad_arg, corrupt, err};
+use crate::error::{bad_arg, corrupt, err, io};
 use crate::hash::ChunkId;
+use crate::token::Token;
 
 /// Attempts per request (the first plus retries).
 const ATTEMPTS: u32 = 6;
@@ -24,6 +30,36 @@ const ATTEMPTS: u32 = 6;
 const BACKOFF: Duration = Duration::from_millis(100);
 /// Ids per have request.
 const HAVE_BATCH: usize = 16384;
+/// The token file used when none is given.
+pub const TOKEN_FILE_ENV: &str = "ROAMDISK_STORE_TOKEN_FILE";
+/// The CA file used when none is given.
+pub const CA_ENV: &str = "ROAMDISK_STORE_CA";
+
+/// Who the client is to a chunk server, and which servers it trusts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Credentials {
+    /// A token file (`USER.SECRET`, made by `roamdisk store user add`).
+    pub token_file: Option<PathBuf>,
+    /// PEM certificates trusted for `https://` stores instead of the
+    /// system's roots: the private CA that signed the server's certificate.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Credentials {
+    /// These, with what is missing taken from `$ROAMDISK_STORE_TOKEN_FILE`
+    /// and `$ROAMDISK_STORE_CA`.
+    pub fn or_env(&self) -> Credentials {
+        let env = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        Credentials {
+            token_file: self.token_file.clone().or_else(|| env(TOKEN_FILE_ENV)),
+            ca_file: self.ca_file.clone().or_else(|| env(CA_ENV)),
+        }
+    }
+}
 
 /// A chunk store behind `roamdisk store serve`.
 pub struct HttpStore {
@@ -31,6 +67,7 @@ pub struct HttpStore {
     agent: ureq::Agent,
     config: StoreConfig,
     pool: rayon::ThreadPool,
+    token: Option<Token>,
 }
 
 /// An answer: status and body.
@@ -58,21 +95,75 @@ fn jitter() -> u64 {
     (n as u64 * 2654435761) % 50
 }
 
-impl HttpStore {
-    /// Connect to `url` (e.g. `http://127.0.0.1:8700`) and read the store's
-    /// settings.
-    /// Connect to `url`. If the server does not answer and `known` (its
-    /// settings as last seen) is given, the store opens anyway: every
-    /// request then fails, and readers are served by their caches.
-    pub fn connect(url: &str, parallel: usize, known: Option<&StoreConfig>) -> Result<HttpStore> {
-        if url.starts_with("https://") {
-            return Err(bad_arg(
-                "https chunk stores are not built in: put `roamdisk store serve` behind a TLS proxy and use an SSH tunnel or a loopback URL",
-            ));
+/// TLS settings: the certificates of `ca` as the only roots, else the
+/// system's.
+fn tls_config(ca: Option<&Path>) -> Result<TlsConfig> {
+    let roots = match ca {
+        None => RootCerts::PlatformVerifier,
+        Some(p) => {
+            let pem =
+                std::fs::read(p).map_err(|e| io(Op::Open, e, p).msg("cannot read the CA file"))?;
+            let mut certs = Vec::new();
+            for item in ureq::tls::parse_pem(&pem) {
+                match item {
+                    Ok(PemItem::Certificate(c)) => certs.push(c),
+                    Ok(_) => {}
+                    Err(e) => {
+                        return Err(bad_arg(format!("the CA file {}: {e}", p.display())).path(p))
+                    }
+                }
+            }
+            if certs.is_empty() {
+                return Err(bad_arg(format!(
+                    "the CA file {} holds no PEM certificate",
+                    p.display()
+                )));
+            }
+            RootCerts::from(certs)
         }
-        let parallel = parallel.clamp(1, 256);
+    };
+    Ok(TlsConfig::builder()
+        .provider(TlsProvider::Rustls)
+        .root_certs(roots)
+        .build())
+}
+
+/// Whether a transport error is TLS refusing the server (a certificate
+/// not trusted, a failed handshake) rather than the network failing.
+fn tls_refusal(e: &ureq::Error) -> bool {
+    match e {
+        ureq::Error::Rustls(_) | ureq::Error::Tls(_) => true,
+        ureq::Error::Io(io) => io.get_ref().is_some_and(|i| i.is::<rustls::Error>()),
+        _ => false,
+    }
+}
+
+/// `q` with `headers` added.
+fn headed<B>(mut q: ureq::RequestBuilder<B>, headers: &[(&str, &str)]) -> ureq::RequestBuilder<B> {
+    for (k, v) in headers {
+        q = q.header(*k, *v);
+    }
+    q
+}
+
+impl HttpStore {
+    /// Connect to `url` (e.g. `https://store.example:8700`) with
+    /// `opts.credentials` (and the environment's) and read the store's
+    /// settings. If the server does not answer and `opts.known_config`
+    /// (its settings as last seen) is given, the store opens anyway: every
+    /// request then fails, and readers are served by their caches.
+    pub fn connect(url: &str, opts: &OpenOptions) -> Result<HttpStore> {
+        let creds = opts.credentials.or_env();
+        let token = creds
+            .token_file
+            .as_deref()
+            .map(Token::read_file)
+            .transpose()?;
+        let tls = tls_config(creds.ca_file.as_deref())?;
+        let parallel = opts.parallel.unwrap_or(8).clamp(1, 256);
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
+            .tls_config(tls)
             .timeout_connect(Some(Duration::from_secs(10)))
             .timeout_global(Some(Duration::from_secs(300)))
             .max_idle_connections(parallel * 2)
@@ -95,8 +186,9 @@ impl HttpStore {
             agent,
             config: StoreConfig::default(),
             pool,
+            token,
         };
-        let a = match (s.call("GET", "/v1/store", None, &[]), known) {
+        let a = match (s.call("GET", "/v1/store", None, &[]), &opts.known_config) {
             (Ok(a), _) => a,
             (Err(e), Some(c)) if e.kind() == ErrorKind::Io => {
                 tracing::warn!("{e}; working offline: only chunks in the caches and on lookaside media can be read");
@@ -121,39 +213,27 @@ impl HttpStore {
         headers: &[(&str, String)],
     ) -> Result<Answer> {
         let url = format!("{}{}", self.base, path);
+        let bearer = self
+            .token
+            .as_ref()
+            .map(|t| format!("Bearer {}", t.as_str()));
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (*k, v.as_str()))
+            .chain(bearer.as_deref().map(|b| ("authorization", b)))
+            .collect();
         let mut last = String::new();
         for attempt in 0..ATTEMPTS {
             if attempt > 0 {
                 let d = BACKOFF * (1 << (attempt - 1)) + Duration::from_millis(jitter());
                 std::thread::sleep(d);
             }
-            let r = match (method, body) {
-                ("GET", _) => {
-                    let mut q = self.agent.get(&url);
-                    for (k, v) in headers {
-                        q = q.header(*k, v);
-                    }
-                    q.call()
-                }
-                ("HEAD", _) => self.agent.head(&url).call(),
-                ("DELETE", _) => {
-                    let mut q = self.agent.delete(&url);
-                    for (k, v) in headers {
-                        q = q.header(*k, v);
-                    }
-                    q.call()
-                }
-                (m, b) => {
-                    let mut q = if m == "PUT" {
-                        self.agent.put(&url)
-                    } else {
-                        self.agent.post(&url)
-                    };
-                    for (k, v) in headers {
-                        q = q.header(*k, v);
-                    }
-                    q.send(b.unwrap_or(&[]))
-                }
+            let r = match method {
+                "GET" => headed(self.agent.get(&url), &headers).call(),
+                "HEAD" => headed(self.agent.head(&url), &headers).call(),
+                "DELETE" => headed(self.agent.delete(&url), &headers).call(),
+                "PUT" => headed(self.agent.put(&url), &headers).send(body.unwrap_or(&[])),
+                _ => headed(self.agent.post(&url), &headers).send(body.unwrap_or(&[])),
             };
             match r {
                 Ok(mut resp) => {
@@ -176,6 +256,23 @@ impl HttpStore {
                     }
                     return Ok(Answer { status, body });
                 }
+                // A certificate the client does not trust is not a network
+                // hiccup: no retry, and say what to do.
+                Err(e) if tls_refusal(&e) => {
+                    let todo = if e.to_string().contains("CaUsedAsEndEntity") {
+                        "the server's certificate is a CA certificate serving as its own: rustls refuses that; sign a server certificate with a CA and give the CA with --ca FILE (docs/store-server.md)"
+                    } else {
+                        "if its certificate is signed by a private CA, give that CA's certificate with --ca FILE (or $ROAMDISK_STORE_CA)"
+                    };
+                    return Err(err(
+                        ErrorKind::Io,
+                        Op::Open,
+                        format!(
+                            "no TLS connection to chunk server {}: {e}; {todo}",
+                            self.base
+                        ),
+                    ));
+                }
                 Err(e) => last = e.to_string(),
             }
         }
@@ -193,16 +290,25 @@ impl HttpStore {
         if ok.contains(&a.status) {
             return Ok(());
         }
-        Err(err(
-            kind_of(a.status),
-            Op::Read,
-            format!(
-                "chunk server {} could not {what} (HTTP {}): {}",
+        let said = String::from_utf8_lossy(&a.body);
+        let msg = match (a.status, &self.token) {
+            (401, Some(t)) => format!(
+                "the store {} refused the token for {}: check --token-file (or $ROAMDISK_STORE_TOKEN_FILE); it says: {}",
                 self.base,
-                a.status,
-                String::from_utf8_lossy(&a.body).trim()
+                t.user(),
+                said.trim()
             ),
-        ))
+            (401, None) => format!(
+                "the store {} needs a token: give --token-file FILE (or set $ROAMDISK_STORE_TOKEN_FILE); its admin makes one with `roamdisk store user add`",
+                self.base
+            ),
+            (status, _) => format!(
+                "chunk server {} could not {what} (HTTP {status}): {}",
+                self.base,
+                said.trim()
+            ),
+        };
+        Err(err(kind_of(a.status), Op::Read, msg))
     }
 
     fn text(a: &Answer) -> String {

@@ -733,13 +733,7 @@ impl ChunkWrite for LocalStore {
     }
     fn lease_begin(&self) -> Result<Lease> {
         let mut r = [0u8; 12];
-        openssl::rand::rand_bytes(&mut r).map_err(|e| {
-            err(
-                ErrorKind::Io,
-                Op::Write,
-                format!("no randomness for a lease id: {e}"),
-            )
-        })?;
+        crate::secret::fill_random(&mut r, "a lease id")?;
         let id: String = r.iter().map(|b| format!("{b:02x}")).collect();
         let started = SystemTime::now();
         let p = self.root.join("leases").join(&id);

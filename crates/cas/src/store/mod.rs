@@ -250,18 +250,21 @@ pub fn codec<S: ChunkRead + ?Sized>(store: &S) -> ChunkCodec {
     store.config().codec()
 }
 
-/// Validate a ref (catalog) name: `USER/IMAGE`, each part 1-64 of
-/// `[A-Za-z0-9._-]`, not starting with a dot.
+/// Whether `p` may be a user or image name: 1-64 of `[A-Za-z0-9._-]`,
+/// not starting with a dot.
+pub fn is_name_part(p: &str) -> bool {
+    !p.is_empty()
+        && p.len() <= 64
+        && !p.starts_with('.')
+        && p.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+/// Validate a ref (catalog) name: `USER/IMAGE`, each part
+/// [`is_name_part`].
 pub fn check_ref_name(name: &str) -> Result<()> {
     let parts: Vec<&str> = name.split('/').collect();
-    let ok_part = |p: &str| {
-        !p.is_empty()
-            && p.len() <= 64
-            && !p.starts_with('.')
-            && p.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
-    };
-    if parts.len() != 2 || !parts.iter().all(|p| ok_part(p)) {
+    if parts.len() != 2 || !parts.iter().all(|p| is_name_part(p)) {
         return Err(bad_arg(format!(
             "'{name}' is not USER/IMAGE (each part 1-64 letters, digits, '.', '_' or '-', not starting with '.')"
         )));
@@ -284,25 +287,27 @@ pub struct OpenOptions {
     /// HTTP store that cannot be reached opens with them, so what is
     /// cached or on lookaside media stays readable with no network.
     pub known_config: Option<StoreConfig>,
+    /// The token and CA of an HTTP store (what is not given here comes
+    /// from `$ROAMDISK_STORE_TOKEN_FILE` and `$ROAMDISK_STORE_CA`).
+    pub credentials: http::Credentials,
 }
 
-/// Open a store from a location: a directory path, or an `http://` URL of
-/// a `roamdisk store serve`.
+/// Whether a store location is the URL of a `roamdisk store serve`.
+pub fn is_url(location: &str) -> bool {
+    location.starts_with("http://") || location.starts_with("https://")
+}
+
+/// Open a store from a location: a directory path, or an `http://` or
+/// `https://` URL of a `roamdisk store serve`.
 pub fn open(location: &str, opts: &OpenOptions) -> Result<DynStore> {
-    let store: DynStore = if location.starts_with("http://") || location.starts_with("https://") {
-        Arc::new(http::HttpStore::connect(
-            location,
-            opts.parallel.unwrap_or(8),
-            opts.known_config.as_ref(),
-        )?)
+    let store: DynStore = if is_url(location) {
+        Arc::new(http::HttpStore::connect(location, opts)?)
     } else {
         let path = std::path::Path::new(location);
         Arc::new(local::LocalStore::open(path, opts.create.as_ref())?)
     };
     match store.config().quota {
-        Some(q) if !location.starts_with("http") => {
-            Ok(Arc::new(quota::QuotaStore::new(store, q)?) as DynStore)
-        }
+        Some(q) if !is_url(location) => Ok(Arc::new(quota::QuotaStore::new(store, q)?) as DynStore),
         _ => Ok(store),
     }
 }

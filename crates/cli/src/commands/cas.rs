@@ -9,15 +9,26 @@ use std::time::Duration;
 use crate::progress::{Output, Reporter};
 use anyhow::Context;
 use clap::Args as ClapArgs;
+use roamdisk_cas::store::http::Credentials;
 use roamdisk_cas::store::{self, DynStore, StoreConfig};
 
 /// Where the chunk store is, and the user's key.
 #[derive(ClapArgs, Clone, Debug)]
 pub struct StoreArgs {
-    /// Chunk store: a directory or the http:// URL of `roamdisk store
-    /// serve` (default: $ROAMDISK_STORE, else ~/.local/share/roamdisk/store).
+    /// Chunk store: a directory or the http:// or https:// URL of
+    /// `roamdisk store serve` (default: $ROAMDISK_STORE, else
+    /// ~/.local/share/roamdisk/store).
     #[arg(long, value_name = "DIR|URL")]
     pub store: Option<String>,
+    /// Token file for an HTTP store (made by `roamdisk store user add`;
+    /// default $ROAMDISK_STORE_TOKEN_FILE). Keep it mode 0600.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// CA certificates (PEM) trusted for an https:// store: the private CA
+    /// that signed its certificate (default $ROAMDISK_STORE_CA, else the
+    /// system's roots).
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
     /// The user's key file (encrypted images; make one with `roamdisk
     /// store keygen`).
     #[arg(long, value_name = "FILE")]
@@ -52,9 +63,18 @@ impl StoreArgs {
         let opts = store::OpenOptions {
             create: create.then(StoreConfig::default),
             parallel: Some(self.parallel),
+            credentials: self.credentials(),
             ..Default::default()
         };
         store::open(&loc, &opts).with_context(|| format!("cannot open chunk store {loc}"))
+    }
+
+    /// The token file and CA given on the command line.
+    pub fn credentials(&self) -> Credentials {
+        Credentials {
+            token_file: self.token_file.clone(),
+            ca_file: self.ca.clone(),
+        }
     }
 
     pub fn key(&self) -> anyhow::Result<Option<[u8; 32]>> {

@@ -1,7 +1,7 @@
 //! `roamdisk checkout`: time travel — materialise any version as a raw,
 //! LBS or qemu-img image, start a session on it, or serve it read-only.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
@@ -74,12 +74,15 @@ pub struct Args {
 }
 
 fn absolute_location(loc: &str) -> String {
-    if loc.starts_with("http://") || loc.starts_with("https://") {
+    if roamdisk_cas::store::is_url(loc) {
         return loc.to_string();
     }
-    std::fs::canonicalize(loc)
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|_| loc.to_string())
+    absolute(Path::new(loc)).display().to_string()
+}
+
+/// `p` made absolute (as it is, if it cannot be).
+fn absolute(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
 /// Serve `dev` as the default export on `listen` until SIGINT/SIGTERM.
@@ -123,15 +126,16 @@ pub fn new_session(
     lookaside: &[PathBuf],
 ) -> anyhow::Result<()> {
     roamdisk_cas::store::check_ref_name(target)?;
-    let mut cfg = SessionConfig::new(&absolute_location(&st.location()), target);
-    cfg.key_file = st
-        .key_file
-        .as_ref()
-        .map(|k| std::fs::canonicalize(k).unwrap_or_else(|_| k.clone()));
-    cfg.lookaside = lookaside
-        .iter()
-        .map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()))
-        .collect();
+    let location = st.location();
+    let mut cfg = SessionConfig::new(&absolute_location(&location), target);
+    cfg.key_file = st.key_file.as_deref().map(absolute);
+    if roamdisk_cas::store::is_url(&location) {
+        // The paths, never the token: the session opens with them later.
+        let creds = st.credentials().or_env();
+        cfg.token_file = creds.token_file.as_deref().map(absolute);
+        cfg.ca_file = creds.ca_file.as_deref().map(absolute);
+    }
+    cfg.lookaside = lookaside.iter().map(|p| absolute(p)).collect();
     match cache {
         "raw" => {}
         "lbs" => {

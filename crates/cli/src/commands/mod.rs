@@ -18,6 +18,7 @@ pub mod serve;
 pub mod sim;
 pub mod sperf;
 pub mod store;
+pub mod store_user;
 pub mod suspend;
 pub mod tag;
 pub mod trace;

@@ -179,6 +179,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let opts = SessionOpen {
         store: a.st.store.clone(),
         key_file: a.st.key_file.clone(),
+        credentials: a.st.credentials(),
         shared_cache: SharedChoice::parse(a.shared_cache.as_deref()),
         lookaside: if existing {
             a.lookaside.clone()

@@ -1,5 +1,6 @@
 //! `roamdisk store`: create, serve, inspect and verify chunk stores; make
-//! user keys.
+//! user keys; the users of a chunk server (`store user`, in
+//! `store_user.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -11,6 +12,8 @@ use rayon::prelude::*;
 use roamdisk_blockdev::units::{format_size, parse_size};
 use roamdisk_cas::hash::HashKind;
 use roamdisk_cas::repo::read_catalog;
+use roamdisk_cas::server::tls::TlsFiles;
+use roamdisk_cas::server::ServerOptions;
 use roamdisk_cas::store::{self, local::LocalStore, StoreConfig};
 use roamdisk_cas::version::{Header, Version};
 use roamdisk_cas::ChunkId;
@@ -24,6 +27,9 @@ use super::cas::StoreArgs;
 /// Examples:
 ///   roamdisk store init /srv/store --hash blake3 --compression zstd
 ///   roamdisk store serve /srv/store --listen 127.0.0.1:8700
+///   roamdisk store user add alice --users /srv/users.toml --token-file alice.token
+///   roamdisk store serve /srv/store --listen 0.0.0.0:8700 --users /srv/users.toml \
+///       --tls-cert cert.pem --tls-key key.pem
 ///   roamdisk store info --store http://127.0.0.1:8700
 ///   roamdisk store verify --store /srv/store
 ///   roamdisk store keygen alice.key
@@ -32,6 +38,8 @@ use super::cas::StoreArgs;
 pub enum Cmd {
     Init(InitArgs),
     Serve(ServeArgs),
+    #[command(subcommand)]
+    User(super::store_user::Cmd),
     Info(InfoArgs),
     Verify(VerifyArgs),
     Keygen(KeygenArgs),
@@ -59,14 +67,19 @@ pub struct InitArgs {
     quota: Option<String>,
 }
 
-/// Serve a store directory over HTTP (GET/HEAD/PUT of chunks by hash,
-/// batch queries, catalogs, leases, gc). Every uploaded chunk is verified
-/// before it is stored. No authentication or TLS: listen on loopback, or
-/// put it behind a TLS proxy.
+/// Serve a store directory over HTTP or HTTPS (GET/HEAD/PUT of chunks
+/// by hash, batch queries, catalogs, leases, gc). Every uploaded chunk is
+/// verified before it is stored. With --users only the users of that file
+/// get in, each with a token, and each reads and writes only their own
+/// catalogs and those shared with them; every refusal is logged. Without
+/// --users (and TLS) the server listens only on loopback unless
+/// --insecure. Manual: docs/store-server.md.
 ///
 /// Example:
 ///   roamdisk store serve /srv/store --listen 127.0.0.1:8700
 ///   roamdisk commit disk.img --to alice/vm --store http://127.0.0.1:8700
+///   roamdisk store serve /srv/store --listen 0.0.0.0:8700 --users /srv/users.toml \
+///       --tls-cert /etc/roamdisk/cert.pem --tls-key /etc/roamdisk/key.pem
 ///   roamdisk store serve /srv/store --listen 127.0.0.1:8700 --limit 1Mbit --latency 8ms
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
@@ -76,6 +89,20 @@ pub struct ServeArgs {
     /// printed).
     #[arg(long, value_name = "ADDR:PORT")]
     listen: SocketAddr,
+    /// Speak TLS with this certificate (PEM, then any intermediates).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Let in only the users of this file, each with their token (`roamdisk
+    /// store user add`). Read again when it changes, and on SIGHUP.
+    #[arg(long, value_name = "FILE")]
+    users: Option<PathBuf>,
+    /// Listen on a non-loopback address without --users or without TLS
+    /// (only on a network you trust).
+    #[arg(long)]
+    insecure: bool,
     /// Emulate a slow link: serve objects at most this fast, each
     /// direction (1Mbit, 100kbit, or bytes per second such as 10M).
     #[arg(long, value_name = "RATE")]
@@ -142,6 +169,7 @@ pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Serve(s) => serve(s, quiet),
+        Cmd::User(u) => super::store_user::run(u, quiet),
         Cmd::Info(i) => info(i),
         Cmd::Verify(v) => verify(v, quiet),
         Cmd::Keygen(k) => {
@@ -180,32 +208,56 @@ fn serve(s: ServeArgs, quiet: bool) -> anyhow::Result<()> {
         };
         st = std::sync::Arc::new(roamdisk_cas::store::throttle::ThrottleStore::new(st, spec));
     }
-    if !s.listen.ip().is_loopback() {
-        tracing::warn!(addr = %s.listen, "serving a chunk store without authentication or TLS on a non-loopback address");
-    }
+    let users = s
+        .users
+        .as_deref()
+        .map(roamdisk_cas::server::gate::UsersWatch::open)
+        .transpose()?;
+    let opts = ServerOptions {
+        listen: s.listen,
+        tls: match (s.tls_cert, s.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            _ => None,
+        },
+        users: users.clone(),
+        insecure: s.insecure,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("roamdisk-store")
         .build()
         .context("cannot start the runtime")?;
     rt.block_on(async move {
+        use tokio::signal::unix::{signal, SignalKind};
         let stop = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("SIGTERM handler");
+            let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = term.recv() => {}
             }
         };
+        if let Some(w) = users {
+            let mut hup = signal(SignalKind::hangup()).context("no SIGHUP handler")?;
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    tracing::info!("SIGHUP: the users file is read again before the next request");
+                    w.reload();
+                }
+            });
+        }
         let dir = s.dir.clone();
+        let scheme = opts.scheme();
+        let who = match &s.users {
+            Some(p) => format!("users of {}", p.display()),
+            None => "anyone (no --users)".into(),
+        };
         roamdisk_cas::server::serve(
             st,
-            s.listen,
+            &opts,
             move |addr| {
                 if !quiet {
                     eprintln!(
-                        "roamdisk: serving chunk store {} on http://{addr}",
+                        "roamdisk: serving chunk store {} on {scheme}://{addr} to {who}",
                         dir.display()
                     );
                 }

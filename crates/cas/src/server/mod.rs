@@ -2,23 +2,37 @@
 //! serves a local store (quota included) over the protocol in
 //! `docs/formats/cas-http.md`, verifies every object it is sent against
 //! its name before storing it, and refuses what does not match (422).
-//! No authentication or TLS: bind it to loopback or a trusted network,
-//! or put it behind a TLS proxy.
+//!
+//! Over a network it speaks TLS ([`tls`], rustls) and lets in only the
+//! users of a users file ([`users`]), each with a token, reading and
+//! writing their own catalogs and those shared with them; the [`gate`]
+//! decides every request before a handler runs and logs every refusal.
+//! Without a users file the server is open to whoever reaches it, so it
+//! refuses to listen on anything but loopback unless told `insecure`.
+//! Manual: `docs/store-server.md`.
+
+pub mod gate;
+pub mod tls;
+pub mod users;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::Router;
-use roamdisk_blockdev::{Error, ErrorKind};
+use roamdisk_blockdev::{Error, ErrorKind, Op};
 
 use crate::chunk::{HEADER_SIZE, MAX_OBJECT};
+use crate::error::{bad_arg, err};
 use crate::hash::ChunkId;
 use crate::store::{ref_tag, wire, DynStore, PutOutcome};
+use gate::{Caller, Gate, UsersWatch};
+use tls::TlsFiles;
 
 type St = Arc<DynStore>;
 
@@ -155,9 +169,14 @@ async fn sync(State(s): State<St>) -> Response {
     }
 }
 
-async fn list_refs(State(s): State<St>) -> Response {
+async fn list_refs(State(s): State<St>, Extension(caller): Extension<Caller>) -> Response {
     match blocking(move || s.ref_list()).await {
-        Ok(v) => v.join("\n").into_response(),
+        Ok(v) => v
+            .into_iter()
+            .filter(|name| caller.may_read(name))
+            .collect::<Vec<_>>()
+            .join("\n")
+            .into_response(),
         Err(r) => r,
     }
 }
@@ -296,8 +315,8 @@ async fn recover(State(s): State<St>, Query(q): Query<Cutoff>) -> Response {
     }
 }
 
-/// The router of the chunk server over `store`.
-pub fn router(store: DynStore) -> Router {
+/// The router of the chunk server over `store`, behind `gate`.
+pub fn router(store: DynStore, gate: Gate) -> Router {
     let st: St = Arc::new(store);
     Router::new()
         .route("/v1/store", get(store_settings))
@@ -318,20 +337,150 @@ pub fn router(store: DynStore) -> Router {
         .route("/v1/leases/{id}", put(refresh_lease).delete(end_lease))
         .route("/v1/recover", post(recover))
         .layer(DefaultBodyLimit::max(MAX_OBJECT + HEADER_SIZE))
+        .layer(axum::middleware::from_fn_with_state(gate, gate::gate))
         .with_state(st)
 }
 
-/// Serve `store` on `addr` until `stop` completes. `on_ready` gets the
+/// How the chunk server listens and whom it lets in.
+#[derive(Clone)]
+pub struct ServerOptions {
+    /// Address to listen on (port 0 picks one).
+    pub listen: SocketAddr,
+    /// Speak TLS with this certificate and key.
+    pub tls: Option<TlsFiles>,
+    /// Let in only these users (each with a token).
+    pub users: Option<Arc<UsersWatch>>,
+    /// Serve without TLS, or without users, on a non-loopback address.
+    pub insecure: bool,
+}
+
+impl ServerOptions {
+    /// Plain HTTP, open, on `listen`.
+    pub fn new(listen: SocketAddr) -> ServerOptions {
+        ServerOptions {
+            listen,
+            tls: None,
+            users: None,
+            insecure: false,
+        }
+    }
+
+    /// `https` or `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// Refuse to put a store on a network without users and TLS, unless
+    /// `insecure` says the network is trusted.
+    pub fn check(&self) -> roamdisk_blockdev::Result<()> {
+        if self.listen.ip().is_loopback() {
+            return Ok(());
+        }
+        let what = match (&self.users, &self.tls) {
+            (None, _) => "without authentication: anyone who reaches it could read chunks and rewrite catalogs. Give --users FILE and --tls-cert/--tls-key (see docs/store-server.md)",
+            (Some(_), None) => "without TLS: tokens and chunks would cross the network in clear. Give --tls-cert and --tls-key",
+            (Some(_), Some(_)) => return Ok(()),
+        };
+        if self.insecure {
+            tracing::warn!(addr = %self.listen, "serving a chunk store {}", what.split(':').next().unwrap_or(what));
+            return Ok(());
+        }
+        Err(bad_arg(format!(
+            "refusing to serve on {} {what}, listen on a loopback address, or pass --insecure on a network you trust",
+            self.listen
+        )))
+    }
+}
+
+fn io_err(what: String, e: std::io::Error) -> Error {
+    err(ErrorKind::Io, Op::Open, format!("{what}: {e}"))
+}
+
+/// Serve `store` as `opts` say until `stop` completes. `on_ready` gets the
 /// bound address (port 0 picks one).
 pub async fn serve(
     store: DynStore,
-    addr: SocketAddr,
+    opts: &ServerOptions,
     on_ready: impl FnOnce(SocketAddr),
     stop: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    on_ready(listener.local_addr()?);
-    axum::serve(listener, router(store))
-        .with_graceful_shutdown(stop)
-        .await
+) -> roamdisk_blockdev::Result<()> {
+    opts.check()?;
+    let tls = opts.tls.as_ref().map(tls::server_config).transpose()?;
+    let listener = std::net::TcpListener::bind(opts.listen)
+        .map_err(|e| io_err(format!("cannot listen on {}", opts.listen), e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| io_err("no local address".into(), e))?;
+    let app = router(
+        store,
+        Gate {
+            users: opts.users.clone(),
+        },
+    )
+    .into_make_service_with_connect_info::<SocketAddr>();
+    let handle = axum_server::Handle::new();
+    let h = handle.clone();
+    tokio::spawn(async move {
+        stop.await;
+        h.graceful_shutdown(Some(Duration::from_secs(10)));
+    });
+    on_ready(addr);
+    let served = match tls {
+        Some(cfg) => {
+            let cfg = axum_server::tls_rustls::RustlsConfig::from_config(cfg);
+            axum_server::from_tcp_rustls(listener, cfg)
+                .map_err(|e| io_err("cannot serve".into(), e))?
+                .handle(handle)
+                .accept_error_handler(|peer, e| {
+                    tracing::info!("TLS handshake with {peer:?} failed: {e}");
+                })
+                .serve(app)
+                .await
+        }
+        None => {
+            axum_server::from_tcp(listener)
+                .map_err(|e| io_err("cannot serve".into(), e))?
+                .handle(handle)
+                .serve(app)
+                .await
+        }
+    };
+    served.map_err(|e| io_err(format!("serving on {addr} failed"), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_network_address_needs_users_and_tls_or_insecure() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("users.toml");
+        users::edit(&path, true, |_| Ok(())).unwrap();
+        let watch = UsersWatch::open(&path).unwrap();
+        let tls = TlsFiles {
+            cert: "c.pem".into(),
+            key: "k.pem".into(),
+        };
+        let mut o = ServerOptions::new("127.0.0.1:0".parse().unwrap());
+        o.check().unwrap();
+        o.listen = "0.0.0.0:8700".parse().unwrap();
+        let e = o.check().unwrap_err().to_string();
+        assert!(
+            e.contains("without authentication") && e.contains("--insecure"),
+            "{e}"
+        );
+        o.users = Some(watch);
+        assert!(o.check().unwrap_err().to_string().contains("without TLS"));
+        o.tls = Some(tls);
+        o.check().unwrap();
+        o.users = None;
+        assert!(o.check().is_err(), "TLS without users is still open");
+        o.insecure = true;
+        o.check().unwrap();
+    }
 }
