@@ -23,29 +23,9 @@ to local raw. Target (issue): primed >= 0.9x local raw on both workloads.
 Usage: bench/cas-roaming.py [--runs 3] [--limit 100Mbit --latency 1ms]
 Needs: fio, a release build (cargo build --release -p roamdisk).
 """
-import argparse, json, os, random, re, shutil, signal, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, random, shutil, statistics, subprocess, sys, tempfile, time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-B = os.environ.get("ROAMDISK_BIN", os.path.join(ROOT, "target/release/roamdisk"))
-
-
-def run(*args, **kw):
-    return subprocess.run(args, check=True, capture_output=True, text=True, **kw).stdout
-
-
-def serve(spec, sock, env=None):
-    p = subprocess.Popen([B, "-q", "serve", spec, "--socket", sock], env=env,
-                         stderr=subprocess.DEVNULL)
-    for _ in range(200):
-        if os.path.exists(sock):
-            return p
-        time.sleep(0.05)
-    raise SystemExit(f"server for {spec} did not start")
-
-
-def stop(p):
-    p.send_signal(signal.SIGTERM)
-    p.wait(timeout=60)
+from roamdisk_bench import B, boot_trace, run, serve, stop, store_serve
 
 
 def boot(sock, trace):
@@ -78,12 +58,7 @@ def main():
     d = a.dir or tempfile.mkdtemp(prefix="roamdisk-roaming-", dir="/var/tmp")
     os.makedirs(d, exist_ok=True)
     trace = os.path.join(d, "boot.rdtrace")
-    run(B, "-q", "trace", "synth", "boot", "--clients", "1", "-o", trace)
-    reads = []
-    for line in run(B, "trace", "cat", trace).splitlines()[1:]:
-        t, c, dev, op, off, ln, frag = line.split(",")
-        if op in ("read", "write"):
-            reads.append((int(off), int(ln)))
+    reads = [(off, ln) for _, off, ln in boot_trace(trace)]
     size = max(o + l for o, l in reads)
     size = (size + (1 << 20) - 1) // (1 << 20) << 20
     img = os.path.join(d, "disk.img")
@@ -102,18 +77,7 @@ def main():
     store = os.path.join(d, "store")
     run(B, "-q", "store", "init", store)
     run(B, "-q", "commit", img, "--to", "bench/vm", "--store", store)
-    srv_args = [B, "store", "serve", store, "--listen", "127.0.0.1:0"]
-    if a.limit:
-        srv_args += ["--limit", a.limit]
-    if a.latency:
-        srv_args += ["--latency", a.latency]
-    srv = subprocess.Popen(srv_args, stderr=subprocess.PIPE, text=True)
-    url = None
-    for line in srv.stderr:
-        m = re.search(r"(http://[0-9.:]+)", line)
-        if m:
-            url = m.group(1)
-            break
+    srv, url = store_serve(store, a.limit, a.latency)
     env = dict(os.environ)
     n = [0]
 
