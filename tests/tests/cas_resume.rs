@@ -220,6 +220,10 @@ fn a_wrong_or_damaged_medium_costs_the_fetch_and_nothing_else() {
         assert_eq!(json_num(&out, "store_bytes"), MEMORY, "{out}");
         let ws = &out[out.find("\"working_set\"").unwrap()..];
         assert_eq!(json_num(ws, "store_bytes"), WS_CHUNKS * K64, "{out}");
+        // The damaged medium's chunks are found, fail verification, and
+        // are counted; the wrong medium simply has none of them.
+        let rejected = if i == 0 { MEMORY / K64 + WS_CHUNKS } else { 0 };
+        assert_eq!(json_num(&out, "lookaside_rejected"), rejected, "{out}");
         let spec = format!(
             "cas[shared-cache={}]:{}",
             shared.display(),

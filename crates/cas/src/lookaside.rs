@@ -277,6 +277,16 @@ pub fn for_view(
     Ok(Some(std::sync::Arc::new(la)))
 }
 
+/// Object `id` as stored (a version package, say), from the first
+/// chunk-store folder among `media` that holds it whole and correct.
+pub fn find_object(media: &[PathBuf], codec: &ChunkCodec, id: &ChunkId) -> Option<Vec<u8>> {
+    media
+        .iter()
+        .filter(|p| p.join("store.toml").exists())
+        .filter_map(|p| LocalStore::open(p, None).ok()?.get(id).ok())
+        .find(|raw| codec.verify(id, raw).is_ok())
+}
+
 /// Lookaside media as a layer option: paths separated by `+`.
 pub fn parse_media(v: Option<&str>) -> Vec<PathBuf> {
     v.map(|s| {

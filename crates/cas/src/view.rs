@@ -145,6 +145,30 @@ impl VersionView {
         Ok(Self::from_parts(store, id, version))
     }
 
+    /// Open version `id`, its package taken from a chunk-store folder
+    /// among `media` if one holds it (a resume set does), else from the
+    /// store; also returns the package as stored (a session keeps a copy).
+    pub fn open_with_package(
+        store: DynStore,
+        id: ChunkId,
+        user_key: Option<&Key>,
+        media: &[std::path::PathBuf],
+    ) -> Result<(VersionView, Vec<u8>)> {
+        let codec = store.config().codec();
+        let raw = match crate::lookaside::find_object(media, &codec, &id) {
+            Some(raw) => raw,
+            None => store
+                .get(&id)
+                .map_err(|e| context(e, format!("version {id}")))?,
+        };
+        let bytes = codec
+            .open(&id, None, &raw)
+            .map_err(|e| context(e, format!("version {id}")))?;
+        let version =
+            Version::decode(&bytes, user_key).map_err(|e| context(e, format!("version {id}")))?;
+        Ok((Self::from_parts(store, id, version), raw))
+    }
+
     pub fn from_parts(store: DynStore, id: ChunkId, version: Version) -> VersionView {
         VersionView {
             store,

@@ -86,14 +86,11 @@ fn keep_copy(path: &Path, bytes: &[u8]) {
 }
 
 /// Give a new session its copies of the store's settings and of its base
-/// version, so it opens and reads what is cached with no network.
-pub fn keep_offline_copies(dir: &Path, store: &DynStore, base: &ChunkId) -> Result<()> {
+/// version's package (`package`, as stored), so it opens and reads what is
+/// cached with no network.
+pub fn keep_offline_copies(dir: &Path, store: &DynStore, package: &[u8]) {
     keep_copy(&dir.join(STORE_COPY), store.config().to_toml().as_bytes());
-    let raw = store
-        .get(base)
-        .map_err(|e| context(e, format!("version {base}")))?;
-    keep_copy(&dir.join(BASE_COPY), &raw);
-    Ok(())
+    keep_copy(&dir.join(BASE_COPY), package);
 }
 
 /// The session's base version: from its own copy (checked against the

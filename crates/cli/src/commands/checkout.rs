@@ -114,13 +114,15 @@ pub fn serve_one(
     Ok(())
 }
 
-/// Create a session in `dir` on `view` (from `store`), committing to
-/// `target`, with a `raw` or `lbs` private cache and lookaside media.
+/// Create a session in `dir` on `view` (from `store`; its package as
+/// stored: `package`), committing to `target`, with a `raw` or `lbs`
+/// private cache and lookaside media.
 pub fn new_session(
     dir: &std::path::Path,
     st: &StoreArgs,
     store: &roamdisk_cas::store::DynStore,
     view: &VersionView,
+    package: &[u8],
     target: &str,
     cache: &str,
     lookaside: &[PathBuf],
@@ -146,7 +148,7 @@ pub fn new_session(
         other => bail!("--cache must be raw or lbs, not '{other}'"),
     }
     session::create(dir, &cfg, view.id, view.size())?;
-    roamdisk_cas::session::dev::keep_offline_copies(dir, store, &view.id)?;
+    roamdisk_cas::session::dev::keep_offline_copies(dir, store, package);
     Ok(())
 }
 
@@ -156,8 +158,9 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let key = a.st.key()?;
     let (name, entry) = resolve(&*store, &a.version)?;
     let progress = a.st.progress(quiet);
-    let view = VersionView::open(store.clone(), entry.version, key.as_ref())
-        .with_context(|| format!("cannot check out {name}@{}", entry.version.short()))?;
+    let (view, package) =
+        VersionView::open_with_package(store.clone(), entry.version, key.as_ref(), &[])
+            .with_context(|| format!("cannot check out {name}@{}", entry.version.short()))?;
     let describe = format!(
         "{name}@{} ({}, {})",
         entry.version.short(),
@@ -195,7 +198,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     }
     if let Some(dir) = &a.session {
         let target = a.as_image.clone().unwrap_or_else(|| name.clone());
-        new_session(dir, &a.st, &store, &view, &target, &a.cache, &[])?;
+        new_session(dir, &a.st, &store, &view, &package, &target, &a.cache, &[])?;
         if !quiet {
             println!(
                 "session {} on {describe}; commits go to {target}\n  serve it:  roamdisk serve cas:{} --socket /tmp/vm.sock\n  commit it: roamdisk commit cas:{} -m \"...\"",

@@ -92,6 +92,9 @@ struct Report {
     memory: GatherStats,
     /// The working set: chunks that had to come, and by source.
     working_set: PrefetchStatus,
+    /// Chunks lookaside media had but failed verification (damaged or
+    /// stale media), fetched elsewhere instead.
+    lookaside_rejected: u64,
     /// Distinct chunks of the version in the shared cache, and in all.
     hoard_cached: u64,
     hoard_chunks: u64,
@@ -147,6 +150,12 @@ fn print_report(r: &Report, name: &str) {
             .map(|e| format!("; stopped early: {e}"))
             .unwrap_or_default()
     );
+    if r.lookaside_rejected > 0 {
+        println!(
+            "  lookaside    {} chunks on the media failed verification (damaged or stale) and were fetched instead",
+            r.lookaside_rejected
+        );
+    }
     println!(
         "  hoard level  {} of {} chunks of the version on this host ({:.0}%)",
         r.hoard_cached,
@@ -163,14 +172,22 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let (name, entry) = resolve(&*store, &a.version)?;
     let existing = a.session.join("session.toml").exists();
     if !existing {
-        let view = VersionView::open(store.clone(), entry.version, key.as_ref())
-            .with_context(|| format!("cannot resume {name}@{}", entry.version.short()))?;
+        // The package from the resume set when it holds it: only the
+        // catalog then crosses the network before the disk is served.
+        let (view, package) = VersionView::open_with_package(
+            store.clone(),
+            entry.version,
+            key.as_ref(),
+            &a.lookaside,
+        )
+        .with_context(|| format!("cannot resume {name}@{}", entry.version.short()))?;
         let target = a.as_image.clone().unwrap_or_else(|| name.clone());
         new_session(
             &a.session,
             &a.st,
             &store,
             &view,
+            &package,
             &target,
             &a.cache,
             &a.lookaside,
@@ -229,6 +246,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             session: a.session.clone(),
             memory,
             working_set: ws,
+            lookaside_rejected: view.lookaside().map(|l| l.stats().bad).unwrap_or(0),
             hoard_cached: cached,
             hoard_chunks: chunks,
             seconds: t0.elapsed().as_secs_f64(),
