@@ -114,15 +114,14 @@ pub fn serve_one(
     Ok(())
 }
 
-/// Create a session in `dir` on `view` (from `store`; its package as
-/// stored: `package`), committing to `target`, with a `raw` or `lbs`
+/// Create a session in `dir` on a version (from `store`: its view, and its
+/// package as stored), committing to `target`, with a `raw` or `lbs`
 /// private cache and lookaside media.
 pub fn new_session(
     dir: &std::path::Path,
     st: &StoreArgs,
     store: &roamdisk_cas::store::DynStore,
-    view: &VersionView,
-    package: &[u8],
+    (view, package): (&VersionView, &[u8]),
     target: &str,
     cache: &str,
     lookaside: &[PathBuf],
@@ -198,7 +197,15 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     }
     if let Some(dir) = &a.session {
         let target = a.as_image.clone().unwrap_or_else(|| name.clone());
-        new_session(dir, &a.st, &store, &view, &package, &target, &a.cache, &[])?;
+        new_session(
+            dir,
+            &a.st,
+            &store,
+            (&view, &package),
+            &target,
+            &a.cache,
+            &[],
+        )?;
         if !quiet {
             println!(
                 "session {} on {describe}; commits go to {target}\n  serve it:  roamdisk serve cas:{} --socket /tmp/vm.sock\n  commit it: roamdisk commit cas:{} -m \"...\"",
