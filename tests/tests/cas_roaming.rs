@@ -12,7 +12,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cas_common::{commit_version, open_session, Cas, ChunkServer};
+use cas_common::{commit_version, convert_ok, open_session, Cas, ChunkServer};
 use common::{path_str, qemu_img_compare, qemu_img_convert, qemu_io, rd, roamdisk, Server};
 
 const SIZE: u64 = 8 << 20;
@@ -22,20 +22,9 @@ const CHUNKS: usize = (SIZE / 65536) as usize;
 /// `cas[OPTS]:SESS`, its whole disk copied to OUT by qemu-img.
 fn read_all(dir: &Path, sess: &Path, opts: &str, out: &Path) -> bool {
     let srv = Server::start(dir, &[&format!("cas[{opts}]:{}", sess.display())]);
-    let ok = roamdisk_free_convert(&srv.uri(), out);
+    let ok = convert_ok(&srv.uri(), out);
     srv.stop();
     ok
-}
-
-/// `qemu-img convert` of an export to a raw file: whether it succeeded.
-fn roamdisk_free_convert(uri: &str, out: &Path) -> bool {
-    let _ = std::fs::remove_file(out);
-    std::process::Command::new("qemu-img")
-        .args(["convert", "-f", "raw", "-O", "raw", uri, path_str(out)])
-        .output()
-        .expect("qemu-img")
-        .status
-        .success()
 }
 
 fn chunk_files(cache: &Path) -> usize {
@@ -80,7 +69,7 @@ fn what_one_session_fetched_is_never_fetched_again_even_after_kill_9() {
     // once the cache holds every chunk.
     let srv = Server::start(dir, &[&format!("cas[{opts}]:{}", s[0].display())]);
     let out = dir.join("out.raw");
-    assert!(roamdisk_free_convert(&srv.uri(), &out));
+    assert!(convert_ok(&srv.uri(), &out));
     qemu_img_compare(path_str(&src), path_str(&out));
     let t0 = Instant::now();
     while chunk_files(&cache) < CHUNKS && t0.elapsed() < Duration::from_secs(30) {

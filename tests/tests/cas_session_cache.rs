@@ -16,7 +16,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use cas_common::{checkout, commit_session, commit_version, open_session, Cas, ChunkServer};
+use cas_common::{
+    checkout, commit_session, commit_version, convert_ok, open_session, Cas, ChunkServer,
+};
 use common::{path_str, qemu_img_compare, qemu_io, Server};
 
 const SIZE: u64 = 8 << 20;
@@ -26,7 +28,7 @@ const K64: u64 = 65536;
 /// qemu-img: whether that succeeded (the disconnect settles the session).
 fn read_all(dir: &Path, sess: &Path, cache: &Path, out: &Path) -> bool {
     let srv = serve(dir, sess, cache);
-    let ok = convert(&srv.uri(), out);
+    let ok = convert_ok(&srv.uri(), out);
     srv.stop();
     ok
 }
@@ -42,16 +44,6 @@ fn serve(dir: &Path, sess: &Path, cache: &Path) -> Server {
             sess.display()
         )],
     )
-}
-
-fn convert(uri: &str, out: &Path) -> bool {
-    let _ = std::fs::remove_file(out);
-    std::process::Command::new("qemu-img")
-        .args(["convert", "-f", "raw", "-O", "raw", uri, path_str(out)])
-        .output()
-        .expect("qemu-img")
-        .status
-        .success()
 }
 
 /// Poll `ok` for up to 30 s.
@@ -174,7 +166,7 @@ fn a_full_shared_cache_keeps_what_running_sessions_need_and_the_rest_stays_priva
     // Session 1 runs (and pins a's chunks) while session 2 reads all of b
     // and writes, flushed, 64 KiB at 2 MiB.
     let run1 = serve(dir, &s1, &shared);
-    assert!(convert(&run1.uri(), &out));
+    assert!(convert_ok(&run1.uri(), &out));
     qemu_img_compare(path_str(&a), path_str(&out));
     // The cache stores what it is handed in the background.
     assert!(
@@ -183,7 +175,7 @@ fn a_full_shared_cache_keeps_what_running_sessions_need_and_the_rest_stays_priva
         cached_bytes(&shared)
     );
     let run2 = serve(dir, &s2, &shared);
-    assert!(convert(&run2.uri(), &out));
+    assert!(convert_ok(&run2.uri(), &out));
     qemu_img_compare(path_str(&b), path_str(&out));
     qemu_io(
         &run2.uri(),

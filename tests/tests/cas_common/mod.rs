@@ -240,6 +240,18 @@ pub fn put_at(disk: &Path, part: &Path, offset: u64) {
     f.write_all(&data).expect("write");
 }
 
+/// `qemu-img convert` of an export to a raw file OUT (replaced): whether
+/// it succeeded.
+pub fn convert_ok(uri: &str, out: &Path) -> bool {
+    let _ = std::fs::remove_file(out);
+    Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "raw", uri, path_str(out)])
+        .output()
+        .expect("qemu-img")
+        .status
+        .success()
+}
+
 /// `roamdisk store serve STORE --listen 127.0.0.1:0 EXTRA...` on a free
 /// loopback port, its stderr (the log) kept in a file; killed when
 /// dropped.
