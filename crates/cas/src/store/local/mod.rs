@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! STORE/store.toml          settings (hash, compression, quota)
+//! STORE/packs/NAME.pack     objects stored together: a commit's chunks
 //! STORE/objects/4e/4e11…    one file per object, named by its hex id,
 //!                           under a folder named by the first two digits
 //! STORE/refs/USER/IMAGE     catalogs (compare-and-swap under refs/.lock)
@@ -10,20 +11,24 @@
 //! STORE/trash/              objects a running gc is about to delete
 //! ```
 //!
-//! Objects are written in groups: each to an unnamed file in its folder
-//! (`O_TMPFILE`; a named file in `tmp/` where the file system has none),
-//! then the whole group is made durable, then each file is given its name
-//! (a link that fails if the name exists). The folders that received names
-//! are fsynced by [`ChunkWrite::sync`] before any version refers to them.
-//! Details and the crash argument: `docs/formats/cas-store.md`.
+//! A group of objects (a put group, or a `put_many` of more than one) is
+//! written as one pack (`packs.rs`): one unnamed file, made durable, then
+//! named. A single object is a file of its own: written to an unnamed file
+//! in its folder (`O_TMPFILE`; a named file in `tmp/` where the file
+//! system has none), made durable, then given its name (a link that fails
+//! if the name exists). The folders that received names are fsynced by
+//! [`ChunkWrite::sync`] before any version refers to them. Details and the
+//! crash argument: `docs/formats/cas-store.md`.
 
-use std::collections::HashSet;
+mod packs;
+
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind as IoKind, IoSlice, Read, Seek, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -33,11 +38,12 @@ use roamdisk_blockdev::{ErrorKind, Op, Result};
 use rustix::fs::{AtFlags, RenameFlags, Timespec, Timestamps, CWD, UTIME_NOW, UTIME_OMIT};
 
 use super::{
-    check_ref_name, ref_tag, ChunkPrune, ChunkRead, ChunkWrite, Lease, ObjectEntry, ObjectParts,
-    PutGroup, PutOutcome, StoreConfig,
+    check_ref_name, config, ref_tag, ChunkPrune, ChunkRead, ChunkWrite, Lease, ObjectEntry,
+    ObjectParts, PutGroup, PutOutcome, StoreConfig,
 };
 use crate::error::{err, io, not_found};
 use crate::hash::ChunkId;
+use packs::{is_pack_name, PackGroup, PackTable};
 
 const LEASE_MAGIC: &str = "roamdisk-lease 1";
 
@@ -74,6 +80,14 @@ pub struct LocalStore {
     naming: AtomicU8,
     seq: AtomicU64,
     pid: u32,
+    /// Where each packed object is.
+    packs: PackTable,
+    /// The `packs/` folder, opened once.
+    packs_fd: Mutex<Option<Arc<OwnedFd>>>,
+    /// The layout version `store.toml` declares (1: no packs yet).
+    layout: AtomicU32,
+    /// Held while `store.toml` is rewritten for a new layout version.
+    layout_lock: Mutex<()>,
 }
 
 /// An object written to an unnamed file (or to a named one in `tmp/`),
@@ -178,7 +192,8 @@ impl LocalStore {
             },
             Err(e) => return Err(io(Op::Open, e, &cfg_path)),
         };
-        let config = StoreConfig::parse(&text).map_err(|e| e.path(&cfg_path))?;
+        let (config, layout) =
+            StoreConfig::parse_versioned(&text).map_err(|e| e.path(&cfg_path))?;
         for d in ["objects", "refs", "leases", "tmp", "trash"] {
             let p = root.join(d);
             fs::create_dir_all(&p).map_err(|e| io(Op::Open, e, &p))?;
@@ -192,7 +207,43 @@ impl LocalStore {
             naming: AtomicU8::new(NAMING_UNKNOWN),
             seq: AtomicU64::new(0),
             pid: std::process::id(),
+            packs: PackTable::default(),
+            packs_fd: Mutex::new(None),
+            layout: AtomicU32::new(layout),
+            layout_lock: Mutex::new(()),
         })
+    }
+
+    /// Before the first pack of a store written by an older build gets a
+    /// name: rewrite `store.toml` (same settings) with the layout version
+    /// that has packs, durably, so older builds refuse the store rather
+    /// than miss its packed objects.
+    fn upgrade_layout(&self) -> Result<()> {
+        if self.layout.load(Ordering::Acquire) >= config::VERSION {
+            return Ok(());
+        }
+        let _held = self.layout_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.layout.load(Ordering::Acquire) >= config::VERSION {
+            return Ok(());
+        }
+        let cfg_path = self.root.join("store.toml");
+        let tmp = self.tmp_path("store.toml");
+        write_file_durably(&cfg_path, &tmp, self.config.to_toml().as_bytes())
+            .and_then(|()| sync_dir(&self.root))
+            .map_err(|e| {
+                let _ = fs::remove_file(&tmp);
+                io(Op::Write, e, &cfg_path).msg("cannot record the pack layout in store.toml")
+            })?;
+        self.layout.store(config::VERSION, Ordering::Release);
+        Ok(())
+    }
+
+    /// Remember that `dir` received a name (fsynced by the next `sync`).
+    fn mark_dirty(&self, dir: PathBuf) {
+        self.dirty_dirs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(dir);
     }
 
     /// Create a new, empty store. Fails if `root` already holds one.
@@ -206,12 +257,9 @@ impl LocalStore {
             ));
         }
         fs::create_dir_all(root).map_err(|e| io(Op::Open, e, root))?;
-        for d in ["objects", "refs", "leases", "tmp", "trash"] {
+        // Fan-out folders are made when an object first needs one.
+        for d in ["objects", "packs", "refs", "leases", "tmp", "trash"] {
             let p = root.join(d);
-            fs::create_dir_all(&p).map_err(|e| io(Op::Open, e, &p))?;
-        }
-        for i in 0..256 {
-            let p = root.join("objects").join(format!("{i:02x}"));
             fs::create_dir_all(&p).map_err(|e| io(Op::Open, e, &p))?;
         }
         let tmp = root.join("tmp").join("store.toml");
@@ -253,6 +301,15 @@ impl LocalStore {
     fn restore_from_trash(&self, id: &ChunkId) -> Result<bool> {
         let t = self.trash_path(id);
         let p = self.object_path(id);
+        if !t.exists() {
+            return Ok(false);
+        }
+        // Its folder may not exist (yet, or any more).
+        let dir = p.parent().expect("fan-out folder");
+        if !dir.exists() {
+            fs::create_dir_all(dir).map_err(|e| io(Op::Write, e, dir))?;
+            self.mark_dirty(self.root.join("objects"));
+        }
         let r = rename_noreplace(&t, &p).map_err(|e| io(Op::Write, e, &t))?;
         if r == Renamed::SourceMissing {
             return Ok(false);
@@ -455,6 +512,63 @@ impl LocalStore {
         ))
     }
 
+    /// Store objects each as a file of its own (steps 1-3 of "Writing an
+    /// object" in `docs/formats/cas-store.md`), in groups of [`GROUP`].
+    fn put_loose(&self, items: &[ObjectParts<'_>]) -> Result<Vec<PutOutcome>> {
+        let mut out = Vec::with_capacity(items.len());
+        for items in items.chunks(GROUP) {
+            // 1. Write each to an unnamed file.
+            let pending: Vec<(ChunkId, Pending)> = items
+                .par_iter()
+                .map(|(id, parts)| {
+                    let p = self
+                        .write_unnamed(id, parts)
+                        .map_err(|e| self.put_error(id, e))?;
+                    Ok((*id, p))
+                })
+                .collect::<Result<_>>()?;
+            // 2. Make them all durable, 3. name each (in order).
+            self.make_durable(&pending)?;
+            let named: Vec<PutOutcome> = pending
+                .into_par_iter()
+                .map(|(id, p)| {
+                    self.name_pending(p, &id)
+                        .map_err(|e| self.put_error(&id, e))
+                })
+                .collect::<Result<_>>()?;
+            out.extend(named);
+        }
+        Ok(out)
+    }
+
+    /// remove-if-older of an object's own file (`None`: kept, or no such
+    /// file).
+    fn remove_loose_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
+        let p = self.object_path(id);
+        let t = self.trash_path(id);
+        // 1. Move aside: from here on a commit's touch finds no object and
+        //    uploads it again (or restores it from the trash).
+        if rename_noreplace(&p, &t).map_err(|e| io(Op::Write, e, &p))? != Renamed::Moved {
+            return Ok(None);
+        }
+        // 2. Re-read its time: a touch that came before the move shows here.
+        let m = match fs::metadata(&t) {
+            Ok(m) => m,
+            Err(e) if e.kind() == IoKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(Op::Read, e, &t)),
+        };
+        if m.modified().unwrap_or(UNIX_EPOCH) >= cutoff {
+            let _ = rename_noreplace(&t, &p);
+            let _ = fs::remove_file(&t);
+            return Ok(None);
+        }
+        match fs::remove_file(&t) {
+            Ok(()) => Ok(Some(m.len())),
+            Err(e) if e.kind() == IoKind::NotFound => Ok(None),
+            Err(e) => Err(io(Op::Write, e, &t)),
+        }
+    }
+
     /// Step 2 of a put: make a group of written objects durable. (On a
     /// journalling file system the first fsync of a group commits the
     /// others' new inodes and, in ordered mode, their data too, so the
@@ -501,45 +615,6 @@ fn nanos(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-/// A group of puts into a local store: each object is written to an
-/// unnamed file as it comes (from any thread); `finish` makes them all
-/// durable, then names them.
-struct LocalGroup<'a> {
-    store: &'a LocalStore,
-    /// In write order.
-    pending: Mutex<Vec<(ChunkId, Pending)>>,
-}
-
-impl PutGroup for LocalGroup<'_> {
-    fn write(&self, id: &ChunkId, parts: [&[u8]; 2]) -> Result<()> {
-        let p = self
-            .store
-            .write_unnamed(id, &parts)
-            .map_err(|e| self.store.put_error(id, e))?;
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((*id, p));
-        Ok(())
-    }
-
-    fn finish(self: Box<Self>) -> Result<Vec<(ChunkId, PutOutcome)>> {
-        let pending = self.pending.into_inner().unwrap_or_else(|e| e.into_inner());
-        // Nothing is named before everything is durable.
-        self.store.make_durable(&pending)?;
-        let store = self.store;
-        pending
-            .into_par_iter()
-            .map(|(id, p)| {
-                let o = store
-                    .name_pending(p, &id)
-                    .map_err(|e| store.put_error(&id, e))?;
-                Ok((id, o))
-            })
-            .collect()
-    }
-}
-
 impl ChunkRead for LocalStore {
     fn describe(&self) -> String {
         self.root.display().to_string()
@@ -548,6 +623,11 @@ impl ChunkRead for LocalStore {
         &self.config
     }
     fn get(&self, id: &ChunkId) -> Result<Vec<u8>> {
+        // Packs the table knows, then its own file, then packs written
+        // since the table was loaded, then what a gc left in the trash.
+        if let Some(v) = self.get_packed(id, false)? {
+            return Ok(v);
+        }
         let p = self.object_path(id);
         let read = |p: &Path| -> std::io::Result<Vec<u8>> {
             let mut f = File::open(p)?;
@@ -558,8 +638,16 @@ impl ChunkRead for LocalStore {
         match read(&p) {
             Ok(v) => Ok(v),
             Err(e) if e.kind() == IoKind::NotFound => {
+                if let Some(v) = self.get_packed(id, true)? {
+                    return Ok(v);
+                }
                 if self.restore_from_trash(id)? {
                     return read(&p).map_err(|e| io(Op::Read, e, &p));
+                }
+                if self.restore_pack_holding(id)? {
+                    if let Some(v) = self.get_packed(id, true)? {
+                        return Ok(v);
+                    }
                 }
                 Err(not_found(format!(
                     "object {id} is missing from store {} (a damaged store, or a version whose chunks were removed)",
@@ -574,8 +662,13 @@ impl ChunkRead for LocalStore {
         ids.par_iter().map(|id| self.get(id)).collect()
     }
     fn has_many(&self, ids: &[ChunkId], touch_found: bool) -> Result<Vec<bool>> {
+        let packed = self.has_packed(ids, touch_found)?;
         ids.par_iter()
-            .map(|id| {
+            .zip(packed)
+            .map(|(id, packed)| {
+                if packed {
+                    return Ok(true);
+                }
                 let r = self.fan_dir(id.0[0] as usize, false).and_then(|dir| {
                     let name = id.to_hex();
                     if touch_found {
@@ -633,36 +726,35 @@ impl ChunkWrite for LocalStore {
         self.put_many_parts(&items)
     }
     fn put_many_parts(&self, items: &[ObjectParts<'_>]) -> Result<Vec<PutOutcome>> {
-        let mut out = Vec::with_capacity(items.len());
-        for items in items.chunks(GROUP) {
-            // 1. Write each to an unnamed file.
-            let pending: Vec<(ChunkId, Pending)> = items
-                .par_iter()
-                .map(|(id, parts)| {
-                    let p = self
-                        .write_unnamed(id, parts)
-                        .map_err(|e| self.put_error(id, e))?;
-                    Ok((*id, p))
-                })
-                .collect::<Result<_>>()?;
-            // 2. Make them all durable, 3. name each (in order).
-            self.make_durable(&pending)?;
-            let named: Vec<PutOutcome> = pending
-                .into_par_iter()
-                .map(|(id, p)| {
-                    self.name_pending(p, &id)
-                        .map_err(|e| self.put_error(&id, e))
-                })
-                .collect::<Result<_>>()?;
-            out.extend(named);
+        if items.len() < 2 {
+            return self.put_loose(items);
         }
-        Ok(out)
+        // Objects stored together go into one pack; those the store has
+        // are touched instead.
+        let ids: Vec<ChunkId> = items.iter().map(|(id, _)| *id).collect();
+        let have = self.has_many(&ids, true)?;
+        let group = PackGroup::new(self);
+        items
+            .par_iter()
+            .zip(&have)
+            .filter(|(_, h)| !**h)
+            .try_for_each(|((id, parts), _)| group.write(id, *parts))?;
+        let mut stored: HashMap<ChunkId, PutOutcome> =
+            Box::new(group).finish()?.into_iter().collect();
+        Ok(items
+            .iter()
+            .zip(have)
+            .map(|((id, _), h)| match h {
+                true => PutOutcome::Existed,
+                // A duplicate within `items` is stored once.
+                false => stored
+                    .insert(*id, PutOutcome::Existed)
+                    .unwrap_or(PutOutcome::Existed),
+            })
+            .collect())
     }
     fn put_group(&self) -> Box<dyn PutGroup + '_> {
-        Box::new(LocalGroup {
-            store: self,
-            pending: Mutex::new(Vec::new()),
-        })
+        Box::new(PackGroup::new(self))
     }
     fn cheap_lookups(&self) -> bool {
         true
@@ -798,32 +890,30 @@ impl ChunkPrune for LocalStore {
                 });
             }
         }
+        for e in self.list_packed()? {
+            f(e);
+        }
         Ok(())
     }
     fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
-        let p = self.object_path(id);
-        let t = self.trash_path(id);
-        // 1. Move aside: from here on a commit's touch finds no object and
-        //    uploads it again (or restores it from the trash).
-        if rename_noreplace(&p, &t).map_err(|e| io(Op::Write, e, &p))? != Renamed::Moved {
-            return Ok(None);
+        Ok(self.remove_many_if_older(&[*id], cutoff)?[0])
+    }
+    fn remove_many_if_older(
+        &self,
+        ids: &[ChunkId],
+        cutoff: SystemTime,
+    ) -> Result<Vec<Option<u64>>> {
+        let mut out = ids
+            .iter()
+            .map(|id| self.remove_loose_if_older(id, cutoff))
+            .collect::<Result<Vec<_>>>()?;
+        let packed = self.remove_packed_if_older(ids, cutoff)?;
+        for (id, o) in ids.iter().zip(&mut out) {
+            if let Some(n) = packed.get(id) {
+                *o = Some(o.unwrap_or(0) + n);
+            }
         }
-        // 2. Re-read its time: a touch that came before the move shows here.
-        let m = match fs::metadata(&t) {
-            Ok(m) => m,
-            Err(e) if e.kind() == IoKind::NotFound => return Ok(None),
-            Err(e) => return Err(io(Op::Read, e, &t)),
-        };
-        if m.modified().unwrap_or(UNIX_EPOCH) >= cutoff {
-            let _ = rename_noreplace(&t, &p);
-            let _ = fs::remove_file(&t);
-            return Ok(None);
-        }
-        match fs::remove_file(&t) {
-            Ok(()) => Ok(Some(m.len())),
-            Err(e) if e.kind() == IoKind::NotFound => Ok(None),
-            Err(e) => Err(io(Op::Write, e, &t)),
-        }
+        Ok(out)
     }
     fn leases(&self) -> Result<Vec<Lease>> {
         let d = self.root.join("leases");
@@ -859,9 +949,15 @@ impl ChunkPrune for LocalStore {
         let trash = self.root.join("trash");
         for ent in fs::read_dir(&trash).map_err(|e| io(Op::Read, e, &trash))? {
             let ent = ent.map_err(|e| io(Op::Read, e, &trash))?;
-            if let Some(id) = ChunkId::from_hex(&ent.file_name().to_string_lossy()) {
+            let name = ent.file_name().to_string_lossy().to_string();
+            if let Some(id) = ChunkId::from_hex(&name) {
                 if self.restore_from_trash(&id)? {
                     restored += 1;
+                }
+                let _ = fs::remove_file(ent.path());
+            } else if is_pack_name(&name) {
+                if let Some(n) = self.restore_pack(&name)? {
+                    restored += n as u64;
                 }
                 let _ = fs::remove_file(ent.path());
             }
@@ -940,8 +1036,9 @@ mod tests {
             .step_by(5)
             .map(|i| codec.seal_plain(ids[i], &datas[i]))
             .collect();
-        let old_items: Vec<_> = old.iter().map(|o| (o.id, o.object.as_slice())).collect();
-        s.put_many(&old_items).unwrap();
+        for o in &old {
+            s.put_many(&[(o.id, o.object.as_slice())]).unwrap();
+        }
         let items: Vec<ObjectParts<'_>> = (0..datas.len())
             .map(|i| (ids[i], [&headers[i][..], &datas[i][..]]))
             .collect();
@@ -955,23 +1052,36 @@ mod tests {
             assert_eq!(*o, want, "object {i}");
         }
         s.sync().unwrap();
+        // The new ones went into packs (one per writing thread at most),
+        // each object byte for byte what a file of its own would hold.
+        let packs = fs::read_dir(s.root().join("packs")).unwrap().count();
+        assert!(
+            (1..=rayon::current_num_threads()).contains(&packs),
+            "{packs}"
+        );
+        let again = LocalStore::open(s.root(), None).unwrap();
         for (i, d) in datas.iter().enumerate() {
-            assert_eq!(&fetch(&s, &ids[i], None).unwrap(), d);
+            assert_eq!(&fetch(&again, &ids[i], None).unwrap(), d);
+            assert_eq!(s.object_path(&ids[i]).exists(), i % 5 == 0, "object {i}");
             if i % 5 != 0 {
-                let raw = fs::read(s.object_path(&ids[i])).unwrap();
+                let raw = again.get(&ids[i]).unwrap();
                 assert_eq!(raw, [&headers[i][..], &d[..]].concat(), "object {i}");
             }
         }
         assert_eq!(fs::read_dir(s.root().join("tmp")).unwrap().count(), 0);
-        // A fan-out folder removed behind the store's back is made again.
-        let fan = s.object_path(&ids[1]);
+        // A single object is a file of its own; a fan-out folder removed
+        // behind the store's back is made again.
+        let lone = codec.seal(b"lone", false);
+        let fan = s.object_path(&ids[0]);
         fs::remove_dir_all(fan.parent().unwrap()).unwrap();
+        let lone_items = [(lone.id, [&lone.object[..], &[][..]])];
         assert_eq!(
-            s.put_many_parts(&items[1..2]).unwrap(),
+            s.put_many_parts(&lone_items).unwrap(),
             vec![PutOutcome::Stored]
         );
         s.sync().unwrap();
-        assert_eq!(&fetch(&s, &ids[1], None).unwrap(), &datas[1]);
+        assert!(s.object_path(&lone.id).exists());
+        assert_eq!(fetch(&s, &lone.id, None).unwrap(), b"lone");
     }
 
     #[test]
@@ -993,7 +1103,10 @@ mod tests {
         let (_d, s) = store();
         let a = s.config().codec().seal(b"aaaa", false);
         let b = s.config().codec().seal(b"bbbb", false);
-        s.put_many(&[(a.id, &a.object), (b.id, &b.object)]).unwrap();
+        // One at a time: files of their own.
+        s.put_many(&[(a.id, &a.object)]).unwrap();
+        s.put_many(&[(b.id, &b.object)]).unwrap();
+        assert!(s.object_path(&a.id).exists());
         let past = SystemTime::now() - Duration::from_secs(3600);
         assert_eq!(
             s.remove_if_older(&a.id, past).unwrap(),
