@@ -299,22 +299,18 @@ pub(crate) fn upload_source<S: ChunkWrite + ?Sized>(
             pace(read_bytes.fetch_add(len, std::sync::atomic::Ordering::Relaxed) + len);
             Ok(())
         };
-        let per_group = (GROUP_BYTES / chunk).max(1);
-        for first in (0..holes.len()).step_by(per_group) {
-            let last = (first + per_group).min(holes.len());
-            let mut records = Vec::with_capacity(last - first);
-            for (i, hole) in holes.iter().enumerate().take(last).skip(first) {
-                if *hole {
-                    index.set_zero(i);
-                    up.stats.chunks += 1;
-                    up.stats.zero_chunks += 1;
-                    progress.advance(len_of(i));
-                } else {
-                    records.push(i);
-                }
+        let mut records = Vec::with_capacity(holes.len());
+        for (i, hole) in holes.iter().enumerate() {
+            if *hole {
+                index.set_zero(i);
+                up.stats.chunks += 1;
+                up.stats.zero_chunks += 1;
+                progress.advance(len_of(i));
+            } else {
+                records.push(i);
             }
-            up.upload_each(index, &records, chunk, &read)?;
         }
+        up.upload_each(index, &records, (GROUP_BYTES / chunk).max(1), chunk, &read)?;
         return Ok(());
     }
     std::thread::scope(|scope| {

@@ -739,8 +739,10 @@ impl ChunkWrite for LocalStore {
             .zip(&have)
             .filter(|(_, h)| !**h)
             .try_for_each(|((id, parts), _)| group.write(id, *parts))?;
-        let mut stored: HashMap<ChunkId, PutOutcome> =
-            Box::new(group).finish()?.into_iter().collect();
+        let mut stored: HashMap<ChunkId, PutOutcome> = HashMap::new();
+        for (id, o) in Box::new(group).finish()? {
+            stored.entry(id).or_insert(o);
+        }
         Ok(items
             .iter()
             .zip(have)

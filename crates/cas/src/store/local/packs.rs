@@ -250,7 +250,7 @@ impl PutGroup for PackGroup<'_> {
     fn finish(self: Box<Self>) -> Result<Vec<(ChunkId, PutOutcome)>> {
         let state = self.state.into_inner().unwrap_or_else(|e| e.into_inner());
         let store = self.store;
-        self.lanes.into_par_iter().try_for_each(|lane| {
+        let seal = |lane: Lane| -> Result<()> {
             let building = lane.file.into_inner().unwrap_or_else(|e| e.into_inner());
             let mut entries = lane.entries.into_inner().unwrap_or_else(|e| e.into_inner());
             match building {
@@ -259,6 +259,20 @@ impl PutGroup for PackGroup<'_> {
                     .map(|_| ()),
                 None => Ok(()),
             }
+        };
+        // Each pack on a thread of its own: their fsyncs wait together, and
+        // not on the worker pool (which may be busy with the next group).
+        let lanes = self.lanes;
+        std::thread::scope(|scope| {
+            let mut lanes = lanes.into_iter();
+            let first = lanes.next();
+            let others: Vec<_> = lanes.map(|l| scope.spawn(move || seal(l))).collect();
+            let mut r = first.map_or(Ok(()), seal);
+            for h in others {
+                let o = h.join().expect("pack sealing thread");
+                r = r.and(o);
+            }
+            r
         })?;
         Ok(state.order)
     }
