@@ -128,7 +128,9 @@ pub fn encode_tail(
     out
 }
 
-fn checksum(header: &[u8], index: &[u8], trailer_head: &[u8]) -> [u8; 32] {
+/// The trailer's checksum: BLAKE3 of the header, the index and the
+/// trailer's first 16 bytes.
+pub fn checksum(header: &[u8], index: &[u8], trailer_head: &[u8]) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     h.update(header);
     h.update(index);
@@ -216,7 +218,9 @@ impl Trailer {
             }
             if e.len < MIN_OBJECT
                 || e.offset < HEADER_SIZE as u64
-                || e.offset + e.len as u64 > self.index_offset
+                || e.offset
+                    .checked_add(e.len as u64)
+                    .is_none_or(|end| end > self.index_offset)
             {
                 return Err(corrupt(format!(
                     "pack index puts object {} ({} bytes at offset {}) outside the object area",
@@ -323,6 +327,10 @@ mod tests {
             "past the end"
         );
         assert!(check(vec![e(1, 8, 16)], 48).is_err(), "inside the header");
+        assert!(
+            check(vec![e(1, u64::MAX - 8, 16)], 48).is_err(),
+            "wraps around"
+        );
         assert!(
             check(vec![e(1, 16, 4)], 48).is_err(),
             "shorter than an envelope"

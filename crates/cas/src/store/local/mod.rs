@@ -3,17 +3,18 @@
 //! ```text
 //! STORE/store.toml          settings (hash, compression, quota)
 //! STORE/packs/NAME.pack     objects stored together: a commit's chunks
-//! STORE/objects/4e/4e11…    one file per object, named by its hex id,
-//!                           under a folder named by the first two digits
+//! STORE/objects/4e/4e11…    objects stored one at a time, a file each,
+//!                           named by its hex id, under a folder named by
+//!                           the first two digits
 //! STORE/refs/USER/IMAGE     catalogs (compare-and-swap under refs/.lock)
 //! STORE/leases/ID           commits in progress
 //! STORE/tmp/                objects being written
-//! STORE/trash/              objects a running gc is about to delete
+//! STORE/trash/              objects and packs a running gc is about to delete
 //! ```
 //!
 //! A group of objects (a put group, or a `put_many` of more than one) is
-//! written as one pack (`packs.rs`): one unnamed file, made durable, then
-//! named. A single object is a file of its own: written to an unnamed file
+//! written as packs (`packs.rs`, one per writing thread): each an unnamed
+//! file, made durable, then named. A single object is a file of its own: written to an unnamed file
 //! in its folder (`O_TMPFILE`; a named file in `tmp/` where the file
 //! system has none), made durable, then given its name (a link that fails
 //! if the name exists). The folders that received names are fsynced by
