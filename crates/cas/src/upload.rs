@@ -330,6 +330,8 @@ impl<'a, S: ChunkWrite + ?Sized> Uploader<'a, S> {
             .map_init(
                 || Vec::with_capacity(chunk_size),
                 |buf, &i| -> Result<Each> {
+                    // A group can take long at a low --limit-rate.
+                    self.refresh()?;
                     read(i, buf)?;
                     let data = &buf[..];
                     let (all_zero, states) = index.content_states(data);
