@@ -51,6 +51,9 @@ const LEASE_MAGIC: &str = "roamdisk-lease 1";
 /// Fan-out folders under `objects/`: one per first byte of an id.
 const FANS: usize = 256;
 
+/// How long a fan-out folder found absent is taken as absent by lookups.
+const FAN_ABSENT_MEMO_MS: u64 = 1000;
+
 /// Objects written (and kept open) before the group is made durable and
 /// named: bounds the open files of one `put_many`.
 const GROUP: usize = 128;
@@ -74,6 +77,12 @@ pub struct LocalStore {
     dirty_dirs: Mutex<HashSet<PathBuf>>,
     /// Fan-out folders that received a name since the last `sync`.
     dirty_fans: [AtomicBool; FANS],
+    /// When a lookup last found a fan-out folder absent (ms since `opened`,
+    /// plus one; 0: not known absent). New stores make their fan-out
+    /// folders only for loose objects, so a commit's lookups would
+    /// otherwise fail one `open` per chunk.
+    fan_absent: [AtomicU64; FANS],
+    opened: std::time::Instant,
     /// Fan-out folders, opened once: objects are created, named, touched
     /// and looked up relative to them (no walk of the whole path each time).
     fans: Mutex<Vec<Option<Arc<OwnedFd>>>>,
@@ -204,6 +213,8 @@ impl LocalStore {
             config,
             dirty_dirs: Mutex::new(HashSet::new()),
             dirty_fans: std::array::from_fn(|_| AtomicBool::new(false)),
+            fan_absent: std::array::from_fn(|_| AtomicU64::new(0)),
+            opened: std::time::Instant::now(),
             fans: Mutex::new(vec![None; FANS]),
             naming: AtomicU8::new(NAMING_UNKNOWN),
             seq: AtomicU64::new(0),
@@ -332,12 +343,23 @@ impl LocalStore {
     /// With `create`, a missing folder is made (and `objects/` marked for
     /// the next `sync`).
     fn fan_dir(&self, fan: usize, create: bool) -> std::io::Result<Arc<OwnedFd>> {
+        let now = self.opened.elapsed().as_millis() as u64 + 1;
+        let absent = self.fan_absent[fan].load(Ordering::Relaxed);
+        if !create && absent != 0 && now - absent < FAN_ABSENT_MEMO_MS {
+            // Found absent a moment ago: a lookup misses (another process
+            // may have made it since; a commit then stores a second copy).
+            return Err(std::io::Error::from(IoKind::NotFound));
+        }
         let mut fans = self.fans.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(fd) = &fans[fan] {
             return Ok(fd.clone());
         }
         let dir = self.root.join("objects").join(format!("{fan:02x}"));
         let fd = match open_dir(&dir) {
+            Err(e) if e.kind() == IoKind::NotFound && !create => {
+                self.fan_absent[fan].store(now, Ordering::Relaxed);
+                return Err(e);
+            }
             Err(e) if e.kind() == IoKind::NotFound && create => {
                 fs::create_dir_all(&dir)?;
                 self.dirty_dirs
@@ -350,6 +372,7 @@ impl LocalStore {
         };
         let fd = Arc::new(fd);
         fans[fan] = Some(fd.clone());
+        self.fan_absent[fan].store(0, Ordering::Relaxed);
         Ok(fd)
     }
 
