@@ -69,6 +69,7 @@ def dd(src, dst):
 
 
 src = os.open(img, os.O_RDONLY)
+os.makedirs(root, exist_ok=True)
 out = os.path.join(root, "out")
 times = {}
 for r in range(rounds):
