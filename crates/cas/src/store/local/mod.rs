@@ -100,16 +100,16 @@ pub struct LocalStore {
     layout_lock: Mutex<()>,
 }
 
-/// An object written to an unnamed file (or to a named one in `tmp/`),
-/// not yet durable or named. A file in `tmp/` is removed on drop unless it
-/// was renamed into place.
-struct Pending {
-    fan: usize,
+/// A file being written that has no name yet: unnamed (`O_TMPFILE`), or
+/// a named temporary file in `tmp/` where the file system has no unnamed
+/// files — removed on drop unless it was renamed into place (`tmp` set to
+/// `None` then).
+struct Unnamed {
     file: File,
     tmp: Option<PathBuf>,
 }
 
-impl Drop for Pending {
+impl Drop for Unnamed {
     fn drop(&mut self) {
         if let Some(t) = &self.tmp {
             let _ = fs::remove_file(t);
@@ -117,17 +117,38 @@ impl Drop for Pending {
     }
 }
 
-/// Write `parts` back to back with vectored writes.
-fn write_parts(f: &File, parts: &[&[u8]; 2]) -> std::io::Result<()> {
+/// A new unnamed file (`O_TMPFILE`) in the folder `dir`.
+fn open_unnamed(dir: &OwnedFd) -> rustix::io::Result<File> {
+    use rustix::fs::{Mode, OFlags};
+    rustix::fs::openat(
+        dir,
+        ".",
+        OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    )
+    .map(File::from)
+}
+
+/// A loose object written to an [`Unnamed`] file, not yet durable or named.
+struct Pending {
+    fan: usize,
+    f: Unnamed,
+}
+
+/// Write `parts` back to back at `offset` with vectored writes.
+fn pwrite_parts(f: &File, parts: &[&[u8]; 2], mut offset: u64) -> std::io::Result<()> {
     let mut slices = [IoSlice::new(parts[0]), IoSlice::new(parts[1])];
     let mut bufs = &mut slices[..];
     IoSlice::advance_slices(&mut bufs, 0);
     while !bufs.is_empty() {
-        match (&*f).write_vectored(bufs) {
+        match rustix::io::pwritev(f, bufs, offset) {
             Ok(0) => return Err(std::io::Error::from(IoKind::WriteZero)),
-            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
-            Err(e) if e.kind() == IoKind::Interrupted => {}
-            Err(e) => return Err(e),
+            Ok(n) => {
+                IoSlice::advance_slices(&mut bufs, n);
+                offset += n as u64;
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(())
@@ -385,24 +406,16 @@ impl LocalStore {
     /// (`O_TMPFILE`), or to a named temporary file in `tmp/` where the file
     /// system has no unnamed files.
     fn write_unnamed(&self, id: &ChunkId, parts: &[&[u8]; 2]) -> std::io::Result<Pending> {
-        use rustix::fs::{Mode, OFlags};
         let fan = id.0[0] as usize;
         if self.naming.load(Ordering::Relaxed) != NAMING_TMP_DIR {
             for attempt in 0..2 {
                 let dir = self.fan_dir(fan, true)?;
-                match rustix::fs::openat(
-                    &*dir,
-                    ".",
-                    OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
-                    Mode::from_raw_mode(0o644),
-                ) {
-                    Ok(fd) => {
-                        let file = File::from(fd);
-                        write_parts(&file, parts)?;
+                match open_unnamed(&dir) {
+                    Ok(file) => {
+                        pwrite_parts(&file, parts, 0)?;
                         return Ok(Pending {
                             fan,
-                            file,
-                            tmp: None,
+                            f: Unnamed { file, tmp: None },
                         });
                     }
                     // The folder was removed since we opened it: again.
@@ -432,10 +445,12 @@ impl LocalStore {
             .open(&tmp)?;
         let p = Pending {
             fan: id.0[0] as usize,
-            file,
-            tmp: Some(tmp),
+            f: Unnamed {
+                file,
+                tmp: Some(tmp),
+            },
         };
-        write_parts(&p.file, parts)?;
+        pwrite_parts(&p.f.file, parts, 0)?;
         Ok(p)
     }
 
@@ -485,13 +500,13 @@ impl LocalStore {
         // and the touch: then link again.
         for _ in 0..8 {
             let dir = self.fan_dir(p.fan, true)?;
-            let named = match &p.tmp {
-                None => self.link_unnamed(dir.as_fd(), &p.file, &name)?,
+            let named = match &p.f.tmp {
+                None => self.link_unnamed(dir.as_fd(), &p.f.file, &name)?,
                 Some(tmp) => {
                     match rustix::fs::renameat_with(CWD, tmp, &*dir, &name, RenameFlags::NOREPLACE)
                     {
                         Ok(()) => {
-                            p.tmp = None;
+                            p.f.tmp = None;
                             Some(true)
                         }
                         Err(rustix::io::Errno::EXIST) => Some(false),
@@ -508,15 +523,15 @@ impl LocalStore {
                     self.forget_fan(p.fan);
                     continue;
                 }
-                None if p.tmp.is_none() => {
+                None if p.f.tmp.is_none() => {
                     // Cannot name unnamed files here: copy it to a named
                     // temporary file and rename that.
                     self.naming.store(NAMING_TMP_DIR, Ordering::Relaxed);
                     let mut bytes = Vec::new();
-                    (&p.file).seek(std::io::SeekFrom::Start(0))?;
-                    (&p.file).read_to_end(&mut bytes)?;
+                    (&p.f.file).seek(std::io::SeekFrom::Start(0))?;
+                    (&p.f.file).read_to_end(&mut bytes)?;
                     p = self.write_named(id, &[&bytes, &[]])?;
-                    p.file.sync_all()?;
+                    p.f.file.sync_all()?;
                     continue;
                 }
                 None => return Err(std::io::Error::from(IoKind::NotFound)),
@@ -601,7 +616,7 @@ impl LocalStore {
     fn make_durable(&self, pending: &[(ChunkId, Pending)]) -> Result<()> {
         pending
             .par_iter()
-            .try_for_each(|(id, p)| p.file.sync_all().map_err(|e| self.put_error(id, e)))
+            .try_for_each(|(id, p)| p.f.file.sync_all().map_err(|e| self.put_error(id, e)))
     }
 
     fn put_error(&self, id: &ChunkId, e: std::io::Error) -> roamdisk_blockdev::Error {
@@ -1011,7 +1026,8 @@ mod tests {
     use super::*;
     use crate::store::fetch;
 
-    fn store() -> (tempfile::TempDir, LocalStore) {
+    /// A new store with the default settings in a temporary folder.
+    pub(super) fn store() -> (tempfile::TempDir, LocalStore) {
         let d = tempfile::tempdir().unwrap();
         let s = LocalStore::open(&d.path().join("s"), Some(&StoreConfig::default())).unwrap();
         (d, s)

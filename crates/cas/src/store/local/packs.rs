@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
-use std::io::{ErrorKind as IoKind, IoSlice};
+use std::io::ErrorKind as IoKind;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -28,7 +28,7 @@ use roamdisk_blockdev::durable::{rename_noreplace, Renamed};
 use roamdisk_blockdev::{ErrorKind, Op, Result};
 use rustix::fs::{AtFlags, RenameFlags, CWD};
 
-use super::{open_dir, touch_at, LocalStore, NAMING_TMP_DIR};
+use super::{open_dir, open_unnamed, pwrite_parts, touch_at, LocalStore, Unnamed, NAMING_TMP_DIR};
 use crate::error::{corrupt, err, io};
 use crate::hash::ChunkId;
 use crate::store::pack::{self, Entry, Trailer};
@@ -40,6 +40,19 @@ const NAME_LEN: usize = 32 + 5;
 /// Whether a file name is a pack's.
 pub(super) fn is_pack_name(n: &str) -> bool {
     n.len() == NAME_LEN && n.ends_with(".pack") && n[..32].bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The names of the packs in `dir` (none if it does not exist).
+fn pack_names_in(dir: &Path) -> Result<Vec<String>> {
+    match fs::read_dir(dir) {
+        Ok(rd) => Ok(rd
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| is_pack_name(n))
+            .collect()),
+        Err(e) if e.kind() == IoKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(io(Op::Read, e, dir)),
+    }
 }
 
 /// A fresh random pack name.
@@ -112,41 +125,6 @@ impl PackTable {
     }
 }
 
-/// A pack being written: an unnamed file in `packs/` (or a named one in
-/// `tmp/` where the file system has no unnamed files, removed on drop
-/// unless it was renamed into place).
-struct Building {
-    file: File,
-    tmp: Option<PathBuf>,
-}
-
-impl Drop for Building {
-    fn drop(&mut self) {
-        if let Some(t) = &self.tmp {
-            let _ = fs::remove_file(t);
-        }
-    }
-}
-
-/// Write `parts` back to back at `offset`.
-fn pwrite_parts(f: &File, parts: &[&[u8]; 2], mut offset: u64) -> std::io::Result<()> {
-    let mut slices = [IoSlice::new(parts[0]), IoSlice::new(parts[1])];
-    let mut bufs = &mut slices[..];
-    IoSlice::advance_slices(&mut bufs, 0);
-    while !bufs.is_empty() {
-        match rustix::io::pwritev(f, bufs, offset) {
-            Ok(0) => return Err(std::io::Error::from(IoKind::WriteZero)),
-            Ok(n) => {
-                IoSlice::advance_slices(&mut bufs, n);
-                offset += n as u64;
-            }
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
-
 fn mtime(m: &fs::Metadata) -> SystemTime {
     m.modified().unwrap_or(UNIX_EPOCH)
 }
@@ -164,7 +142,7 @@ pub(super) struct PackGroup<'a> {
 struct Lane {
     /// Created on the first write (a group whose objects all existed
     /// makes no pack).
-    file: Mutex<Option<Arc<Building>>>,
+    file: Mutex<Option<Arc<Unnamed>>>,
     /// End of the object area: the next object goes here.
     end: AtomicU64,
     entries: Mutex<Vec<Entry>>,
@@ -194,7 +172,7 @@ impl<'a> PackGroup<'a> {
     }
 
     /// This thread's lane, its pack file made on first use.
-    fn lane(&self) -> Result<(&Lane, Arc<Building>)> {
+    fn lane(&self) -> Result<(&Lane, Arc<Unnamed>)> {
         let k = rayon::current_thread_index().unwrap_or(0) % self.lanes.len();
         let lane = &self.lanes[k];
         let mut f = lane.file.lock().unwrap_or_else(|e| e.into_inner());
@@ -341,15 +319,7 @@ impl LocalStore {
     /// once) and its objects look missing.
     pub(super) fn scan_packs(&self, strict: bool) -> Result<()> {
         let dir = self.packs_path();
-        let names: Vec<String> = match fs::read_dir(&dir) {
-            Ok(rd) => rd
-                .filter_map(|e| e.ok())
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| is_pack_name(n))
-                .collect(),
-            Err(e) if e.kind() == IoKind::NotFound => Vec::new(),
-            Err(e) => return Err(io(Op::Read, e, &dir)),
-        };
+        let names = pack_names_in(&dir)?;
         let new: Vec<String> = {
             let t = self.packs.read();
             names
@@ -515,21 +485,14 @@ impl LocalStore {
 
     /// Step 1 of writing a pack: an unnamed file in `packs/` holding the
     /// pack header (a named one in `tmp/` where there are no unnamed files).
-    fn create_pack_file(&self) -> std::io::Result<Building> {
-        use rustix::fs::{Mode, OFlags};
+    fn create_pack_file(&self) -> std::io::Result<Unnamed> {
         let header = pack::header(self.config.hash);
         if self.naming.load(Ordering::Relaxed) != NAMING_TMP_DIR {
             let dir = self.packs_dir(true)?;
-            match rustix::fs::openat(
-                &*dir,
-                ".",
-                OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
-                Mode::from_raw_mode(0o644),
-            ) {
-                Ok(fd) => {
-                    let file = File::from(fd);
+            match open_unnamed(&dir) {
+                Ok(file) => {
                     file.write_all_at(&header, 0)?;
-                    return Ok(Building { file, tmp: None });
+                    return Ok(Unnamed { file, tmp: None });
                 }
                 Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::ISDIR) => {
                     self.naming.store(NAMING_TMP_DIR, Ordering::Relaxed);
@@ -544,7 +507,7 @@ impl LocalStore {
         self.create_named_pack_file(&header)
     }
 
-    fn create_named_pack_file(&self, header: &[u8]) -> std::io::Result<Building> {
+    fn create_named_pack_file(&self, header: &[u8]) -> std::io::Result<Unnamed> {
         let tmp = self.tmp_path("pack");
         let file = OpenOptions::new()
             .read(true)
@@ -552,7 +515,7 @@ impl LocalStore {
             .create_new(true)
             .mode(0o644)
             .open(&tmp)?;
-        let b = Building {
+        let b = Unnamed {
             file,
             tmp: Some(tmp),
         };
@@ -564,7 +527,7 @@ impl LocalStore {
     /// durable, then give it a name (nothing names an object of the pack
     /// before its data is on disk). The `packs/` folder is synced by
     /// [`crate::store::ChunkWrite::sync`]. Returns the pack's name.
-    fn seal_pack(&self, b: &Building, entries: &mut [Entry], end: u64) -> Result<String> {
+    fn seal_pack(&self, b: &Unnamed, entries: &mut [Entry], end: u64) -> Result<String> {
         let p = self.packs_path();
         let tail = pack::encode_tail(&pack::header(self.config.hash), entries, end);
         b.file
@@ -580,8 +543,8 @@ impl LocalStore {
     }
 
     /// Give a durable pack file a new name in `packs/`.
-    fn name_pack(&self, b: &Building) -> std::io::Result<String> {
-        let mut copy: Option<Building> = None;
+    fn name_pack(&self, b: &Unnamed) -> std::io::Result<String> {
+        let mut copy: Option<Unnamed> = None;
         for _ in 0..8 {
             let dir = self.packs_dir(true)?;
             let name = new_pack_name()?;
@@ -768,16 +731,7 @@ impl LocalStore {
     /// A reader missed `id`: put back a pack in `trash/` that holds it.
     pub(super) fn restore_pack_holding(&self, id: &ChunkId) -> Result<bool> {
         let trash = self.root.join("trash");
-        let names: Vec<String> = match fs::read_dir(&trash) {
-            Ok(rd) => rd
-                .filter_map(|e| e.ok())
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| is_pack_name(n))
-                .collect(),
-            Err(e) if e.kind() == IoKind::NotFound => return Ok(false),
-            Err(e) => return Err(io(Op::Read, e, &trash)),
-        };
-        for n in names {
+        for n in pack_names_in(&trash)? {
             let Ok(entries) = self.read_pack_index(&trash.join(&n)) else {
                 continue;
             };
@@ -791,15 +745,10 @@ impl LocalStore {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::store;
     use super::*;
-    use crate::store::{fetch, ChunkPrune, ChunkRead, ChunkWrite, StoreConfig};
+    use crate::store::{fetch, ChunkPrune, ChunkRead, ChunkWrite};
     use std::time::Duration;
-
-    fn store() -> (tempfile::TempDir, LocalStore) {
-        let d = tempfile::tempdir().unwrap();
-        let s = LocalStore::open(&d.path().join("s"), Some(&StoreConfig::default())).unwrap();
-        (d, s)
-    }
 
     /// `n` small objects stored together (one pack per writing thread).
     fn packed(s: &LocalStore, n: u32) -> Vec<(ChunkId, Vec<u8>)> {
