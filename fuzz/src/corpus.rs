@@ -25,7 +25,7 @@ use roamdisk_cas::index::{Index, SectorState};
 use roamdisk_cas::server::users::Users;
 use roamdisk_cas::session::map;
 use roamdisk_cas::store::config::StoreConfig;
-use roamdisk_cas::store::{wire, ObjectEntry};
+use roamdisk_cas::store::{pack, wire, ObjectEntry};
 use roamdisk_cas::token::Token;
 use roamdisk_cas::version::{Memory, Version};
 use roamdisk_cas::{ChunkId, HashKind};
@@ -254,6 +254,44 @@ pub fn cas_wire() -> Seeds {
         ("have-answer-fix".into(), with_mode(4, &answer)),
         ("list".into(), with_mode(2, &list)),
     ]
+}
+
+/// A pack of sealed chunks, as a local store writes one: header, objects
+/// back to back, index and trailer (`docs/formats/cas-pack.md`).
+fn pack_of(hash: HashKind, contents: &[&[u8]]) -> Vec<u8> {
+    let codec = ChunkCodec {
+        hash,
+        zstd_level: Some(3),
+    };
+    let header = pack::header(hash);
+    let mut b = header.to_vec();
+    let mut entries = Vec::new();
+    for c in contents {
+        let s = codec.seal(c, false);
+        entries.push(pack::Entry {
+            id: s.id,
+            offset: b.len() as u64,
+            len: s.object.len() as u32,
+        });
+        b.extend_from_slice(&s.object);
+    }
+    let at = b.len() as u64;
+    b.extend(pack::encode_tail(&header, &mut entries, at));
+    b
+}
+
+/// Packs of three chunks (BLAKE3 and SHA-256: mode bit 1) and an empty one.
+pub fn cas_pack() -> Seeds {
+    let three: [&[u8]; 3] = [CHUNK_PLAINTEXT, b"a chunk of its own", &[7u8; 5000]];
+    let mut s = both("three-blake3", &pack_of(HashKind::Blake3, &three));
+    for (mode, name) in [(2, "three-sha256-raw"), (3, "three-sha256-fixup")] {
+        s.push((
+            name.into(),
+            with_mode(mode, &pack_of(HashKind::Sha256, &three)),
+        ));
+    }
+    s.extend(both("empty", &pack_of(HashKind::Blake3, &[])));
+    s
 }
 
 pub fn cas_store_config() -> Seeds {
@@ -747,6 +785,7 @@ pub fn all() -> Vec<(&'static str, Seeds)> {
         ("cas_version", cas_version()),
         ("cas_session_map", cas_session_map()),
         ("cas_wire", cas_wire()),
+        ("cas_pack", cas_pack()),
         ("cas_store_config", cas_store_config()),
         ("cas_store_users", cas_store_users()),
         ("workload_trace", workload_trace()),
@@ -822,6 +861,25 @@ mod tests {
             assert_eq!(encrypted_chunk_id(hash, &sealed.object[16..]), sealed.id);
             assert_eq!(sealed.key, Some(chunk_key(hash)));
             assert_ne!(sealed.object[5] & FLAG_ZSTD, 0, "the plaintext compresses");
+        }
+        for (name, s) in get("cas_pack") {
+            let mut b = s[1..].to_vec();
+            if s[0] & FIXUP != 0 {
+                fixup::cas_pack(&mut b);
+            }
+            let hash = if s[0] & 2 != 0 {
+                HashKind::Sha256
+            } else {
+                HashKind::Blake3
+            };
+            pack::parse_header(&b, hash).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let t = pack::Trailer::parse(&b[b.len() - pack::TRAILER_SIZE..], b.len() as u64)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let a = t.index_offset as usize;
+            let e = t
+                .parse_index(&b[..pack::HEADER_SIZE], &b[a..a + t.index_len()])
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(e.len(), if name.starts_with("empty") { 0 } else { 3 });
         }
         for (target, seeds) in get_fs(&all) {
             for (name, s) in seeds {

@@ -41,6 +41,25 @@ fn get64(b: &[u8], o: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
 }
 
+/// `docs/formats/cas-pack.md`: the trailer's index offset and count made
+/// to fit the file (the count kept where it fits) and its checksum
+/// rewritten.
+pub fn cas_pack(b: &mut [u8]) {
+    const HEADER: usize = 16;
+    const TRAILER: usize = 56;
+    if b.len() < HEADER + TRAILER {
+        return;
+    }
+    let t = b.len() - TRAILER;
+    let room = (t - HEADER) / 48;
+    let count = (get32(b, t + 8).unwrap_or(0) as usize).min(room);
+    let index = t - 48 * count;
+    put64(b, t, index as u64);
+    put32(b, t + 8, count as u32);
+    let sum = roamdisk_cas::store::pack::checksum(&b[..HEADER], &b[index..t], &b[t..t + 16]);
+    b[t + 16..t + 48].copy_from_slice(&sum);
+}
+
 /// `docs/formats/cas-catalog.md`: header CRC over bytes 0..28 at 28, and
 /// the trailing CRC over everything before it.
 pub fn cas_catalog(b: &mut [u8]) {

@@ -10,8 +10,8 @@ mod common;
 use std::path::Path;
 
 use cas_common::{
-    checkout, checkout_fail, commit, commit_session, json_num, object_files, open_session,
-    qemu_io_session, rd, Cas,
+    checkout, checkout_fail, commit, commit_session, json_num, open_session, qemu_io_session, rd,
+    store_files, Cas,
 };
 use common::{path_str, qemu_img_compare};
 
@@ -43,7 +43,7 @@ fn identical_chunks_deduplicate_across_users_and_indexes_stay_private() {
         "bob's chunks deduplicate against alice's"
     );
     assert_eq!(json_num(&b, "reused_objects"), 96);
-    for f in object_files(&cas.store) {
+    for f in store_files(&cas.store) {
         let bytes = std::fs::read(&f).unwrap();
         assert!(
             !bytes.windows(18).any(|w| w == &marker[..18]),

@@ -1,14 +1,17 @@
 //! Faults of content-addressed images, each giving a clear error or
 //! recovering, and never losing the previous version:
-//! - a corrupted chunk, a missing chunk, a truncated version package
-//!   (index): checkout fails naming the object, `store verify` lists it;
+//! - a corrupted chunk (in a pack), a missing pack, a truncated version
+//!   package (index): checkout fails naming the object, `store verify`
+//!   lists it;
 //! - a full store (quota, the same `no-space` as ENOSPC): the commit fails
 //!   naming the chunk, the catalog is untouched;
 //! - kill -9 in the middle of a commit: the previous version is current and
 //!   intact, and gc collects the dead commit's uploads once its lease
 //!   expires;
 //! - gc running again and again while a commit reuses the chunks of a
-//!   version that was just dropped: the new version is complete;
+//!   version that was just dropped: the new version is complete, the
+//!   dropped version's packs the commit does not touch are removed during
+//!   the commit, the rest once they are old;
 //! - kill -9 in the middle of a gc, and a gc that died with chunks set
 //!   aside: nothing referenced is lost, the next gc finishes the job.
 
@@ -20,8 +23,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use cas_common::{
-    checkout_fail, checkout_same, commit_version, json_num, json_str, object_file, object_files,
-    rd, rd_fail, Cas,
+    checkout_fail, checkout_same, commit_version, json_num, json_str, object_count, object_file,
+    object_files, packed_objects, rd, rd_fail, store_files, Cas,
 };
 use common::{bin, path_str, run};
 
@@ -62,7 +65,7 @@ fn gc(s: &str, extra: &[&str]) -> String {
 /// Make every object look an hour old (as if committed long ago).
 fn age_objects(store: &Path) {
     let old = SystemTime::now() - Duration::from_secs(3600);
-    for f in object_files(store) {
+    for f in store_files(store) {
         std::fs::File::options()
             .write(true)
             .open(&f)
@@ -78,31 +81,32 @@ fn damaged_and_missing_objects_are_named() {
     let (dir, s) = (cas.dir(), cas.s());
     let (img, v) = random_version(&cas, ("a.img", 4 << 20, 1), "u/a", &[]);
     let store = &cas.store;
-    let files = object_files(store);
-    let chunks: Vec<_> = files.iter().filter(|f| !f.ends_with(&v)).cloned().collect();
+    // The commit's chunks are in packs, its version package is a file.
+    let chunks = packed_objects(store);
     assert_eq!(chunks.len(), 64);
+    assert_eq!(object_files(store), vec![object_file(store, &v)]);
     // 1. A corrupted chunk.
     let bad = &chunks[5];
-    let bad_id = bad.file_name().unwrap().to_str().unwrap().to_string();
-    let mut b = std::fs::read(bad).unwrap();
-    b[1000] ^= 0xff;
-    std::fs::write(bad, &b).unwrap();
+    let at = (bad.offset + 1000) as usize;
+    let mut b = std::fs::read(&bad.pack).unwrap();
+    b[at] ^= 0xff;
+    std::fs::write(&bad.pack, &b).unwrap();
     let out = dir.join("out.raw");
     let e = checkout_fail(s, "u/a", &out, &[]);
-    assert!(e.contains(&bad_id) && e.contains("corrupt"), "{e}");
+    assert!(e.contains(&bad.id) && e.contains("corrupt"), "{e}");
     assert!(!out.exists(), "a failed checkout leaves no partial file");
     let e = rd_fail(&["store", "verify", "--store", s]);
     assert!(e.contains("1 of 65 objects"), "{e}");
-    b[1000] ^= 0xff;
-    std::fs::write(bad, &b).unwrap();
+    b[at] ^= 0xff;
+    std::fs::write(&bad.pack, &b).unwrap();
     rd(&["store", "verify", "--store", s]);
-    // 2. A missing chunk.
-    let gone = &chunks[9];
-    let gone_id = gone.file_name().unwrap().to_str().unwrap().to_string();
+    // 2. A missing pack: the checkout names a chunk that was in it.
+    let gone = &chunks[9].pack;
     let saved = std::fs::read(gone).unwrap();
     std::fs::remove_file(gone).unwrap();
     let e = checkout_fail(s, "u/a", &out, &[]);
-    assert!(e.contains(&gone_id) && e.contains("missing"), "{e}");
+    let named = chunks.iter().find(|c| c.pack == *gone && e.contains(&c.id));
+    assert!(named.is_some() && e.contains("missing"), "{e}");
     std::fs::write(gone, &saved).unwrap();
     // 3. A truncated version package (its index).
     let pkg = object_file(store, &v);
@@ -140,7 +144,9 @@ fn kill_9_mid_commit_keeps_the_previous_version_and_gc_collects_the_rest() {
     let cas = uncompressed(&[]);
     let (dir, s) = (cas.dir(), cas.s());
     let (v1, _) = random_version(&cas, ("v1.img", 8 << 20, 4), "u/vm", &["-m", "first"]);
-    let v2 = cas.random_file("v2.img", 48 << 20, 5);
+    // Big enough that the killed commit has named a pack or two (32 MiB
+    // of chunks each) and is writing the next one.
+    let v2 = cas.random_file("v2.img", 160 << 20, 5);
     let mut child = spawn_quiet(&[
         "commit",
         path_str(&v2),
@@ -149,7 +155,7 @@ fn kill_9_mid_commit_keeps_the_previous_version_and_gc_collects_the_rest() {
         "--store",
         s,
         "--limit-rate",
-        "8M",
+        "32M",
         "-q",
     ]);
     std::thread::sleep(Duration::from_millis(2500));
@@ -157,7 +163,7 @@ fn kill_9_mid_commit_keeps_the_previous_version_and_gc_collects_the_rest() {
     child.wait().unwrap();
     let store = &cas.store;
     assert!(
-        object_files(store).len() > 129,
+        object_count(store) > 129,
         "the killed commit had uploaded chunks"
     );
     let log = rd(&["log", "u/vm", "--store", s, "--json"]);
@@ -173,7 +179,7 @@ fn kill_9_mid_commit_keeps_the_previous_version_and_gc_collects_the_rest() {
     assert_eq!(json_num(&r, "stale_leases"), 1, "{r}");
     assert!(json_num(&r, "removed_objects") > 0, "{r}");
     assert_eq!(
-        object_files(store).len(),
+        object_count(store),
         129,
         "only the first version's objects remain"
     );
@@ -188,12 +194,13 @@ fn kill_9_mid_commit_keeps_the_previous_version_and_gc_collects_the_rest() {
 fn gc_during_a_commit_never_removes_what_the_commit_uses() {
     let cas = uncompressed(&[]);
     let (dir, s) = (cas.dir(), cas.s());
-    let (a, _) = random_version(&cas, ("a.img", 32 << 20, 6), "u/a", &[]);
-    // B shares its first 20 MiB with A.
+    let (a, _) = random_version(&cas, ("a.img", 64 << 20, 6), "u/a", &[]);
+    // B shares its first 20 MiB with A, then has 12 MiB of its own.
     let b = dir.join("b.img");
     std::fs::copy(&a, &b).unwrap();
     let tail = cas.random_file("tail", 12 << 20, 7);
     cas_common::put_at(&b, &tail, 20 << 20);
+    run("truncate", &["-s", "32M", b.to_str().unwrap()]);
     let store = &cas.store;
     age_objects(store);
     let mut child = spawn_quiet(&[
@@ -228,14 +235,22 @@ fn gc_during_a_commit_never_removes_what_the_commit_uses() {
     }
     assert!(child.wait().unwrap().success());
     assert!(runs >= 3, "gc ran {runs} times during the commit");
+    // A's packs of its last 32 MiB, which B never touched, went while B
+    // was committing; the packs B reused keep A's other chunks for now.
     assert!(
-        removed >= 12 * 16,
-        "gc removed A's unshared chunks ({removed})"
+        removed >= 32 * 16,
+        "gc removed A's packs that B does not use ({removed})"
     );
     checkout_same(s, "u/b", &b, &dir.join("out.raw"));
     rd(&["store", "verify", "--store", s]);
+    // Once nothing touches them, the packs B reused are rewritten without
+    // A's 12 MiB that B does not have.
+    age_objects(store);
+    let r = gc(s, &[]);
+    assert!(removed + json_num(&r, "removed_objects") >= 44 * 16, "{r}");
     let r = gc(s, &[]);
     assert_eq!(json_num(&r, "referenced"), json_num(&r, "objects"), "{r}");
+    checkout_same(s, "u/b", &b, &dir.join("out2.raw"));
 }
 
 #[test]
@@ -277,11 +292,11 @@ fn kill_9_mid_gc_loses_nothing_referenced() {
     // back touched (a commit may have wanted it), so it is kept as recent
     // by this run and collected by a later one.
     let recent = json_num(&r, "kept_recent") as usize;
-    assert_eq!(object_files(store).len(), 65 + recent, "{r}");
+    assert_eq!(object_count(store), 65 + recent, "{r}");
     assert_eq!(std::fs::read_dir(store.join("trash")).unwrap().count(), 0);
     age_objects(store);
     let r = gc(s, &[]);
-    assert_eq!(object_files(store).len(), 65, "{r}");
+    assert_eq!(object_count(store), 65, "{r}");
     rd(&["store", "verify", "--store", s]);
     checkout_same(s, "u/keep", &keep, &dir.join("out2.raw"));
 }

@@ -192,6 +192,16 @@ fn a_wrong_or_damaged_medium_costs_the_fetch_and_nothing_else() {
         b[n - 1] ^= 0x01;
         std::fs::write(&f, b).unwrap();
     }
+    // Objects in pack files: a byte in every 4 KiB of the object area
+    // (past the header, short of the index at the end).
+    for f in cas_common::pack_files(&damaged) {
+        let mut b = std::fs::read(&f).unwrap();
+        let n = b.len();
+        for at in (4096..n.saturating_sub(16384)).step_by(4096) {
+            b[at] ^= 0x01;
+        }
+        std::fs::write(&f, b).unwrap();
+    }
     // Wrong: the resume set of another image.
     let other = Cas::new();
     let src = other.random_file("other.raw", SIZE, 23);

@@ -161,8 +161,8 @@ impl ChunkCodec {
     }
 
     fn maybe_compress(&self, data: &[u8]) -> (u8, Option<Vec<u8>>) {
-        if let Some(level) = self.zstd_level {
-            if let Ok(c) = zstd::bulk::compress(data, level) {
+        if let Some(level) = self.zstd_level.filter(|_| !looks_random(data)) {
+            if let Ok(c) = compress(data, level) {
                 // Kept only when it saves at least 1/64 of the size.
                 if c.len() + data.len() / 64 < data.len() {
                     return (FLAG_ZSTD, Some(c));
@@ -299,6 +299,63 @@ impl ChunkCodec {
     }
 }
 
+/// Bytes sampled by [`looks_random`]: one in this many.
+const SAMPLE_STRIDE: usize = 16;
+/// Smallest chunk [`looks_random`] judges (smaller ones are just tried).
+const SAMPLE_MIN: usize = 4096;
+/// Byte entropy (bits per byte) of the sample at or above which a chunk is
+/// taken as incompressible. Uniform random bytes give 7.95 ± 0.01 for
+/// 4,096 samples; a chunk with 1/16 of it in one byte value gives ≈ 7.77.
+const RANDOM_ENTROPY: f64 = 7.9;
+
+/// Whether `data` looks like uniformly random bytes (encrypted or already
+/// compressed), judged from the byte histogram of every 16th byte: then
+/// zstd is not tried (it would not save 1/64, and trying costs twice the
+/// hash). Chunks this misjudges are those that repeat random-looking
+/// content within themselves; they are stored uncompressed (their size,
+/// never their content or name, is what changes).
+fn looks_random(data: &[u8]) -> bool {
+    if data.len() < SAMPLE_MIN {
+        return false;
+    }
+    let mut hist = [0u32; 256];
+    let mut n = 0u32;
+    for &b in data.iter().step_by(SAMPLE_STRIDE) {
+        hist[b as usize] += 1;
+        n += 1;
+    }
+    let n = n as f64;
+    let sum: f64 = hist
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| {
+            let c = c as f64;
+            c * c.log2()
+        })
+        .sum();
+    // H = log2(n) - (1/n) * sum(c * log2(c))
+    n.log2() - sum / n >= RANDOM_ENTROPY
+}
+
+thread_local! {
+    /// This thread's zstd context and its level (making one per chunk cost
+    /// more than compressing a chunk of random data).
+    static COMPRESSOR: std::cell::RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// zstd-compress `data` at `level` with this thread's context.
+fn compress(data: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
+    COMPRESSOR.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.as_ref().map(|(l, _)| *l) != Some(level) {
+            *c = Some((level, zstd::bulk::Compressor::new(level)?));
+        }
+        let (_, z) = c.as_mut().expect("just made");
+        z.compress(data)
+    })
+}
+
 fn mismatch(id: &ChunkId) -> roamdisk_blockdev::Error {
     corrupt(format!(
         "chunk {id} is corrupt: its content does not hash to its name; it was not used (restore it from another store or re-commit the image that holds it)"
@@ -389,6 +446,33 @@ mod tests {
         let wrong = [7u8; 32];
         assert!(c.open(&s1.id, Some(&wrong), &s1.object).is_err());
         assert!(c.open(&s1.id, None, &s1.object).is_err());
+    }
+
+    #[test]
+    fn random_data_is_not_compressed_and_structured_data_is() {
+        let mut seed = 0x9e3779b97f4a7c15u64;
+        let random: Vec<u8> = (0..65536)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed as u8
+            })
+            .collect();
+        assert!(looks_random(&random));
+        let c = ChunkCodec {
+            hash: HashKind::Blake3,
+            zstd_level: Some(3),
+        };
+        assert_eq!(c.seal(&random, false).object.len(), HEADER_SIZE + 65536);
+        // A sixteenth of zeroes, text, small chunks: tried (and kept).
+        let mut holey = random.clone();
+        holey[..4096].fill(0);
+        assert!(!looks_random(&holey));
+        assert!(c.seal(&holey, false).object.len() < 65536 - 2048);
+        let text = b"the quick brown fox jumps over the lazy dog ".repeat(1500);
+        assert!(!looks_random(&text));
+        assert!(!looks_random(&random[..1024]));
     }
 
     #[test]

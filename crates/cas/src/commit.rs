@@ -239,9 +239,9 @@ fn read_batches(
     }
 }
 
-/// Chunks stored as one group when workers read their own chunks (one
-/// round of "make durable, then name" each).
-const PER_CHUNK_GROUP: usize = 128;
+/// Bytes of chunks stored as one group when workers read their own chunks
+/// (one pack in a local store: one round of "make durable, then name").
+const GROUP_BYTES: usize = 32 << 20;
 
 /// Which chunks of `dev` lie entirely in holes or zero extents (they are
 /// not read), from its allocation map asked once.
@@ -288,29 +288,29 @@ pub(crate) fn upload_source<S: ChunkWrite + ?Sized>(
         let dev = *dev;
         let size = dev.size();
         let holes = hole_map(dev, chunk)?;
+        let len_of = |i: usize| (size - i as u64 * chunk as u64).min(chunk as u64);
+        // Bytes read so far, by all workers (paced chunk by chunk).
+        let read_bytes = std::sync::atomic::AtomicU64::new(0);
         let read = |i: usize, buf: &mut Vec<u8>| -> Result<()> {
-            let off = i as u64 * chunk as u64;
-            buf.resize((size - off).min(chunk as u64) as usize, 0);
-            dev.read_at(buf, off)
+            let len = len_of(i);
+            buf.resize(len as usize, 0);
+            dev.read_at(buf, i as u64 * chunk as u64)?;
+            progress.advance(len);
+            pace(read_bytes.fetch_add(len, std::sync::atomic::Ordering::Relaxed) + len);
+            Ok(())
         };
-        for first in (0..holes.len()).step_by(PER_CHUNK_GROUP) {
-            let last = (first + PER_CHUNK_GROUP).min(holes.len());
-            let mut records = Vec::with_capacity(last - first);
-            for (i, hole) in holes.iter().enumerate().take(last).skip(first) {
-                if *hole {
-                    index.set_zero(i);
-                    up.stats.chunks += 1;
-                    up.stats.zero_chunks += 1;
-                } else {
-                    records.push(i);
-                }
+        let mut records = Vec::with_capacity(holes.len());
+        for (i, hole) in holes.iter().enumerate() {
+            if *hole {
+                index.set_zero(i);
+                up.stats.chunks += 1;
+                up.stats.zero_chunks += 1;
+                progress.advance(len_of(i));
+            } else {
+                records.push(i);
             }
-            up.upload_each(index, &records, chunk, &read)?;
-            let bytes = (last as u64 * chunk as u64).min(size) - first as u64 * chunk as u64;
-            progress.advance(bytes);
-            done += bytes;
-            pace(done);
         }
+        up.upload_each(index, &records, (GROUP_BYTES / chunk).max(1), chunk, &read)?;
         return Ok(());
     }
     std::thread::scope(|scope| {

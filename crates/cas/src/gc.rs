@@ -29,6 +29,10 @@ use crate::version::Version;
 use roamdisk_blockdev::Progress;
 use roamdisk_blockdev::Result;
 
+/// Candidates handed to the store at once (a local store rewrites each
+/// pack once per batch).
+const SWEEP_BATCH: usize = 1 << 16;
+
 /// Options of a gc run.
 #[derive(Debug, Clone)]
 pub struct GcOptions {
@@ -172,16 +176,21 @@ pub fn gc<S: ChunkPrune + ?Sized>(
         }
     })?;
     progress.phase("sweeping", candidates.len() as u64);
-    for id in candidates {
+    for batch in candidates.chunks(SWEEP_BATCH) {
         if opts.dry_run {
-            report.removed_objects += 1;
-        } else if let Some(n) = store.remove_if_older(&id, cutoff)? {
-            report.removed_objects += 1;
-            report.removed_bytes += n;
+            report.removed_objects += batch.len() as u64;
         } else {
-            report.kept_recent += 1;
+            for r in store.remove_many_if_older(batch, cutoff)? {
+                match r {
+                    Some(n) => {
+                        report.removed_objects += 1;
+                        report.removed_bytes += n;
+                    }
+                    None => report.kept_recent += 1,
+                }
+            }
         }
-        progress.advance(1);
+        progress.advance(batch.len() as u64);
     }
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)

@@ -213,7 +213,9 @@ impl Lookaside {
             let got = match m {
                 Medium::Store(s) => match s.get(id) {
                     Ok(raw) => codec.open(id, key, &raw).ok(),
-                    Err(_) => continue,
+                    Err(e) if e.kind() == roamdisk_blockdev::ErrorKind::NotFound => continue,
+                    // There but unreadable (a damaged pack): counted bad.
+                    Err(_) => None,
                 },
                 Medium::Image {
                     file,

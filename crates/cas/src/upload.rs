@@ -22,7 +22,7 @@ use crate::chunk::{ChunkCodec, Key, HEADER_SIZE};
 use crate::error::context;
 use crate::hash::ChunkId;
 use crate::index::Index;
-use crate::store::{ChunkWrite, Lease, ObjectParts, PutOutcome};
+use crate::store::{ChunkWrite, Lease, ObjectParts, PutGroup, PutOutcome};
 use roamdisk_blockdev::Result;
 
 /// How often a commit refreshes its lease.
@@ -249,32 +249,92 @@ impl<'a, S: ChunkWrite + ?Sized> Uploader<'a, S> {
     /// the worker thread that then hashes it, asks the store about it and
     /// writes it if new — so a chunk stays in that CPU's cache from the
     /// read to the write. For stores with cheap lookups
-    /// ([`ChunkWrite::cheap_lookups`]); the records form one group of puts
-    /// (a few hundred at most).
+    /// ([`ChunkWrite::cheap_lookups`]). Every `group_len` records form one
+    /// group of puts (a pack in a local store); a group is made durable
+    /// and named on its own thread while the workers go on with the next
+    /// one (so the disk writes while the CPUs hash), at most one group
+    /// behind. Returns when every group is stored.
     pub fn upload_each(
         &mut self,
         index: &mut Index,
         records: &[usize],
+        group_len: usize,
         chunk_size: usize,
         read: &(dyn Fn(usize, &mut Vec<u8>) -> Result<()> + Sync),
     ) -> Result<()> {
-        self.refresh()?;
+        let stopped = |e| {
+            context(
+                e,
+                "commit stopped while uploading chunks; the previous version is intact",
+            )
+        };
+        let store = self.store;
+        std::thread::scope(|scope| -> Result<()> {
+            // The group being sealed: its records, what became of each, and
+            // the thread making it durable and naming it.
+            type Sealing<'s> =
+                std::thread::ScopedJoinHandle<'s, Result<Vec<(ChunkId, PutOutcome)>>>;
+            let mut behind: Option<(&[usize], Vec<Each>, Sealing<'_>)> = None;
+            // Ids claimed by a chunk of the group being sealed: a duplicate
+            // in the next group is not written again (the store cannot
+            // answer for a group it has not named yet).
+            let mut sealing_ids: HashSet<ChunkId> = HashSet::new();
+            for recs in records.chunks(group_len.max(1)) {
+                self.refresh()?;
+                let group = store.put_group();
+                let claimed: Mutex<HashSet<ChunkId>> = Mutex::new(HashSet::new());
+                let done = self
+                    .each_of_group(
+                        index,
+                        recs,
+                        chunk_size,
+                        read,
+                        &*group,
+                        &sealing_ids,
+                        &claimed,
+                    )
+                    .map_err(stopped)?;
+                if let Some((recs, done, h)) = behind.take() {
+                    let outcomes = h.join().expect("sealing thread").map_err(stopped)?;
+                    self.account(index, recs, &done, outcomes);
+                }
+                sealing_ids = claimed.into_inner().unwrap_or_else(|e| e.into_inner());
+                behind = Some((recs, done, scope.spawn(move || group.finish())));
+            }
+            if let Some((recs, done, h)) = behind.take() {
+                let outcomes = h.join().expect("sealing thread").map_err(stopped)?;
+                self.account(index, recs, &done, outcomes);
+            }
+            Ok(())
+        })
+    }
+
+    /// The workers' part of [`Uploader::upload_each`] for one group: read,
+    /// hash, ask, write each chunk into `group`.
+    #[allow(clippy::too_many_arguments)]
+    fn each_of_group(
+        &self,
+        index: &Index,
+        records: &[usize],
+        chunk_size: usize,
+        read: &(dyn Fn(usize, &mut Vec<u8>) -> Result<()> + Sync),
+        group: &dyn PutGroup,
+        sealing: &HashSet<ChunkId>,
+        claimed: &Mutex<HashSet<ChunkId>>,
+    ) -> Result<Vec<Each>> {
         let codec = self.codec;
         let encrypt = self.encrypt;
         let store = self.store;
-        let group = store.put_group();
-        // Ids claimed by a chunk of this group: duplicates are looked up
-        // and written once.
-        let claimed: Mutex<HashSet<ChunkId>> = Mutex::new(HashSet::new());
-        let idx: &Index = index;
-        let done: Vec<Each> = records
+        records
             .par_iter()
             .map_init(
                 || Vec::with_capacity(chunk_size),
                 |buf, &i| -> Result<Each> {
+                    // A group can take long at a low --limit-rate.
+                    self.refresh()?;
                     read(i, buf)?;
                     let data = &buf[..];
-                    let (all_zero, states) = idx.content_states(data);
+                    let (all_zero, states) = index.content_states(data);
                     if all_zero {
                         return Ok(Each::zero(data.len()));
                     }
@@ -301,8 +361,9 @@ impl<'a, S: ChunkWrite + ?Sized> Uploader<'a, S> {
                         found: false,
                         written: None,
                     };
-                    let first = claimed.lock().unwrap_or_else(|e| e.into_inner()).insert(id);
-                    if !first {
+                    if sealing.contains(&id)
+                        || !claimed.lock().unwrap_or_else(|e| e.into_inner()).insert(id)
+                    {
                         return Ok(each);
                     }
                     if store.has_many(&[id], true)?[0] {
@@ -329,24 +390,22 @@ impl<'a, S: ChunkWrite + ?Sized> Uploader<'a, S> {
                     Ok(each)
                 },
             )
-            .collect::<Result<_>>()
-            .map_err(|e| {
-                context(
-                    e,
-                    "commit stopped while uploading chunks; the previous version is intact",
-                )
-            })?;
-        let outcomes: HashMap<ChunkId, PutOutcome> = group
-            .finish()
-            .map_err(|e| {
-                context(
-                    e,
-                    "commit stopped while uploading chunks; the previous version is intact",
-                )
-            })?
-            .into_iter()
-            .collect();
-        for (&i, e) in records.iter().zip(&done) {
+            .collect()
+    }
+
+    /// Set the index records of a stored group and count what it did.
+    fn account(
+        &mut self,
+        index: &mut Index,
+        records: &[usize],
+        done: &[Each],
+        outcomes: Vec<(ChunkId, PutOutcome)>,
+    ) {
+        let mut stored: HashMap<ChunkId, PutOutcome> = HashMap::new();
+        for (id, o) in outcomes {
+            stored.entry(id).or_insert(o);
+        }
+        for (&i, e) in records.iter().zip(done) {
             self.stats.chunks += 1;
             match &e.prep {
                 Prep::Zero => {
@@ -366,7 +425,7 @@ impl<'a, S: ChunkWrite + ?Sized> Uploader<'a, S> {
             if let (Some(size), Prep::Plain { id, .. } | Prep::Sealed { id, .. }) =
                 (e.written, &e.prep)
             {
-                if outcomes.get(id) == Some(&PutOutcome::Stored) {
+                if stored.get(id) == Some(&PutOutcome::Stored) {
                     self.stats.new_objects += 1;
                     self.stats.uploaded_bytes += size;
                 } else {
@@ -374,7 +433,6 @@ impl<'a, S: ChunkWrite + ?Sized> Uploader<'a, S> {
                 }
             }
         }
-        Ok(())
     }
 
     /// Store a version package (or any whole object); returns its name.

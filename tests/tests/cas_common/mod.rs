@@ -168,19 +168,16 @@ pub fn json_str(text: &str, key: &str) -> String {
     rest[..rest.find('"').expect("closing quote")].to_string()
 }
 
-/// Bytes of every object file in a local store.
+/// Bytes of every object file and pack file of a local store.
 pub fn store_bytes(store: &Path) -> u64 {
-    let mut total = 0;
-    for fan in std::fs::read_dir(store.join("objects")).expect("objects dir") {
-        let fan = fan.expect("entry");
-        for f in std::fs::read_dir(fan.path()).expect("fan-out dir") {
-            total += f.expect("entry").metadata().expect("meta").len();
-        }
-    }
-    total
+    store_files(store)
+        .iter()
+        .map(|f| std::fs::metadata(f).expect("meta").len())
+        .sum()
 }
 
-/// Every object file of a local store.
+/// Every loose object file of a local store (`objects/XX/ID`: version
+/// packages, objects put one at a time).
 pub fn object_files(store: &Path) -> Vec<PathBuf> {
     let mut v = Vec::new();
     for fan in std::fs::read_dir(store.join("objects")).expect("objects dir") {
@@ -192,9 +189,61 @@ pub fn object_files(store: &Path) -> Vec<PathBuf> {
     v
 }
 
+/// Every pack file of a local store (`packs/NAME.pack`).
+pub fn pack_files(store: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = match std::fs::read_dir(store.join("packs")) {
+        Ok(rd) => rd.map(|e| e.expect("entry").path()).collect(),
+        Err(_) => Vec::new(),
+    };
+    v.sort();
+    v
+}
+
+/// Every file holding objects: loose object files and packs.
+pub fn store_files(store: &Path) -> Vec<PathBuf> {
+    let mut v = object_files(store);
+    v.extend(pack_files(store));
+    v
+}
+
 /// The object file of a hex id.
 pub fn object_file(store: &Path, hex: &str) -> PathBuf {
     store.join("objects").join(&hex[..2]).join(hex)
+}
+
+/// One object in a pack, as the pack's index says
+/// (`docs/formats/cas-pack.md`: trailer = index offset u64, count u32, ...;
+/// 48-byte entries = id, offset u64, length u32, reserved).
+pub struct Packed {
+    pub pack: PathBuf,
+    pub id: String,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// Every object in every pack of a local store.
+pub fn packed_objects(store: &Path) -> Vec<Packed> {
+    let mut out = Vec::new();
+    for pack in pack_files(store) {
+        let b = std::fs::read(&pack).expect("pack");
+        let t = &b[b.len() - 56..];
+        let le = |x: &[u8]| x.iter().rev().fold(0u64, |a, &c| (a << 8) | c as u64);
+        let (at, count) = (le(&t[..8]) as usize, le(&t[8..12]) as usize);
+        for e in b[at..at + count * 48].chunks_exact(48) {
+            out.push(Packed {
+                pack: pack.clone(),
+                id: e[..32].iter().map(|x| format!("{x:02x}")).collect(),
+                offset: le(&e[32..40]),
+                len: le(&e[40..44]),
+            });
+        }
+    }
+    out
+}
+
+/// Objects in a local store: loose files and packed objects.
+pub fn object_count(store: &Path) -> usize {
+    object_files(store).len() + packed_objects(store).len()
 }
 
 /// Write into the NBD export `uri` every 4 KiB block where `new` differs

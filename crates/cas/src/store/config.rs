@@ -10,7 +10,9 @@ use crate::hash::HashKind;
 use roamdisk_blockdev::Result;
 
 pub const MAGIC: &str = "roamdisk-chunk-store";
-pub const VERSION: u32 = 1;
+/// The layout version new stores get (2: objects may be in packs). Stores
+/// of version 1 are read as they are and move to 2 when they get a pack.
+pub const VERSION: u32 = 2;
 
 /// Parsed store settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +103,11 @@ impl StoreConfig {
     }
 
     pub fn parse(text: &str) -> Result<StoreConfig> {
+        Ok(Self::parse_versioned(text)?.0)
+    }
+
+    /// [`StoreConfig::parse`], also giving the layout version (1 or 2).
+    pub fn parse_versioned(text: &str) -> Result<(StoreConfig, u32)> {
         let f: File = toml::from_str(text)
             .map_err(|e| corrupt(format!("store.toml is not valid: {}", e.message())))?;
         if f.magic != MAGIC {
@@ -109,7 +116,7 @@ impl StoreConfig {
                 f.magic
             )));
         }
-        if f.version != VERSION {
+        if !(1..=VERSION).contains(&f.version) {
             return Err(corrupt(format!(
                 "store format version {} (this build reads {VERSION})",
                 f.version
@@ -125,11 +132,12 @@ impl StoreConfig {
                 )))
             }
         };
-        Ok(StoreConfig {
+        let config = StoreConfig {
             hash: HashKind::from_name(&f.hash).map_err(|e| corrupt(e.message().to_string()))?,
             zstd_level,
             quota: f.quota.filter(|&q| q > 0),
-        })
+        };
+        Ok((config, f.version))
     }
 }
 
@@ -147,10 +155,12 @@ mod tests {
         c.quota = Some(1 << 20);
         assert_eq!(StoreConfig::parse(&c.to_toml()).unwrap(), c);
         assert!(StoreConfig::parse("magic = \"x\"").is_err());
-        let t = c.to_toml().replace("version = 1", "version = 2");
+        let v1 = c.to_toml().replace("version = 2", "version = 1");
+        assert_eq!(StoreConfig::parse_versioned(&v1).unwrap(), (c.clone(), 1));
+        let t = c.to_toml().replace("version = 2", "version = 3");
         assert!(StoreConfig::parse(&t)
             .unwrap_err()
             .to_string()
-            .contains("version 2"));
+            .contains("version 3"));
     }
 }

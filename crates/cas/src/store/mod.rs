@@ -56,6 +56,7 @@ macro_rules! forward_prune_listings {
 pub mod config;
 pub mod http;
 pub mod local;
+pub mod pack;
 pub mod quota;
 pub mod throttle;
 pub mod wire;
@@ -148,8 +149,8 @@ pub trait ChunkWrite: ChunkRead {
     }
     /// Start a group of puts: objects handed to [`PutGroup::write`] (from
     /// any thread, as they are ready) are stored by [`PutGroup::finish`]
-    /// with the guarantees of `put_many`. Keep groups to a few hundred
-    /// objects. The default collects copies and calls `put_many`.
+    /// with the guarantees of `put_many` (a local store writes the group as
+    /// one pack). The default collects copies and calls `put_many`.
     fn put_group(&self) -> Box<dyn PutGroup + '_> {
         Box::new(CollectGroup {
             store: self,
@@ -221,6 +222,18 @@ pub trait ChunkPrune: ChunkWrite {
     /// first moved aside, its time re-read, and moved back if recent).
     /// Returns the bytes freed, or `None` if it was kept.
     fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>>;
+    /// [`ChunkPrune::remove_if_older`] of each of `ids` (what gc sweeps):
+    /// stores that keep objects together (packs) override it to rewrite
+    /// each pack once.
+    fn remove_many_if_older(
+        &self,
+        ids: &[ChunkId],
+        cutoff: SystemTime,
+    ) -> Result<Vec<Option<u64>>> {
+        ids.iter()
+            .map(|id| self.remove_if_older(id, cutoff))
+            .collect()
+    }
     /// Every registered lease.
     fn leases(&self) -> Result<Vec<Lease>>;
     /// Undo what a crashed gc left half done (objects moved aside are put

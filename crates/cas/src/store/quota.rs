@@ -129,6 +129,17 @@ impl ChunkPrune for QuotaStore {
         }
         Ok(r)
     }
+    fn remove_many_if_older(
+        &self,
+        ids: &[ChunkId],
+        cutoff: SystemTime,
+    ) -> Result<Vec<Option<u64>>> {
+        let r = self.inner.remove_many_if_older(ids, cutoff)?;
+        let n: u64 = r.iter().flatten().sum();
+        self.used
+            .fetch_sub(n.min(self.used.load(Ordering::SeqCst)), Ordering::SeqCst);
+        Ok(r)
+    }
 }
 
 #[cfg(test)]

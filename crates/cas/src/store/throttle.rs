@@ -106,4 +106,11 @@ impl ChunkPrune for ThrottleStore {
     fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
         self.inner.remove_if_older(id, cutoff)
     }
+    fn remove_many_if_older(
+        &self,
+        ids: &[ChunkId],
+        cutoff: SystemTime,
+    ) -> Result<Vec<Option<u64>>> {
+        self.inner.remove_many_if_older(ids, cutoff)
+    }
 }

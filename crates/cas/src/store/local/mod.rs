@@ -2,28 +2,34 @@
 //!
 //! ```text
 //! STORE/store.toml          settings (hash, compression, quota)
-//! STORE/objects/4e/4e11…    one file per object, named by its hex id,
-//!                           under a folder named by the first two digits
+//! STORE/packs/NAME.pack     objects stored together: a commit's chunks
+//! STORE/objects/4e/4e11…    objects stored one at a time, a file each,
+//!                           named by its hex id, under a folder named by
+//!                           the first two digits
 //! STORE/refs/USER/IMAGE     catalogs (compare-and-swap under refs/.lock)
 //! STORE/leases/ID           commits in progress
 //! STORE/tmp/                objects being written
-//! STORE/trash/              objects a running gc is about to delete
+//! STORE/trash/              objects and packs a running gc is about to delete
 //! ```
 //!
-//! Objects are written in groups: each to an unnamed file in its folder
-//! (`O_TMPFILE`; a named file in `tmp/` where the file system has none),
-//! then the whole group is made durable, then each file is given its name
-//! (a link that fails if the name exists). The folders that received names
-//! are fsynced by [`ChunkWrite::sync`] before any version refers to them.
-//! Details and the crash argument: `docs/formats/cas-store.md`.
+//! A group of objects (a put group, or a `put_many` of more than one) is
+//! written as packs (`packs.rs`, one per writing thread): each an unnamed
+//! file, made durable, then named. A single object is a file of its own: written to an unnamed file
+//! in its folder (`O_TMPFILE`; a named file in `tmp/` where the file
+//! system has none), made durable, then given its name (a link that fails
+//! if the name exists). The folders that received names are fsynced by
+//! [`ChunkWrite::sync`] before any version refers to them. Details and the
+//! crash argument: `docs/formats/cas-store.md`.
 
-use std::collections::HashSet;
+mod packs;
+
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind as IoKind, IoSlice, Read, Seek, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -33,16 +39,20 @@ use roamdisk_blockdev::{ErrorKind, Op, Result};
 use rustix::fs::{AtFlags, RenameFlags, Timespec, Timestamps, CWD, UTIME_NOW, UTIME_OMIT};
 
 use super::{
-    check_ref_name, ref_tag, ChunkPrune, ChunkRead, ChunkWrite, Lease, ObjectEntry, ObjectParts,
-    PutGroup, PutOutcome, StoreConfig,
+    check_ref_name, config, ref_tag, ChunkPrune, ChunkRead, ChunkWrite, Lease, ObjectEntry,
+    ObjectParts, PutGroup, PutOutcome, StoreConfig,
 };
 use crate::error::{err, io, not_found};
 use crate::hash::ChunkId;
+use packs::{is_pack_name, PackGroup, PackTable};
 
 const LEASE_MAGIC: &str = "roamdisk-lease 1";
 
 /// Fan-out folders under `objects/`: one per first byte of an id.
 const FANS: usize = 256;
+
+/// How long a fan-out folder found absent is taken as absent by lookups.
+const FAN_ABSENT_MEMO_MS: u64 = 1000;
 
 /// Objects written (and kept open) before the group is made durable and
 /// named: bounds the open files of one `put_many`.
@@ -67,6 +77,12 @@ pub struct LocalStore {
     dirty_dirs: Mutex<HashSet<PathBuf>>,
     /// Fan-out folders that received a name since the last `sync`.
     dirty_fans: [AtomicBool; FANS],
+    /// When a lookup last found a fan-out folder absent (ms since `opened`,
+    /// plus one; 0: not known absent). New stores make their fan-out
+    /// folders only for loose objects, so a commit's lookups would
+    /// otherwise fail one `open` per chunk.
+    fan_absent: [AtomicU64; FANS],
+    opened: std::time::Instant,
     /// Fan-out folders, opened once: objects are created, named, touched
     /// and looked up relative to them (no walk of the whole path each time).
     fans: Mutex<Vec<Option<Arc<OwnedFd>>>>,
@@ -74,18 +90,26 @@ pub struct LocalStore {
     naming: AtomicU8,
     seq: AtomicU64,
     pid: u32,
+    /// Where each packed object is.
+    packs: PackTable,
+    /// The `packs/` folder, opened once.
+    packs_fd: Mutex<Option<Arc<OwnedFd>>>,
+    /// The layout version `store.toml` declares (1: no packs yet).
+    layout: AtomicU32,
+    /// Held while `store.toml` is rewritten for a new layout version.
+    layout_lock: Mutex<()>,
 }
 
-/// An object written to an unnamed file (or to a named one in `tmp/`),
-/// not yet durable or named. A file in `tmp/` is removed on drop unless it
-/// was renamed into place.
-struct Pending {
-    fan: usize,
+/// A file being written that has no name yet: unnamed (`O_TMPFILE`), or
+/// a named temporary file in `tmp/` where the file system has no unnamed
+/// files — removed on drop unless it was renamed into place (`tmp` set to
+/// `None` then).
+struct Unnamed {
     file: File,
     tmp: Option<PathBuf>,
 }
 
-impl Drop for Pending {
+impl Drop for Unnamed {
     fn drop(&mut self) {
         if let Some(t) = &self.tmp {
             let _ = fs::remove_file(t);
@@ -93,17 +117,38 @@ impl Drop for Pending {
     }
 }
 
-/// Write `parts` back to back with vectored writes.
-fn write_parts(f: &File, parts: &[&[u8]; 2]) -> std::io::Result<()> {
+/// A new unnamed file (`O_TMPFILE`) in the folder `dir`.
+fn open_unnamed(dir: &OwnedFd) -> rustix::io::Result<File> {
+    use rustix::fs::{Mode, OFlags};
+    rustix::fs::openat(
+        dir,
+        ".",
+        OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    )
+    .map(File::from)
+}
+
+/// A loose object written to an [`Unnamed`] file, not yet durable or named.
+struct Pending {
+    fan: usize,
+    f: Unnamed,
+}
+
+/// Write `parts` back to back at `offset` with vectored writes.
+fn pwrite_parts(f: &File, parts: &[&[u8]; 2], mut offset: u64) -> std::io::Result<()> {
     let mut slices = [IoSlice::new(parts[0]), IoSlice::new(parts[1])];
     let mut bufs = &mut slices[..];
     IoSlice::advance_slices(&mut bufs, 0);
     while !bufs.is_empty() {
-        match (&*f).write_vectored(bufs) {
+        match rustix::io::pwritev(f, bufs, offset) {
             Ok(0) => return Err(std::io::Error::from(IoKind::WriteZero)),
-            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
-            Err(e) if e.kind() == IoKind::Interrupted => {}
-            Err(e) => return Err(e),
+            Ok(n) => {
+                IoSlice::advance_slices(&mut bufs, n);
+                offset += n as u64;
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(())
@@ -178,7 +223,8 @@ impl LocalStore {
             },
             Err(e) => return Err(io(Op::Open, e, &cfg_path)),
         };
-        let config = StoreConfig::parse(&text).map_err(|e| e.path(&cfg_path))?;
+        let (config, layout) =
+            StoreConfig::parse_versioned(&text).map_err(|e| e.path(&cfg_path))?;
         for d in ["objects", "refs", "leases", "tmp", "trash"] {
             let p = root.join(d);
             fs::create_dir_all(&p).map_err(|e| io(Op::Open, e, &p))?;
@@ -188,11 +234,49 @@ impl LocalStore {
             config,
             dirty_dirs: Mutex::new(HashSet::new()),
             dirty_fans: std::array::from_fn(|_| AtomicBool::new(false)),
+            fan_absent: std::array::from_fn(|_| AtomicU64::new(0)),
+            opened: std::time::Instant::now(),
             fans: Mutex::new(vec![None; FANS]),
             naming: AtomicU8::new(NAMING_UNKNOWN),
             seq: AtomicU64::new(0),
             pid: std::process::id(),
+            packs: PackTable::default(),
+            packs_fd: Mutex::new(None),
+            layout: AtomicU32::new(layout),
+            layout_lock: Mutex::new(()),
         })
+    }
+
+    /// Before the first pack of a store written by an older build gets a
+    /// name: rewrite `store.toml` (same settings) with the layout version
+    /// that has packs, durably, so older builds refuse the store rather
+    /// than miss its packed objects.
+    fn upgrade_layout(&self) -> Result<()> {
+        if self.layout.load(Ordering::Acquire) >= config::VERSION {
+            return Ok(());
+        }
+        let _held = self.layout_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.layout.load(Ordering::Acquire) >= config::VERSION {
+            return Ok(());
+        }
+        let cfg_path = self.root.join("store.toml");
+        let tmp = self.tmp_path("store.toml");
+        write_file_durably(&cfg_path, &tmp, self.config.to_toml().as_bytes())
+            .and_then(|()| sync_dir(&self.root))
+            .map_err(|e| {
+                let _ = fs::remove_file(&tmp);
+                io(Op::Write, e, &cfg_path).msg("cannot record the pack layout in store.toml")
+            })?;
+        self.layout.store(config::VERSION, Ordering::Release);
+        Ok(())
+    }
+
+    /// Remember that `dir` received a name (fsynced by the next `sync`).
+    fn mark_dirty(&self, dir: PathBuf) {
+        self.dirty_dirs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(dir);
     }
 
     /// Create a new, empty store. Fails if `root` already holds one.
@@ -206,12 +290,9 @@ impl LocalStore {
             ));
         }
         fs::create_dir_all(root).map_err(|e| io(Op::Open, e, root))?;
-        for d in ["objects", "refs", "leases", "tmp", "trash"] {
+        // Fan-out folders are made when an object first needs one.
+        for d in ["objects", "packs", "refs", "leases", "tmp", "trash"] {
             let p = root.join(d);
-            fs::create_dir_all(&p).map_err(|e| io(Op::Open, e, &p))?;
-        }
-        for i in 0..256 {
-            let p = root.join("objects").join(format!("{i:02x}"));
             fs::create_dir_all(&p).map_err(|e| io(Op::Open, e, &p))?;
         }
         let tmp = root.join("tmp").join("store.toml");
@@ -253,6 +334,15 @@ impl LocalStore {
     fn restore_from_trash(&self, id: &ChunkId) -> Result<bool> {
         let t = self.trash_path(id);
         let p = self.object_path(id);
+        if !t.exists() {
+            return Ok(false);
+        }
+        // Its folder may not exist (yet, or any more).
+        let dir = p.parent().expect("fan-out folder");
+        if !dir.exists() {
+            fs::create_dir_all(dir).map_err(|e| io(Op::Write, e, dir))?;
+            self.mark_dirty(self.root.join("objects"));
+        }
         let r = rename_noreplace(&t, &p).map_err(|e| io(Op::Write, e, &t))?;
         if r == Renamed::SourceMissing {
             return Ok(false);
@@ -274,12 +364,23 @@ impl LocalStore {
     /// With `create`, a missing folder is made (and `objects/` marked for
     /// the next `sync`).
     fn fan_dir(&self, fan: usize, create: bool) -> std::io::Result<Arc<OwnedFd>> {
+        let now = self.opened.elapsed().as_millis() as u64 + 1;
+        let absent = self.fan_absent[fan].load(Ordering::Relaxed);
+        if !create && absent != 0 && now - absent < FAN_ABSENT_MEMO_MS {
+            // Found absent a moment ago: a lookup misses (another process
+            // may have made it since; a commit then stores a second copy).
+            return Err(std::io::Error::from(IoKind::NotFound));
+        }
         let mut fans = self.fans.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(fd) = &fans[fan] {
             return Ok(fd.clone());
         }
         let dir = self.root.join("objects").join(format!("{fan:02x}"));
         let fd = match open_dir(&dir) {
+            Err(e) if e.kind() == IoKind::NotFound && !create => {
+                self.fan_absent[fan].store(now, Ordering::Relaxed);
+                return Err(e);
+            }
             Err(e) if e.kind() == IoKind::NotFound && create => {
                 fs::create_dir_all(&dir)?;
                 self.dirty_dirs
@@ -292,6 +393,7 @@ impl LocalStore {
         };
         let fd = Arc::new(fd);
         fans[fan] = Some(fd.clone());
+        self.fan_absent[fan].store(0, Ordering::Relaxed);
         Ok(fd)
     }
 
@@ -304,24 +406,16 @@ impl LocalStore {
     /// (`O_TMPFILE`), or to a named temporary file in `tmp/` where the file
     /// system has no unnamed files.
     fn write_unnamed(&self, id: &ChunkId, parts: &[&[u8]; 2]) -> std::io::Result<Pending> {
-        use rustix::fs::{Mode, OFlags};
         let fan = id.0[0] as usize;
         if self.naming.load(Ordering::Relaxed) != NAMING_TMP_DIR {
             for attempt in 0..2 {
                 let dir = self.fan_dir(fan, true)?;
-                match rustix::fs::openat(
-                    &*dir,
-                    ".",
-                    OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
-                    Mode::from_raw_mode(0o644),
-                ) {
-                    Ok(fd) => {
-                        let file = File::from(fd);
-                        write_parts(&file, parts)?;
+                match open_unnamed(&dir) {
+                    Ok(file) => {
+                        pwrite_parts(&file, parts, 0)?;
                         return Ok(Pending {
                             fan,
-                            file,
-                            tmp: None,
+                            f: Unnamed { file, tmp: None },
                         });
                     }
                     // The folder was removed since we opened it: again.
@@ -351,10 +445,12 @@ impl LocalStore {
             .open(&tmp)?;
         let p = Pending {
             fan: id.0[0] as usize,
-            file,
-            tmp: Some(tmp),
+            f: Unnamed {
+                file,
+                tmp: Some(tmp),
+            },
         };
-        write_parts(&p.file, parts)?;
+        pwrite_parts(&p.f.file, parts, 0)?;
         Ok(p)
     }
 
@@ -404,13 +500,13 @@ impl LocalStore {
         // and the touch: then link again.
         for _ in 0..8 {
             let dir = self.fan_dir(p.fan, true)?;
-            let named = match &p.tmp {
-                None => self.link_unnamed(dir.as_fd(), &p.file, &name)?,
+            let named = match &p.f.tmp {
+                None => self.link_unnamed(dir.as_fd(), &p.f.file, &name)?,
                 Some(tmp) => {
                     match rustix::fs::renameat_with(CWD, tmp, &*dir, &name, RenameFlags::NOREPLACE)
                     {
                         Ok(()) => {
-                            p.tmp = None;
+                            p.f.tmp = None;
                             Some(true)
                         }
                         Err(rustix::io::Errno::EXIST) => Some(false),
@@ -427,15 +523,15 @@ impl LocalStore {
                     self.forget_fan(p.fan);
                     continue;
                 }
-                None if p.tmp.is_none() => {
+                None if p.f.tmp.is_none() => {
                     // Cannot name unnamed files here: copy it to a named
                     // temporary file and rename that.
                     self.naming.store(NAMING_TMP_DIR, Ordering::Relaxed);
                     let mut bytes = Vec::new();
-                    (&p.file).seek(std::io::SeekFrom::Start(0))?;
-                    (&p.file).read_to_end(&mut bytes)?;
+                    (&p.f.file).seek(std::io::SeekFrom::Start(0))?;
+                    (&p.f.file).read_to_end(&mut bytes)?;
                     p = self.write_named(id, &[&bytes, &[]])?;
-                    p.file.sync_all()?;
+                    p.f.file.sync_all()?;
                     continue;
                 }
                 None => return Err(std::io::Error::from(IoKind::NotFound)),
@@ -455,6 +551,63 @@ impl LocalStore {
         ))
     }
 
+    /// Store objects each as a file of its own (steps 1-3 of "Writing an
+    /// object" in `docs/formats/cas-store.md`), in groups of [`GROUP`].
+    fn put_loose(&self, items: &[ObjectParts<'_>]) -> Result<Vec<PutOutcome>> {
+        let mut out = Vec::with_capacity(items.len());
+        for items in items.chunks(GROUP) {
+            // 1. Write each to an unnamed file.
+            let pending: Vec<(ChunkId, Pending)> = items
+                .par_iter()
+                .map(|(id, parts)| {
+                    let p = self
+                        .write_unnamed(id, parts)
+                        .map_err(|e| self.put_error(id, e))?;
+                    Ok((*id, p))
+                })
+                .collect::<Result<_>>()?;
+            // 2. Make them all durable, 3. name each (in order).
+            self.make_durable(&pending)?;
+            let named: Vec<PutOutcome> = pending
+                .into_par_iter()
+                .map(|(id, p)| {
+                    self.name_pending(p, &id)
+                        .map_err(|e| self.put_error(&id, e))
+                })
+                .collect::<Result<_>>()?;
+            out.extend(named);
+        }
+        Ok(out)
+    }
+
+    /// remove-if-older of an object's own file (`None`: kept, or no such
+    /// file).
+    fn remove_loose_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
+        let p = self.object_path(id);
+        let t = self.trash_path(id);
+        // 1. Move aside: from here on a commit's touch finds no object and
+        //    uploads it again (or restores it from the trash).
+        if rename_noreplace(&p, &t).map_err(|e| io(Op::Write, e, &p))? != Renamed::Moved {
+            return Ok(None);
+        }
+        // 2. Re-read its time: a touch that came before the move shows here.
+        let m = match fs::metadata(&t) {
+            Ok(m) => m,
+            Err(e) if e.kind() == IoKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(Op::Read, e, &t)),
+        };
+        if m.modified().unwrap_or(UNIX_EPOCH) >= cutoff {
+            let _ = rename_noreplace(&t, &p);
+            let _ = fs::remove_file(&t);
+            return Ok(None);
+        }
+        match fs::remove_file(&t) {
+            Ok(()) => Ok(Some(m.len())),
+            Err(e) if e.kind() == IoKind::NotFound => Ok(None),
+            Err(e) => Err(io(Op::Write, e, &t)),
+        }
+    }
+
     /// Step 2 of a put: make a group of written objects durable. (On a
     /// journalling file system the first fsync of a group commits the
     /// others' new inodes and, in ordered mode, their data too, so the
@@ -463,7 +616,7 @@ impl LocalStore {
     fn make_durable(&self, pending: &[(ChunkId, Pending)]) -> Result<()> {
         pending
             .par_iter()
-            .try_for_each(|(id, p)| p.file.sync_all().map_err(|e| self.put_error(id, e)))
+            .try_for_each(|(id, p)| p.f.file.sync_all().map_err(|e| self.put_error(id, e)))
     }
 
     fn put_error(&self, id: &ChunkId, e: std::io::Error) -> roamdisk_blockdev::Error {
@@ -501,45 +654,6 @@ fn nanos(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-/// A group of puts into a local store: each object is written to an
-/// unnamed file as it comes (from any thread); `finish` makes them all
-/// durable, then names them.
-struct LocalGroup<'a> {
-    store: &'a LocalStore,
-    /// In write order.
-    pending: Mutex<Vec<(ChunkId, Pending)>>,
-}
-
-impl PutGroup for LocalGroup<'_> {
-    fn write(&self, id: &ChunkId, parts: [&[u8]; 2]) -> Result<()> {
-        let p = self
-            .store
-            .write_unnamed(id, &parts)
-            .map_err(|e| self.store.put_error(id, e))?;
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((*id, p));
-        Ok(())
-    }
-
-    fn finish(self: Box<Self>) -> Result<Vec<(ChunkId, PutOutcome)>> {
-        let pending = self.pending.into_inner().unwrap_or_else(|e| e.into_inner());
-        // Nothing is named before everything is durable.
-        self.store.make_durable(&pending)?;
-        let store = self.store;
-        pending
-            .into_par_iter()
-            .map(|(id, p)| {
-                let o = store
-                    .name_pending(p, &id)
-                    .map_err(|e| store.put_error(&id, e))?;
-                Ok((id, o))
-            })
-            .collect()
-    }
-}
-
 impl ChunkRead for LocalStore {
     fn describe(&self) -> String {
         self.root.display().to_string()
@@ -548,6 +662,11 @@ impl ChunkRead for LocalStore {
         &self.config
     }
     fn get(&self, id: &ChunkId) -> Result<Vec<u8>> {
+        // Packs the table knows, then its own file, then packs written
+        // since the table was loaded, then what a gc left in the trash.
+        if let Some(v) = self.get_packed(id, false)? {
+            return Ok(v);
+        }
         let p = self.object_path(id);
         let read = |p: &Path| -> std::io::Result<Vec<u8>> {
             let mut f = File::open(p)?;
@@ -558,8 +677,16 @@ impl ChunkRead for LocalStore {
         match read(&p) {
             Ok(v) => Ok(v),
             Err(e) if e.kind() == IoKind::NotFound => {
+                if let Some(v) = self.get_packed(id, true)? {
+                    return Ok(v);
+                }
                 if self.restore_from_trash(id)? {
                     return read(&p).map_err(|e| io(Op::Read, e, &p));
+                }
+                if self.restore_pack_holding(id)? {
+                    if let Some(v) = self.get_packed(id, true)? {
+                        return Ok(v);
+                    }
                 }
                 Err(not_found(format!(
                     "object {id} is missing from store {} (a damaged store, or a version whose chunks were removed)",
@@ -574,8 +701,13 @@ impl ChunkRead for LocalStore {
         ids.par_iter().map(|id| self.get(id)).collect()
     }
     fn has_many(&self, ids: &[ChunkId], touch_found: bool) -> Result<Vec<bool>> {
+        let packed = self.has_packed(ids, touch_found)?;
         ids.par_iter()
-            .map(|id| {
+            .zip(packed)
+            .map(|(id, packed)| {
+                if packed {
+                    return Ok(true);
+                }
                 let r = self.fan_dir(id.0[0] as usize, false).and_then(|dir| {
                     let name = id.to_hex();
                     if touch_found {
@@ -633,36 +765,37 @@ impl ChunkWrite for LocalStore {
         self.put_many_parts(&items)
     }
     fn put_many_parts(&self, items: &[ObjectParts<'_>]) -> Result<Vec<PutOutcome>> {
-        let mut out = Vec::with_capacity(items.len());
-        for items in items.chunks(GROUP) {
-            // 1. Write each to an unnamed file.
-            let pending: Vec<(ChunkId, Pending)> = items
-                .par_iter()
-                .map(|(id, parts)| {
-                    let p = self
-                        .write_unnamed(id, parts)
-                        .map_err(|e| self.put_error(id, e))?;
-                    Ok((*id, p))
-                })
-                .collect::<Result<_>>()?;
-            // 2. Make them all durable, 3. name each (in order).
-            self.make_durable(&pending)?;
-            let named: Vec<PutOutcome> = pending
-                .into_par_iter()
-                .map(|(id, p)| {
-                    self.name_pending(p, &id)
-                        .map_err(|e| self.put_error(&id, e))
-                })
-                .collect::<Result<_>>()?;
-            out.extend(named);
+        if items.len() < 2 {
+            return self.put_loose(items);
         }
-        Ok(out)
+        // Objects stored together go into one pack; those the store has
+        // are touched instead.
+        let ids: Vec<ChunkId> = items.iter().map(|(id, _)| *id).collect();
+        let have = self.has_many(&ids, true)?;
+        let group = PackGroup::new(self);
+        items
+            .par_iter()
+            .zip(&have)
+            .filter(|(_, h)| !**h)
+            .try_for_each(|((id, parts), _)| group.write(id, *parts))?;
+        let mut stored: HashMap<ChunkId, PutOutcome> = HashMap::new();
+        for (id, o) in Box::new(group).finish()? {
+            stored.entry(id).or_insert(o);
+        }
+        Ok(items
+            .iter()
+            .zip(have)
+            .map(|((id, _), h)| match h {
+                true => PutOutcome::Existed,
+                // A duplicate within `items` is stored once.
+                false => stored
+                    .insert(*id, PutOutcome::Existed)
+                    .unwrap_or(PutOutcome::Existed),
+            })
+            .collect())
     }
     fn put_group(&self) -> Box<dyn PutGroup + '_> {
-        Box::new(LocalGroup {
-            store: self,
-            pending: Mutex::new(Vec::new()),
-        })
+        Box::new(PackGroup::new(self))
     }
     fn cheap_lookups(&self) -> bool {
         true
@@ -792,32 +925,30 @@ impl ChunkPrune for LocalStore {
                 });
             }
         }
+        for e in self.list_packed()? {
+            f(e);
+        }
         Ok(())
     }
     fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
-        let p = self.object_path(id);
-        let t = self.trash_path(id);
-        // 1. Move aside: from here on a commit's touch finds no object and
-        //    uploads it again (or restores it from the trash).
-        if rename_noreplace(&p, &t).map_err(|e| io(Op::Write, e, &p))? != Renamed::Moved {
-            return Ok(None);
+        Ok(self.remove_many_if_older(&[*id], cutoff)?[0])
+    }
+    fn remove_many_if_older(
+        &self,
+        ids: &[ChunkId],
+        cutoff: SystemTime,
+    ) -> Result<Vec<Option<u64>>> {
+        let mut out = ids
+            .iter()
+            .map(|id| self.remove_loose_if_older(id, cutoff))
+            .collect::<Result<Vec<_>>>()?;
+        let packed = self.remove_packed_if_older(ids, cutoff)?;
+        for (id, o) in ids.iter().zip(&mut out) {
+            if let Some(n) = packed.get(id) {
+                *o = Some(o.unwrap_or(0) + n);
+            }
         }
-        // 2. Re-read its time: a touch that came before the move shows here.
-        let m = match fs::metadata(&t) {
-            Ok(m) => m,
-            Err(e) if e.kind() == IoKind::NotFound => return Ok(None),
-            Err(e) => return Err(io(Op::Read, e, &t)),
-        };
-        if m.modified().unwrap_or(UNIX_EPOCH) >= cutoff {
-            let _ = rename_noreplace(&t, &p);
-            let _ = fs::remove_file(&t);
-            return Ok(None);
-        }
-        match fs::remove_file(&t) {
-            Ok(()) => Ok(Some(m.len())),
-            Err(e) if e.kind() == IoKind::NotFound => Ok(None),
-            Err(e) => Err(io(Op::Write, e, &t)),
-        }
+        Ok(out)
     }
     fn leases(&self) -> Result<Vec<Lease>> {
         let d = self.root.join("leases");
@@ -853,9 +984,15 @@ impl ChunkPrune for LocalStore {
         let trash = self.root.join("trash");
         for ent in fs::read_dir(&trash).map_err(|e| io(Op::Read, e, &trash))? {
             let ent = ent.map_err(|e| io(Op::Read, e, &trash))?;
-            if let Some(id) = ChunkId::from_hex(&ent.file_name().to_string_lossy()) {
+            let name = ent.file_name().to_string_lossy().to_string();
+            if let Some(id) = ChunkId::from_hex(&name) {
                 if self.restore_from_trash(&id)? {
                     restored += 1;
+                }
+                let _ = fs::remove_file(ent.path());
+            } else if is_pack_name(&name) {
+                if let Some(n) = self.restore_pack(&name)? {
+                    restored += n as u64;
                 }
                 let _ = fs::remove_file(ent.path());
             }
@@ -883,7 +1020,8 @@ mod tests {
     use super::*;
     use crate::store::fetch;
 
-    fn store() -> (tempfile::TempDir, LocalStore) {
+    /// A new store with the default settings in a temporary folder.
+    pub(super) fn store() -> (tempfile::TempDir, LocalStore) {
         let d = tempfile::tempdir().unwrap();
         let s = LocalStore::open(&d.path().join("s"), Some(&StoreConfig::default())).unwrap();
         (d, s)
@@ -934,8 +1072,9 @@ mod tests {
             .step_by(5)
             .map(|i| codec.seal_plain(ids[i], &datas[i]))
             .collect();
-        let old_items: Vec<_> = old.iter().map(|o| (o.id, o.object.as_slice())).collect();
-        s.put_many(&old_items).unwrap();
+        for o in &old {
+            s.put_many(&[(o.id, o.object.as_slice())]).unwrap();
+        }
         let items: Vec<ObjectParts<'_>> = (0..datas.len())
             .map(|i| (ids[i], [&headers[i][..], &datas[i][..]]))
             .collect();
@@ -949,23 +1088,36 @@ mod tests {
             assert_eq!(*o, want, "object {i}");
         }
         s.sync().unwrap();
+        // The new ones went into packs (one per writing thread at most),
+        // each object byte for byte what a file of its own would hold.
+        let packs = fs::read_dir(s.root().join("packs")).unwrap().count();
+        assert!(
+            (1..=rayon::current_num_threads()).contains(&packs),
+            "{packs}"
+        );
+        let again = LocalStore::open(s.root(), None).unwrap();
         for (i, d) in datas.iter().enumerate() {
-            assert_eq!(&fetch(&s, &ids[i], None).unwrap(), d);
+            assert_eq!(&fetch(&again, &ids[i], None).unwrap(), d);
+            assert_eq!(s.object_path(&ids[i]).exists(), i % 5 == 0, "object {i}");
             if i % 5 != 0 {
-                let raw = fs::read(s.object_path(&ids[i])).unwrap();
+                let raw = again.get(&ids[i]).unwrap();
                 assert_eq!(raw, [&headers[i][..], &d[..]].concat(), "object {i}");
             }
         }
         assert_eq!(fs::read_dir(s.root().join("tmp")).unwrap().count(), 0);
-        // A fan-out folder removed behind the store's back is made again.
-        let fan = s.object_path(&ids[1]);
+        // A single object is a file of its own; a fan-out folder removed
+        // behind the store's back is made again.
+        let lone = codec.seal(b"lone", false);
+        let fan = s.object_path(&ids[0]);
         fs::remove_dir_all(fan.parent().unwrap()).unwrap();
+        let lone_items = [(lone.id, [&lone.object[..], &[][..]])];
         assert_eq!(
-            s.put_many_parts(&items[1..2]).unwrap(),
+            s.put_many_parts(&lone_items).unwrap(),
             vec![PutOutcome::Stored]
         );
         s.sync().unwrap();
-        assert_eq!(&fetch(&s, &ids[1], None).unwrap(), &datas[1]);
+        assert!(s.object_path(&lone.id).exists());
+        assert_eq!(fetch(&s, &lone.id, None).unwrap(), b"lone");
     }
 
     #[test]
@@ -987,7 +1139,10 @@ mod tests {
         let (_d, s) = store();
         let a = s.config().codec().seal(b"aaaa", false);
         let b = s.config().codec().seal(b"bbbb", false);
-        s.put_many(&[(a.id, &a.object), (b.id, &b.object)]).unwrap();
+        // One at a time: files of their own.
+        s.put_many(&[(a.id, &a.object)]).unwrap();
+        s.put_many(&[(b.id, &b.object)]).unwrap();
+        assert!(s.object_path(&a.id).exists());
         let past = SystemTime::now() - Duration::from_secs(3600);
         assert_eq!(
             s.remove_if_older(&a.id, past).unwrap(),
