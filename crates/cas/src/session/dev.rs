@@ -369,8 +369,7 @@ impl CasDev {
     /// sectors into this session's private cache and mark them CLEAN, so
     /// they are never fetched again (seed section 3.3). Called after guest
     /// reads and before flushes, never under stripe locks.
-    fn keep_refused(&self) -> Result<()> {
-        let base = self.base();
+    fn keep_refused(&self, base: &VersionView) -> Result<()> {
         let Some(sc) = base.shared_cache() else {
             return Ok(());
         };
@@ -562,8 +561,7 @@ impl CasDev {
 impl CasDev {
     /// Read, with no stripe lock taken (a write's read-modify-write holds
     /// them).
-    fn read_inner(&self, buf: &mut [u8], off: u64) -> Result<()> {
-        let base = self.base();
+    fn read_inner(&self, base: &VersionView, buf: &mut [u8], off: u64) -> Result<()> {
         self.runs(off, off + buf.len() as u64, |src, a, b| {
             let dst = &mut buf[(a - off) as usize..(b - off) as usize];
             match src {
@@ -571,7 +569,7 @@ impl CasDev {
                 Src::Zero => dst.fill(0),
                 Src::Base => {
                     base.read_at(dst, a)?;
-                    self.record_reads(&base, a, b);
+                    self.record_reads(base, a, b);
                 }
             }
             Ok(true)
@@ -623,8 +621,9 @@ impl BlockDev for CasDev {
         }
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
-        self.read_inner(buf, off)?;
-        self.keep_refused()
+        let base = self.base();
+        self.read_inner(&base, buf, off)?;
+        self.keep_refused(&base)
     }
     fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
         let end = off + buf.len() as u64;
@@ -638,9 +637,10 @@ impl BlockDev for CasDev {
             self.write_aligned(buf, off)?;
         } else {
             let mut tmp = vec![0u8; (b - a) as usize];
-            self.read_inner(&mut tmp[..SECTOR as usize], a)?;
+            let base = self.base();
+            self.read_inner(&base, &mut tmp[..SECTOR as usize], a)?;
             let last = (b - a - SECTOR) as usize;
-            self.read_inner(&mut tmp[last..], b - SECTOR)?;
+            self.read_inner(&base, &mut tmp[last..], b - SECTOR)?;
             tmp[(off - a) as usize..(end - a) as usize].copy_from_slice(buf);
             self.write_aligned(&tmp, a)?;
         }
@@ -650,14 +650,15 @@ impl BlockDev for CasDev {
         Ok(())
     }
     fn flush(&self) -> Result<()> {
-        if let Some(sc) = self.base().shared_cache() {
+        let base = self.base();
+        if let Some(sc) = base.shared_cache() {
             // A cache full of pinned chunks refuses what it is handed in
             // the background: wait for its verdicts, so what it refused
             // is kept privately with this flush.
             if sc.may_refuse_pending() {
                 sc.drain();
             }
-            self.keep_refused()?;
+            self.keep_refused(&base)?;
         }
         // The private cache's data is durable before any record claims it.
         self.map.commit(|| self.cache.flush())?;

@@ -84,16 +84,21 @@ impl Recorder {
 
     /// Write the recording to `dir` if it grew since the last save.
     pub fn save(&self, dir: &Path) -> Result<()> {
-        let order = self.order();
-        if order.len() == self.saved.load(Ordering::Relaxed) {
-            return Ok(());
-        }
+        // Checked and encoded under the lock: no copy of the list on the
+        // flushes that found nothing new.
+        let (bytes, len) = {
+            let order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+            if order.len() == self.saved.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            (encode(&order), order.len())
+        };
         let p = dir.join(FILE);
         let tmp = dir.join(format!("{FILE}.tmp"));
-        std::fs::write(&tmp, encode(&order))
+        std::fs::write(&tmp, bytes)
             .and_then(|()| std::fs::rename(&tmp, &p))
             .map_err(|e| io(Op::Write, e, &p))?;
-        self.saved.store(order.len(), Ordering::Relaxed);
+        self.saved.store(len, Ordering::Relaxed);
         Ok(())
     }
 }
