@@ -54,7 +54,20 @@ def main():
     ap.add_argument("--runtime", type=int, default=10, help="fio: seconds per run")
     ap.add_argument("--fio-span", default="512M", help="fio: the random data at the start of the disk it reads")
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--conditions", default="local raw,remote,empty,primed",
+                    help="comma-separated subset of the conditions to run")
+    ap.add_argument("--workloads", default="boot,fio", help="comma-separated: boot, fio")
     a = ap.parse_args()
+    conds = [c.strip() for c in a.conditions.split(",")]
+    works = [w.strip() for w in a.workloads.split(",")]
+    for c in conds:
+        if c not in ("local raw", "remote", "empty", "primed"):
+            ap.error(f"unknown condition {c!r}")
+    for w in works:
+        if w not in ("boot", "fio"):
+            ap.error(f"unknown workload {w!r}")
+    if "local raw" not in conds:
+        ap.error("the conditions must include 'local raw' (every ratio is to it)")
     d = a.dir or tempfile.mkdtemp(prefix="roamdisk-roaming-", dir="/var/tmp")
     os.makedirs(d, exist_ok=True)
     trace = os.path.join(d, "boot.rdtrace")
@@ -95,10 +108,9 @@ def main():
     stop(p)
     time.sleep(1)
 
-    conds = ["local raw", "remote", "empty", "primed"]
-    res = {(c, w): [] for c in conds for w in ("boot", "fio")}
+    res = {(c, w): [] for c in conds for w in works}
     for r in range(a.runs):
-        for w in ("boot", "fio"):
+        for w in works:
             for c in conds:
                 if c == "local raw":
                     spec = f"raw:{img}"
@@ -126,10 +138,12 @@ def main():
     print(f"| condition | boot replay (s) | speed of local raw | fio 4K randread QD32, {a.runtime} s (IOPS) | of local raw |")
     print("| --- | ---: | ---: | ---: | ---: |")
     med = {k: statistics.median(v) for k, v in res.items()}
+    nan = float("nan")
     for c in conds:
-        rb = med[("local raw", "boot")] / med[(c, "boot")]
-        rf = med[(c, "fio")] / med[("local raw", "fio")]
-        print(f"| {c} | {med[(c, 'boot')]:.2f} | {rb:.2f}x | {med[(c, 'fio')]:.0f} | {rf:.2f}x |")
+        mb, mf = med.get((c, "boot"), nan), med.get((c, "fio"), nan)
+        rb = med.get(("local raw", "boot"), nan) / mb
+        rf = mf / med.get(("local raw", "fio"), nan)
+        print(f"| {c} | {mb:.2f} | {rb:.2f}x | {mf:.0f} | {rf:.2f}x |")
     if not a.dir:
         shutil.rmtree(d, ignore_errors=True)
 
