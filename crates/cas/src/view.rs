@@ -7,7 +7,7 @@
 //! an error naming it, never data.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use rayon::prelude::*;
@@ -54,7 +54,15 @@ pub struct VersionView {
     fetched_bytes: AtomicU64,
     /// Chunk id → the disk chunks that hold it (built on first use).
     by_id: std::sync::OnceLock<HashMap<ChunkId, Vec<u32>>>,
+    /// Local read-ahead ([`VersionView::read_ahead_local`]): the last
+    /// chunk read from the shared cache, and the chunk the advice has
+    /// reached (both `usize::MAX` before the first read).
+    last_read: AtomicUsize,
+    advised_to: AtomicUsize,
 }
+
+/// Chunks advised ahead of a sequential reader in the shared cache.
+const LOCAL_READ_AHEAD: usize = 8;
 
 /// One fetch under way: `None` until done, then the chunk (or `None` if
 /// it failed: each waiter then fetches for itself and gets its own error).
@@ -181,6 +189,8 @@ impl VersionView {
             fetched: AtomicU64::new(0),
             fetched_bytes: AtomicU64::new(0),
             by_id: std::sync::OnceLock::new(),
+            last_read: AtomicUsize::new(usize::MAX),
+            advised_to: AtomicUsize::new(usize::MAX),
         }
     }
 
@@ -472,9 +482,41 @@ impl VersionView {
         match &self.shared {
             Some(sc) => {
                 let idx = &self.version.index;
-                sc.read(&idx.ids[i], idx.chunk_len(i), dst, within)
+                let hit = sc.read(&idx.ids[i], idx.chunk_len(i), dst, within)?;
+                if hit {
+                    self.read_ahead_local(sc, i);
+                }
+                Ok(hit)
             }
             None => Ok(false),
+        }
+    }
+
+    /// A reader moving sequentially through chunks held by the shared
+    /// cache gets the next [`LOCAL_READ_AHEAD`] chunk files read into the
+    /// page cache in the background (`posix_fadvise(WILLNEED)`). One file
+    /// per chunk defeats the kernel's own read-ahead, which a raw image
+    /// file gets across chunk boundaries; without this a cold boot read
+    /// waits for the disk at every chunk.
+    fn read_ahead_local(&self, sc: &SharedCache, i: usize) {
+        let last = self.last_read.swap(i, Ordering::Relaxed);
+        if last == i || last.wrapping_add(1) != i {
+            return;
+        }
+        let idx = &self.version.index;
+        let end = (i + 1 + LOCAL_READ_AHEAD).min(idx.records());
+        let from = match self.advised_to.load(Ordering::Relaxed) {
+            a if a != usize::MAX && a > i && a <= end => a,
+            _ => i + 1,
+        };
+        if from >= end {
+            return;
+        }
+        self.advised_to.store(end, Ordering::Relaxed);
+        for j in from..end {
+            if !idx.ids[j].is_zero() {
+                sc.will_need(&idx.ids[j], idx.chunk_len(j));
+            }
         }
     }
 
@@ -553,25 +595,51 @@ impl BlockDev for VersionView {
         let mut out = Vec::new();
         let end = off + len;
         let mut pos = off;
+        let cs = idx.chunk_size as u64;
         while pos < end {
-            let i = (pos / idx.chunk_size as u64) as usize;
-            let s = ((pos % idx.chunk_size as u64) / SECTOR) as usize;
-            let next = ((pos / SECTOR + 1) * SECTOR).min(end);
-            let state = if idx.ids[i].is_zero() {
-                Alloc::Hole
-            } else if idx.state(i, s) == SectorState::Zero {
-                Alloc::Zero
+            let i = (pos / cs) as usize;
+            let chunk_end = ((i as u64 + 1) * cs).min(end);
+            // A whole chunk at once when it is no chunk, or has no ZERO
+            // sector (a state byte with no `01` pair): the NBD server
+            // learns 64 MiB at a time.
+            let whole = if idx.ids[i].is_zero() {
+                Some(Alloc::Hole)
+            } else if idx
+                .record_states(i)
+                .iter()
+                .all(|&b| b & 0x55 & !(b >> 1) == 0)
+            {
+                Some(Alloc::Data)
             } else {
-                Alloc::Data
+                None
             };
-            push_extent(
-                &mut out,
-                Extent {
-                    len: next - pos,
-                    state,
-                },
-            );
-            pos = next;
+            if let Some(state) = whole {
+                push_extent(
+                    &mut out,
+                    Extent {
+                        len: chunk_end - pos,
+                        state,
+                    },
+                );
+                pos = chunk_end;
+            }
+            while pos < chunk_end {
+                let s = ((pos % cs) / SECTOR) as usize;
+                let next = ((pos / SECTOR + 1) * SECTOR).min(chunk_end);
+                let state = if idx.state(i, s) == SectorState::Zero {
+                    Alloc::Zero
+                } else {
+                    Alloc::Data
+                };
+                push_extent(
+                    &mut out,
+                    Extent {
+                        len: next - pos,
+                        state,
+                    },
+                );
+                pos = next;
+            }
             if out.len() > 1024 {
                 break;
             }

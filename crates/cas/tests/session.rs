@@ -255,3 +255,78 @@ fn a_full_pinned_shared_cache_sends_chunks_to_the_private_cache() {
     assert_eq!(dev.base().fetch_stats().chunks, before);
     dev.flush().unwrap();
 }
+
+/// `block_status` of a version and of a fresh session over it answers
+/// sector by sector what the data is: holes for no-chunk records, zero for
+/// ZERO sectors inside a chunk, data elsewhere — also when it takes whole
+/// chunks at once.
+#[test]
+fn block_status_matches_the_sectors() {
+    let t = tempfile::tempdir().unwrap();
+    let st = store::open(
+        t.path().join("store").to_str().unwrap(),
+        &store::OpenOptions {
+            create: Some(StoreConfig::default()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let disk = base_disk();
+    // Zero sectors inside data chunks: a few single sectors and a run
+    // across a chunk boundary.
+    for s in [3u64, 130, 131, 255, 1000] {
+        disk.write_at(&[0u8; 512], s * 512, WriteFlags::default())
+            .unwrap();
+    }
+    disk.write_at(&vec![0u8; 4096], 10 * 65536 - 2048, WriteFlags::default())
+        .unwrap();
+    let s = commit_image(
+        &*st,
+        Source::Dev(&disk),
+        &CommitOptions {
+            target: "u/bs".into(),
+            ..Default::default()
+        },
+        &NoProgress,
+    )
+    .unwrap();
+    let id = ChunkId::from_hex(&s.version).unwrap();
+    let view = VersionView::open(st.clone(), id, None).unwrap();
+    let data = read_all(&disk);
+    let want = |off: u64| -> roamdisk_blockdev::Alloc {
+        let chunk = (off / 65536) as usize;
+        if (40..48).contains(&chunk) {
+            roamdisk_blockdev::Alloc::Hole
+        } else if data[off as usize..off as usize + 512]
+            .iter()
+            .all(|&b| b == 0)
+        {
+            roamdisk_blockdev::Alloc::Zero
+        } else {
+            roamdisk_blockdev::Alloc::Data
+        }
+    };
+    let check = |dev: &dyn BlockDev, what: &str| {
+        // From several starting points, including unaligned ones.
+        for start in [0u64, 512, 65536 - 1024, 39 * 65536 + 512] {
+            let ext = roamdisk_blockdev::extents_covering(dev, start, SIZE - start).unwrap();
+            let mut pos = start;
+            for e in ext {
+                let mut s = pos;
+                while s < pos + e.len {
+                    let sec = s / 512 * 512;
+                    assert_eq!(e.state, want(sec), "{what}: byte {s}");
+                    s = (sec + 512).min(pos + e.len);
+                }
+                pos += e.len;
+            }
+            assert_eq!(pos, SIZE, "{what}: the extents cover the disk");
+        }
+    };
+    check(&view, "version");
+    let sdir = t.path().join("sess");
+    let cfg = SessionConfig::new(t.path().join("store").to_str().unwrap(), "u/bs");
+    session::create(&sdir, &cfg, id, SIZE).unwrap();
+    let dev = open(&sdir);
+    check(&dev, "session");
+}

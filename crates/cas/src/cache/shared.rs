@@ -598,6 +598,13 @@ fn read_dir_names(dir: &Path) -> Result<Vec<String>> {
     }
 }
 
+/// What [`SharedCache::open_chunk`] found.
+enum Opened {
+    File(Arc<File>),
+    Pending(Arc<Vec<u8>>),
+    Absent,
+}
+
 /// File descriptors to keep open for hits: half the soft limit, at most
 /// 65,536 (the soft limit is raised to the hard one first).
 fn fd_budget() -> usize {
@@ -620,7 +627,33 @@ fn fd_budget() -> usize {
             }
         }
     }
-    ((lim.rlim_cur / 2) as usize).clamp(64, 65536)
+    let budget = ((lim.rlim_cur / 2) as usize).clamp(64, 65536);
+    grow_fd_table(budget + 256, lim.rlim_cur);
+    budget
+}
+
+/// Make the process's file-descriptor table large enough for `want`
+/// descriptors now, once. The kernel grows the table by doubling when an
+/// open needs a higher number, and in a process with several threads each
+/// growth waits for an RCU grace period: 5-15 ms measured here at 256,
+/// 512, 1024 and 2048 descriptors, every one of them a guest read stalled
+/// behind the open of a chunk file. Done at open, it costs that once.
+fn grow_fd_table(want: usize, limit: u64) {
+    let hi = (want as u64).min(limit.saturating_sub(1)) as libc::c_int;
+    if hi <= 3 {
+        return;
+    }
+    // SAFETY: dup2 onto a descriptor number this process does not use
+    // (checked with fcntl first), closed again at once; no Rust object
+    // owns that number.
+    unsafe {
+        if libc::fcntl(hi, libc::F_GETFD) != -1 {
+            return; // already in use: the table is that large already
+        }
+        if libc::dup2(libc::STDERR_FILENO, hi) == hi {
+            libc::close(hi);
+        }
+    }
 }
 
 impl SharedCache {
@@ -737,9 +770,10 @@ impl SharedCache {
         &self.inner.config
     }
 
-    /// Read `buf.len()` bytes at `off` of chunk `id` (whose decoded length
-    /// is `len`) if the cache holds it. `Ok(false)`: not cached.
-    pub fn read(&self, id: &ChunkId, len: usize, buf: &mut [u8], off: usize) -> Result<bool> {
+    /// The open file of chunk `id` (kept open for later hits), its bytes
+    /// still waiting for the writer, or absent (also when the file is not
+    /// `len` bytes long: not the chunk the index describes, never served).
+    fn open_chunk(&self, id: &ChunkId, len: usize) -> Result<Opened> {
         let me = &*self.inner;
         let f = me
             .fds
@@ -747,24 +781,24 @@ impl SharedCache {
             .unwrap_or_else(|e| e.into_inner())
             .get(id)
             .cloned();
-        let f = match f {
-            Some((_, flen)) if flen != len as u64 => return Ok(false),
-            Some((f, _)) => f,
+        match f {
+            Some((_, flen)) if flen != len as u64 => Ok(Opened::Absent),
+            Some((f, _)) => Ok(Opened::File(f)),
             None => {
                 if let Some(d) = me.pending.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
-                    buf.copy_from_slice(&d[off..off + buf.len()]);
-                    return Ok(true);
+                    return Ok(Opened::Pending(d.clone()));
                 }
                 let p = me.chunk_path(id);
                 let f = match File::open(&p) {
                     Ok(f) => f,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        return Ok(Opened::Absent)
+                    }
                     Err(e) => return Err(io(Op::Open, e, &p)),
                 };
                 let m = f.metadata().map_err(|e| io(Op::Read, e, &p))?;
                 if m.len() != len as u64 {
-                    // Not the chunk the index describes: never serve it.
-                    return Ok(false);
+                    return Ok(Opened::Absent);
                 }
                 let f = Arc::new(f);
                 let mut fds = me.fds.write().unwrap_or_else(|e| e.into_inner());
@@ -772,7 +806,30 @@ impl SharedCache {
                     fds.clear();
                 }
                 fds.insert(*id, (f.clone(), m.len()));
-                f
+                Ok(Opened::File(f))
+            }
+        }
+    }
+
+    /// Start reading chunk `id` into the page cache in the background, if
+    /// this cache holds it (a hint: errors are ignored, nothing counts as
+    /// a hit).
+    pub fn will_need(&self, id: &ChunkId, len: usize) {
+        if let Ok(Opened::File(f)) = self.open_chunk(id, len) {
+            let _ = rustix::fs::fadvise(&*f, 0, None, rustix::fs::Advice::WillNeed);
+        }
+    }
+
+    /// Read `buf.len()` bytes at `off` of chunk `id` (whose decoded length
+    /// is `len`) if the cache holds it. `Ok(false)`: not cached.
+    pub fn read(&self, id: &ChunkId, len: usize, buf: &mut [u8], off: usize) -> Result<bool> {
+        let me = &*self.inner;
+        let f = match self.open_chunk(id, len)? {
+            Opened::File(f) => f,
+            Opened::Absent => return Ok(false),
+            Opened::Pending(d) => {
+                buf.copy_from_slice(&d[off..off + buf.len()]);
+                return Ok(true);
             }
         };
         f.read_exact_at(buf, off as u64)

@@ -577,9 +577,14 @@ impl CasDev {
     }
 
     /// Keep the recorded working set (a hint: failures are logged only).
-    fn save_working_set(&self) {
+    fn save_working_set(&self, now: bool) {
         if let Some(ws) = &self.workset {
-            if let Err(e) = ws.save(&self.dir) {
+            let saved = if now {
+                ws.save(&self.dir)
+            } else {
+                ws.save_due(&self.dir)
+            };
+            if let Err(e) = saved {
                 tracing::warn!("cannot keep the working set: {e}");
             }
         }
@@ -588,7 +593,7 @@ impl CasDev {
 
 impl Drop for CasDev {
     fn drop(&mut self) {
-        self.save_working_set();
+        self.save_working_set(true);
     }
 }
 
@@ -662,7 +667,7 @@ impl BlockDev for CasDev {
         }
         // The private cache's data is durable before any record claims it.
         self.map.commit(|| self.cache.flush())?;
-        self.save_working_set();
+        self.save_working_set(false);
         Ok(())
     }
     fn trim(&self, off: u64, len: u64, flags: WriteFlags) -> Result<()> {

@@ -22,6 +22,9 @@ pub const MAGIC: [u8; 8] = *b"RDCASWKS";
 pub const VERSION: u32 = 1;
 pub const FILE: &str = "working-set";
 
+/// Least time between two saves made by flushes ([`Recorder::save_due`]).
+pub const SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The chunks a session read from its base, first touch first.
 pub struct Recorder {
     /// One bit per disk chunk: already recorded.
@@ -29,6 +32,9 @@ pub struct Recorder {
     order: Mutex<Vec<u32>>,
     /// Length of `order` when last saved.
     saved: AtomicUsize,
+    /// When the file was last written (a flush writes it at most every
+    /// [`SAVE_EVERY`]).
+    last_save: Mutex<Option<std::time::Instant>>,
 }
 
 impl Recorder {
@@ -45,6 +51,7 @@ impl Recorder {
             seen,
             order: Mutex::new(order),
             saved,
+            last_save: Mutex::new(None),
         }
     }
 
@@ -82,6 +89,20 @@ impl Recorder {
         self.order.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// [`Recorder::save`], unless the file was written less than
+    /// [`SAVE_EVERY`] ago: flushes come in bursts (a boot issues dozens),
+    /// and the file is a hint, so it need not follow every one of them.
+    /// Closing the session saves it whatever the time.
+    pub fn save_due(&self, dir: &Path) -> Result<()> {
+        {
+            let last = self.last_save.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|t| t.elapsed() < SAVE_EVERY) {
+                return Ok(());
+            }
+        }
+        self.save(dir)
+    }
+
     /// Write the recording to `dir` if it grew since the last save.
     pub fn save(&self, dir: &Path) -> Result<()> {
         // Checked and encoded under the lock: no copy of the list on the
@@ -99,6 +120,7 @@ impl Recorder {
             .and_then(|()| std::fs::rename(&tmp, &p))
             .map_err(|e| io(Op::Write, e, &p))?;
         self.saved.store(len, Ordering::Relaxed);
+        *self.last_save.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
         Ok(())
     }
 }
