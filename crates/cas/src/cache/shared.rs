@@ -109,7 +109,13 @@ pub enum Admission {
 pub struct SharedCache {
     inner: Arc<Inner>,
     worker: Mutex<Option<(mpsc::Sender<ChunkId>, JoinHandle<()>)>>,
+    /// Opens chunk files and starts their reading ahead of a sequential
+    /// reader ([`SharedCache::will_need`]), off the reader's path.
+    advisor: Mutex<Option<(mpsc::SyncSender<(ChunkId, usize)>, JoinHandle<()>)>>,
 }
+
+/// Read-ahead requests waiting for the advisor thread; more are dropped.
+const ADVICE_QUEUE: usize = 64;
 
 struct Inner {
     dir: PathBuf,
@@ -223,6 +229,47 @@ impl Inner {
     fn chunk_path(&self, id: &ChunkId) -> PathBuf {
         self.dir.join("chunks").join(chunk_rel(id))
     }
+    /// The open file of chunk `id` (kept open for later hits), its bytes
+    /// still waiting for the writer, or absent (also when the file is not
+    /// `len` bytes long: not the chunk the index describes, never served).
+    fn open_chunk(&self, id: &ChunkId, len: usize) -> Result<Opened> {
+        let me = self;
+        let f = me
+            .fds
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned();
+        match f {
+            Some((_, flen)) if flen != len as u64 => Ok(Opened::Absent),
+            Some((f, _)) => Ok(Opened::File(f)),
+            None => {
+                if let Some(d) = me.pending.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
+                    return Ok(Opened::Pending(d.clone()));
+                }
+                let p = me.chunk_path(id);
+                let f = match File::open(&p) {
+                    Ok(f) => f,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        return Ok(Opened::Absent)
+                    }
+                    Err(e) => return Err(io(Op::Open, e, &p)),
+                };
+                let m = f.metadata().map_err(|e| io(Op::Read, e, &p))?;
+                if m.len() != len as u64 {
+                    return Ok(Opened::Absent);
+                }
+                let f = Arc::new(f);
+                let mut fds = me.fds.write().unwrap_or_else(|e| e.into_inner());
+                if fds.len() >= me.fd_cap {
+                    fds.clear();
+                }
+                fds.insert(*id, (f.clone(), m.len()));
+                Ok(Opened::File(f))
+            }
+        }
+    }
+
     fn journal_path(&self) -> PathBuf {
         self.dir.join("journal")
     }
@@ -757,9 +804,22 @@ impl SharedCache {
             .name("shared-cache".into())
             .spawn(move || writer(&me, rx))
             .map_err(|e| io(Op::Open, e, dir))?;
+        let (atx, arx) = mpsc::sync_channel::<(ChunkId, usize)>(ADVICE_QUEUE);
+        let me = inner.clone();
+        let advisor = std::thread::Builder::new()
+            .name("cache-readahead".into())
+            .spawn(move || {
+                for (id, len) in arx {
+                    if let Ok(Opened::File(f)) = me.open_chunk(&id, len) {
+                        let _ = rustix::fs::fadvise(&*f, 0, None, rustix::fs::Advice::WillNeed);
+                    }
+                }
+            })
+            .map_err(|e| io(Op::Open, e, dir))?;
         Ok(SharedCache {
             inner,
             worker: Mutex::new(Some((tx, handle))),
+            advisor: Mutex::new(Some((atx, advisor))),
         })
     }
 
@@ -770,53 +830,14 @@ impl SharedCache {
         &self.inner.config
     }
 
-    /// The open file of chunk `id` (kept open for later hits), its bytes
-    /// still waiting for the writer, or absent (also when the file is not
-    /// `len` bytes long: not the chunk the index describes, never served).
-    fn open_chunk(&self, id: &ChunkId, len: usize) -> Result<Opened> {
-        let me = &*self.inner;
-        let f = me
-            .fds
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(id)
-            .cloned();
-        match f {
-            Some((_, flen)) if flen != len as u64 => Ok(Opened::Absent),
-            Some((f, _)) => Ok(Opened::File(f)),
-            None => {
-                if let Some(d) = me.pending.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
-                    return Ok(Opened::Pending(d.clone()));
-                }
-                let p = me.chunk_path(id);
-                let f = match File::open(&p) {
-                    Ok(f) => f,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                        return Ok(Opened::Absent)
-                    }
-                    Err(e) => return Err(io(Op::Open, e, &p)),
-                };
-                let m = f.metadata().map_err(|e| io(Op::Read, e, &p))?;
-                if m.len() != len as u64 {
-                    return Ok(Opened::Absent);
-                }
-                let f = Arc::new(f);
-                let mut fds = me.fds.write().unwrap_or_else(|e| e.into_inner());
-                if fds.len() >= me.fd_cap {
-                    fds.clear();
-                }
-                fds.insert(*id, (f.clone(), m.len()));
-                Ok(Opened::File(f))
-            }
-        }
-    }
-
     /// Start reading chunk `id` into the page cache in the background, if
-    /// this cache holds it (a hint: errors are ignored, nothing counts as
-    /// a hit).
+    /// this cache holds it: the advisor thread opens its file (kept open
+    /// for the read to come) and advises the kernel. A hint: errors are
+    /// ignored, nothing counts as a hit, and requests past a full queue
+    /// are dropped.
     pub fn will_need(&self, id: &ChunkId, len: usize) {
-        if let Ok(Opened::File(f)) = self.open_chunk(id, len) {
-            let _ = rustix::fs::fadvise(&*f, 0, None, rustix::fs::Advice::WillNeed);
+        if let Some((tx, _)) = &*self.advisor.lock().unwrap_or_else(|e| e.into_inner()) {
+            let _ = tx.try_send((*id, len));
         }
     }
 
@@ -824,7 +845,7 @@ impl SharedCache {
     /// is `len`) if the cache holds it. `Ok(false)`: not cached.
     pub fn read(&self, id: &ChunkId, len: usize, buf: &mut [u8], off: usize) -> Result<bool> {
         let me = &*self.inner;
-        let f = match self.open_chunk(id, len)? {
+        let f = match me.open_chunk(id, len)? {
             Opened::File(f) => f,
             Opened::Absent => return Ok(false),
             Opened::Pending(d) => {
@@ -1060,6 +1081,15 @@ fn writer(me: &Inner, rx: mpsc::Receiver<ChunkId>) {
 
 impl Drop for SharedCache {
     fn drop(&mut self) {
+        if let Some((tx, handle)) = self
+            .advisor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            drop(tx);
+            let _ = handle.join();
+        }
         if let Some((tx, handle)) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
             drop(tx);
             let _ = handle.join();
