@@ -111,8 +111,11 @@ pub struct SharedCache {
     worker: Mutex<Option<(mpsc::Sender<ChunkId>, JoinHandle<()>)>>,
     /// Opens chunk files and starts their reading ahead of a sequential
     /// reader ([`SharedCache::will_need`]), off the reader's path.
-    advisor: Mutex<Option<(mpsc::SyncSender<(ChunkId, usize)>, JoinHandle<()>)>>,
+    advisor: Mutex<Option<Advisor>>,
 }
+
+/// The read-ahead thread and the queue to it: (chunk, length).
+type Advisor = (mpsc::SyncSender<(ChunkId, usize)>, JoinHandle<()>);
 
 /// Read-ahead requests waiting for the advisor thread; more are dropped.
 const ADVICE_QUEUE: usize = 64;
