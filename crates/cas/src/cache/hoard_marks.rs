@@ -308,13 +308,16 @@ pub fn remove_temporaries(dir: &Path) -> Result<u64> {
 #[derive(Default)]
 pub struct Protected {
     pub ids: HashSet<ChunkId>,
-    stamp: Vec<(String, u64, i64, i64, u64)>,
+    stamp: Vec<Stamp>,
 }
 
-/// Each mark file's name, inode, change time and length: marks are only
-/// ever replaced whole (a rename), so an unchanged stamp means unchanged
-/// marks.
-fn stamp(dir: &Path) -> Result<Vec<(String, u64, i64, i64, u64)>> {
+/// A mark file's name, inode, change time (seconds, nanoseconds) and
+/// length.
+type Stamp = (String, u64, i64, i64, u64);
+
+/// Each mark file's [`Stamp`]: marks are only ever replaced whole (a
+/// rename), so unchanged stamps mean unchanged marks.
+fn stamp(dir: &Path) -> Result<Vec<Stamp>> {
     use std::os::unix::fs::MetadataExt;
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
