@@ -290,3 +290,41 @@ fn cache_status_verify_and_evict_tell_and_do_what_is_on_disk() {
     ]);
     assert!(missing.contains("holds no shared cache"), "{missing}");
 }
+
+#[test]
+fn a_hoard_into_a_cache_full_of_a_running_sessions_chunks_fails_then_completes_after() {
+    let cas = Cas::new();
+    let dir = cas.dir();
+    let h = cas.random_file("hoarded.raw", 16 * CHUNK, 5);
+    let o = cas.random_file("other.raw", 32 * CHUNK, 6);
+    commit_version(cas.s(), path_str(&h), "u/h", &[]);
+    commit_version(cas.s(), path_str(&o), "u/o", &[]);
+    let s_o = dir.join("s-o");
+    open_session(cas.s(), "u/o", &s_o, &[]);
+    let cache = small_cache(dir, "shared", 24);
+    let sc = path_str(&cache);
+    // A session reads its whole disk: the cache fills with chunks it pins.
+    let srv = Server::start(dir, &[&format!("cas[shared-cache={sc}]:{}", s_o.display())]);
+    let got = dir.join("got.raw");
+    assert!(convert_ok(&srv.uri(), &got));
+    qemu_img_compare(path_str(&o), path_str(&got));
+    let t0 = Instant::now();
+    while chunk_files(&cache).len() < 24 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The version fits under the cap, but nothing can make room now.
+    let err = rd_fail(&["hoard", "u/h", "--store", cas.s(), "--shared-cache", sc]);
+    assert!(
+        err.contains("is not fully hoarded: 16 of its 16 chunks")
+            && err.contains("16 were refused while running sessions pin"),
+        "{err}"
+    );
+    let st = status_json(&cache);
+    assert_eq!(json_num(&st, "pinned_chunks"), 24, "{st}");
+    assert_eq!(json_num(&st, "present_chunks"), 0, "{st}");
+    srv.stop();
+    // The session ended: the mark stayed, and the next hoard completes.
+    let out = rd(&["hoard", "u/h", "--store", cas.s(), "--shared-cache", sc]);
+    assert!(out.contains("16 of 16 chunks"), "{out}");
+    assert_eq!(status_matches_disk(&cache), 24);
+}

@@ -88,13 +88,11 @@ pub fn hoard(
         crate::error::bad_arg("hoarding needs the host's shared cache (it is off)")
     })?;
     let all = chunks_of(view);
-    let resident: HashSet<ChunkId> = cache.resident()?.into_iter().collect();
     let mut s = HoardSummary {
         version: view.id.to_hex(),
         name: name.to_string(),
         chunks: all.len() as u64,
         bytes: all.iter().map(|c| c.len as u64).sum(),
-        cached_before: all.iter().filter(|c| resident.contains(&c.id)).count() as u64,
         ..Default::default()
     };
     if !check_only {
@@ -110,6 +108,11 @@ pub fn hoard(
         }
         let mark = HoardMark::new(view.id, name, s.bytes, all.iter().map(|c| c.id).collect());
         cache.mark_hoard(&mark)?;
+    }
+    // Looked at once marked: what is resident now stays.
+    let resident: HashSet<ChunkId> = cache.resident()?.into_iter().collect();
+    s.cached_before = all.iter().filter(|c| resident.contains(&c.id)).count() as u64;
+    if !check_only {
         let missing: Vec<Wanted> = all
             .iter()
             .filter(|c| !resident.contains(&c.id))

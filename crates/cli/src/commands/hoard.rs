@@ -95,12 +95,20 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         print_summary(&s, &cache, a.check);
     }
     if !a.check && !s.complete {
+        let why = if s.refused > 0 {
+            format!(
+                "{} were refused while running sessions pin the rest of the cache (see `roamdisk cache status`; hoard again once they end)",
+                s.refused
+            )
+        } else {
+            "they left the cache while the hoard ran (`roamdisk cache verify` drops damaged chunks)"
+                .to_string()
+        };
         bail!(
-            "{name}@{} is not fully hoarded: {} of its {} chunks are not in the shared cache ({} refused while running sessions pin the rest of it: see `roamdisk cache status`). The hoard mark stays and keeps what is there: run `roamdisk hoard {name}` again once they end",
+            "{name}@{} is not fully hoarded: {} of its {} chunks are not in the shared cache; {why}. The hoard mark stays and keeps what is there: `roamdisk hoard {name}` again fetches the rest",
             entry.version.short(),
             s.chunks - s.cached_after,
             s.chunks,
-            s.refused
         );
     }
     Ok(())
