@@ -414,9 +414,11 @@ fn a_qcow2_image_serves_as_lookaside_through_qemu_nbd_and_a_wrong_or_damaged_one
             "--check",
             "--store",
             cas.s(),
+            "--shared-cache",
+            path_str(&dir.join("c1")),
             "--lookaside",
+            path_str(&good),
         ])
-        .arg(&good)
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
