@@ -12,8 +12,10 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cas_common::{commit_version, convert_ok, open_session, Cas, ChunkServer};
-use common::{path_str, qemu_img_compare, qemu_img_convert, qemu_io, rd, roamdisk, Server};
+use cas_common::{commit_version, convert_ok, json_num, open_session, Cas, ChunkServer};
+use common::{
+    path_str, qemu_img_compare, qemu_img_convert, qemu_io, rd, rd_fail, roamdisk, Server,
+};
 
 const SIZE: u64 = 8 << 20;
 const CHUNKS: usize = (SIZE / 65536) as usize;
@@ -223,7 +225,8 @@ fn hoard_fetches_a_whole_version_and_says_when_the_network_may_go() {
         "read offline after hoard"
     );
     qemu_img_compare(path_str(&src), path_str(&out_img));
-    // A cache too small for the version says how much did not fit.
+    // A cache too small for the version refuses it before fetching
+    // anything, saying what it needs against the cap.
     let small = dir.join("small");
     std::fs::create_dir_all(&small).unwrap();
     std::fs::write(
@@ -232,7 +235,7 @@ fn hoard_fetches_a_whole_version_and_says_when_the_network_may_go() {
     )
     .unwrap();
     let st = cas.s().to_string();
-    let out = rd(&[
+    let err = rd_fail(&[
         "hoard",
         "u/vm",
         "--store",
@@ -240,12 +243,187 @@ fn hoard_fetches_a_whole_version_and_says_when_the_network_may_go() {
         "--shared-cache",
         path_str(&small),
     ]);
-    assert!(out.contains(&format!("16 of {CHUNKS} chunks")), "{out}");
     assert!(
-        out.contains(&format!(
-            "not fully hoarded: {} chunks did not fit",
-            CHUNKS - 16
-        )),
-        "{out}"
+        err.contains(&format!("needs {CHUNKS} chunks (8 MiB)"))
+            && err.contains("at most 16 chunks (a cap of 1 MiB, 64 KiB per chunk)")
+            && err.contains("Nothing was fetched"),
+        "{err}"
+    );
+    assert_eq!(chunk_files(&small), 0);
+}
+
+/// The qcow2 image `qcow2` made by `qemu-img convert -O qcow2` from `raw`.
+fn to_qcow2(raw: &Path, qcow2: &Path) {
+    qemu_img_convert(path_str(raw), "qcow2", path_str(qcow2));
+}
+
+/// The command lines of running `qemu-nbd` processes that name a file
+/// under `dir`.
+fn qemu_nbd_serving(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmd) = std::fs::read(p.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd
+            .split(' ')
+            .next()
+            .is_some_and(|a| a.ends_with("qemu-nbd"))
+            && cmd.contains(path_str(dir))
+        {
+            out.push(cmd);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_qcow2_image_serves_as_lookaside_through_qemu_nbd_and_a_wrong_or_damaged_one_costs_only_time() {
+    let (cas, src, chunk_server, s) = setup(3);
+    let dir = cas.dir();
+    let url = chunk_server.url.clone();
+    let good = dir.join("good.qcow2");
+    to_qcow2(&src, &good);
+    assert_eq!(&std::fs::read(&good).unwrap()[..4], b"QFI\xfb");
+    let wrong = dir.join("wrong.qcow2");
+    to_qcow2(&cas.random_file("wrong.raw", SIZE, 77), &wrong);
+    let mut bytes = std::fs::read(&src).unwrap();
+    bytes[5 * 65536 + 9] ^= 0x80;
+    let partial_raw = dir.join("partial.raw");
+    std::fs::write(&partial_raw, &bytes).unwrap();
+    let partial = dir.join("partial.qcow2");
+    to_qcow2(&partial_raw, &partial);
+    // Damaged: its active L1 table's offset (bytes 40..48, big-endian) is
+    // not cluster-aligned, and qemu-nbd refuses the image.
+    let damaged = dir.join("damaged.qcow2");
+    let mut bytes = std::fs::read(&good).unwrap();
+    bytes[40..48].copy_from_slice(&12345u64.to_be_bytes());
+    std::fs::write(&damaged, &bytes).unwrap();
+
+    let hoard = |medium: &Path, cache: &str| {
+        roamdisk(&[
+            "hoard",
+            "u/vm",
+            "--store",
+            &url,
+            "--shared-cache",
+            path_str(&dir.join(cache)),
+            "--lookaside",
+            path_str(medium),
+            "--json",
+        ])
+    };
+    let text = |o: &std::process::Output| String::from_utf8_lossy(&o.stdout).into_owned();
+    // The right image gives every chunk.
+    let h = text(&hoard(&good, "c1"));
+    assert_eq!(json_num(&h, "from_lookaside"), CHUNKS as u64, "{h}");
+    assert!(h.contains("\"complete\": true"), "{h}");
+    // Another image's: nothing matches by hash, all from the store.
+    let h = text(&hoard(&wrong, "c2"));
+    assert_eq!(json_num(&h, "from_lookaside"), 0, "{h}");
+    assert_eq!(json_num(&h, "fetched"), CHUNKS as u64, "{h}");
+    // One chunk changed: that one from the store.
+    let h = text(&hoard(&partial, "c3"));
+    assert_eq!(json_num(&h, "from_lookaside"), CHUNKS as u64 - 1, "{h}");
+    // A damaged image: a warning naming what qemu-nbd said, no panic, and
+    // the hoard is whole from the store.
+    let o = hoard(&damaged, "c4");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("qemu-nbd cannot read this qcow2 image") && err.contains("L1"),
+        "{err}"
+    );
+    assert_eq!(json_num(&text(&o), "from_lookaside"), 0);
+
+    // The index is kept by the qcow2 file's identity: hashed once, again
+    // only when the file changes.
+    let copy = dir.join("copy.qcow2");
+    std::fs::copy(&good, &copy).unwrap();
+    let indexes = |medium: &Path| {
+        let o = roamdisk(&[
+            "-v",
+            "hoard",
+            "u/vm",
+            "--check",
+            "--store",
+            &url,
+            "--shared-cache",
+            path_str(&dir.join("c1")),
+            "--lookaside",
+            path_str(medium),
+        ]);
+        assert!(o.status.success());
+        String::from_utf8_lossy(&o.stderr).contains(": indexing ")
+    };
+    assert!(indexes(&copy), "first use");
+    assert!(!indexes(&copy), "second use: the index is cached");
+    std::fs::File::options()
+        .write(true)
+        .open(&copy)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() + Duration::from_secs(5))
+        .unwrap();
+    assert!(indexes(&copy), "changed: indexed again");
+
+    // The network goes: the qcow2 image serves every byte.
+    drop(chunk_server);
+    let out = dir.join("out.raw");
+    let opts = format!("shared-cache=off,lookaside={}", good.display());
+    assert!(read_all(dir, &s[0], &opts, &out), "served from the qcow2");
+    qemu_img_compare(path_str(&src), path_str(&out));
+    // A damaged medium first: a warning, and the good one serves.
+    let srv = Server::start(
+        dir,
+        &[&format!(
+            "cas[shared-cache=off,lookaside={}+{}]:{}",
+            damaged.display(),
+            good.display(),
+            s[1].display()
+        )],
+    );
+    assert!(convert_ok(&srv.uri(), &out));
+    let log = srv.log_text();
+    srv.stop();
+    assert!(
+        log.contains("qemu-nbd cannot read this qcow2 image") && !log.contains("panicked"),
+        "{log}"
+    );
+    qemu_img_compare(path_str(&src), path_str(&out));
+    // Another image's qcow2 alone cannot stand in for the store: the reads
+    // fail, cleanly.
+    let opts = format!("shared-cache=off,lookaside={}", wrong.display());
+    let srv = Server::start(dir, &[&format!("cas[{opts}]:{}", s[2].display())]);
+    assert!(!convert_ok(&srv.uri(), &out));
+    let log = srv.log_text();
+    srv.stop();
+    assert!(!log.contains("panicked"), "{log}");
+    // No qemu-nbd outlives the session or hoard that started it.
+    let t0 = Instant::now();
+    while !qemu_nbd_serving(dir).is_empty() && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(qemu_nbd_serving(dir), Vec::<String>::new());
+    // Without qemu-nbd: an error that names it.
+    let o = std::process::Command::new(common::bin())
+        .env("PATH", "/nonexistent")
+        .args([
+            "hoard",
+            "u/vm",
+            "--check",
+            "--store",
+            cas.s(),
+            "--shared-cache",
+            path_str(&dir.join("c1")),
+            "--lookaside",
+            path_str(&good),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("qemu-nbd is not installed"),
+        "{err}"
     );
 }

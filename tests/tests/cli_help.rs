@@ -7,7 +7,7 @@ use common::{rd_fail, roamdisk};
 
 const COMMANDS: &[&str] = &[
     "serve", "info", "layers", "lbs", "trace", "replay", "sperf", "sim", "model", "commit", "log",
-    "checkout", "tag", "rm", "gc", "hoard", "suspend", "resume", "store", "borrow",
+    "checkout", "tag", "rm", "gc", "hoard", "cache", "suspend", "resume", "store", "borrow",
 ];
 
 #[test]

@@ -299,6 +299,34 @@ impl ChunkCodec {
     }
 }
 
+/// Whether `data` is the decoded content of the object named `id`, under
+/// any codec a store may have used: plain under BLAKE3 or SHA-256, or
+/// convergently encrypted under either with no compression or zstd at any
+/// level 1-19 (the default, 3, tried first). The shared cache keeps decoded
+/// content without its envelope or key, so `roamdisk cache verify` checks
+/// it this way: a plain chunk costs a hash or two, an encrypted one a seal
+/// per setting tried (one or two for a store with the default settings).
+pub fn names_content(id: &ChunkId, data: &[u8]) -> bool {
+    const HASHES: [HashKind; 2] = [HashKind::Blake3, HashKind::Sha256];
+    if HASHES.iter().any(|h| h.hash(data) == *id) {
+        return true;
+    }
+    let levels: Vec<Option<i32>> = if looks_random(data) {
+        // Writers never compress these: every level seals alike.
+        vec![None]
+    } else {
+        [Some(3), None]
+            .into_iter()
+            .chain((1..=19).filter(|&l| l != 3).map(Some))
+            .collect()
+    };
+    HASHES.iter().any(|&hash| {
+        levels
+            .iter()
+            .any(|&zstd_level| ChunkCodec { hash, zstd_level }.seal(data, true).id == *id)
+    })
+}
+
 /// Bytes sampled by [`looks_random`]: one in this many.
 const SAMPLE_STRIDE: usize = 16;
 /// Smallest chunk [`looks_random`] judges (smaller ones are just tried).
@@ -392,6 +420,34 @@ mod tests {
 
     fn data() -> Vec<u8> {
         (0..65536u32).map(|i| (i % 7) as u8).collect()
+    }
+
+    #[test]
+    fn decoded_content_is_recognised_under_every_codec_and_damage_is_not() {
+        let d = data();
+        let random: Vec<u8> = (0..65536u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        for content in [&d, &random] {
+            for hash in [HashKind::Blake3, HashKind::Sha256] {
+                for zstd_level in [None, Some(3), Some(9)] {
+                    let c = ChunkCodec { hash, zstd_level };
+                    for encrypt in [false, true] {
+                        let id = c.seal(content, encrypt).id;
+                        assert!(
+                            names_content(&id, content),
+                            "{hash:?} {zstd_level:?} {encrypt}"
+                        );
+                        let mut bad = content.clone();
+                        bad[100] ^= 1;
+                        assert!(
+                            !names_content(&id, &bad),
+                            "{hash:?} {zstd_level:?} {encrypt}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -56,6 +56,8 @@ enum Command {
     Rm(commands::rm::Args),
     Gc(commands::gc::Args),
     Hoard(commands::hoard::Args),
+    #[command(subcommand)]
+    Cache(commands::cache::Cmd),
     Suspend(commands::suspend::Args),
     Resume(commands::resume::Args),
     #[command(subcommand)]
@@ -129,6 +131,7 @@ fn main() -> std::process::ExitCode {
         Command::Rm(a) => commands::rm::run(a, cli.quiet),
         Command::Gc(a) => commands::gc::run(a, cli.quiet),
         Command::Hoard(a) => commands::hoard::run(a, cli.quiet),
+        Command::Cache(a) => commands::cache::run(a, cli.quiet),
         Command::Suspend(a) => commands::suspend::run(a, cli.quiet),
         Command::Resume(a) => commands::resume::run(a, cli.quiet),
         Command::Store(a) => commands::store::run(a, cli.quiet),

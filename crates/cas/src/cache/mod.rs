@@ -1,14 +1,20 @@
 //! Client-side chunk caches (seed: Machine Bank section 3.1-3.3): the
 //! host's [`shared::SharedCache`], used by every session on the host, and
 //! the pin sets ([`pins`]) through which running sessions keep the chunks
-//! they still need. Formats: `docs/formats/cas-shared-cache.md`.
+//! they still need, the hoard marks ([`hoard_marks`]) through which
+//! `roamdisk hoard` keeps whole versions, and the upkeep `roamdisk cache`
+//! runs ([`admin`]). Formats: `docs/formats/cas-shared-cache.md`.
 
+pub mod admin;
 pub mod hoard;
+pub mod hoard_marks;
 pub mod journal;
 pub mod pins;
 pub mod shared;
 
-pub use shared::{Admission, CacheOptions, CacheStats, SharedCache, SharedChoice};
+pub use shared::{
+    Admission, CacheOptions, CacheStats, Evicted, SharedCache, SharedChoice, Snapshot,
+};
 
 #[cfg(test)]
 mod tests;

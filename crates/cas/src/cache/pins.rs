@@ -112,10 +112,24 @@ pub fn pin(dir: &Path, ids: &[ChunkId]) -> Result<PinGuard> {
     Ok(PinGuard { path, _file: f })
 }
 
+/// A live pin set: a running session's.
+pub struct PinSet {
+    pub path: PathBuf,
+    /// The process that holds it (from the file's name `PID-SEQ-NANOS`).
+    pub pid: Option<u32>,
+    pub ids: Vec<ChunkId>,
+}
+
 /// The union of every live pin set in `dir`; sets of processes that are
 /// gone (their lock can be taken) are removed on the way.
 pub fn live(dir: &Path) -> Result<HashSet<ChunkId>> {
-    let mut out = HashSet::new();
+    Ok(list(dir)?.into_iter().flat_map(|s| s.ids).collect())
+}
+
+/// Every live pin set in `dir`; sets of processes that are gone (their
+/// lock can be taken) are removed on the way.
+pub fn list(dir: &Path) -> Result<Vec<PinSet>> {
+    let mut out = Vec::new();
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
@@ -123,8 +137,8 @@ pub fn live(dir: &Path) -> Result<HashSet<ChunkId>> {
     };
     for ent in rd {
         let ent = ent.map_err(|e| io(Op::Read, e, dir))?;
-        let name = ent.file_name();
-        if name.to_string_lossy().starts_with('.') {
+        let name = ent.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
             continue;
         }
         let path = ent.path();
@@ -146,8 +160,10 @@ pub fn live(dir: &Path) -> Result<HashSet<ChunkId>> {
         let ids = decode(&bytes).map_err(|m| {
             corrupt(format!("{m}: remove the file if no session is running")).path(&path)
         })?;
-        out.extend(ids);
+        let pid = name.split('-').next().and_then(|p| p.parse().ok());
+        out.push(PinSet { path, pid, ids });
     }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(out)
 }
 

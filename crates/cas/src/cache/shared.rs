@@ -39,9 +39,10 @@ use roamdisk_blockdev::{durable, Op, Result};
 use roamdisk_cachesim::{HashIndex, Policy, PolicySpec};
 use serde::{Deserialize, Serialize};
 
+use super::hoard_marks::{self, HoardMark, Protected};
 use super::journal::{self, Kind, Record, HEADER_LEN};
 use super::pins;
-use crate::error::{bad_arg, corrupt, io};
+use crate::error::{bad_arg, corrupt, err, io};
 use crate::hash::ChunkId;
 
 /// Chunks the writer stores per `syncfs`.
@@ -50,7 +51,13 @@ const WRITE_BATCH: usize = 256;
 const MAX_PENDING: usize = 1024;
 
 pub const CONFIG_MAGIC: &str = "roamdisk-shared-cache";
-pub const CONFIG_VERSION: u32 = 1;
+/// The `cache.toml` version new caches get. Version 2 adds hoard marks
+/// (`hoards/`): a cache of version 1 is upgraded when its first version is
+/// hoarded, so that builds which would ignore the marks refuse it instead
+/// of evicting hoarded chunks.
+pub const CONFIG_VERSION: u32 = 2;
+/// The oldest `cache.toml` version this build opens.
+pub const CONFIG_MIN_VERSION: u32 = 1;
 
 /// `cache.toml`: fixed when the cache is created.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -95,6 +102,29 @@ pub struct CacheStats {
     pub evicted: u64,
 }
 
+/// The cache's contents by its journal, at one moment.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Resident chunks and their sizes.
+    pub resident: HashMap<ChunkId, u32>,
+    pub bytes: u64,
+    /// Records in the journal since it was last rewritten.
+    pub journal_records: u64,
+}
+
+/// What [`SharedCache::evict`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Evicted {
+    pub chunks: u64,
+    pub bytes: u64,
+    /// Resident chunks kept: a running session pins them.
+    pub kept_pinned: u64,
+    /// Resident chunks kept: a hoarded version holds them.
+    pub kept_hoarded: u64,
+    /// Hoard marks released (`all`).
+    pub released: u64,
+}
+
 /// What became of a chunk handed to the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
@@ -123,6 +153,10 @@ const ADVICE_QUEUE: usize = 64;
 struct Inner {
     dir: PathBuf,
     config: CacheConfig,
+    /// `cache.toml`'s version now (a hoard upgrades 1 to 2).
+    format_version: std::sync::atomic::AtomicU32,
+    /// What the hoard marks keep, as of the last look (under the lock).
+    hoards: Mutex<Protected>,
     capacity: usize,
     spec: PolicySpec,
     lock: File,
@@ -275,6 +309,36 @@ impl Inner {
 
     fn journal_path(&self) -> PathBuf {
         self.dir.join("journal")
+    }
+    fn hoards_dir(&self) -> PathBuf {
+        self.dir.join("hoards")
+    }
+
+    /// Make `cache.toml` version 2 before the first hoard mark is written
+    /// (the caller holds the lock).
+    fn upgrade_config(&self) -> Result<()> {
+        if self.format_version.load(Ordering::Relaxed) >= 2 {
+            return Ok(());
+        }
+        let path = self.dir.join("cache.toml");
+        let text = std::fs::read_to_string(&path).map_err(|e| io(Op::Read, e, &path))?;
+        let mut c: CacheConfig = toml::from_str(&text)
+            .map_err(|e| corrupt(format!("cache.toml: {}", e.message())).path(&path))?;
+        if c.version < 2 {
+            c.version = 2;
+            let text = toml::to_string(&c).expect("config serialises");
+            durable::write_atomically(&path, text.as_bytes())
+                .map_err(|e| io(Op::Write, e, &path))?;
+        }
+        self.format_version.store(c.version, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The hoard marks' chunks, up to date (the caller holds the lock).
+    fn hoarded(&self) -> Result<std::sync::MutexGuard<'_, Protected>> {
+        let mut h = self.hoards.lock().unwrap_or_else(|e| e.into_inner());
+        h.refresh(&self.hoards_dir())?;
+        Ok(h)
     }
 
     /// Run `f` holding this process's state and the directory's lock,
@@ -463,12 +527,17 @@ impl Inner {
                 return Ok(Admission::Admitted);
             }
             let full = b.state.resident.len() >= me.capacity;
-            let pinned = if full {
-                pins::live(&me.dir.join("pins"))?
+            // Kept from eviction: chunks of running sessions (pin sets)
+            // and of hoarded versions (hoard marks).
+            let (pinned, hoarded) = if full {
+                (pins::live(&me.dir.join("pins"))?, Some(me.hoarded()?))
             } else {
-                HashSet::new()
+                (HashSet::new(), None)
             };
-            if full && b.state.resident.keys().all(|k| pinned.contains(k)) {
+            let kept = |k: &ChunkId| {
+                pinned.contains(k) || hoarded.as_ref().is_some_and(|h| h.ids.contains(k))
+            };
+            if full && b.state.resident.keys().all(kept) {
                 let bytes = std::mem::take(&mut b.bytes);
                 me.commit(st, &bytes)?;
                 return Ok(Admission::Refused);
@@ -488,7 +557,7 @@ impl Inner {
                     break;
                 }
                 turns -= 1;
-                ev = if pinned.contains(&v) {
+                ev = if kept(&v) {
                     b.emit(Kind::Touch, v)
                 } else {
                     b.emit(Kind::Evict, v);
@@ -608,6 +677,7 @@ impl Inner {
         }
         let bytes = std::mem::take(&mut b.bytes);
         self.commit(st, &bytes)?;
+        hoard_marks::remove_temporaries(&self.hoards_dir())?;
         let tmp = self.dir.join("tmp");
         for name in read_dir_names(&tmp)? {
             // Only temporaries of processes that are gone: ours and live
@@ -720,7 +790,7 @@ impl SharedCache {
                 .create(dir)
                 .map_err(|e| io(Op::Open, e, dir))?;
         }
-        for sub in ["chunks", "tmp", "pins"] {
+        for sub in ["chunks", "tmp", "pins", "hoards"] {
             let p = dir.join(sub);
             std::fs::create_dir_all(&p).map_err(|e| io(Op::Open, e, &p))?;
         }
@@ -729,9 +799,11 @@ impl SharedCache {
             Ok(text) => {
                 let c: CacheConfig = toml::from_str(&text)
                     .map_err(|e| corrupt(format!("cache.toml: {}", e.message())).path(&cfg_path))?;
-                if c.magic != CONFIG_MAGIC || c.version != CONFIG_VERSION {
+                if c.magic != CONFIG_MAGIC
+                    || !(CONFIG_MIN_VERSION..=CONFIG_VERSION).contains(&c.version)
+                {
                     return Err(corrupt(format!(
-                        "not a roamdisk shared cache of version {CONFIG_VERSION} (magic '{}', version {})",
+                        "not a roamdisk shared cache of version {CONFIG_MIN_VERSION} to {CONFIG_VERSION} (magic '{}', version {}): a newer roamdisk made it, or it is not a cache",
                         c.magic, c.version
                     ))
                     .path(&cfg_path));
@@ -776,6 +848,8 @@ impl SharedCache {
         let inner = Arc::new(Inner {
             dir: dir.to_path_buf(),
             state: Mutex::new(State::new(&spec, capacity)),
+            format_version: std::sync::atomic::AtomicU32::new(config.version),
+            hoards: Mutex::new(Protected::default()),
             config,
             capacity,
             spec,
@@ -856,8 +930,17 @@ impl SharedCache {
                 return Ok(true);
             }
         };
-        f.read_exact_at(buf, off as u64)
-            .map_err(|e| io(Op::Read, e, &me.chunk_path(id)))?;
+        match f.read_exact_at(buf, off as u64) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                // Cut short since we opened it: `cache verify` truncates a
+                // damaged chunk before removing it, so that processes
+                // holding it open stop serving it too.
+                me.fds.write().unwrap_or_else(|e| e.into_inner()).remove(id);
+                return Ok(false);
+            }
+            Err(e) => return Err(io(Op::Read, e, &me.chunk_path(id))),
+        }
         me.hits.fetch_add(1, Ordering::Relaxed);
         me.hit_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         me.touches
@@ -1000,6 +1083,212 @@ impl SharedCache {
     /// Journal records applied since the journal was last rewritten.
     pub fn journal_records(&self) -> Result<u64> {
         self.inner.locked(|_, st| Ok(st.records))
+    }
+
+    /// What the journal says is in the cache, as of now.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        self.inner.locked(|_, st| {
+            Ok(Snapshot {
+                resident: st.resident.iter().map(|(id, &(n, _))| (*id, n)).collect(),
+                bytes: st.bytes,
+                journal_records: st.records,
+            })
+        })
+    }
+
+    /// How many chunks the cap holds (`size / unit`).
+    pub fn capacity(&self) -> u64 {
+        self.inner.capacity as u64
+    }
+
+    /// `cache.toml`'s version (2 once a version was hoarded here).
+    pub fn format_version(&self) -> u32 {
+        self.inner.format_version.load(Ordering::Relaxed)
+    }
+
+    /// The file chunk `id` is kept in while it is resident.
+    pub fn chunk_path(&self, id: &ChunkId) -> PathBuf {
+        self.inner.chunk_path(id)
+    }
+
+    /// The running sessions' pin sets (those of processes that are gone
+    /// are removed on the way).
+    pub fn pin_sets(&self) -> Result<Vec<pins::PinSet>> {
+        pins::list(&self.inner.dir.join("pins"))
+    }
+
+    /// Every hoard mark, damaged ones included.
+    pub fn hoard_marks(&self) -> Result<Vec<hoard_marks::Listed>> {
+        hoard_marks::list(&self.inner.hoards_dir())
+    }
+
+    /// Mark a version hoarded: from now on no process evicts its chunks
+    /// (those in the cache, and those that come later) until
+    /// [`SharedCache::release_hoard`]. Refused, with nothing changed, if the
+    /// chunks of every hoarded version together would not fit under the
+    /// cap. Replaces an earlier mark of the same version.
+    pub fn mark_hoard(&self, m: &HoardMark) -> Result<()> {
+        self.inner.locked(|me, _| {
+            let dir = me.hoards_dir();
+            let mut others: HashSet<ChunkId> = HashSet::new();
+            let mut versions = 0usize;
+            for l in hoard_marks::list(&dir)? {
+                match l.mark {
+                    Ok(o) if o.version == m.version => {}
+                    Ok(o) => {
+                        versions += 1;
+                        others.extend(o.ids);
+                    }
+                    Err(e) => {
+                        return Err(corrupt(format!(
+                            "{e}: run `roamdisk hoard --release` for that version, or remove the file"
+                        ))
+                        .path(&l.path))
+                    }
+                }
+            }
+            let ours = m.ids.len() as u64;
+            let more = others.len() as u64 - m.ids.iter().filter(|i| others.contains(i)).count() as u64;
+            let cap = me.capacity as u64;
+            if ours + more > cap {
+                let besides = if versions > 0 {
+                    format!(
+                        "; {versions} other hoarded version{} keep{} {more} more",
+                        if versions == 1 { "" } else { "s" },
+                        if versions == 1 { "s" } else { "" }
+                    )
+                } else {
+                    String::new()
+                };
+                return Err(err(
+                    roamdisk_blockdev::ErrorKind::NoSpace,
+                    Op::Write,
+                    format!(
+                        "{}@{} needs {ours} chunks ({}) kept in the shared cache, which holds at most {cap} chunks (a cap of {}, {} per chunk){besides}. Nothing was fetched: release a hoarded version (roamdisk hoard --release USER/IMAGE), or hoard into a larger cache (--shared-cache DIR)",
+                        m.name,
+                        m.version.short(),
+                        format_size(m.bytes),
+                        format_size(me.config.size),
+                        format_size(me.config.unit as u64),
+                    ),
+                )
+                .path(&me.dir));
+            }
+            me.upgrade_config()?;
+            hoard_marks::write(&dir, m)
+        })
+    }
+
+    /// End the hoard of `version`: its chunks are evicted like any other
+    /// from now on. Whether it was hoarded.
+    pub fn release_hoard(&self, version: &ChunkId) -> Result<bool> {
+        self.inner
+            .locked(|me, _| hoard_marks::remove(&me.hoards_dir(), version))
+    }
+
+    /// Drop chunk `id`, found damaged, if it is still resident and its
+    /// file is as it was checked: inode `ino`, or missing (`None`). The
+    /// file is cut to nothing before it is removed, so that processes that
+    /// hold it open stop serving it and fetch the chunk again.
+    pub fn drop_damaged(&self, id: &ChunkId, ino: Option<u64>) -> Result<bool> {
+        self.inner.locked(|me, st| {
+            if !st.resident.contains_key(id) {
+                return Ok(false);
+            }
+            let path = me.chunk_path(id);
+            let now = match std::fs::metadata(&path) {
+                Ok(m) => Some(m.ino()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(io(Op::Read, e, &path)),
+            };
+            if now != ino {
+                // Replaced (or put back) since it was checked.
+                return Ok(false);
+            }
+            if let Ok(f) = OpenOptions::new().write(true).open(&path) {
+                let _ = f.set_len(0);
+            }
+            let mut b = Batch {
+                state: st,
+                bytes: Vec::new(),
+            };
+            b.emit(Kind::Evict, *id);
+            let bytes = std::mem::take(&mut b.bytes);
+            me.commit(st, &bytes)?;
+            me.fds.write().unwrap_or_else(|e| e.into_inner()).remove(id);
+            let _ = std::fs::remove_file(&path);
+            me.evicted.fetch_add(1, Ordering::Relaxed);
+            Ok(true)
+        })
+    }
+
+    /// Evict every chunk no running session pins and no hoard mark keeps.
+    /// With `all`, first release every hoard and evict everything: refused
+    /// while a session runs on the cache.
+    pub fn evict(&self, all: bool) -> Result<Evicted> {
+        self.inner.locked(|me, st| {
+            let sets = pins::list(&me.dir.join("pins"))?;
+            let mut out = Evicted::default();
+            if all {
+                if !sets.is_empty() {
+                    let pids: Vec<String> = sets
+                        .iter()
+                        .map(|s| s.pid.map_or("?".into(), |p| p.to_string()))
+                        .collect();
+                    return Err(bad_arg(format!(
+                        "{} session{} running on this cache (process {}): stop {} first, or evict without --all (which keeps what they pin and what is hoarded)",
+                        sets.len(),
+                        if sets.len() == 1 { " is" } else { "s are" },
+                        pids.join(", "),
+                        if sets.len() == 1 { "it" } else { "them" }
+                    ))
+                    .path(&me.dir));
+                }
+                let dir = me.hoards_dir();
+                for l in hoard_marks::list(&dir)? {
+                    std::fs::remove_file(&l.path).map_err(|e| io(Op::Write, e, &l.path))?;
+                    out.released += 1;
+                }
+                durable::sync_dir(&dir).map_err(|e| io(Op::Write, e, &dir))?;
+            }
+            let pinned: HashSet<ChunkId> = sets.into_iter().flat_map(|s| s.ids).collect();
+            let hoarded = if all { None } else { Some(me.hoarded()?) };
+            let mut victims = Vec::new();
+            for (id, &(size, _)) in &st.resident {
+                if pinned.contains(id) {
+                    out.kept_pinned += 1;
+                } else if hoarded.as_ref().is_some_and(|h| h.ids.contains(id)) {
+                    out.kept_hoarded += 1;
+                } else {
+                    victims.push(*id);
+                    out.chunks += 1;
+                    out.bytes += size as u64;
+                }
+            }
+            drop(hoarded);
+            let mut b = Batch {
+                state: st,
+                bytes: Vec::new(),
+            };
+            for v in &victims {
+                b.emit(Kind::Evict, *v);
+            }
+            let bytes = std::mem::take(&mut b.bytes);
+            me.commit(st, &bytes)?;
+            {
+                let mut fds = me.fds.write().unwrap_or_else(|e| e.into_inner());
+                for v in &victims {
+                    fds.remove(v);
+                }
+            }
+            for v in &victims {
+                let _ = std::fs::remove_file(me.chunk_path(v));
+            }
+            me.evicted
+                .fetch_add(victims.len() as u64, Ordering::Relaxed);
+            me.maybe_compact(st)?;
+            Ok(out)
+        })
     }
 
     pub fn stats(&self) -> CacheStats {

@@ -4,6 +4,7 @@
 //! processes do), pins, and recovery from what a crash leaves behind.
 
 use std::collections::HashSet;
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use super::journal::{self, Kind, Record, HEADER_LEN, RECORD_LEN};
@@ -247,4 +248,195 @@ fn compaction_keeps_the_state_for_every_process() {
     journal::check_header(&bytes).unwrap();
     let (_, used) = journal::decode_records(&bytes[HEADER_LEN..]);
     assert_eq!(used, bytes.len() - HEADER_LEN);
+}
+
+fn mark(version: u32, ids: &[u32]) -> super::hoard_marks::HoardMark {
+    super::hoard_marks::HoardMark::new(
+        id(1000 + version),
+        &format!("u/vm{version}"),
+        ids.len() as u64 * UNIT as u64,
+        ids.iter().map(|&n| id(n)).collect(),
+    )
+}
+
+#[test]
+fn hoarded_chunks_stay_in_every_process_until_released() {
+    let t = tempfile::tempdir().unwrap();
+    let a = SharedCache::open(t.path(), &opts(4, "lru")).unwrap();
+    let b = SharedCache::open(t.path(), &opts(4, "lru")).unwrap();
+    a.mark_hoard(&mark(1, &[1, 2])).unwrap();
+    for n in 1..=2 {
+        a.insert_now(id(n), &data(n)).unwrap();
+    }
+    // Another process streams many chunks through: 1 and 2 are the oldest
+    // but hoarded, so the newcomers take turns in the other two places.
+    for n in 3..=12 {
+        assert_eq!(b.insert_now(id(n), &data(n)).unwrap(), Admission::Admitted);
+        let s = set(&b);
+        assert!(s.contains(&id(1)) && s.contains(&id(2)), "{n}");
+        assert_eq!(s.len(), (n as usize).min(4));
+    }
+    // Full of hoarded chunks: refused like a cache full of pinned ones.
+    a.mark_hoard(&mark(2, &[11, 12])).unwrap();
+    assert_eq!(b.insert_now(id(13), &data(13)).unwrap(), Admission::Refused);
+    assert_eq!(set(&a), [1, 2, 11, 12].map(id).into_iter().collect());
+    // A third version would not fit beside them: refused before anything.
+    let e = a.mark_hoard(&mark(3, &[20])).unwrap_err();
+    assert_eq!(e.kind(), roamdisk_blockdev::ErrorKind::NoSpace);
+    let msg = e.to_string();
+    assert!(
+        msg.contains("needs 1 chunks")
+            && msg.contains("at most 4 chunks")
+            && msg.contains("2 other hoarded versions keep 4 more"),
+        "{msg}"
+    );
+    assert_eq!(a.hoard_marks().unwrap().len(), 2);
+    // Hoarding a version again replaces its mark (not counted twice).
+    a.mark_hoard(&mark(2, &[11, 12])).unwrap();
+    // Released: evicted like any other chunk.
+    assert!(a.release_hoard(&id(1001)).unwrap());
+    assert!(!a.release_hoard(&id(1001)).unwrap());
+    for n in 14..=15 {
+        assert_eq!(b.insert_now(id(n), &data(n)).unwrap(), Admission::Admitted);
+    }
+    assert_eq!(set(&b), [11, 12, 14, 15].map(id).into_iter().collect());
+}
+
+#[test]
+fn a_version_1_cache_opens_and_becomes_version_2_at_its_first_hoard() {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::write(
+        t.path().join("cache.toml"),
+        "magic = \"roamdisk-shared-cache\"\nversion = 1\nsize = 16384\nunit = 4096\npolicy = \"lru\"\n",
+    )
+    .unwrap();
+    let c = SharedCache::open(t.path(), &opts(8, "lru")).unwrap();
+    assert_eq!((c.format_version(), c.capacity()), (1, 4));
+    c.insert_now(id(1), &data(1)).unwrap();
+    c.mark_hoard(&mark(1, &[1])).unwrap();
+    assert_eq!(c.format_version(), 2);
+    let text = std::fs::read_to_string(t.path().join("cache.toml")).unwrap();
+    assert!(
+        text.contains("version = 2") && text.contains("size = 16384"),
+        "{text}"
+    );
+    drop(c);
+    let c = SharedCache::open(t.path(), &opts(8, "lru")).unwrap();
+    assert_eq!(c.format_version(), 2);
+    assert_eq!(set(&c), [id(1)].into_iter().collect());
+    // A version this build does not know is refused with what it means.
+    drop(c);
+    let p = t.path().join("cache.toml");
+    std::fs::write(&p, text.replace("version = 2", "version = 3")).unwrap();
+    let e = SharedCache::open(t.path(), &opts(8, "lru"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("a newer roamdisk made it"), "{e}");
+}
+
+#[test]
+fn evict_keeps_what_sessions_pin_and_hoards_keep_and_all_needs_no_session() {
+    let t = tempfile::tempdir().unwrap();
+    let c = SharedCache::open(t.path(), &opts(8, "lru")).unwrap();
+    for n in 1..=6 {
+        c.insert_now(id(n), &data(n)).unwrap();
+    }
+    c.mark_hoard(&mark(1, &[1, 2])).unwrap();
+    let pin = c.pin(&[id(2), id(3)]).unwrap();
+    let e = c.evict(false).unwrap();
+    assert_eq!(
+        (e.chunks, e.bytes, e.kept_pinned, e.kept_hoarded, e.released),
+        (3, 3 * UNIT as u64, 2, 1, 0)
+    );
+    assert_eq!(set(&c), [1, 2, 3].map(id).into_iter().collect());
+    let msg = c.evict(true).unwrap_err().to_string();
+    assert!(
+        msg.contains("1 session is running") && msg.contains(&std::process::id().to_string()),
+        "{msg}"
+    );
+    drop(pin);
+    let e = c.evict(true).unwrap();
+    assert_eq!((e.chunks, e.released), (3, 1));
+    assert!(set(&c).is_empty() && c.hoard_marks().unwrap().is_empty());
+    let files: usize = std::fs::read_dir(t.path().join("chunks"))
+        .unwrap()
+        .map(|d| std::fs::read_dir(d.unwrap().path()).unwrap().count())
+        .sum();
+    assert_eq!(files, 0);
+    // Another process agrees.
+    let d = SharedCache::open(t.path(), &opts(8, "lru")).unwrap();
+    assert!(set(&d).is_empty());
+}
+
+#[test]
+fn verify_drops_a_damaged_chunk_even_for_a_process_that_holds_it_open() {
+    let t = tempfile::tempdir().unwrap();
+    let a = SharedCache::open(t.path(), &opts(8, "lru")).unwrap();
+    let hash = crate::hash::HashKind::Blake3;
+    let chunks: Vec<(ChunkId, Vec<u8>)> = (1..=4)
+        .map(|n| {
+            let d = data(n);
+            (hash.hash(&d), d)
+        })
+        .collect();
+    for (i, d) in &chunks {
+        a.insert_now(*i, d).unwrap();
+    }
+    // Process A reads chunk 2 (and keeps its file open).
+    let (bad, good) = (&chunks[1], &chunks[0]);
+    let mut buf = vec![0u8; UNIT as usize];
+    assert!(a.read(&bad.0, UNIT as usize, &mut buf, 0).unwrap());
+    // Its file is damaged in place (same size).
+    let path = a.chunk_path(&bad.0);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[7] ^= 0x20;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .write_all_at(&bytes, 0)
+        .unwrap();
+    // Process B verifies: the damaged chunk is found and dropped.
+    let b = SharedCache::open(t.path(), &opts(8, "lru")).unwrap();
+    let r = super::admin::verify(&b, &crate::NoProgress).unwrap();
+    assert_eq!(r.chunks, 4);
+    assert_eq!(r.damaged.len(), 1, "{r:?}");
+    assert_eq!(r.damaged[0].id, bad.0.to_hex());
+    assert!(!path.exists());
+    // A no longer serves it (it fetches it again), and serves the rest.
+    assert!(!a.read(&bad.0, UNIT as usize, &mut buf, 0).unwrap());
+    assert!(a.read(&good.0, UNIT as usize, &mut buf, 0).unwrap());
+    assert_eq!(buf, good.1);
+    let s = super::admin::status(&a).unwrap();
+    assert_eq!((s.chunks, s.bytes), (3, 3 * UNIT as u64));
+    // Nothing else is damaged.
+    assert!(super::admin::verify(&b, &crate::NoProgress)
+        .unwrap()
+        .damaged
+        .is_empty());
+}
+
+#[test]
+fn status_counts_hoards_pins_and_what_may_go() {
+    let t = tempfile::tempdir().unwrap();
+    let c = SharedCache::open(t.path(), &opts(8, "lru")).unwrap();
+    for n in 1..=5 {
+        c.insert_now(id(n), &data(n)).unwrap();
+    }
+    c.mark_hoard(&mark(1, &[1, 2, 9])).unwrap();
+    let _pin = c.pin(&[id(2), id(3)]).unwrap();
+    let s = super::admin::status(&c).unwrap();
+    assert_eq!((s.chunks, s.bytes, s.capacity), (5, 5 * UNIT as u64, 8));
+    assert_eq!(
+        (s.hoarded_chunks, s.pinned_chunks, s.evictable_chunks),
+        (2, 1, 2)
+    );
+    assert_eq!(s.hoards.len(), 1);
+    let h = &s.hoards[0];
+    assert_eq!((h.chunks, h.present_chunks, h.complete), (3, 2, false));
+    assert!((h.percent - 200.0 / 3.0).abs() < 1e-9);
+    assert_eq!(s.sessions.len(), 1);
+    assert_eq!(s.sessions[0].pid, Some(std::process::id()));
+    assert_eq!((s.sessions[0].chunks, s.sessions[0].present_chunks), (2, 2));
 }

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod borrow;
+pub mod cache;
 pub mod cas;
 pub mod checkout;
 pub mod commit;

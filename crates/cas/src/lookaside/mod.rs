@@ -15,6 +15,8 @@
 //!   is cached under `$XDG_CACHE_HOME/roamdisk/lookaside/`, keyed by the
 //!   file's identity (path, size, mtime, inode), so it is hashed again
 //!   only when it changes. Format: `docs/formats/cas-lookaside-index.md`.
+//!   A **qcow2 image** (told by its magic) is the same, its virtual disk
+//!   read through `qemu-nbd` ([`qemu_nbd`]).
 //!
 //! Plain chunks only for image media: an encrypted chunk's id is the hash
 //! of its ciphertext, which a medium of plaintext does not show (a store
@@ -32,6 +34,9 @@ use crate::chunk::{ChunkCodec, Key};
 use crate::error::io;
 use crate::hash::{ChunkId, HashKind, ID_LEN};
 use crate::store::{local::LocalStore, ChunkRead};
+use qemu_nbd::{Qcow2, StartError};
+
+pub mod qemu_nbd;
 
 pub const INDEX_MAGIC: [u8; 8] = *b"RDLAIDX\0";
 pub const INDEX_VERSION: u32 = 1;
@@ -127,10 +132,47 @@ pub fn decode_index(b: &[u8]) -> std::result::Result<(Identity, Vec<(ChunkId, u6
 enum Medium {
     Store(Box<LocalStore>),
     Image {
-        file: File,
+        disk: ImageDisk,
         chunk_size: u64,
         index: HashMap<ChunkId, u64>,
     },
+}
+
+/// The disk bytes of an image medium.
+enum ImageDisk {
+    /// A raw image file or a block device.
+    Raw(File),
+    /// A qcow2 image's virtual disk.
+    Qcow2(Box<Qcow2>),
+}
+
+impl ImageDisk {
+    fn read_at(&self, buf: &mut [u8], off: u64, path: &Path) -> Result<()> {
+        match self {
+            ImageDisk::Raw(f) => f.read_exact_at(buf, off).map_err(|e| io(Op::Read, e, path)),
+            ImageDisk::Qcow2(q) => q.read_at(buf, off),
+        }
+    }
+
+    /// The disk's size: a raw file's length, a block device's size, a
+    /// qcow2 image's virtual size.
+    fn size(&self, path: &Path) -> Result<u64> {
+        match self {
+            ImageDisk::Raw(f) => {
+                let m = f.metadata().map_err(|e| io(Op::Open, e, path))?;
+                if m.file_type().is_file() {
+                    Ok(m.len())
+                } else {
+                    // A block device: its size is where seeking to the end lands.
+                    use std::io::Seek;
+                    let mut f = f;
+                    f.seek(std::io::SeekFrom::End(0))
+                        .map_err(|e| io(Op::Open, e, path))
+                }
+            }
+            ImageDisk::Qcow2(q) => Ok(q.size()),
+        }
+    }
 }
 
 /// What the lookaside media did so far.
@@ -177,11 +219,27 @@ impl Lookaside {
                 Medium::Store(Box::new(LocalStore::open(p, None)?))
             } else {
                 let file = File::open(p).map_err(|e| {
-                    io(Op::Open, e, p).msg("cannot open a lookaside medium: give a chunk-store folder (roamdisk suspend --to-media), an image file or a block device")
+                    io(Op::Open, e, p).msg("cannot open a lookaside medium: give a chunk-store folder (roamdisk suspend --to-media), an image file (raw or qcow2) or a block device")
                 })?;
-                let index = image_index(p, &file, hash, chunk_size, index_dir)?;
+                let disk = if qemu_nbd::is_qcow2(&file) {
+                    match Qcow2::open(p) {
+                        Ok(q) => ImageDisk::Qcow2(Box::new(q)),
+                        Err(StartError::Tool(e)) => return Err(e),
+                        Err(StartError::Image(why)) => {
+                            // A damaged medium costs time, never the session.
+                            tracing::warn!(
+                                "lookaside {}: qemu-nbd cannot read this qcow2 image ({why}); the medium is skipped",
+                                p.display()
+                            );
+                            continue;
+                        }
+                    }
+                } else {
+                    ImageDisk::Raw(file.try_clone().map_err(|e| io(Op::Open, e, p))?)
+                };
+                let index = image_index(p, &file, &disk, hash, chunk_size, index_dir)?;
                 Medium::Image {
-                    file,
+                    disk,
                     chunk_size: chunk_size as u64,
                     index,
                 }
@@ -218,7 +276,7 @@ impl Lookaside {
                     Err(_) => None,
                 },
                 Medium::Image {
-                    file,
+                    disk,
                     chunk_size,
                     index,
                 } => {
@@ -227,7 +285,7 @@ impl Lookaside {
                         continue;
                     }
                     let mut buf = vec![0u8; len];
-                    match file.read_exact_at(&mut buf, n * chunk_size) {
+                    match disk.read_at(&mut buf, n * chunk_size, path) {
                         Ok(()) if codec.hash.hash(&buf) == *id => Some(buf),
                         _ => None,
                     }
@@ -300,29 +358,26 @@ pub fn parse_media(v: Option<&str>) -> Vec<PathBuf> {
     .unwrap_or_default()
 }
 
-/// The index of an image medium: cached by identity, else made by
-/// hashing the medium once.
+/// The index of an image medium: cached by the identity of its `file`
+/// (for a qcow2 image, the qcow2 file's), else made by hashing `disk` once.
 fn image_index(
     path: &Path,
     file: &File,
+    disk: &ImageDisk,
     hash: HashKind,
     chunk_size: u32,
     index_dir: Option<&Path>,
 ) -> Result<HashMap<ChunkId, u64>> {
     let m = file.metadata().map_err(|e| io(Op::Open, e, path))?;
-    let size = if m.file_type().is_file() {
-        m.len()
-    } else {
-        // A block device: its size is where seeking to the end lands.
-        use std::io::Seek;
-        let mut f = file;
-        f.seek(std::io::SeekFrom::End(0))
-            .map_err(|e| io(Op::Open, e, path))?
-    };
+    let size = disk.size(path)?;
     let who = Identity {
         hash,
         chunk_size,
-        size,
+        size: if m.file_type().is_file() {
+            m.len()
+        } else {
+            size
+        },
         mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
         ino: m.ino(),
         dev: m.dev(),
@@ -351,20 +406,14 @@ fn image_index(
         size,
         chunk_size
     );
-    let cs = chunk_size as u64;
-    let mut entries = Vec::new();
-    let mut buf = vec![0u8; chunk_size as usize];
-    let mut n = 0u64;
-    while n * cs < size {
-        let len = (size - n * cs).min(cs) as usize;
-        file.read_exact_at(&mut buf[..len], n * cs)
-            .map_err(|e| io(Op::Read, e, path))?;
-        if !crate::hash::is_zero(&buf[..len]) {
-            entries.push((hash.hash(&buf[..len]), n));
-        }
-        n += 1;
-    }
-    if let Some(cf) = &cache_file {
+    let (entries, unreadable) = hash_chunks(path, disk, size, hash, chunk_size);
+    if unreadable > 0 {
+        // Left out, and the index is not kept: the next open tries again.
+        tracing::warn!(
+            "lookaside {}: {unreadable} chunks could not be read (a damaged medium?); they are left out",
+            path.display()
+        );
+    } else if let Some(cf) = &cache_file {
         let wrote = cf
             .parent()
             .map_or(Ok(()), std::fs::create_dir_all)
@@ -374,6 +423,56 @@ fn image_index(
         }
     }
     Ok(entries.into_iter().collect())
+}
+
+/// Hash `disk` in chunks: `(id, chunk number)` of every chunk that is not
+/// all zero, and how many chunks could not be read. A qcow2 image's
+/// unallocated and zero clusters are skipped without reading them.
+fn hash_chunks(
+    path: &Path,
+    disk: &ImageDisk,
+    size: u64,
+    hash: HashKind,
+    chunk_size: u32,
+) -> (Vec<(ChunkId, u64)>, u64) {
+    let cs = chunk_size as u64;
+    let mut entries = Vec::new();
+    let mut unreadable = 0u64;
+    let mut buf = vec![0u8; chunk_size as usize];
+    // What block status said from here on: zero (or data) up to `until`.
+    let (mut zero, mut until) = (false, 0u64);
+    let mut n = 0u64;
+    while n * cs < size {
+        let off = n * cs;
+        let len = (size - off).min(cs);
+        if let ImageDisk::Qcow2(q) = disk {
+            // Ask again once past what the last answer covered (on a
+            // failure, read everything).
+            while off >= until {
+                (zero, until) = q.extent_at(off, size - off).unwrap_or((false, size));
+                if until <= off {
+                    (zero, until) = (false, size);
+                }
+            }
+            if zero && off + len <= until {
+                n += 1;
+                continue;
+            }
+        }
+        let len = len as usize;
+        match disk.read_at(&mut buf[..len], off, path) {
+            Ok(()) if !crate::hash::is_zero(&buf[..len]) => {
+                entries.push((hash.hash(&buf[..len]), n));
+            }
+            Ok(()) => {}
+            Err(e) => {
+                unreadable += 1;
+                tracing::debug!("lookaside {}: chunk {n}: {e}", path.display());
+            }
+        }
+        n += 1;
+    }
+    (entries, unreadable)
 }
 
 #[cfg(test)]
