@@ -6,10 +6,16 @@
 //! ZERO with no data written (P1, switchable); any other sector is written
 //! to the private cache and becomes DIRTY. A flush makes the cache durable
 //! and then appends the changed states to the session map.
+//!
+//! In the background, a session fetches its base version's recorded
+//! working set ([`CasDev::start_prefetch`]) and, while the guest reads
+//! EMPTY sectors in sequence, the chunks that come next
+//! ([`CasDev::start_readahead`], `readahead.rs`).
 
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{mpsc, Arc, Mutex, OnceLock, RwLock};
 
 use roamdisk_blockdev::overlay::OverlayMap;
 use roamdisk_blockdev::Access;
@@ -19,6 +25,7 @@ use roamdisk_blockdev::{
 };
 
 use super::map::Header;
+use super::readahead::Tracker;
 use super::workset::Recorder;
 use super::SessionConfig;
 use crate::cache::pins::PinGuard;
@@ -54,6 +61,9 @@ pub struct SessionOpen {
     /// Do not fetch the base version's working set in the background
     /// ([`CasDev::start_prefetch`] does nothing).
     pub no_prefetch: bool,
+    /// Do not fetch ahead of the guest's sequential reads
+    /// ([`CasDev::start_readahead`] does nothing).
+    pub no_readahead: bool,
 }
 
 /// Where a sector reads from.
@@ -150,7 +160,18 @@ pub struct CasDev {
     /// The chunks the guest read from the base (writable sessions).
     workset: Option<Recorder>,
     no_prefetch: bool,
+    no_readahead: bool,
+    /// Where the guest's sequential runs are.
+    ahead: Mutex<Tracker>,
+    /// The read-ahead thread's queue (once started).
+    ahead_tx: OnceLock<mpsc::Sender<Ahead>>,
     _lock: File,
+}
+
+/// Chunks of a base version to fetch ahead of the guest.
+struct Ahead {
+    base: ChunkId,
+    chunks: Range<usize>,
 }
 
 /// How far the background fetch of a working set has come.
@@ -169,6 +190,8 @@ pub struct PrefetchStatus {
 
 /// Working-set chunks fetched per batch (one request to the store).
 const PREFETCH_BATCH: usize = 16;
+/// Most chunks the read-ahead fetches together.
+const READAHEAD_BATCH: usize = super::readahead::MAX;
 
 impl CasDev {
     /// Open the session in `dir`. `registry` opens the private cache.
@@ -238,6 +261,9 @@ impl CasDev {
         let dev = CasDev {
             workset,
             no_prefetch: opts.no_prefetch,
+            no_readahead: opts.no_readahead,
+            ahead: Mutex::new(Tracker::default()),
+            ahead_tx: OnceLock::new(),
             dir: dir.to_path_buf(),
             zero_detect: opts.zero_detect.unwrap_or(config.zero_detect),
             config,
@@ -517,6 +543,74 @@ impl CasDev {
         status
     }
 
+    /// Fetch ahead of the guest's sequential reads of the base, in the
+    /// background (`readahead.rs` decides what): chunks that are local (in
+    /// the private or shared cache) or already being fetched are skipped,
+    /// the rest come together (a batched request to a chunk server), and a
+    /// guest read of a chunk under way waits for that fetch rather than
+    /// making its own. What arrives goes to the shared cache or, when that
+    /// is off, into the private cache as CLEAN, as the working-set
+    /// prefetch does. Does nothing with `readahead=off`, or for a read-only
+    /// session with no shared cache (nowhere to keep the chunks).
+    pub fn start_readahead(self: &Arc<Self>) {
+        let base = self.base();
+        let shared = base.shared_cache().is_some();
+        if self.no_readahead || (self.read_only && !shared) {
+            return;
+        }
+        let (tx, rx) = mpsc::channel::<Ahead>();
+        if self.ahead_tx.set(tx).is_err() {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("cas-readahead".into())
+            .spawn(move || {
+                // Ends when the session closes (its end of the queue goes).
+                while let Ok(first) = rx.recv() {
+                    let mut jobs = vec![first];
+                    jobs.extend(rx.try_iter());
+                    let Some(dev) = weak.upgrade() else { break };
+                    let base = dev.base();
+                    let todo: Vec<usize> = jobs
+                        .into_iter()
+                        .filter(|j| j.base == base.id)
+                        .flat_map(|j| j.chunks)
+                        .filter(|&i| dev.reads_base(i))
+                        .collect();
+                    for part in todo.chunks(READAHEAD_BATCH) {
+                        // Without a shared cache, the chunks stay in memory
+                        // until they are in the private cache.
+                        match base.fetch_together(part, !shared) {
+                            Ok(got) => {
+                                tracing::trace!(
+                                    "read-ahead: {} of chunks {}..={} fetched",
+                                    got.len(),
+                                    part[0],
+                                    part[part.len() - 1]
+                                );
+                                if shared || dev.read_only {
+                                    continue;
+                                }
+                                for (i, g) in got {
+                                    let data = g.data.expect("fetched");
+                                    if let Err(e) = dev.fill_clean(i, &data) {
+                                        tracing::warn!("read-ahead: cannot keep chunk {i}: {e}");
+                                    }
+                                }
+                            }
+                            // The guest's own reads fetch what this could not
+                            // and report why.
+                            Err(e) => tracing::debug!("read-ahead stopped short: {e}"),
+                        }
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start the read-ahead: {e}");
+        }
+    }
+
     /// Best effort: let the cache release space of sectors that no longer
     /// hold data (whole 4 KiB blocks only).
     fn release_cache(&self, s0: u64, s1: u64) {
@@ -560,20 +654,46 @@ impl CasDev {
 
 impl CasDev {
     /// Read, with no stripe lock taken (a write's read-modify-write holds
-    /// them).
-    fn read_inner(&self, base: &VersionView, buf: &mut [u8], off: u64) -> Result<()> {
+    /// them). A `guest` read of the base may start a read-ahead.
+    fn read_inner(&self, base: &VersionView, buf: &mut [u8], off: u64, guest: bool) -> Result<()> {
         self.runs(off, off + buf.len() as u64, |src, a, b| {
             let dst = &mut buf[(a - off) as usize..(b - off) as usize];
             match src {
                 Src::Cache => self.cache.read_at(dst, a)?,
                 Src::Zero => dst.fill(0),
                 Src::Base => {
+                    if guest {
+                        self.read_ahead(base, a, b);
+                    }
                     base.read_at(dst, a)?;
                     self.record_reads(base, a, b);
                 }
             }
             Ok(true)
         })
+    }
+
+    /// The guest reads bytes `[a, b)` from the base: if that continues a
+    /// sequential run, queue the chunks that come next for the read-ahead
+    /// thread (the guest does not wait for them).
+    fn read_ahead(&self, base: &VersionView, a: u64, b: u64) {
+        let Some(tx) = self.ahead_tx.get() else {
+            return;
+        };
+        let idx = &base.version.index;
+        let cs = idx.chunk_size as u64;
+        let (c0, c1) = ((a / cs) as usize, ((b - 1) / cs) as usize);
+        let next = self
+            .ahead
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .on_read(c0, c1, idx.records());
+        if let Some(chunks) = next {
+            let _ = tx.send(Ahead {
+                base: base.id,
+                chunks,
+            });
+        }
     }
 
     /// Keep the recorded working set (a hint: failures are logged only).
@@ -622,7 +742,7 @@ impl BlockDev for CasDev {
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
         let base = self.base();
-        self.read_inner(&base, buf, off)?;
+        self.read_inner(&base, buf, off, true)?;
         self.keep_refused(&base)
     }
     fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
@@ -638,9 +758,9 @@ impl BlockDev for CasDev {
         } else {
             let mut tmp = vec![0u8; (b - a) as usize];
             let base = self.base();
-            self.read_inner(&base, &mut tmp[..SECTOR as usize], a)?;
+            self.read_inner(&base, &mut tmp[..SECTOR as usize], a, false)?;
             let last = (b - a - SECTOR) as usize;
-            self.read_inner(&base, &mut tmp[last..], b - SECTOR)?;
+            self.read_inner(&base, &mut tmp[last..], b - SECTOR, false)?;
             tmp[(off - a) as usize..(end - a) as usize].copy_from_slice(buf);
             self.write_aligned(&tmp, a)?;
         }
