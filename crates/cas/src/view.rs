@@ -445,7 +445,10 @@ impl VersionView {
             .collect();
         let got = self.fetch_missing(&wanted)?;
         let mut out = Vec::with_capacity(got.len());
-        for ((i, flight), g) in landing.flights.drain(..).zip(got) {
+        // Land them one by one, from the last: whatever is left if this
+        // stops early is landed by `landing`.
+        for g in got.into_iter().rev() {
+            let (i, flight) = landing.flights.pop().expect("one flight per chunk");
             let data = g.data.clone().expect("fetched");
             if let Some(sc) = &self.shared {
                 sc.insert(idx.ids[i], data.clone());
@@ -456,6 +459,7 @@ impl VersionView {
             self.land(i, &flight, Some(data));
             out.push((i, g));
         }
+        out.reverse();
         Ok(out)
     }
 

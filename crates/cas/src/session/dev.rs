@@ -654,17 +654,14 @@ impl CasDev {
 
 impl CasDev {
     /// Read, with no stripe lock taken (a write's read-modify-write holds
-    /// them). A `guest` read of the base may start a read-ahead.
-    fn read_inner(&self, base: &VersionView, buf: &mut [u8], off: u64, guest: bool) -> Result<()> {
+    /// them).
+    fn read_inner(&self, base: &VersionView, buf: &mut [u8], off: u64) -> Result<()> {
         self.runs(off, off + buf.len() as u64, |src, a, b| {
             let dst = &mut buf[(a - off) as usize..(b - off) as usize];
             match src {
                 Src::Cache => self.cache.read_at(dst, a)?,
                 Src::Zero => dst.fill(0),
                 Src::Base => {
-                    if guest {
-                        self.read_ahead(base, a, b);
-                    }
                     base.read_at(dst, a)?;
                     self.record_reads(base, a, b);
                 }
@@ -673,11 +670,14 @@ impl CasDev {
         })
     }
 
-    /// The guest reads bytes `[a, b)` from the base: if that continues a
-    /// sequential run, queue the chunks that come next for the read-ahead
-    /// thread (the guest does not wait for them).
+    /// The guest reads bytes `[a, b)`: if that continues a sequential run,
+    /// queue the chunks that come next for the read-ahead thread (the guest
+    /// does not wait for them; the thread skips those that are local).
+    /// Every read counts, whatever its sectors' states: the chunks the
+    /// read-ahead put into the private cache read as CLEAN, and a run
+    /// through them must go on.
     fn read_ahead(&self, base: &VersionView, a: u64, b: u64) {
-        let Some(tx) = self.ahead_tx.get() else {
+        let Some(tx) = self.ahead_tx.get().filter(|_| b > a) else {
             return;
         };
         let idx = &base.version.index;
@@ -742,7 +742,8 @@ impl BlockDev for CasDev {
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
         let base = self.base();
-        self.read_inner(&base, buf, off, true)?;
+        self.read_ahead(&base, off, off + buf.len() as u64);
+        self.read_inner(&base, buf, off)?;
         self.keep_refused(&base)
     }
     fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
@@ -752,18 +753,22 @@ impl BlockDev for CasDev {
         // cache from the base, must not interleave with a write.
         let a = off / SECTOR * SECTOR;
         let b = end.div_ceil(SECTOR) * SECTOR;
-        let _guards = self.lock_stripes(a / SECTOR, b / SECTOR);
-        if off.is_multiple_of(SECTOR) && end.is_multiple_of(SECTOR) {
-            self.write_aligned(buf, off)?;
-        } else {
-            let mut tmp = vec![0u8; (b - a) as usize];
-            let base = self.base();
-            self.read_inner(&base, &mut tmp[..SECTOR as usize], a, false)?;
-            let last = (b - a - SECTOR) as usize;
-            self.read_inner(&base, &mut tmp[last..], b - SECTOR, false)?;
-            tmp[(off - a) as usize..(end - a) as usize].copy_from_slice(buf);
-            self.write_aligned(&tmp, a)?;
+        {
+            let _guards = self.lock_stripes(a / SECTOR, b / SECTOR);
+            if off.is_multiple_of(SECTOR) && end.is_multiple_of(SECTOR) {
+                self.write_aligned(buf, off)?;
+            } else {
+                let mut tmp = vec![0u8; (b - a) as usize];
+                let base = self.base();
+                self.read_inner(&base, &mut tmp[..SECTOR as usize], a)?;
+                let last = (b - a - SECTOR) as usize;
+                self.read_inner(&base, &mut tmp[last..], b - SECTOR)?;
+                tmp[(off - a) as usize..(end - a) as usize].copy_from_slice(buf);
+                self.write_aligned(&tmp, a)?;
+            }
         }
+        // Not under the stripe locks: a flush may fill the private cache
+        // with chunks the shared cache refused, under those same locks.
         if flags.fua {
             self.flush()?;
         }

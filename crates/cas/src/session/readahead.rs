@@ -2,7 +2,8 @@
 //! before the guest asks for them (Machine Bank 3.3: fetch what the guest
 //! will read next while it works on what it has).
 //!
-//! The guest's reads of EMPTY sectors are reported here by base chunk. A
+//! The guest's reads are reported here by chunk (all of them: a run goes on
+//! through the chunks an earlier window put into the private cache). A
 //! read of chunk `c` right after one of `c - 1` (among the last [`RECENT`]
 //! chunks read) starts a *stream*: the [`INITIAL`] chunks after the read
 //! (or as many as the read spanned, if more) are fetched. When the guest
@@ -15,8 +16,9 @@
 //! order (several NBD requests in flight) still make a run, and up to
 //! [`STREAMS`] runs (several files read at once) are followed.
 //!
-//! Pure bookkeeping, cheap enough for the guest's read path; the fetching
-//! happens elsewhere (`CasDev::start_readahead`).
+//! Pure bookkeeping, cheap enough for the guest's read path; the fetching,
+//! of the chunks that still read from the base, happens elsewhere
+//! (`CasDev::start_readahead`).
 
 use std::collections::VecDeque;
 use std::ops::Range;
