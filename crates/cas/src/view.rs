@@ -392,11 +392,15 @@ impl VersionView {
     /// holds (the in-memory one, the shared cache) and those already being
     /// fetched; readers of the chunks it fetches wait for it rather than
     /// fetch them again. What arrives is handed to the shared cache (in
-    /// the background, as a single fetch is) and, with `keep`, kept in
-    /// the in-memory cache. Returns the chunks it fetched, with their
-    /// data. A guest read spanning chunks fetches them this way, and a
-    /// session's read-ahead does.
-    pub fn fetch_together(&self, chunks: &[usize], keep: bool) -> Result<Vec<(usize, Gathered)>> {
+    /// the background, as a single fetch is). Returns the chunks it
+    /// fetched, with their data; for a [`Together::Read`], also those
+    /// others were fetching, once they arrive. A guest read spanning
+    /// chunks fetches them this way, and a session's read-ahead does.
+    pub fn fetch_together(
+        &self,
+        chunks: &[usize],
+        who: Together,
+    ) -> Result<Vec<(usize, Arc<Vec<u8>>)>> {
         let idx = &self.version.index;
         let mut ids = std::collections::HashSet::new();
         let mut todo: Vec<usize> = {
@@ -420,46 +424,68 @@ impl VersionView {
                 .map(|(i, _)| i)
                 .collect();
         }
+        // Fetches of these chunks others have under way.
+        let mut others = Vec::new();
         let mut landing = Landing {
             view: self,
             flights: {
                 let mut m = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
                 let mut mine = Vec::with_capacity(todo.len());
                 for i in todo {
-                    if let std::collections::hash_map::Entry::Vacant(e) = m.entry(i) {
-                        let f = Arc::new(Flight::default());
-                        e.insert(f.clone());
-                        mine.push((i, f));
+                    match m.entry(i) {
+                        std::collections::hash_map::Entry::Vacant(e) => {
+                            let f = Arc::new(Flight::default());
+                            e.insert(f.clone());
+                            mine.push((i, f));
+                        }
+                        std::collections::hash_map::Entry::Occupied(e) => {
+                            others.push((i, e.get().clone()))
+                        }
                     }
                 }
                 mine
             },
         };
-        if landing.flights.is_empty() {
-            return Ok(Vec::new());
-        }
-        let wanted: Vec<Wanted> = landing
-            .flights
-            .iter()
-            .map(|(i, _)| self.disk_chunk(*i))
-            .collect();
-        let got = self.fetch_missing(&wanted)?;
-        let mut out = Vec::with_capacity(got.len());
-        // Land them one by one, from the last: whatever is left if this
-        // stops early is landed by `landing`.
-        for g in got.into_iter().rev() {
-            let (i, flight) = landing.flights.pop().expect("one flight per chunk");
-            let data = g.data.clone().expect("fetched");
-            if let Some(sc) = &self.shared {
-                sc.insert(idx.ids[i], data.clone());
+        let keep = match who {
+            Together::Read => true,
+            Together::Ahead { keep } => keep,
+        };
+        let mut out = Vec::with_capacity(landing.flights.len() + others.len());
+        if !landing.flights.is_empty() {
+            let wanted: Vec<Wanted> = landing
+                .flights
+                .iter()
+                .map(|(i, _)| self.disk_chunk(*i))
+                .collect();
+            let got = self.fetch_missing(&wanted)?;
+            // Land them one by one, from the last: whatever is left if this
+            // stops early is landed by `landing`.
+            for g in got.into_iter().rev() {
+                let (i, flight) = landing.flights.pop().expect("one flight per chunk");
+                let data = g.data.expect("fetched");
+                if let Some(sc) = &self.shared {
+                    sc.insert(idx.ids[i], data.clone());
+                }
+                if keep {
+                    self.remember(i, data.clone());
+                }
+                self.land(i, &flight, Some(data.clone()));
+                out.push((i, data));
             }
-            if keep {
-                self.remember(i, data.clone());
-            }
-            self.land(i, &flight, Some(data));
-            out.push((i, g));
         }
-        out.reverse();
+        if let Together::Read = who {
+            // The read needs these too: wait for them here rather than
+            // find them gone from the in-memory cache and fetch them again.
+            for (i, f) in others {
+                let mut d = f.done.lock().unwrap_or_else(|e| e.into_inner());
+                while d.is_none() {
+                    d = f.cv.wait(d).unwrap_or_else(|e| e.into_inner());
+                }
+                if let Some(Some(data)) = d.as_ref() {
+                    out.push((i, data.clone()));
+                }
+            }
+        }
         Ok(out)
     }
 
@@ -592,6 +618,17 @@ impl VersionView {
     }
 }
 
+/// Who fetches chunks together ([`VersionView::fetch_together`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Together {
+    /// A read spanning them: it keeps them in the in-memory cache, and
+    /// waits for (and gets) those others are fetching.
+    Read,
+    /// The read-ahead: it waits for nobody; `keep` them in the in-memory
+    /// cache until they are in the private cache (no shared cache).
+    Ahead { keep: bool },
+}
+
 /// Fetches a [`VersionView::fetch_together`] registered and has not landed
 /// yet: landed as failed when it returns early (an error, a panic), so no
 /// reader waits for them forever.
@@ -644,8 +681,11 @@ impl BlockDev for VersionView {
         let cs = idx.chunk_size as u64;
         let end = off + buf.len() as u64;
         let last = (end.max(off + 1) - 1) / cs;
-        // Chunks below this were fetched together (or tried) already.
+        // Chunks below this were fetched together (or tried) already; what
+        // that fetch brought is copied from here (the in-memory cache may
+        // have let it go by then, with many reads in flight).
         let mut together = 0;
+        let mut brought: Vec<(usize, Arc<Vec<u8>>)> = Vec::new();
         let mut pos = off;
         while pos < end {
             let i = (pos / cs) as usize;
@@ -668,12 +708,18 @@ impl BlockDev for VersionView {
                             !self.zero_sectors(j, 0, idx.chunk_len(j).div_ceil(SECTOR as usize))
                         })
                         .collect();
-                    if let Err(e) = self.fetch_together(&group, true) {
-                        tracing::debug!("fetching chunks {i}..{to} together failed: {e}");
+                    match self.fetch_together(&group, Together::Read) {
+                        Ok(got) => brought = got,
+                        Err(e) => {
+                            tracing::debug!("fetching chunks {i}..{to} together failed: {e}")
+                        }
                     }
                     together = to;
                 }
-                let c = self.chunk(i)?;
+                let c = match brought.iter().find(|(j, _)| *j == i) {
+                    Some((_, d)) => d.clone(),
+                    None => self.chunk(i)?,
+                };
                 dst.copy_from_slice(&c[within as usize..(within + n) as usize]);
             }
             pos += n;

@@ -15,6 +15,7 @@
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock, RwLock};
 
 use roamdisk_blockdev::overlay::OverlayMap;
@@ -37,7 +38,7 @@ use crate::index::{SectorState, SECTOR};
 use crate::store::http::Credentials;
 use crate::store::{DynStore, StoreConfig};
 use crate::version::Version;
-use crate::view::{GatherStats, VersionView};
+use crate::view::{GatherStats, Together, VersionView};
 
 /// Sectors that share a lock stripe for read-modify-write.
 const STRIPE_SECTORS: u64 = 128;
@@ -165,6 +166,10 @@ pub struct CasDev {
     ahead: Mutex<Tracker>,
     /// The read-ahead thread's queue (once started).
     ahead_tx: OnceLock<mpsc::Sender<Ahead>>,
+    /// One bit per disk chunk: the guest read it since the session
+    /// opened. The read-ahead fetches only what the guest has not read:
+    /// with many reads in flight the guest is often ahead of a window.
+    guest_read: Vec<AtomicU64>,
     _lock: File,
 }
 
@@ -257,13 +262,17 @@ impl CasDev {
                 cache.size()
             )));
         }
-        let workset = (!opts.read_only).then(|| Recorder::load(dir, base.version.index.records()));
+        let base_records = base.version.index.records();
+        let workset = (!opts.read_only).then(|| Recorder::load(dir, base_records));
         let dev = CasDev {
             workset,
             no_prefetch: opts.no_prefetch,
             no_readahead: opts.no_readahead,
             ahead: Mutex::new(Tracker::default()),
             ahead_tx: OnceLock::new(),
+            guest_read: (0..base_records.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             dir: dir.to_path_buf(),
             zero_detect: opts.zero_detect.unwrap_or(config.zero_detect),
             config,
@@ -439,6 +448,13 @@ impl CasDev {
         Ok(())
     }
 
+    /// Whether the guest read chunk `i` since the session opened.
+    fn guest_read_chunk(&self, i: usize) -> bool {
+        self.guest_read
+            .get(i / 64)
+            .is_some_and(|w| w.load(Ordering::Relaxed) & (1 << (i % 64)) != 0)
+    }
+
     /// Whether some sector of base chunk `i` still reads from the base.
     fn reads_base(&self, i: usize) -> bool {
         let cs = self.base().version.index.chunk_sectors() as u64;
@@ -576,12 +592,12 @@ impl CasDev {
                         .into_iter()
                         .filter(|j| j.base == base.id)
                         .flat_map(|j| j.chunks)
-                        .filter(|&i| dev.reads_base(i))
+                        .filter(|&i| !dev.guest_read_chunk(i) && dev.reads_base(i))
                         .collect();
                     for part in todo.chunks(READAHEAD_BATCH) {
                         // Without a shared cache, the chunks stay in memory
                         // until they are in the private cache.
-                        match base.fetch_together(part, !shared) {
+                        match base.fetch_together(part, Together::Ahead { keep: !shared }) {
                             Ok(got) => {
                                 tracing::trace!(
                                     "read-ahead: {} of chunks {}..={} fetched",
@@ -592,8 +608,7 @@ impl CasDev {
                                 if shared || dev.read_only {
                                     continue;
                                 }
-                                for (i, g) in got {
-                                    let data = g.data.expect("fetched");
+                                for (i, data) in got {
                                     if let Err(e) = dev.fill_clean(i, &data) {
                                         tracing::warn!("read-ahead: cannot keep chunk {i}: {e}");
                                     }
@@ -683,6 +698,11 @@ impl CasDev {
         let idx = &base.version.index;
         let cs = idx.chunk_size as u64;
         let (c0, c1) = ((a / cs) as usize, ((b - 1) / cs) as usize);
+        for c in c0..=c1 {
+            if let Some(w) = self.guest_read.get(c / 64) {
+                w.fetch_or(1 << (c % 64), Ordering::Relaxed);
+            }
+        }
         let next = self
             .ahead
             .lock()
