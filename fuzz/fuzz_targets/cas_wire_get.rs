@@ -83,7 +83,11 @@ fuzz_target!(|data: &[u8]| {
                 })
                 .sum();
             assert!(bytes as u64 <= MAX_GET_BYTES);
-            assert_eq!(wire::encode_get_answer(&got), b, "answer does not re-encode to its input");
+            assert_eq!(
+                wire::encode_get_answer(&got),
+                b,
+                "answer does not re-encode to its input"
+            );
         }
         Err(e) => assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}"),
     }

@@ -857,7 +857,18 @@ mod tests {
                 b.extend(3u32.to_le_bytes());
                 b.extend([wire::GOT_FOUND, 9, 0, 0, 0]);
                 b.extend(b"an object");
-                b.extend([wire::GOT_MISSING, 0, 0, 0, 0, wire::GOT_NOT_SENT, 0, 0, 0, 0]);
+                b.extend([
+                    wire::GOT_MISSING,
+                    0,
+                    0,
+                    0,
+                    0,
+                    wire::GOT_NOT_SENT,
+                    0,
+                    0,
+                    0,
+                    0,
+                ]);
                 wire::parse_get_answer(&b, 3).map(|g| g.len())
             };
             assert_eq!(got.unwrap_or_else(|e| panic!("{name}: {e}")), 3, "{name}");
