@@ -258,6 +258,29 @@ pub fn cas_wire() -> Seeds {
 
 /// A pack of sealed chunks, as a local store writes one: header, objects
 /// back to back, index and trailer (`docs/formats/cas-pack.md`).
+pub fn cas_wire_get() -> Seeds {
+    let ids = [ChunkId([1; 32]), ChunkId([2; 32]), ChunkId([3; 32])];
+    let request = wire::encode_get_request(&ids);
+    let got = [
+        wire::Got::Found(b"an object".to_vec()),
+        wire::Got::Missing,
+        wire::Got::NotSent,
+    ];
+    let mut answer = vec![3u8];
+    answer.extend(wire::encode_get_answer(&got));
+    // The same entries for the framing of the fix-up mode: status, then a
+    // length and the object for a found one.
+    let mut framed = vec![0u8, wire::GOT_FOUND, 9];
+    framed.extend(b"an object");
+    framed.extend([wire::GOT_MISSING, wire::GOT_NOT_SENT]);
+    vec![
+        ("request".into(), with_mode(0, &request)),
+        ("request-fix".into(), with_mode(FIXUP, &request)),
+        ("answer".into(), with_mode(2, &answer)),
+        ("answer-fix".into(), with_mode(2 | FIXUP, &framed)),
+    ]
+}
+
 fn pack_of(hash: HashKind, contents: &[&[u8]]) -> Vec<u8> {
     let codec = ChunkCodec {
         hash,
@@ -785,6 +808,7 @@ pub fn all() -> Vec<(&'static str, Seeds)> {
         ("cas_version", cas_version()),
         ("cas_session_map", cas_session_map()),
         ("cas_wire", cas_wire()),
+        ("cas_wire_get", cas_wire_get()),
         ("cas_pack", cas_pack()),
         ("cas_store_config", cas_store_config()),
         ("cas_store_users", cas_store_users()),
@@ -822,6 +846,33 @@ mod tests {
             }
         }
         let get = |t: &str| all.iter().find(|(n, _)| *n == t).unwrap().1.clone();
+        for (name, s) in get("cas_wire_get") {
+            let got = if s[0] & 2 == 0 {
+                wire::parse_get_request(&s[1..]).map(|ids| ids.len())
+            } else if s[0] & FIXUP == 0 {
+                wire::parse_get_answer(&s[2..], s[1] as usize).map(|g| g.len())
+            } else {
+                // What the target frames from these entries.
+                let mut b = wire::GET_MAGIC.to_vec();
+                b.extend(3u32.to_le_bytes());
+                b.extend([wire::GOT_FOUND, 9, 0, 0, 0]);
+                b.extend(b"an object");
+                b.extend([
+                    wire::GOT_MISSING,
+                    0,
+                    0,
+                    0,
+                    0,
+                    wire::GOT_NOT_SENT,
+                    0,
+                    0,
+                    0,
+                    0,
+                ]);
+                wire::parse_get_answer(&b, 3).map(|g| g.len())
+            };
+            assert_eq!(got.unwrap_or_else(|e| panic!("{name}: {e}")), 3, "{name}");
+        }
         for (name, s) in get("cas_catalog") {
             let mut b = s[1..].to_vec();
             if s[0] & FIXUP != 0 {

@@ -1,6 +1,6 @@
 //! The layer kinds of this crate for stack specs:
 //!
-//! - `cas[store=S,key-file=F,token-file=T,ca=C,zero-detect=on|off,prefetch=on|off]:SESSION` — a session's
+//! - `cas[store=S,key-file=F,token-file=T,ca=C,zero-detect=on|off,prefetch=on|off,readahead=on|off]:SESSION` — a session's
 //!   writable disk (see `crate::session`);
 //! - `cas-version[store=S,key-file=F,token-file=T,ca=C]:USER/IMAGE[@REV]` — a committed
 //!   version, read-only (time travel without materialising).
@@ -52,6 +52,7 @@ pub static CAS: LayerKind = LayerKind {
         ("shared-cache", "the host's shared chunk cache: a folder, or off (default $ROAMDISK_SHARED_CACHE, else ~/.cache/roamdisk/shared)"),
         ("lookaside", "media tried before the store, separated by '+': chunk-store folders (a resume set), image files (raw, or qcow2 read through qemu-nbd), block devices; every chunk found is verified"),
         ("prefetch", "fetch the base version's recorded working set in the background, in the order it was first read (on/off, default on)"),
+        ("readahead", "while the guest reads the base in sequence, fetch the next 4 to 32 chunks in the background, together (on/off, default on)"),
     ],
     wraps: false,
     inner_read_only: false,
@@ -66,9 +67,11 @@ pub static CAS: LayerKind = LayerKind {
             shared_cache: SharedChoice::parse(ctx.opt("shared-cache")),
             lookaside: crate::lookaside::parse_media(ctx.opt("lookaside")),
             no_prefetch: ctx.flag("cas", "prefetch")? == Some(false),
+            no_readahead: ctx.flag("cas", "readahead")? == Some(false),
         };
         let dev = Arc::new(CasDev::open(&dir, &opts, ctx.registry)?);
         dev.start_prefetch();
+        dev.start_readahead();
         Ok(dev as Arc<dyn BlockDev>)
     },
 };

@@ -72,6 +72,11 @@ struct Flight {
     cv: Condvar,
 }
 
+/// Most chunks of one read fetched together (at most half the in-memory
+/// cache, which keeps them until the read copies them).
+const FETCH_TOGETHER: usize = 32;
+const _: () = assert!(FETCH_TOGETHER * 2 <= CACHE_CHUNKS);
+
 /// Objects gathered per batch (one request to the store for those no
 /// cache or medium holds).
 pub const GATHER_BATCH: usize = 64;
@@ -313,7 +318,7 @@ impl VersionView {
             None => vec![false; ids.len()],
         };
         let mut out: Vec<Option<Gathered>> = Vec::with_capacity(wanted.len());
-        let mut from_store = Vec::new();
+        let mut missing = Vec::new();
         for (k, w) in wanted.iter().enumerate() {
             if let (true, Some(sc)) = (cached[k], &self.shared) {
                 let mut data = None;
@@ -328,6 +333,34 @@ impl VersionView {
                     continue;
                 }
             }
+            missing.push(k);
+            out.push(None);
+        }
+        let asked: Vec<Wanted> = missing.iter().map(|&k| wanted[k]).collect();
+        for (&k, g) in missing.iter().zip(self.fetch_missing(&asked)?) {
+            out[k] = Some(g);
+        }
+        let mut out: Vec<Gathered> = out.into_iter().map(|g| g.expect("gathered")).collect();
+        if let Some(sc) = &self.shared {
+            let items: Vec<(ChunkId, Arc<Vec<u8>>)> = missing
+                .iter()
+                .map(|&k| (wanted[k].id, out[k].data.clone().expect("fetched")))
+                .collect();
+            for (&k, a) in missing.iter().zip(sc.insert_many_now(&items)) {
+                out[k].refused = a? == Admission::Refused;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Objects no cache holds: each from a lookaside medium, else from the
+    /// store — all of those in one `get_many` (batched requests to a chunk
+    /// server), verified in parallel. Results, with data, in the order
+    /// asked; the first object that cannot be had fails the lot.
+    fn fetch_missing(&self, wanted: &[Wanted]) -> Result<Vec<Gathered>> {
+        let mut out: Vec<Option<Gathered>> = Vec::with_capacity(wanted.len());
+        let mut from_store = Vec::new();
+        for (k, w) in wanted.iter().enumerate() {
             if let Some(d) = self.find_lookaside(w) {
                 out.push(Some(Gathered::new(Some(Arc::new(d)), Source::Lookaside)));
                 continue;
@@ -361,20 +394,129 @@ impl VersionView {
                 out[k] = Some(Gathered::new(Some(Arc::new(d)), Source::Store));
             }
         }
-        let mut out: Vec<Gathered> = out.into_iter().map(|g| g.expect("gathered")).collect();
-        if let Some(sc) = &self.shared {
-            let new: Vec<usize> = (0..out.len())
-                .filter(|&k| out[k].source != Source::SharedCache)
-                .collect();
-            let items: Vec<(ChunkId, Arc<Vec<u8>>)> = new
+        Ok(out.into_iter().map(|g| g.expect("fetched")).collect())
+    }
+
+    /// Fetch disk chunks `chunks` together — one batched request to the
+    /// store for those no lookaside medium holds — skipping those a cache
+    /// holds (the in-memory one, the shared cache) and those already being
+    /// fetched; readers of the chunks it fetches wait for it rather than
+    /// fetch them again. What arrives is handed to the shared cache (in
+    /// the background, as a single fetch is). Returns the chunks it
+    /// fetched, with their data; for a [`Together::Read`], also those
+    /// others were fetching, once they arrive. A guest read spanning
+    /// chunks fetches them this way, and a session's read-ahead does.
+    pub fn fetch_together(
+        &self,
+        chunks: &[usize],
+        who: Together,
+    ) -> Result<Vec<(usize, Arc<Vec<u8>>)>> {
+        let idx = &self.version.index;
+        let mut ids = std::collections::HashSet::new();
+        let mut todo: Vec<usize> = {
+            let c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            chunks
                 .iter()
-                .map(|&k| (wanted[k].id, out[k].data.clone().expect("fetched")))
+                .copied()
+                .filter(|&i| {
+                    let id = idx.ids[i];
+                    !id.is_zero() && !c.iter().any(|(k, _)| *k == i) && ids.insert(id)
+                })
+                .collect()
+        };
+        if let (Some(sc), false) = (&self.shared, todo.is_empty()) {
+            let ids: Vec<ChunkId> = todo.iter().map(|&i| idx.ids[i]).collect();
+            let held = sc.contains_many(&ids)?;
+            todo = todo
+                .into_iter()
+                .zip(held)
+                .filter(|(_, h)| !h)
+                .map(|(i, _)| i)
                 .collect();
-            for (&k, a) in new.iter().zip(sc.insert_many_now(&items)) {
-                out[k].refused = a? == Admission::Refused;
+        }
+        // Fetches of these chunks others have under way.
+        let mut others = Vec::new();
+        let mut landing = Landing {
+            view: self,
+            flights: {
+                let mut m = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+                let mut mine = Vec::with_capacity(todo.len());
+                for i in todo {
+                    match m.entry(i) {
+                        std::collections::hash_map::Entry::Vacant(e) => {
+                            let f = Arc::new(Flight::default());
+                            e.insert(f.clone());
+                            mine.push((i, f));
+                        }
+                        std::collections::hash_map::Entry::Occupied(e) => {
+                            others.push((i, e.get().clone()))
+                        }
+                    }
+                }
+                mine
+            },
+        };
+        let keep = match who {
+            Together::Read => true,
+            Together::Ahead { keep } => keep,
+        };
+        let mut out = Vec::with_capacity(landing.flights.len() + others.len());
+        if !landing.flights.is_empty() {
+            let wanted: Vec<Wanted> = landing
+                .flights
+                .iter()
+                .map(|(i, _)| self.disk_chunk(*i))
+                .collect();
+            let got = self.fetch_missing(&wanted)?;
+            // Land them one by one, from the last: whatever is left if this
+            // stops early is landed by `landing`.
+            for g in got.into_iter().rev() {
+                let (i, flight) = landing.flights.pop().expect("one flight per chunk");
+                let data = g.data.expect("fetched");
+                if let Some(sc) = &self.shared {
+                    sc.insert(idx.ids[i], data.clone());
+                }
+                if keep {
+                    self.remember(i, data.clone());
+                }
+                self.land(i, &flight, Some(data.clone()));
+                out.push((i, data));
+            }
+        }
+        if let Together::Read = who {
+            // The read needs these too: wait for them here rather than
+            // find them gone from the in-memory cache and fetch them again.
+            for (i, f) in others {
+                let mut d = f.done.lock().unwrap_or_else(|e| e.into_inner());
+                while d.is_none() {
+                    d = f.cv.wait(d).unwrap_or_else(|e| e.into_inner());
+                }
+                if let Some(Some(data)) = d.as_ref() {
+                    out.push((i, data.clone()));
+                }
             }
         }
         Ok(out)
+    }
+
+    /// Keep chunk `i` in the in-memory cache.
+    fn remember(&self, i: usize, data: Arc<Vec<u8>>) {
+        let mut c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if !c.iter().any(|(k, _)| *k == i) {
+            c.insert(0, (i, data));
+            c.truncate(CACHE_CHUNKS);
+        }
+    }
+
+    /// A fetch of chunk `i` is over: hand its readers the chunk (`None`:
+    /// it failed, each fetches for itself and gets its own error).
+    fn land(&self, i: usize, flight: &Flight, data: Option<Arc<Vec<u8>>>) {
+        *flight.done.lock().unwrap_or_else(|e| e.into_inner()) = Some(data);
+        flight.cv.notify_all();
+        self.inflight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&i);
     }
 
     /// The decoded content of chunk `i` (all zeroes for no chunk).
@@ -393,11 +535,7 @@ impl VersionView {
             }
         }
         let data = self.fetch_once(i)?;
-        let mut c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if !c.iter().any(|(k, _)| *k == i) {
-            c.insert(0, (i, data.clone()));
-            c.truncate(CACHE_CHUNKS);
-        }
+        self.remember(i, data.clone());
         Ok(data)
     }
 
@@ -434,12 +572,7 @@ impl VersionView {
                     .fetch_add(d.len() as u64, Ordering::Relaxed);
             }),
         };
-        *flight.done.lock().unwrap_or_else(|e| e.into_inner()) = Some(got.as_ref().ok().cloned());
-        flight.cv.notify_all();
-        self.inflight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&i);
+        self.land(i, &flight, got.as_ref().ok().cloned());
         let data = got?;
         if let Some(sc) = &self.shared {
             sc.insert(self.version.index.ids[i], data.clone());
@@ -527,6 +660,33 @@ impl VersionView {
     }
 }
 
+/// Who fetches chunks together ([`VersionView::fetch_together`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Together {
+    /// A read spanning them: it keeps them in the in-memory cache, and
+    /// waits for (and gets) those others are fetching.
+    Read,
+    /// The read-ahead: it waits for nobody; `keep` them in the in-memory
+    /// cache until they are in the private cache (no shared cache).
+    Ahead { keep: bool },
+}
+
+/// Fetches a [`VersionView::fetch_together`] registered and has not landed
+/// yet: landed as failed when it returns early (an error, a panic), so no
+/// reader waits for them forever.
+struct Landing<'a> {
+    view: &'a VersionView,
+    flights: Vec<(usize, Arc<Flight>)>,
+}
+
+impl Drop for Landing<'_> {
+    fn drop(&mut self) {
+        for (i, f) in self.flights.drain(..) {
+            self.view.land(i, &f, None);
+        }
+    }
+}
+
 fn check_len(data: &[u8], want: usize, id: &ChunkId) -> Result<()> {
     if data.len() != want {
         return Err(crate::error::corrupt(format!(
@@ -559,8 +719,15 @@ impl BlockDev for VersionView {
         }
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
-        let cs = self.version.index.chunk_size as u64;
+        let idx = &self.version.index;
+        let cs = idx.chunk_size as u64;
         let end = off + buf.len() as u64;
+        let last = (end.max(off + 1) - 1) / cs;
+        // Chunks below this were fetched together (or tried) already; what
+        // that fetch brought is copied from here (the in-memory cache may
+        // have let it go by then, with many reads in flight).
+        let mut together = 0;
+        let mut brought: Vec<(usize, Arc<Vec<u8>>)> = Vec::new();
         let mut pos = off;
         while pos < end {
             let i = (pos / cs) as usize;
@@ -572,7 +739,29 @@ impl BlockDev for VersionView {
             if self.zero_sectors(i, s0, s1) {
                 dst.fill(0);
             } else if !self.read_shared(i, dst, within as usize)? {
-                let c = self.chunk(i)?;
+                if (i as u64) < last && i >= together {
+                    // The read goes on into the next chunks: fetch the
+                    // missing ones together, one request. Best effort: a
+                    // chunk it could not fetch is fetched alone below and
+                    // reports its own error.
+                    let to = (i + FETCH_TOGETHER).min(last as usize + 1);
+                    let group: Vec<usize> = (i..to)
+                        .filter(|&j| {
+                            !self.zero_sectors(j, 0, idx.chunk_len(j).div_ceil(SECTOR as usize))
+                        })
+                        .collect();
+                    match self.fetch_together(&group, Together::Read) {
+                        Ok(got) => brought = got,
+                        Err(e) => {
+                            tracing::debug!("fetching chunks {i}..{to} together failed: {e}")
+                        }
+                    }
+                    together = to;
+                }
+                let c = match brought.iter().find(|(j, _)| *j == i) {
+                    Some((_, d)) => d.clone(),
+                    None => self.chunk(i)?,
+                };
                 dst.copy_from_slice(&c[within as usize..(within + n) as usize]);
             }
             pos += n;

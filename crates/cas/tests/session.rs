@@ -192,6 +192,64 @@ fn session_round_trip_encrypted() {
     run(true);
 }
 
+/// Regression: a FUA write deadlocked on itself. `write_at` held the stripe
+/// locks of the chunk it wrote while its FUA flush kept the chunks the
+/// shared cache had refused in the private cache, which takes the same
+/// locks: a guest that read a chunk the full cache then refused, and wrote
+/// into that chunk with FUA, hung that NBD request and every later one
+/// (seen as a hang of `cas_session_cache`'s full-cache test once reads
+/// fetched several chunks at a time). The flush now runs after the locks
+/// are released.
+#[test]
+fn a_fua_write_into_a_chunk_the_shared_cache_refused_does_not_hang() {
+    use roamdisk_cas::cache::{CacheOptions, SharedCache, SharedChoice};
+    let (t, _st, v1, _) = setup(false);
+    let scdir = t.path().join("shared");
+    let sc = SharedCache::open(
+        &scdir,
+        &CacheOptions {
+            size: 2 * 65536,
+            unit: 65536,
+            policy: "lru".into(),
+        },
+    )
+    .unwrap();
+    let sdir = t.path().join("sess");
+    let cfg = SessionConfig::new(t.path().join("store").to_str().unwrap(), "alice/desk");
+    session::create(&sdir, &cfg, v1, SIZE).unwrap();
+    let opts = SessionOpen {
+        shared_cache: SharedChoice::Dir(scdir.clone()),
+        ..Default::default()
+    };
+    let dev = Arc::new(CasDev::open(&sdir, &opts, &Registry::with_builtin()).unwrap());
+    let mut buf = vec![0u8; 4096];
+    // Fill the cache with pinned chunks 0 and 1.
+    for c in 0..2u64 {
+        dev.read_at(&mut buf, c * 65536).unwrap();
+    }
+    dev.base().shared_cache().unwrap().sync().unwrap();
+    assert_eq!(sc.usage().unwrap().0, 2);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = dev.clone();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 4096];
+        // Chunk 5 is refused in the background, then written with FUA.
+        let r = d
+            .read_at(&mut buf, 5 * 65536)
+            .and_then(|_| d.write_at(&[0x5a; 4096], 5 * 65536 + 8192, WriteFlags { fua: true }));
+        let _ = tx.send(r);
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the FUA write hung")
+        .unwrap();
+    let mut got = vec![0u8; 65536];
+    dev.read_at(&mut got, 5 * 65536).unwrap();
+    let model = read_all(&base_disk());
+    assert_eq!(got[..8192], model[5 * 65536..][..8192]);
+    assert!(got[8192..12288].iter().all(|&x| x == 0x5a));
+    assert_eq!(got[12288..], model[5 * 65536 + 12288..][..65536 - 12288]);
+}
+
 /// Seed section 3.3: when the shared cache is full of chunks that running
 /// sessions still need (pinned), a chunk it cannot keep goes into the
 /// reading session's private cache (its sectors become CLEAN) and is never

@@ -4,7 +4,8 @@
 //! needs ([`need`]) and whether the user may, hands the handlers the
 //! [`Caller`], and logs every refusal — its own 401/403s and the
 //! handlers' 4xx answers (a chunk that does not match its name, a bad
-//! request) — at warn with user, peer, method, path and reason.
+//! request) — at warn with user, peer, method, path and reason. Every
+//! request a handler answered is logged at debug (`-vv`: an access log).
 //!
 //! The users file is checked on every request (one `stat`): when it was
 //! replaced or changed it is read again, so `roamdisk store user revoke`
@@ -169,6 +170,7 @@ pub fn need<'a>(method: &Method, path: &'a str) -> Need<'a> {
     let read = matches!(m, "GET" | "HEAD");
     match (segs.as_slice(), m) {
         (["v1", "store" | "time"], _) if read => Need::User,
+        (["v1", "objects", "get"], "POST") => Need::User,
         (["v1", "objects", _], "PUT") => Need::User,
         (["v1", "objects", _], _) if read => Need::User,
         (["v1", "objects", _], "DELETE") => Need::Admin("remove objects"),
@@ -297,6 +299,14 @@ pub async fn gate(State(g): State<Gate>, mut req: Request, next: Next) -> Respon
     let who = caller.name().to_string();
     req.extensions_mut().insert(caller);
     let resp = next.run(req).await;
+    // The access log (-vv): one line per request a handler answered.
+    tracing::debug!(
+        user = %who,
+        method = %method,
+        path = %path,
+        status = resp.status().as_u16(),
+        "request served"
+    );
     if !REFUSALS.contains(&resp.status()) {
         return resp;
     }
@@ -326,6 +336,11 @@ mod tests {
         assert_eq!(need(&get, "/v1/store"), Need::User);
         assert_eq!(need(&Method::HEAD, id), Need::User);
         assert_eq!(need(&Method::PUT, id), Need::User);
+        assert_eq!(need(&Method::POST, "/v1/objects/get"), Need::User);
+        assert!(matches!(
+            need(&Method::POST, "/v1/objects/00"),
+            Need::Admin(_)
+        ));
         assert!(matches!(need(&Method::DELETE, id), Need::Admin(_)));
         assert!(matches!(need(&get, "/v1/objects"), Need::Admin(_)));
         assert!(matches!(need(&get, "/v1/leases"), Need::Admin(_)));

@@ -109,6 +109,44 @@ async fn put_object(State(s): State<St>, Path(hex): Path<String>, body: Bytes) -
     }
 }
 
+/// `POST /v1/objects/get`: many objects in one answer, read as one batch
+/// (a throttled store charges one latency and every byte), at most
+/// `wire::MAX_GET_BYTES` of them; what does not fit or cannot be read is
+/// "not sent" and the client asks again.
+async fn get_objects(State(s): State<St>, body: Bytes) -> Response {
+    let r = blocking(move || {
+        let ids = wire::parse_get_request(&body)?;
+        let got: Vec<wire::Got> = s
+            .get_many_within(&ids, wire::MAX_GET_BYTES)
+            .into_iter()
+            .zip(&ids)
+            .map(|(r, id)| match r {
+                Some(Ok(b)) => wire::Got::Found(b),
+                Some(Err(e)) if e.kind() == ErrorKind::NotFound => wire::Got::Missing,
+                Some(Err(e)) => {
+                    tracing::warn!("batch get: object {id} not sent: {e}");
+                    wire::Got::NotSent
+                }
+                None => wire::Got::NotSent,
+            })
+            .collect();
+        let count = |f: fn(&wire::Got) -> bool| got.iter().filter(|g| f(g)).count();
+        tracing::debug!(
+            asked = ids.len(),
+            found = count(|g| matches!(g, wire::Got::Found(_))),
+            missing = count(|g| matches!(g, wire::Got::Missing)),
+            not_sent = count(|g| matches!(g, wire::Got::NotSent)),
+            "batch get"
+        );
+        Ok(wire::encode_get_answer(&got))
+    })
+    .await;
+    match r {
+        Ok(b) => b.into_response(),
+        Err(r) => r,
+    }
+}
+
 #[derive(serde::Deserialize)]
 struct OlderThan {
     #[serde(rename = "older-than")]
@@ -315,11 +353,18 @@ async fn recover(State(s): State<St>, Query(q): Query<Cutoff>) -> Response {
     }
 }
 
-/// The router of the chunk server over `store`, behind `gate`.
-pub fn router(store: DynStore, gate: Gate) -> Router {
+/// The router of the chunk server over `store`, behind `gate`; without
+/// `batch_get` it answers `POST /v1/objects/get` as a server from before
+/// that request did (405), so clients' fallback can be tested.
+pub fn router(store: DynStore, gate: Gate, batch_get: bool) -> Router {
     let st: St = Arc::new(store);
-    Router::new()
-        .route("/v1/store", get(store_settings))
+    let r = Router::new();
+    let r = if batch_get {
+        r.route("/v1/objects/get", post(get_objects))
+    } else {
+        r
+    };
+    r.route("/v1/store", get(store_settings))
         .route("/v1/time", get(time))
         .route("/v1/objects", get(list_objects))
         .route(
@@ -352,6 +397,9 @@ pub struct ServerOptions {
     pub users: Option<Arc<UsersWatch>>,
     /// Serve without TLS, or without users, on a non-loopback address.
     pub insecure: bool,
+    /// Answer batch gets (`POST /v1/objects/get`); off only to stand in for
+    /// an older server.
+    pub batch_get: bool,
 }
 
 impl ServerOptions {
@@ -362,6 +410,7 @@ impl ServerOptions {
             tls: None,
             users: None,
             insecure: false,
+            batch_get: true,
         }
     }
 
@@ -420,6 +469,7 @@ pub async fn serve(
         Gate {
             users: opts.users.clone(),
         },
+        opts.batch_get,
     )
     .into_make_service_with_connect_info::<SocketAddr>();
     let handle = axum_server::Handle::new();

@@ -6,10 +6,17 @@
 //! ZERO with no data written (P1, switchable); any other sector is written
 //! to the private cache and becomes DIRTY. A flush makes the cache durable
 //! and then appends the changed states to the session map.
+//!
+//! In the background, a session fetches its base version's recorded
+//! working set ([`CasDev::start_prefetch`]) and, while the guest reads
+//! EMPTY sectors in sequence, the chunks that come next
+//! ([`CasDev::start_readahead`], `readahead.rs`).
 
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, OnceLock, RwLock};
 
 use roamdisk_blockdev::overlay::OverlayMap;
 use roamdisk_blockdev::Access;
@@ -19,6 +26,7 @@ use roamdisk_blockdev::{
 };
 
 use super::map::Header;
+use super::readahead::Tracker;
 use super::workset::Recorder;
 use super::SessionConfig;
 use crate::cache::pins::PinGuard;
@@ -30,7 +38,7 @@ use crate::index::{SectorState, SECTOR};
 use crate::store::http::Credentials;
 use crate::store::{DynStore, StoreConfig};
 use crate::version::Version;
-use crate::view::{GatherStats, VersionView};
+use crate::view::{GatherStats, Together, VersionView};
 
 /// Sectors that share a lock stripe for read-modify-write.
 const STRIPE_SECTORS: u64 = 128;
@@ -54,6 +62,9 @@ pub struct SessionOpen {
     /// Do not fetch the base version's working set in the background
     /// ([`CasDev::start_prefetch`] does nothing).
     pub no_prefetch: bool,
+    /// Do not fetch ahead of the guest's sequential reads
+    /// ([`CasDev::start_readahead`] does nothing).
+    pub no_readahead: bool,
 }
 
 /// Where a sector reads from.
@@ -150,7 +161,22 @@ pub struct CasDev {
     /// The chunks the guest read from the base (writable sessions).
     workset: Option<Recorder>,
     no_prefetch: bool,
+    no_readahead: bool,
+    /// Where the guest's sequential runs are.
+    ahead: Mutex<Tracker>,
+    /// The read-ahead thread's queue (once started).
+    ahead_tx: OnceLock<mpsc::Sender<Ahead>>,
+    /// One bit per disk chunk: the guest read it since the session
+    /// opened. The read-ahead fetches only what the guest has not read:
+    /// with many reads in flight the guest is often ahead of a window.
+    guest_read: Vec<AtomicU64>,
     _lock: File,
+}
+
+/// Chunks of a base version to fetch ahead of the guest.
+struct Ahead {
+    base: ChunkId,
+    chunks: Range<usize>,
 }
 
 /// How far the background fetch of a working set has come.
@@ -169,6 +195,8 @@ pub struct PrefetchStatus {
 
 /// Working-set chunks fetched per batch (one request to the store).
 const PREFETCH_BATCH: usize = 16;
+/// Most chunks the read-ahead fetches together.
+const READAHEAD_BATCH: usize = super::readahead::MAX;
 
 impl CasDev {
     /// Open the session in `dir`. `registry` opens the private cache.
@@ -234,10 +262,17 @@ impl CasDev {
                 cache.size()
             )));
         }
-        let workset = (!opts.read_only).then(|| Recorder::load(dir, base.version.index.records()));
+        let base_records = base.version.index.records();
+        let workset = (!opts.read_only).then(|| Recorder::load(dir, base_records));
         let dev = CasDev {
             workset,
             no_prefetch: opts.no_prefetch,
+            no_readahead: opts.no_readahead,
+            ahead: Mutex::new(Tracker::default()),
+            ahead_tx: OnceLock::new(),
+            guest_read: (0..base_records.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             dir: dir.to_path_buf(),
             zero_detect: opts.zero_detect.unwrap_or(config.zero_detect),
             config,
@@ -413,6 +448,13 @@ impl CasDev {
         Ok(())
     }
 
+    /// Whether the guest read chunk `i` since the session opened.
+    fn guest_read_chunk(&self, i: usize) -> bool {
+        self.guest_read
+            .get(i / 64)
+            .is_some_and(|w| w.load(Ordering::Relaxed) & (1 << (i % 64)) != 0)
+    }
+
     /// Whether some sector of base chunk `i` still reads from the base.
     fn reads_base(&self, i: usize) -> bool {
         let cs = self.base().version.index.chunk_sectors() as u64;
@@ -517,6 +559,73 @@ impl CasDev {
         status
     }
 
+    /// Fetch ahead of the guest's sequential reads of the base, in the
+    /// background (`readahead.rs` decides what): chunks that are local (in
+    /// the private or shared cache) or already being fetched are skipped,
+    /// the rest come together (a batched request to a chunk server), and a
+    /// guest read of a chunk under way waits for that fetch rather than
+    /// making its own. What arrives goes to the shared cache or, when that
+    /// is off, into the private cache as CLEAN, as the working-set
+    /// prefetch does. Does nothing with `readahead=off`, or for a read-only
+    /// session with no shared cache (nowhere to keep the chunks).
+    pub fn start_readahead(self: &Arc<Self>) {
+        let base = self.base();
+        let shared = base.shared_cache().is_some();
+        if self.no_readahead || (self.read_only && !shared) {
+            return;
+        }
+        let (tx, rx) = mpsc::channel::<Ahead>();
+        if self.ahead_tx.set(tx).is_err() {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("cas-readahead".into())
+            .spawn(move || {
+                // Ends when the session closes (its end of the queue goes).
+                while let Ok(first) = rx.recv() {
+                    let mut jobs = vec![first];
+                    jobs.extend(rx.try_iter());
+                    let Some(dev) = weak.upgrade() else { break };
+                    let base = dev.base();
+                    let todo: Vec<usize> = jobs
+                        .into_iter()
+                        .filter(|j| j.base == base.id)
+                        .flat_map(|j| j.chunks)
+                        .filter(|&i| !dev.guest_read_chunk(i) && dev.reads_base(i))
+                        .collect();
+                    for part in todo.chunks(READAHEAD_BATCH) {
+                        // Without a shared cache, the chunks stay in memory
+                        // until they are in the private cache.
+                        match base.fetch_together(part, Together::Ahead { keep: !shared }) {
+                            Ok(got) => {
+                                tracing::trace!(
+                                    "read-ahead: {} of chunks {}..={} fetched",
+                                    got.len(),
+                                    part[0],
+                                    part[part.len() - 1]
+                                );
+                                if shared || dev.read_only {
+                                    continue;
+                                }
+                                for (i, data) in got {
+                                    if let Err(e) = dev.fill_clean(i, &data) {
+                                        tracing::warn!("read-ahead: cannot keep chunk {i}: {e}");
+                                    }
+                                }
+                            }
+                            // The guest's own reads fetch what this could not
+                            // and report why.
+                            Err(e) => tracing::debug!("read-ahead stopped short: {e}"),
+                        }
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start the read-ahead: {e}");
+        }
+    }
+
     /// Best effort: let the cache release space of sectors that no longer
     /// hold data (whole 4 KiB blocks only).
     fn release_cache(&self, s0: u64, s1: u64) {
@@ -576,6 +685,37 @@ impl CasDev {
         })
     }
 
+    /// The guest reads bytes `[a, b)`: if that continues a sequential run,
+    /// queue the chunks that come next for the read-ahead thread (the guest
+    /// does not wait for them; the thread skips those that are local).
+    /// Every read counts, whatever its sectors' states: the chunks the
+    /// read-ahead put into the private cache read as CLEAN, and a run
+    /// through them must go on.
+    fn read_ahead(&self, base: &VersionView, a: u64, b: u64) {
+        let Some(tx) = self.ahead_tx.get().filter(|_| b > a) else {
+            return;
+        };
+        let idx = &base.version.index;
+        let cs = idx.chunk_size as u64;
+        let (c0, c1) = ((a / cs) as usize, ((b - 1) / cs) as usize);
+        for c in c0..=c1 {
+            if let Some(w) = self.guest_read.get(c / 64) {
+                w.fetch_or(1 << (c % 64), Ordering::Relaxed);
+            }
+        }
+        let next = self
+            .ahead
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .on_read(c0, c1, idx.records());
+        if let Some(chunks) = next {
+            let _ = tx.send(Ahead {
+                base: base.id,
+                chunks,
+            });
+        }
+    }
+
     /// Keep the recorded working set (a hint: failures are logged only).
     fn save_working_set(&self, now: bool) {
         if let Some(ws) = &self.workset {
@@ -627,6 +767,7 @@ impl BlockDev for CasDev {
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
         let base = self.base();
+        self.read_ahead(&base, off, off + buf.len() as u64);
         self.read_inner(&base, buf, off)?;
         self.keep_refused(&base)
     }
@@ -637,18 +778,22 @@ impl BlockDev for CasDev {
         // cache from the base, must not interleave with a write.
         let a = off / SECTOR * SECTOR;
         let b = end.div_ceil(SECTOR) * SECTOR;
-        let _guards = self.lock_stripes(a / SECTOR, b / SECTOR);
-        if off.is_multiple_of(SECTOR) && end.is_multiple_of(SECTOR) {
-            self.write_aligned(buf, off)?;
-        } else {
-            let mut tmp = vec![0u8; (b - a) as usize];
-            let base = self.base();
-            self.read_inner(&base, &mut tmp[..SECTOR as usize], a)?;
-            let last = (b - a - SECTOR) as usize;
-            self.read_inner(&base, &mut tmp[last..], b - SECTOR)?;
-            tmp[(off - a) as usize..(end - a) as usize].copy_from_slice(buf);
-            self.write_aligned(&tmp, a)?;
+        {
+            let _guards = self.lock_stripes(a / SECTOR, b / SECTOR);
+            if off.is_multiple_of(SECTOR) && end.is_multiple_of(SECTOR) {
+                self.write_aligned(buf, off)?;
+            } else {
+                let mut tmp = vec![0u8; (b - a) as usize];
+                let base = self.base();
+                self.read_inner(&base, &mut tmp[..SECTOR as usize], a)?;
+                let last = (b - a - SECTOR) as usize;
+                self.read_inner(&base, &mut tmp[last..], b - SECTOR)?;
+                tmp[(off - a) as usize..(end - a) as usize].copy_from_slice(buf);
+                self.write_aligned(&tmp, a)?;
+            }
         }
+        // Not under the stripe locks: a flush may fill the private cache
+        // with chunks the shared cache refused, under those same locks.
         if flags.fua {
             self.flush()?;
         }

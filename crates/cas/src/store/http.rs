@@ -1,13 +1,16 @@
 //! The client of an HTTP chunk server (`roamdisk store serve`): GET, HEAD
-//! and PUT of objects by name, a batch "which of these do you have", refs
-//! with compare-and-swap (ETag / If-Match), leases and gc operations.
-//! Requests run in parallel on a pool of `parallel` connections; transport
-//! errors and 5xx answers are retried with exponential backoff and jitter.
+//! and PUT of objects by name, batch gets (many objects in one request;
+//! object by object from a server that does not know them), a batch
+//! "which of these do you have", refs with compare-and-swap (ETag /
+//! If-Match), leases and gc operations. Requests run in parallel on a
+//! pool of `parallel` connections; transport errors and 5xx answers are
+//! retried with exponential backoff and jitter.
 //! `https://` stores are checked against the system's roots or a CA file;
 //! a token file makes every request carry `Authorization: Bearer`.
 //! Protocol: `docs/formats/cas-http.md`; manual: `docs/store-server.md`.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use rayon::prelude::*;
@@ -20,7 +23,7 @@ use super::{
     StoreConfig,
 };
 use crate::chunk::{HEADER_SIZE, MAX_OBJECT};
-use crate::error::{bad_arg, corrupt, err, io};
+use crate::error::{bad_arg, context, corrupt, err, io, not_found};
 use crate::hash::ChunkId;
 use crate::token::Token;
 
@@ -30,6 +33,9 @@ const ATTEMPTS: u32 = 6;
 const BACKOFF: Duration = Duration::from_millis(100);
 /// Ids per have request.
 const HAVE_BATCH: usize = 16384;
+/// Fewest ids per batch get request when a list is split over several
+/// (a shorter list goes in one request).
+const GET_BATCH_MIN: usize = 16;
 /// The token file used when none is given.
 pub const TOKEN_FILE_ENV: &str = "ROAMDISK_STORE_TOKEN_FILE";
 /// The CA file used when none is given.
@@ -68,6 +74,8 @@ pub struct HttpStore {
     config: StoreConfig,
     pool: rayon::ThreadPool,
     token: Option<Token>,
+    /// The server answers batch gets (until it says it does not know them).
+    batch_get: AtomicBool,
 }
 
 /// An answer: status and body.
@@ -187,6 +195,7 @@ impl HttpStore {
             config: StoreConfig::default(),
             pool,
             token,
+            batch_get: AtomicBool::new(true),
         };
         let a = match (s.call("GET", "/v1/store", None, &[]), &opts.known_config) {
             (Ok(a), _) => a,
@@ -314,6 +323,84 @@ impl HttpStore {
     fn text(a: &Answer) -> String {
         String::from_utf8_lossy(&a.body).trim().to_string()
     }
+
+    /// Objects by name, one GET each, in parallel.
+    fn get_each(&self, ids: &[ChunkId]) -> Vec<Result<Vec<u8>>> {
+        self.pool
+            .install(|| ids.par_iter().map(|id| self.get(id)).collect())
+    }
+
+    /// One batch get of at most `wire::MAX_GET` ids: what the answer did
+    /// not send is asked for again while answers make progress, then
+    /// alone (a GET of one object says why it cannot be had).
+    fn get_batch(&self, ids: &[ChunkId]) -> Vec<Result<Vec<u8>>> {
+        let mut out: Vec<Option<Result<Vec<u8>>>> = ids.iter().map(|_| None).collect();
+        let mut todo: Vec<usize> = (0..ids.len()).collect();
+        while !todo.is_empty() {
+            let ask: Vec<ChunkId> = todo.iter().map(|&k| ids[k]).collect();
+            let got = match self.post_get(&ask) {
+                Ok(Some(got)) => got,
+                // A server without batch gets: object by object, below.
+                Ok(None) => break,
+                Err(e) => {
+                    for &k in &todo {
+                        out[k] = Some(Err(err(e.kind(), Op::Read, e.message())));
+                    }
+                    todo.clear();
+                    break;
+                }
+            };
+            let mut again = Vec::new();
+            for (&k, g) in todo.iter().zip(got) {
+                out[k] = match g {
+                    wire::Got::Found(b) => Some(Ok(b)),
+                    wire::Got::Missing => Some(Err(not_found(format!(
+                        "chunk server {} does not hold object {}",
+                        self.base, ids[k]
+                    )))),
+                    wire::Got::NotSent => {
+                        again.push(k);
+                        None
+                    }
+                };
+            }
+            if again.len() == todo.len() {
+                break;
+            }
+            todo = again;
+        }
+        let rest: Vec<ChunkId> = todo.iter().map(|&k| ids[k]).collect();
+        for (&k, r) in todo.iter().zip(self.get_each(&rest)) {
+            out[k] = Some(r);
+        }
+        out.into_iter()
+            .map(|r| r.expect("every object answered"))
+            .collect()
+    }
+
+    /// `POST /v1/objects/get`: the answer's entries, or `None` from a
+    /// server that does not know the request — 404 or 405 as routers
+    /// answer an unknown one, or 403 from the gate of a server with users,
+    /// which takes an unknown request for an admin's. (A server that knows
+    /// it lets every user make it.)
+    fn post_get(&self, ids: &[ChunkId]) -> Result<Option<Vec<wire::Got>>> {
+        let body = wire::encode_get_request(ids);
+        let a = self.call("POST", "/v1/objects/get", Some(&body), &[])?;
+        if matches!(a.status, 403 | 404 | 405 | 501) {
+            if self.batch_get.swap(false, Ordering::Relaxed) {
+                tracing::info!(
+                    "chunk server {} does not answer batch gets (HTTP {}): fetching objects one by one",
+                    self.base,
+                    a.status
+                );
+            }
+            return Ok(None);
+        }
+        self.expect(&a, &[200], "send a batch of objects")?;
+        wire::parse_get_answer(&a.body, ids.len())
+            .map(Some)
+            .map_err(|e| context(e, format!("chunk server {}", self.base)))
+    }
 }
 
 impl ChunkRead for HttpStore {
@@ -328,9 +415,23 @@ impl ChunkRead for HttpStore {
         self.expect(&a, &[200], &format!("send object {id}"))?;
         Ok(a.body)
     }
+    /// Several objects: a list of one, or any list when the server does
+    /// not answer batch gets, one GET each; else batch gets of at least
+    /// `GET_BATCH_MIN` and at most `wire::MAX_GET` ids, as many in flight
+    /// as the pool has connections.
     fn get_many(&self, ids: &[ChunkId]) -> Vec<Result<Vec<u8>>> {
-        self.pool
-            .install(|| ids.par_iter().map(|id| self.get(id)).collect())
+        if ids.len() <= 1 || !self.batch_get.load(Ordering::Relaxed) {
+            return self.get_each(ids);
+        }
+        let per = ids
+            .len()
+            .div_ceil(self.pool.current_num_threads())
+            .clamp(GET_BATCH_MIN, wire::MAX_GET);
+        let parts: Vec<&[ChunkId]> = ids.chunks(per).collect();
+        let answers: Vec<Vec<Result<Vec<u8>>>> = self
+            .pool
+            .install(|| parts.par_iter().map(|p| self.get_batch(p)).collect());
+        answers.into_iter().flatten().collect()
     }
     fn has_many(&self, ids: &[ChunkId], touch: bool) -> Result<Vec<bool>> {
         let parts: Vec<&[ChunkId]> = ids.chunks(HAVE_BATCH).collect();

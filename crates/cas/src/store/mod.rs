@@ -118,6 +118,43 @@ pub trait ChunkRead: Send + Sync {
     fn get_many(&self, ids: &[ChunkId]) -> Vec<Result<Vec<u8>>> {
         ids.iter().map(|id| self.get(id)).collect()
     }
+    /// [`ChunkRead::get_many`] of `ids` in order while the objects read
+    /// add up to at most `budget` bytes: the first that would pass it and
+    /// every later one are `None` (what a chunk server sends in one batch
+    /// answer). Reads in growing groups, so it holds little more than
+    /// `budget` in memory whatever the objects' sizes. Stores that charge
+    /// per call (the throttle) override it to charge once.
+    fn get_many_within(&self, ids: &[ChunkId], budget: u64) -> Vec<Option<Result<Vec<u8>>>> {
+        /// Objects read first, to learn their size.
+        const FIRST: usize = 8;
+        /// Most objects read together.
+        const MOST: usize = 64;
+        let mut out: Vec<Option<Result<Vec<u8>>>> = Vec::with_capacity(ids.len());
+        let mut used = 0u64;
+        let mut group = FIRST;
+        while out.len() < ids.len() {
+            let part = &ids[out.len()..(out.len() + group).min(ids.len())];
+            let mut full = false;
+            for r in self.get_many(part) {
+                let n = r.as_ref().map_or(0, |b| b.len() as u64);
+                // Past the budget: this one and the rest are not sent.
+                full = full || n > budget - used;
+                if full {
+                    out.push(None);
+                } else {
+                    used += n;
+                    out.push(Some(r));
+                }
+            }
+            if full {
+                out.resize_with(ids.len(), || None);
+                break;
+            }
+            let avg = (used / out.len() as u64).max(1);
+            group = (((budget - used) / avg) as usize).clamp(1, MOST);
+        }
+        out
+    }
     /// Which of `ids` the store holds. With `touch`, every object found
     /// has its reference time refreshed (a commit that reuses an object
     /// must touch it, so a concurrent gc keeps it).

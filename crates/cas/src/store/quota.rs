@@ -50,6 +50,9 @@ impl ChunkRead for QuotaStore {
     fn get_many(&self, ids: &[ChunkId]) -> Vec<Result<Vec<u8>>> {
         self.inner.get_many(ids)
     }
+    fn get_many_within(&self, ids: &[ChunkId], budget: u64) -> Vec<Option<Result<Vec<u8>>>> {
+        self.inner.get_many_within(ids, budget)
+    }
     fn has_many(&self, ids: &[ChunkId], touch: bool) -> Result<Vec<bool>> {
         self.inner.has_many(ids, touch)
     }

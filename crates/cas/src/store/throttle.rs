@@ -2,7 +2,7 @@
 //! objects read cross the link's down direction, objects written its up
 //! direction, and every call waits the link's latency once (the requests
 //! of one `get_many` are in flight together, as an HTTP client sends
-//! them). `roamdisk store serve --limit RATE --latency DELAY` puts it in
+//! them; a `get_many_within` is one batch request of the chunk server). `roamdisk store serve --limit RATE --latency DELAY` puts it in
 //! front of the store it serves, so a client on loopback sees the store
 //! as if it were across a WAN.
 
@@ -51,6 +51,12 @@ impl ChunkRead for ThrottleStore {
     fn get_many(&self, ids: &[ChunkId]) -> Vec<Result<Vec<u8>>> {
         let r = self.inner.get_many(ids);
         let bytes: u64 = r.iter().flatten().map(|b| b.len() as u64).sum();
+        self.down.pass(bytes);
+        r
+    }
+    fn get_many_within(&self, ids: &[ChunkId], budget: u64) -> Vec<Option<Result<Vec<u8>>>> {
+        let r = self.inner.get_many_within(ids, budget);
+        let bytes: u64 = r.iter().flatten().flatten().map(|b| b.len() as u64).sum();
         self.down.pass(bytes);
         r
     }

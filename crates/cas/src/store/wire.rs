@@ -1,10 +1,12 @@
 //! Binary bodies of the HTTP chunk protocol (`docs/formats/cas-http.md`):
-//! the batch "which of these do you have" request and answer, and the
-//! object listing. Pure encoding and parsing (a fuzz target).
+//! the batch "which of these do you have" request and answer, the batch
+//! get (many objects in one request) and the object listing. Pure encoding
+//! and parsing (fuzz targets `cas_wire` and `cas_wire_get`).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::bytes::{Reader, Writer};
+use crate::chunk::{HEADER_SIZE, MAX_OBJECT};
 use crate::error::corrupt;
 use crate::hash::ChunkId;
 use crate::store::ObjectEntry;
@@ -14,6 +16,43 @@ pub const HAVE_MAGIC: [u8; 8] = *b"RDHAVE01";
 pub const LIST_MAGIC: [u8; 8] = *b"RDLIST01";
 /// Most ids in one have request.
 pub const MAX_HAVE: usize = 1 << 20;
+pub const GET_MAGIC: [u8; 8] = *b"RDGETS01";
+/// Most ids in one batch get request.
+pub const MAX_GET: usize = 256;
+/// Most object bytes (the sum of the entries' lengths) in one batch get
+/// answer: what does not fit is "not sent" and asked for again.
+pub const MAX_GET_BYTES: u64 = 32 << 20;
+
+// The batch get answer, per entry: status (u8), length (u32), bytes.
+const G_STATUS: usize = 1;
+const G_LEN: usize = G_STATUS + 4;
+/// Bytes of an entry before its object.
+pub const GET_ENTRY_HEADER: usize = G_LEN;
+/// Bytes of a batch get request or answer before its entries: magic,
+/// count.
+pub const GET_HEADER: usize = 8 + 4;
+/// The longest batch get answer.
+pub const MAX_GET_ANSWER: u64 =
+    GET_HEADER as u64 + (MAX_GET * GET_ENTRY_HEADER) as u64 + MAX_GET_BYTES;
+const _: () = assert!(MAX_GET_BYTES as usize <= MAX_OBJECT + HEADER_SIZE);
+const _: () = assert!(MAX_GET_ANSWER <= u32::MAX as u64);
+
+/// Entry statuses of a batch get answer.
+pub const GOT_MISSING: u8 = 0;
+pub const GOT_FOUND: u8 = 1;
+pub const GOT_NOT_SENT: u8 = 2;
+
+/// One entry of a batch get answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Got {
+    /// The server does not hold the object.
+    Missing,
+    /// The object's stored bytes (its envelope), unverified.
+    Found(Vec<u8>),
+    /// Not in this answer: the answer's byte budget was reached, or the
+    /// server could not read it. Ask again (alone, a GET says why).
+    NotSent,
+}
 
 pub fn encode_have_request(ids: &[ChunkId]) -> Vec<u8> {
     let mut w = Writer::new();
@@ -67,6 +106,117 @@ pub fn parse_have_answer(b: &[u8], expect: usize) -> Result<Vec<bool>> {
     Ok((0..n).map(|i| bits[i / 8] & (1 << (i % 8)) != 0).collect())
 }
 
+pub fn encode_get_request(ids: &[ChunkId]) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.bytes(&GET_MAGIC).u32(ids.len() as u32);
+    for id in ids {
+        w.id(id);
+    }
+    w.buf
+}
+
+/// A batch get request: 1 to [`MAX_GET`] ids.
+pub fn parse_get_request(b: &[u8]) -> Result<Vec<ChunkId>> {
+    let mut r = Reader::new(b, "batch get request");
+    if r.bytes(8, "magic")? != GET_MAGIC {
+        return Err(corrupt("batch get request: bad magic"));
+    }
+    let n = r.u32("count")? as usize;
+    if n == 0 || n > MAX_GET {
+        return Err(corrupt(format!(
+            "batch get request for {n} objects: 1 to {MAX_GET} may be asked for at once"
+        )));
+    }
+    if n * 32 != r.remaining() {
+        return Err(corrupt(format!(
+            "batch get request: count {n} does not match the body"
+        )));
+    }
+    (0..n).map(|_| r.id("id")).collect()
+}
+
+/// The answer to a batch get request. Objects past [`MAX_GET_BYTES`] in
+/// total are written as not sent (the server reads no more than that,
+/// `ChunkRead::get_many_within`, so this only guards the limit).
+pub fn encode_get_answer(got: &[Got]) -> Vec<u8> {
+    let bytes: usize = got
+        .iter()
+        .map(|g| match g {
+            Got::Found(b) => b.len(),
+            _ => 0,
+        })
+        .sum();
+    let mut w = Writer::new();
+    w.buf
+        .reserve(GET_HEADER + got.len() * GET_ENTRY_HEADER + bytes.min(MAX_GET_BYTES as usize));
+    w.bytes(&GET_MAGIC).u32(got.len() as u32);
+    let mut used = 0u64;
+    for g in got {
+        match g {
+            Got::Found(b) if used + b.len() as u64 <= MAX_GET_BYTES => {
+                used += b.len() as u64;
+                w.u8(GOT_FOUND).u32(b.len() as u32).bytes(b);
+            }
+            Got::Missing => {
+                w.u8(GOT_MISSING).u32(0);
+            }
+            _ => {
+                w.u8(GOT_NOT_SENT).u32(0);
+            }
+        }
+    }
+    w.buf
+}
+
+/// Parse the answer to a batch get request of `asked` ids: exactly
+/// `asked` entries, in the request's order, each a known status with a
+/// length that is zero unless found, objects adding up to at most
+/// [`MAX_GET_BYTES`], nothing after the last. Objects are not verified
+/// here: the caller checks each against its name.
+pub fn parse_get_answer(b: &[u8], asked: usize) -> Result<Vec<Got>> {
+    let mut r = Reader::new(b, "batch get answer");
+    if r.bytes(8, "magic")? != GET_MAGIC {
+        return Err(corrupt("batch get answer: bad magic"));
+    }
+    let n = r.u32("count")? as usize;
+    if n != asked {
+        return Err(corrupt(format!(
+            "batch get answer for {n} objects, asked for {asked}"
+        )));
+    }
+    let mut used = 0u64;
+    let mut out = Vec::with_capacity(n.min(MAX_GET));
+    for k in 0..n {
+        let status = r.u8("status")?;
+        let len = r.u32("length")? as u64;
+        match status {
+            GOT_FOUND => {
+                if len > MAX_GET_BYTES - used {
+                    return Err(corrupt(format!(
+                        "batch get answer: object {k} is {len} bytes, past the answer's limit of {MAX_GET_BYTES} bytes"
+                    )));
+                }
+                used += len;
+                out.push(Got::Found(r.bytes(len as usize, "object")?.to_vec()));
+            }
+            GOT_MISSING | GOT_NOT_SENT if len != 0 => {
+                return Err(corrupt(format!(
+                    "batch get answer: entry {k} has no object but a length of {len}"
+                )));
+            }
+            GOT_MISSING => out.push(Got::Missing),
+            GOT_NOT_SENT => out.push(Got::NotSent),
+            s => {
+                return Err(corrupt(format!(
+                    "batch get answer: entry {k} has unknown status {s}"
+                )));
+            }
+        }
+    }
+    r.finish()?;
+    Ok(out)
+}
+
 pub fn nanos(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -117,5 +267,109 @@ mod tests {
         assert!(parse_have_answer(&encode_have_answer(&a), 4).is_err());
         let b = encode_have_request(&ids);
         assert!(parse_have_request(&b[..b.len() - 1]).is_err());
+    }
+
+    fn sample() -> Vec<Got> {
+        vec![
+            Got::Found(b"first object".to_vec()),
+            Got::Missing,
+            Got::NotSent,
+            Got::Found(Vec::new()),
+            Got::Found(vec![7; 1000]),
+        ]
+    }
+
+    #[test]
+    fn get_round_trip() {
+        let ids: Vec<ChunkId> = (0..5).map(|i| ChunkId([i; 32])).collect();
+        assert_eq!(parse_get_request(&encode_get_request(&ids)).unwrap(), ids);
+        let got = sample();
+        let b = encode_get_answer(&got);
+        assert_eq!(parse_get_answer(&b, 5).unwrap(), got);
+        assert_eq!(
+            b.len(),
+            GET_HEADER + 5 * GET_ENTRY_HEADER + 12 + 1000,
+            "the documented size"
+        );
+    }
+
+    #[test]
+    fn get_requests_are_bounded() {
+        let err = |b: &[u8]| parse_get_request(b).unwrap_err().to_string();
+        assert!(err(&encode_get_request(&[])).contains("1 to 256"));
+        let many: Vec<ChunkId> = (0..=MAX_GET).map(|i| ChunkId([i as u8; 32])).collect();
+        assert!(err(&encode_get_request(&many)).contains("1 to 256"));
+        parse_get_request(&encode_get_request(&many[..MAX_GET])).unwrap();
+        let mut b = encode_get_request(&many[..3]);
+        b.push(0);
+        assert!(err(&b).contains("does not match"));
+        assert!(err(&b[..b.len() - 2]).contains("does not match"));
+        assert!(err(b"RDHAVE01\x01\0\0\0").contains("bad magic"));
+        assert!(err(b"RDGE").contains("truncated"));
+    }
+
+    /// Every answer a broken or hostile server could send is an error
+    /// that says what is wrong, never a panic or a huge allocation.
+    #[test]
+    fn hostile_get_answers_are_errors() {
+        let good = encode_get_answer(&sample());
+        let err = |b: &[u8], asked: usize| parse_get_answer(b, asked).unwrap_err().to_string();
+        // Truncated anywhere.
+        for cut in 0..good.len() {
+            let e = err(&good[..cut], 5);
+            assert!(e.contains("truncated") || e.contains("magic"), "{cut}: {e}");
+        }
+        // Too long.
+        let mut b = good.clone();
+        b.push(0);
+        assert!(err(&b, 5).contains("bytes"), "{}", err(&b, 5));
+        // A count other than asked.
+        assert!(err(&good, 4).contains("asked for 4"));
+        assert!(err(&good, 6).contains("asked for 6"));
+        // A huge count with no entries behind it fails on truncation.
+        let mut b = good[..GET_HEADER].to_vec();
+        b[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(err(&b, u32::MAX as usize).contains("truncated"));
+        // A length past the limit, or past the body.
+        let mut b = encode_get_answer(&[Got::Found(vec![1; 8])]);
+        b[GET_HEADER + G_STATUS..GET_HEADER + G_LEN]
+            .copy_from_slice(&(MAX_GET_BYTES as u32 + 1).to_le_bytes());
+        assert!(err(&b, 1).contains("limit"), "{}", err(&b, 1));
+        b[GET_HEADER + G_STATUS..GET_HEADER + G_LEN].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(err(&b, 1).contains("limit"));
+        b[GET_HEADER + G_STATUS..GET_HEADER + G_LEN].copy_from_slice(&9u32.to_le_bytes());
+        assert!(err(&b, 1).contains("truncated"));
+        // Objects that add up past the limit, each within it.
+        let half = (MAX_GET_BYTES / 2 + 1) as usize;
+        let mut b = GET_MAGIC.to_vec();
+        b.extend(2u32.to_le_bytes());
+        for _ in 0..2 {
+            b.push(GOT_FOUND);
+            b.extend((half as u32).to_le_bytes());
+            b.resize(b.len() + half, 0);
+        }
+        assert!(err(&b, 2).contains("object 1"), "{}", err(&b, 2));
+        // An unknown status, a length on an entry without an object.
+        let mut b = encode_get_answer(&[Got::Missing]);
+        b[GET_HEADER] = 3;
+        assert!(err(&b, 1).contains("unknown status 3"));
+        let mut b = encode_get_answer(&[Got::NotSent]);
+        b[GET_HEADER + G_STATUS] = 1;
+        assert!(err(&b, 1).contains("no object"));
+    }
+
+    #[test]
+    fn an_answer_keeps_to_its_byte_limit() {
+        let big = vec![0u8; (MAX_GET_BYTES / 2) as usize];
+        let got = vec![
+            Got::Found(big.clone()),
+            Got::Found(big.clone()),
+            Got::Found(vec![1]),
+            Got::Missing,
+        ];
+        let back = parse_get_answer(&encode_get_answer(&got), 4).unwrap();
+        assert_eq!(back[..2], got[..2]);
+        assert_eq!(back[2], Got::NotSent, "past the limit: not sent");
+        assert_eq!(back[3], Got::Missing);
     }
 }

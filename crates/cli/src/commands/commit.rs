@@ -254,6 +254,7 @@ pub fn update_commit(
         p.insert("key-file".into(), k.display().to_string());
     }
     p.insert("prefetch".into(), "off".into());
+    p.insert("readahead".into(), "off".into());
     let disk = src.open(Access::ReadWrite)?;
     let dev = disk
         .layer::<CasDev>()

@@ -215,6 +215,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         );
     }
     let status = dev.start_prefetch();
+    dev.start_readahead();
     if let Some(p) = &a.config_out {
         std::fs::write(p, &view.version.config)
             .with_context(|| format!("cannot write {}", p.display()))?;

@@ -110,6 +110,10 @@ pub struct ServeArgs {
     /// Emulate a distant store: add this latency to every request (8ms).
     #[arg(long, value_name = "DELAY")]
     latency: Option<String>,
+    /// Answer batch gets (POST /v1/objects/get) as a server from before
+    /// them did, so clients fetch object by object (tests, benchmarks).
+    #[arg(long, hide = true)]
+    no_batch_get: bool,
 }
 
 /// Show what a store holds: objects, bytes, versions, deduplication, and
@@ -221,6 +225,7 @@ fn serve(s: ServeArgs, quiet: bool) -> anyhow::Result<()> {
         },
         users: users.clone(),
         insecure: s.insecure,
+        batch_get: !s.no_batch_get,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
