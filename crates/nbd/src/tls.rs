@@ -178,8 +178,10 @@ impl TlsAcceptor {
                     .map_err(|e| ssl_err("TLS setup", e))?;
                 b.set_min_proto_version(Some(SslVersion::TLS1_2))
                     .map_err(|e| ssl_err("TLS setup", e))?;
+                b.set_max_proto_version(Some(SslVersion::TLS1_2))
+                    .map_err(|e| ssl_err("TLS setup", e))?;
                 b.set_cipher_list(
-                    "ECDHE+AESGCM:ECDHE+CHACHA20:ECDHE-PSK:DHE-PSK:PSK:!aNULL:!eNULL:!MD5:!RC4:!3DES",
+                    "ECDHE-PSK:DHE-PSK:PSK:ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL:!MD5:!RC4:!3DES",
                 )
                 .map_err(|e| ssl_err("TLS ciphers", e))?;
                 b.set_certificate_chain_file(cert)
@@ -193,6 +195,7 @@ impl TlsAcceptor {
                         .map_err(|e| ssl_err(&format!("CA {}", ca.display()), e))?;
                     b.set_verify(SslVerifyMode::PEER);
                 }
+                b.set_options(openssl::ssl::SslOptions::CIPHER_SERVER_PREFERENCE);
                 install_psk(&mut b, keys);
                 b
             }
