@@ -16,11 +16,11 @@ use roamdisk_server::state::{overlay_path, StateLock};
 use roamdisk_server::views::{open_golden, open_view};
 use roamdisk_server::{ServerConfig, Views};
 
-/// Serve golden images to many clients over NBD, each client seeing only
-/// what it is granted (format of CONFIG: docs/formats/server-config.md;
-/// manual: docs/server.md).
+/// Serve golden images to many clients over NBD, each seeing only its grants.
 ///
-/// Clients prove who they are at connect: a TLS client certificate
+/// CONFIG names the listeners, TLS credentials, a state directory, the
+/// golden images and the clients (format: docs/formats/server-config.md;
+/// manual: docs/server.md). Clients prove who they are at connect: a TLS client certificate
 /// (checked against tls-verify-ca, matched by subject CN or SHA-256
 /// fingerprint), a TLS-PSK identity, or, on the Unix socket, their uid.
 /// A client granted an image as a `view` gets its own writable copy: the
