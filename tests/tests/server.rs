@@ -641,6 +641,33 @@ fn views_survive_kill_9_and_reset_and_promote_need_a_stopped_server() {
     let mut want = golden.clone();
     want[1 << 20..3 << 20].fill(0xc3);
     assert!(std::fs::read(&out).unwrap() == want, "promoted image");
+    // ...and as a new version in a chunk store.
+    let store = f.dir.join("store");
+    let st = path_str(&store);
+    rd(&[
+        "server",
+        "promote",
+        "carol",
+        "desktop",
+        "--config",
+        cfg,
+        "--to",
+        "lab/desktop",
+        "--store",
+        st,
+        "-m",
+        "carol's",
+    ]);
+    let back = f.dir.join("checked-out.img");
+    rd(&[
+        "checkout",
+        "lab/desktop",
+        "--output",
+        path_str(&back),
+        "--store",
+        st,
+    ]);
+    assert!(std::fs::read(&back).unwrap() == want, "promoted version");
     // Reset refuses what carol has no view of, then resets her view.
     let e = rd_fail(&["server", "reset", "carol", "tools", "--config", cfg]);
     assert!(e.contains("no grant"), "{e}");

@@ -16,6 +16,9 @@ use roamdisk_server::state::{overlay_path, StateLock};
 use roamdisk_server::views::{open_golden, open_view};
 use roamdisk_server::{ServerConfig, Views};
 
+use super::cas::StoreArgs;
+use roamdisk_cas::commit::{commit_image, CommitOptions, Source};
+
 /// Serve golden images to many clients over NBD, each seeing only its grants.
 ///
 /// CONFIG names the listeners, TLS credentials, a state directory, the
@@ -101,17 +104,22 @@ struct ResetArgs {
     config: PathBuf,
 }
 
-/// Write a client's view of an image (golden image + its overlay) to a new
-/// raw image file, e.g. to make it the next golden image. The overlay is
-/// left as it is (`server reset` drops it).
+/// Make a client's view of an image (golden image + its overlay) a new
+/// golden image: a new raw image file (--to PATH), or, with --store, a new
+/// version of an image in a chunk store (--to USER/IMAGE), deduplicated
+/// against what the store has. The overlay is left as it is (`server
+/// reset` drops it).
 ///
 /// The server must be stopped (the state directory's lock is taken), so
-/// the view does not change while it is copied. PATH must not exist; it is
-/// written sparse (unwritten and zero ranges become holes) and flushed.
+/// the view does not change while it is copied. A PATH must not exist; it
+/// is written sparse (unwritten and zero ranges become holes) and flushed.
 ///
 /// Examples:
 ///   roamdisk server promote alice win10 --config server.toml --to /images/win10-v2.img
 ///   then: stack = "raw:/images/win10-v2.img" in a new [[image]]
+///
+///   roamdisk server promote alice win10 --config server.toml --to lab/win10 --store /srv/store
+///   then: stack = "cas-version[store=/srv/store]:lab/win10"
 #[derive(ClapArgs)]
 #[command(verbatim_doc_comment)]
 struct PromoteArgs {
@@ -122,9 +130,15 @@ struct PromoteArgs {
     /// The server's config file.
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
-    /// The raw image file to write.
-    #[arg(long, value_name = "PATH")]
-    to: PathBuf,
+    /// The raw image file to write, or with --store the image to commit
+    /// a new version of.
+    #[arg(long, value_name = "PATH|USER/IMAGE")]
+    to: String,
+    /// The new version's description (with --store).
+    #[arg(short, long, default_value = "", value_name = "TEXT")]
+    message: String,
+    #[command(flatten)]
+    st: StoreArgs,
 }
 
 pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
@@ -236,8 +250,11 @@ fn promote(p: PromoteArgs, quiet: bool) -> anyhow::Result<()> {
     let cfg = ServerConfig::read(&p.config)?;
     client_views(&cfg, &p.client, Some(&p.image))?;
     let lock = StateLock::take(&cfg.state)?;
-    if p.to.exists() {
-        bail!("{} exists; promote writes a new file", p.to.display());
+    let to = PathBuf::from(&p.to);
+    if p.st.store.is_some() {
+        roamdisk_cas::store::check_ref_name(&p.to)?;
+    } else if to.exists() {
+        bail!("{} exists; promote writes a new file", to.display());
     }
     let reg = super::registry();
     let mut golden = open_golden(&cfg, &reg).map_err(anyhow::Error::msg)?;
@@ -248,20 +265,27 @@ fn promote(p: PromoteArgs, quiet: bool) -> anyhow::Result<()> {
     } else {
         base
     };
+    if p.st.store.is_some() {
+        let progress = p.st.progress(quiet);
+        let store = p.st.open(true)?;
+        let opts = CommitOptions {
+            target: p.to.clone(),
+            description: p.message.clone(),
+            ..Default::default()
+        };
+        let summary = commit_image(&*store, Source::Dev(src.as_ref()), &opts, &progress)?;
+        return super::commit::finish(&summary, progress, quiet, p.st.json);
+    }
     let size = src.size();
-    std::fs::File::create_new(&p.to)
+    std::fs::File::create_new(&to)
         .and_then(|f| f.set_len(size))
-        .with_context(|| format!("cannot create {}", p.to.display()))?;
-    let dst = reg.build(
-        &format!(
-            "raw:{}",
-            p.to.display()
-                .to_string()
-                .replace('\\', "\\\\")
-                .replace(':', "\\:")
-        ),
-        Access::ReadWrite,
-    )?;
+        .with_context(|| format!("cannot create {}", to.display()))?;
+    let escaped = to
+        .display()
+        .to_string()
+        .replace('\\', "\\\\")
+        .replace(':', "\\:");
+    let dst = reg.build(&format!("raw:{escaped}"), Access::ReadWrite)?;
     let written = copy_sparse(
         src.as_ref(),
         dst.as_ref(),
@@ -274,7 +298,7 @@ fn promote(p: PromoteArgs, quiet: bool) -> anyhow::Result<()> {
             "{}/{} written to {} ({size} bytes, {written} bytes of data)",
             p.client,
             p.image,
-            p.to.display()
+            to.display()
         );
     }
     Ok(())
