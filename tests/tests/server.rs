@@ -452,9 +452,32 @@ fn each_client_writes_and_reads_its_own_view_and_the_golden_image_is_unchanged()
         "qemu-io",
         &strs(&qemu_io_tls(&srv, &b, "desktop", &["read -P 0xb2 512k 1M"])),
     );
+    // Two connections of one client share its view: the first sees what
+    // the second wrote while it was connected.
+    require_tool("qemu-io");
+    let first = Command::new("qemu-io")
+        .args(strs(&qemu_io_tls(
+            &srv,
+            &a,
+            "desktop",
+            &["read -P 0xa1 0 64k", "sleep 2000", "read -P 0xa5 4M 64k"],
+        )))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn qemu-io");
+    std::thread::sleep(Duration::from_millis(500));
+    ok(
+        "qemu-io",
+        &strs(&qemu_io_tls(&srv, &a, "desktop", &["write -P 0xa5 4M 64k"])),
+    );
+    let first = first.wait_with_output().unwrap();
+    let t = text(&first).to_lowercase();
+    assert!(first.status.success() && !t.contains("failed"), "{t}");
     // Whole views: alice's has only her write, bob's only his, carol's none.
     let mut want_a = golden.clone();
     want_a[..1 << 20].fill(0xa1);
+    want_a[4 << 20..(4 << 20) + (64 << 10)].fill(0xa5);
     let mut want_b = golden.clone();
     want_b[512 << 10..(512 << 10) + (1 << 20)].fill(0xb2);
     assert!(

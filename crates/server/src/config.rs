@@ -222,8 +222,11 @@ impl ServerConfig {
                         at("cert-sha256")
                     ));
                 }
-                if !has_cert {
-                    return Err(format!("{}: needs tls-cert and tls-key", at("cert-sha256")));
+                if self.tls_verify_ca.is_none() {
+                    return Err(format!(
+                        "{}: needs tls-verify-ca (the server asks for client certificates only then)",
+                        at("cert-sha256")
+                    ));
                 }
             }
             if c.psk_identity.is_some() && self.tls_psk.is_none() {
