@@ -552,8 +552,24 @@ fn every_refusal_is_refused_and_logged_with_the_identity() {
     let mut read = vec!["-r".to_string()];
     read.extend(qemu_io_tls(&srv, &a, "tools", &["read 0 4k"]));
     ok("qemu-io", &strs(&read));
-    // (qemu refuses to open it read-write: the export says read-only;
-    // the server would answer EPERM to a write anyway.)
+    // qemu refuses to open it read-write (the export says read-only); a
+    // client that writes anyway gets EPERM, and the log says who.
+    let script = format!(
+        "import nbd\nh = nbd.NBD()\nh.set_strict_mode(0)\nh.set_uri_allow_local_file(True)\nh.connect_uri({:?})\ntry:\n    h.pwrite(b'x' * 4096, 0)\n    print('WROTE')\nexcept nbd.Error as e:\n    print('REFUSED', e.errno)\n",
+        srv.cert_uri("tools", &f.alice)
+    );
+    let o = common::python_nbd(&script, &[]).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("REFUSED") && !out.contains("WROTE"),
+        "{}",
+        text(&o)
+    );
+    srv.assert_logged(&[
+        "refused: write to a read-only export",
+        "CN=alice",
+        "export=tools",
+    ]);
     // A certificate from our CA for a client the config does not know.
     fails(
         "nbdinfo",

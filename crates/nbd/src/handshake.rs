@@ -19,6 +19,11 @@ pub struct Session {
     pub structured: bool,
     pub base_allocation: bool,
     pub tls: bool,
+    /// Who the client is, for the log.
+    pub peer: String,
+    /// A write refused as read-only was logged already (once per
+    /// connection, so a client cannot flood the log).
+    pub warned_read_only: std::sync::atomic::AtomicBool,
 }
 
 /// Why a handshake ended without transmission.
@@ -198,6 +203,8 @@ pub async fn negotiate_peer(
                         structured: false,
                         base_allocation: false,
                         tls,
+                        peer: peer.to_string(),
+                        warned_read_only: Default::default(),
                     },
                 ));
             }
@@ -372,6 +379,8 @@ pub async fn negotiate_peer(
                             structured,
                             base_allocation,
                             tls,
+                            peer: peer.to_string(),
+                            warned_read_only: Default::default(),
                         },
                     ));
                 }
