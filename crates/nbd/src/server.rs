@@ -135,22 +135,12 @@ impl Shared {
         max_in_flight: usize,
     ) -> (Arc<Shared>, watch::Sender<bool>) {
         let (tx, rx) = watch::channel(false);
-        let shared = Shared::new(
-            exports,
-            None,
-            None,
-            tls_mode,
-            max_in_flight,
-            Duration::ZERO,
-            rx,
-        );
+        let shared = Shared::new(exports, None, tls_mode, max_in_flight, Duration::ZERO, rx);
         (Arc::new(shared), tx)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn new(
         exports: Vec<Export>,
-        resolver: Option<Arc<dyn ExportResolver>>,
         tls: Option<TlsAcceptor>,
         tls_mode: TlsMode,
         max_in_flight: usize,
@@ -165,7 +155,7 @@ impl Shared {
         let clients = exports.iter().map(|_| AtomicU32::new(0)).collect();
         Shared {
             exports,
-            resolver,
+            resolver: None,
             tls,
             tls_mode,
             unix_without_tls: false,
@@ -322,13 +312,13 @@ impl Server {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let mut shared = Shared::new(
             exports,
-            opts.resolver,
             opts.tls,
             opts.tls_mode,
             opts.max_in_flight,
             opts.busy_poll,
             shutdown_rx,
         );
+        shared.resolver = opts.resolver;
         shared.unix_without_tls = opts.unix_without_tls;
         let shared = Arc::new(shared);
         Ok(Server {
