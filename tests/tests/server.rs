@@ -723,3 +723,32 @@ fn views_survive_kill_9_and_reset_and_promote_need_a_stopped_server() {
     srv.stop();
     assert!(std::fs::read(&f.golden).unwrap() == golden);
 }
+
+#[test]
+fn config_mistakes_name_the_file_and_the_key() {
+    let dir = tempdir();
+    let cfg = dir.path().join("server.toml");
+    let c = path_str(&cfg);
+    let head =
+        "format = \"roamdisk-server\"\nversion = 1\nstate = \"state\"\nsocket = \"s.sock\"\n";
+    for (text, want) in [
+        ("[[export]]\nname = \"a\"\n", "key 'format' is missing"),
+        ("format = \"roamdisk-server\"\nversion = 7\n", "key 'version'"),
+        (
+            &format!("{head}[[image]]\nname = \"a\"\nstack = \"mem:1M\"\nread-only = true\n")[..],
+            "read-only",
+        ),
+        (
+            &format!("{head}[[image]]\nname = \"a\"\nstack = \"mem:1M\"\n[[client]]\nname = \"x\"\nuid = 5\nview = [\"b\"]\n")[..],
+            "client 'x' key 'view': no [[image]] named 'b'",
+        ),
+    ] {
+        std::fs::write(&cfg, text).unwrap();
+        let e = rd_fail(&["server", c]);
+        assert!(e.contains(c) && e.contains(want), "{text}\n=> {e}");
+    }
+    assert!(
+        !dir.path().join("state").exists(),
+        "state made for a bad config"
+    );
+}
