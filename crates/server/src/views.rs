@@ -112,7 +112,11 @@ impl Views {
             self.golden[image].clone(),
             false,
         )
-        .map_err(|e| format!("cannot open the view: {e}"))?;
+        .map_err(|e| {
+            // The client is refused; the admin has something to fix.
+            tracing::error!(client, image, error = %e, "cannot open a client's view");
+            format!("cannot open the view: {e}")
+        })?;
         let description = self
             .cfg
             .image(image)
