@@ -121,6 +121,10 @@ pub struct Shared {
     alloc: Vec<Arc<AllocMap>>,
     /// The last client id given out per export, index for index.
     clients: Vec<AtomicU32>,
+    /// The last client id given out for exports from the resolver: all of
+    /// them are numbered together, so a `trace:` layer in a golden stack
+    /// shared by many clients' views tells every connection apart.
+    resolved_clients: AtomicU32,
     /// The runtime whose blocking pool runs requests (sized by the caller,
     /// e.g. `--io-threads`); connections may run on other runtimes.
     blocking: Option<Handle>,
@@ -166,6 +170,7 @@ impl Shared {
             shutdown,
             alloc,
             clients,
+            resolved_clients: AtomicU32::new(0),
             blocking: Handle::try_current().ok(),
         }
     }
@@ -194,14 +199,18 @@ impl Shared {
     /// numbered from 1 in the order they reach transmission (for clients
     /// that connect one after another, the order they connect). The layers
     /// see it in [`roamdisk_blockdev::context`] while they run the
-    /// connection's requests.
+    /// connection's requests. Connections to exports from the resolver
+    /// share one numbering.
     pub(crate) fn new_client(&self, export: &Arc<Export>) -> u32 {
         match self.exports.iter().position(|e| Arc::ptr_eq(e, export)) {
             // Wraps after 2^32 connections, which no trace tells apart anyway.
             Some(i) => self.clients[i]
                 .fetch_add(1, Ordering::Relaxed)
                 .wrapping_add(1),
-            None => 1,
+            None => self
+                .resolved_clients
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_add(1),
         }
     }
 
