@@ -8,6 +8,7 @@ use common::{rd_fail, roamdisk};
 const COMMANDS: &[&str] = &[
     "serve", "info", "layers", "lbs", "trace", "replay", "sperf", "sim", "model", "commit", "log",
     "checkout", "tag", "rm", "gc", "hoard", "cache", "suspend", "resume", "store", "borrow",
+    "server",
 ];
 
 #[test]

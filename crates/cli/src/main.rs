@@ -41,6 +41,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     Serve(commands::serve::Args),
+    Server(commands::server::Args),
     Info(commands::info::Args),
     Layers(commands::layers::Args),
     #[command(subcommand)]
@@ -79,7 +80,7 @@ fn init_logging(verbose: u8, quiet: bool) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!(
-            "roamdisk={level},roamdisk_nbd={level},roamdisk_blockdev={level},roamdisk_lbs={level},roamdisk_workload={level},roamdisk_trace={level},roamdisk_cas={level}"
+            "roamdisk={level},roamdisk_nbd={level},roamdisk_blockdev={level},roamdisk_lbs={level},roamdisk_workload={level},roamdisk_trace={level},roamdisk_cas={level},roamdisk_server={level}"
         ))
     });
     // Colours only on a terminal: a log file or journal gets plain text.
@@ -118,6 +119,7 @@ fn main() -> std::process::ExitCode {
     init_logging(cli.verbose, cli.quiet);
     let result = match cli.command {
         Command::Serve(a) => commands::serve::run(a, cli.quiet),
+        Command::Server(a) => commands::server::run(a, cli.quiet),
         Command::Info(a) => commands::info::run(a),
         Command::Layers(a) => commands::layers::run(a),
         Command::Lbs(a) => commands::lbs::run(a, cli.quiet),

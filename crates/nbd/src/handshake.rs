@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::access::Peer;
 use crate::proto::*;
 use crate::server::{BoxStream, Export, Shared, TlsMode};
 
@@ -18,6 +19,11 @@ pub struct Session {
     pub structured: bool,
     pub base_allocation: bool,
     pub tls: bool,
+    /// Who the client is, for the log.
+    pub peer: String,
+    /// A write refused as read-only was logged already (once per
+    /// connection, so a client cannot flood the log).
+    pub warned_read_only: std::sync::atomic::AtomicBool,
 }
 
 /// Why a handshake ended without transmission.
@@ -77,11 +83,21 @@ fn transmission_flags(exp: &Export, structured: bool) -> u16 {
     )
 }
 
-/// Run the handshake on `s`. Returns the (possibly TLS-wrapped) stream and
-/// the session, or how it ended.
+/// Run the handshake on `s` for an anonymous peer (in-process sessions).
 pub async fn negotiate(
+    s: BoxStream,
+    shared: &Shared,
+) -> Result<(BoxStream, Session), HandshakeEnd> {
+    negotiate_peer(s, shared, &mut Peer::default()).await
+}
+
+/// Run the handshake on `s` with `peer`, which STARTTLS completes with
+/// the client's TLS identity. Returns the (possibly TLS-wrapped) stream
+/// and the session, or how it ended.
+pub async fn negotiate_peer(
     mut s: BoxStream,
     shared: &Shared,
+    peer: &mut Peer,
 ) -> Result<(BoxStream, Session), HandshakeEnd> {
     let mut hello = Vec::with_capacity(18);
     hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
@@ -104,6 +120,7 @@ pub async fn negotiate(
     let mut structured = false;
     let mut meta: Option<(String, bool)> = None; // (export, base:allocation selected)
     let mut tls = false;
+    let mut logged_plain = false;
 
     for _ in 0..MAX_OPTIONS {
         let mut h = [0u8; OPTION_HEADER_SIZE];
@@ -131,7 +148,12 @@ pub async fn negotiate(
             _ = shutdown.changed() => return Err(HandshakeEnd::Closed("server shutting down")),
         }
 
-        if shared.tls_mode == TlsMode::Require && !tls {
+        let tls_needed = !(shared.unix_without_tls && peer.unix);
+        if shared.tls_mode == TlsMode::Require && !tls && tls_needed {
+            if !logged_plain && opt != OPT_STARTTLS && opt != OPT_ABORT {
+                logged_plain = true;
+                tracing::warn!(%peer, "refused: plain client on a TLS-only server");
+            }
             match opt {
                 OPT_STARTTLS | OPT_ABORT => {}
                 OPT_EXPORT_NAME => {
@@ -161,7 +183,7 @@ pub async fn negotiate(
                 let Ok(name) = parse_export_name(&payload) else {
                     return Err(violation("bad export name"));
                 };
-                let Some(export) = shared.find(&name) else {
+                let Ok(export) = shared.lookup(peer, &name) else {
                     return Err(HandshakeEnd::Closed(
                         "unknown export requested with EXPORT_NAME",
                     ));
@@ -181,6 +203,8 @@ pub async fn negotiate(
                         structured: false,
                         base_allocation: false,
                         tls,
+                        peer: peer.to_string(),
+                        warned_read_only: Default::default(),
                     },
                 ));
             }
@@ -194,11 +218,11 @@ pub async fn negotiate(
                     error_reply(&mut s, opt, REP_ERR_INVALID, "LIST takes no payload").await?;
                     continue;
                 }
-                for e in shared.exports.iter() {
+                for (name, description) in shared.list(peer) {
                     let mut p = Vec::new();
-                    p.extend_from_slice(&(e.name.len() as u32).to_be_bytes());
-                    p.extend_from_slice(e.name.as_bytes());
-                    p.extend_from_slice(e.description.as_bytes());
+                    p.extend_from_slice(&(name.len() as u32).to_be_bytes());
+                    p.extend_from_slice(name.as_bytes());
+                    p.extend_from_slice(description.as_bytes());
                     reply(&mut s, opt, REP_SERVER, &p).await?;
                 }
                 reply(&mut s, opt, REP_ACK, &[]).await?;
@@ -225,9 +249,15 @@ pub async fn negotiate(
                 }
                 reply(&mut s, opt, REP_ACK, &[]).await?;
                 s.flush().await?;
-                s = crate::tls::accept(acceptor, s)
-                    .await
-                    .map_err(HandshakeEnd::Error)?;
+                let (st, who) = match crate::tls::accept(acceptor, s).await {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!(%peer, error = %e, "refused: TLS handshake failed");
+                        return Err(HandshakeEnd::Error(e));
+                    }
+                };
+                s = st;
+                peer.tls = Some(who);
                 tls = true;
                 // Options negotiated in the clear are forgotten (spec).
                 structured = false;
@@ -275,7 +305,7 @@ pub async fn negotiate(
                     .await?;
                     continue;
                 }
-                if shared.find(&req.export).is_none() {
+                if shared.lookup(peer, &req.export).is_err() {
                     no_such_export(&mut s, opt, &req.export).await?;
                     continue;
                 }
@@ -304,7 +334,7 @@ pub async fn negotiate(
                         continue;
                     }
                 };
-                let Some(export) = shared.find(&req.name) else {
+                let Ok(export) = shared.lookup(peer, &req.name) else {
                     no_such_export(&mut s, opt, &req.name).await?;
                     continue;
                 };
@@ -336,7 +366,9 @@ pub async fn negotiate(
                 if opt == OPT_GO {
                     let base_allocation = match &meta {
                         Some((name, sel)) => {
-                            *sel && shared.find(name).is_some_and(|e| Arc::ptr_eq(&e, &export))
+                            *sel && shared
+                                .lookup(peer, name)
+                                .is_ok_and(|e| Arc::ptr_eq(&e, &export))
                         }
                         None => false,
                     };
@@ -347,6 +379,8 @@ pub async fn negotiate(
                             structured,
                             base_allocation,
                             tls,
+                            peer: peer.to_string(),
+                            warned_read_only: Default::default(),
                         },
                     ));
                 }

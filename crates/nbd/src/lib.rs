@@ -3,6 +3,7 @@
 //! clients (qemu, qemu-img, qemu-io, nbdinfo, nbdcopy, fio, nbd-client),
 //! and a [`client`] that is the `nbd:URI` layer.
 
+pub mod access;
 pub mod client;
 pub mod config;
 #[doc(hidden)]
@@ -14,6 +15,7 @@ mod server;
 mod tls;
 mod transmission;
 
+pub use access::{ExportResolver, Peer, Refusal, TlsPeer};
 pub use run::{serve_until, signalled, Bound};
 pub use server::{Export, Listen, ServeOptions, Server, TlsMode};
 pub use tls::{TlsAcceptor, TlsOptions};

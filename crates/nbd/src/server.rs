@@ -13,7 +13,8 @@ use tokio::runtime::Handle;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 
-use crate::handshake::{negotiate, HandshakeEnd};
+use crate::access::{ExportResolver, Peer, Refusal};
+use crate::handshake::{negotiate_peer, HandshakeEnd};
 use crate::tls::TlsAcceptor;
 use crate::transmission::{AllocMap, BusyConns, Spinners};
 
@@ -75,6 +76,12 @@ pub struct ServeOptions {
     /// Threads doing block I/O: the blocking pool of the runtime
     /// [`crate::serve_until`] starts.
     pub io_threads: usize,
+    /// When set, decides per connection which exports a client sees and
+    /// may open (the fixed export list is then not used and may be empty).
+    pub resolver: Option<Arc<dyn ExportResolver>>,
+    /// Under [`TlsMode::Require`], let Unix-socket clients skip TLS (the
+    /// resolver knows them by their uid).
+    pub unix_without_tls: bool,
 }
 
 impl Default for ServeOptions {
@@ -87,6 +94,8 @@ impl Default for ServeOptions {
             handshake_timeout: Duration::from_secs(30),
             busy_poll: Duration::from_micros(100),
             io_threads: 64,
+            resolver: None,
+            unix_without_tls: false,
         }
     }
 }
@@ -94,8 +103,12 @@ impl Default for ServeOptions {
 /// State every connection shares.
 pub struct Shared {
     pub exports: Vec<Arc<Export>>,
+    /// Per-connection access control, instead of `exports`.
+    resolver: Option<Arc<dyn ExportResolver>>,
     pub tls: Option<TlsAcceptor>,
     pub tls_mode: TlsMode,
+    /// Unix-socket clients may skip TLS under `Require`.
+    pub unix_without_tls: bool,
     pub max_in_flight: usize,
     /// Busy-poll limit per wait for a request (zero: off).
     pub(crate) busy_poll: Duration,
@@ -108,6 +121,10 @@ pub struct Shared {
     alloc: Vec<Arc<AllocMap>>,
     /// The last client id given out per export, index for index.
     clients: Vec<AtomicU32>,
+    /// The last client id given out for exports from the resolver: all of
+    /// them are numbered together, so a `trace:` layer in a golden stack
+    /// shared by many clients' views tells every connection apart.
+    resolved_clients: AtomicU32,
     /// The runtime whose blocking pool runs requests (sized by the caller,
     /// e.g. `--io-threads`); connections may run on other runtimes.
     blocking: Option<Handle>,
@@ -142,8 +159,10 @@ impl Shared {
         let clients = exports.iter().map(|_| AtomicU32::new(0)).collect();
         Shared {
             exports,
+            resolver: None,
             tls,
             tls_mode,
+            unix_without_tls: false,
             max_in_flight: max_in_flight.max(1),
             busy_poll,
             spinners: Spinners::new(),
@@ -151,6 +170,7 @@ impl Shared {
             shutdown,
             alloc,
             clients,
+            resolved_clients: AtomicU32::new(0),
             blocking: Handle::try_current().ok(),
         }
     }
@@ -179,14 +199,18 @@ impl Shared {
     /// numbered from 1 in the order they reach transmission (for clients
     /// that connect one after another, the order they connect). The layers
     /// see it in [`roamdisk_blockdev::context`] while they run the
-    /// connection's requests.
+    /// connection's requests. Connections to exports from the resolver
+    /// share one numbering.
     pub(crate) fn new_client(&self, export: &Arc<Export>) -> u32 {
         match self.exports.iter().position(|e| Arc::ptr_eq(e, export)) {
             // Wraps after 2^32 connections, which no trace tells apart anyway.
             Some(i) => self.clients[i]
                 .fetch_add(1, Ordering::Relaxed)
                 .wrapping_add(1),
-            None => 1,
+            None => self
+                .resolved_clients
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_add(1),
         }
     }
 
@@ -197,6 +221,37 @@ impl Shared {
         }
         self.exports.iter().find(|e| e.name == name).cloned()
     }
+    /// The export `name` as `peer` may open it: through the resolver when
+    /// there is one (a refusal is logged at warn level with the peer's
+    /// identity), else from the fixed list.
+    pub fn lookup(&self, peer: &Peer, name: &str) -> Result<Arc<Export>, Refusal> {
+        let Some(r) = &self.resolver else {
+            return self.find(name).ok_or_else(|| Refusal {
+                reason: "no such export".into(),
+            });
+        };
+        r.resolve(peer, name).inspect_err(|refusal| {
+            tracing::warn!(
+                %peer,
+                export = %name,
+                reason = %refusal.reason,
+                "refused: export not granted"
+            );
+        })
+    }
+
+    /// The exports `peer` may see: (name, description).
+    pub fn list(&self, peer: &Peer) -> Vec<(String, String)> {
+        match &self.resolver {
+            Some(r) => r.list(peer),
+            None => self
+                .exports
+                .iter()
+                .map(|e| (e.name.clone(), e.description.clone()))
+                .collect(),
+        }
+    }
+
     pub fn is_shutting_down(&self) -> bool {
         *self.shutdown.borrow()
     }
@@ -256,7 +311,7 @@ impl Server {
         listen: Vec<Listen>,
         opts: ServeOptions,
     ) -> std::io::Result<Server> {
-        if exports.is_empty() {
+        if exports.is_empty() && opts.resolver.is_none() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 "no export configured",
@@ -264,14 +319,17 @@ impl Server {
         }
         let (unix, tcp) = bind(&listen).await?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let shared = Arc::new(Shared::new(
+        let mut shared = Shared::new(
             exports,
             opts.tls,
             opts.tls_mode,
             opts.max_in_flight,
             opts.busy_poll,
             shutdown_rx,
-        ));
+        );
+        shared.resolver = opts.resolver;
+        shared.unix_without_tls = opts.unix_without_tls;
+        let shared = Arc::new(shared);
         Ok(Server {
             shared,
             unix,
@@ -369,7 +427,11 @@ impl Server {
             conns.abort_all();
         }
         let mut result = Ok(());
-        for e in &shared.exports {
+        let mut all = shared.exports.clone();
+        if let Some(r) = &shared.resolver {
+            all.extend(r.opened());
+        }
+        for e in &all {
             let dev = e.dev.clone();
             let name = e.name.clone();
             match tokio::task::spawn_blocking(move || dev.flush()).await {
@@ -393,7 +455,7 @@ impl Server {
 /// An accepted connection on its way to an I/O thread, not yet registered
 /// with any runtime, with its peer for the log.
 enum Accepted {
-    Unix(std::os::unix::net::UnixStream, String),
+    Unix(std::os::unix::net::UnixStream, String, Option<u32>),
     Tcp(std::net::TcpStream, SocketAddr),
 }
 
@@ -419,14 +481,14 @@ impl Accepted {
         let (s, _) = l.accept().await?;
         // Unix peers have no address; their process says which VM or tool
         // a client id belongs to.
-        let peer = match s.peer_cred() {
+        let (peer, uid) = match s.peer_cred() {
             Ok(c) => match c.pid() {
-                Some(pid) => format!("unix pid {pid} uid {}", c.uid()),
-                None => format!("unix uid {}", c.uid()),
+                Some(pid) => (format!("unix pid {pid} uid {}", c.uid()), Some(c.uid())),
+                None => (format!("unix uid {}", c.uid()), Some(c.uid())),
             },
-            Err(_) => "unix".to_string(),
+            Err(_) => ("unix".to_string(), None),
         };
-        Ok(Accepted::Unix(s.into_std()?, peer))
+        Ok(Accepted::Unix(s.into_std()?, peer, uid))
     }
 
     /// The next connection on a TCP listener.
@@ -437,18 +499,28 @@ impl Accepted {
         Ok(Accepted::Tcp(s.into_std()?, peer))
     }
 
-    /// Who is on the other end, for the log.
-    fn peer(&self) -> String {
+    /// Who is on the other end, before any TLS.
+    fn peer(&self) -> Peer {
         match self {
-            Accepted::Unix(_, p) => p.clone(),
-            Accepted::Tcp(_, a) => a.to_string(),
+            Accepted::Unix(_, p, uid) => Peer {
+                addr: p.clone(),
+                unix: true,
+                uid: *uid,
+                tls: None,
+            },
+            Accepted::Tcp(_, a) => Peer {
+                addr: a.to_string(),
+                unix: false,
+                uid: None,
+                tls: None,
+            },
         }
     }
 
     /// Register with the current runtime's reactor.
     fn register(self) -> std::io::Result<BoxStream> {
         Ok(match self {
-            Accepted::Unix(s, _) => Box::new(UnixStream::from_std(s)?),
+            Accepted::Unix(s, _, _) => Box::new(UnixStream::from_std(s)?),
             Accepted::Tcp(s, _) => Box::new(TcpStream::from_std(s)?),
         })
     }
@@ -488,8 +560,8 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
-async fn handle_connection(s: BoxStream, peer: String, shared: Arc<Shared>, timeout: Duration) {
-    let negotiated = tokio::time::timeout(timeout, negotiate(s, &shared)).await;
+async fn handle_connection(s: BoxStream, mut peer: Peer, shared: Arc<Shared>, timeout: Duration) {
+    let negotiated = tokio::time::timeout(timeout, negotiate_peer(s, &shared, &mut peer)).await;
     let (stream, session) = match negotiated {
         Err(_) => {
             tracing::info!("handshake timed out");

@@ -7,13 +7,26 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::OnceLock;
 
+use openssl::ex_data::Index;
+use openssl::hash::MessageDigest;
+use openssl::nid::Nid;
 use openssl::ssl::{
-    Ssl, SslAcceptor, SslContext, SslContextBuilder, SslFiletype, SslMethod, SslVerifyMode,
+    Ssl, SslAcceptor, SslContext, SslContextBuilder, SslFiletype, SslMethod, SslRef, SslVerifyMode,
     SslVersion,
 };
+use openssl::x509::X509Ref;
 
+use crate::access::TlsPeer;
 use crate::server::BoxStream;
+
+/// Where the PSK callback notes the identity a client claimed, so that a
+/// failed handshake (wrong key) can still be logged with it.
+fn psk_index() -> Index<Ssl, String> {
+    static INDEX: OnceLock<Index<Ssl, String>> = OnceLock::new();
+    *INDEX.get_or_init(|| Ssl::new_ex_index().expect("OpenSSL ex_data index"))
+}
 
 /// What TLS credentials to use.
 #[derive(Debug, Clone, Default)]
@@ -81,6 +94,45 @@ fn ssl_err(what: &str, e: impl std::fmt::Display) -> String {
     format!("{what}: {e}")
 }
 
+/// Answer a PSK client from `keys`, noting the identity it claimed.
+fn install_psk(b: &mut SslContextBuilder, keys: HashMap<Vec<u8>, Vec<u8>>) {
+    b.set_psk_server_callback(move |ssl, identity, out| {
+        if let Some(id) = identity {
+            ssl.set_ex_data(psk_index(), String::from_utf8_lossy(id).into_owned());
+        }
+        let Some(key) = identity.and_then(|id| keys.get(id)) else {
+            return Ok(0);
+        };
+        if key.len() > out.len() {
+            return Ok(0);
+        }
+        out[..key.len()].copy_from_slice(key);
+        Ok(key.len())
+    });
+}
+
+fn cert_cn(cert: &X509Ref) -> Option<String> {
+    let e = cert.subject_name().entries_by_nid(Nid::COMMONNAME).next()?;
+    e.data().to_string().ok()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What a finished handshake proved about the client.
+fn tls_peer(ssl: &SslRef) -> TlsPeer {
+    let cert = ssl.peer_certificate();
+    TlsPeer {
+        cert_cn: cert.as_deref().and_then(cert_cn),
+        cert_sha256: cert
+            .as_deref()
+            .and_then(|c| c.digest(MessageDigest::sha256()).ok())
+            .map(|d| hex(&d)),
+        psk_identity: ssl.ex_data(psk_index()).cloned(),
+    }
+}
+
 impl TlsAcceptor {
     /// Build a context from certificate files or a PSK file.
     pub fn new(o: &TlsOptions) -> Result<Self, String> {
@@ -112,25 +164,45 @@ impl TlsAcceptor {
                     .map_err(|e| ssl_err("TLS setup", e))?;
                 b.set_cipher_list("ECDHE-PSK:DHE-PSK:PSK:!aNULL:!eNULL:!MD5:!RC4:!3DES")
                     .map_err(|e| ssl_err("PSK ciphers", e))?;
-                b.set_psk_server_callback(move |_ssl, identity, out| {
-                    let Some(key) = identity.and_then(|id| keys.get(id)) else {
-                        return Ok(0);
-                    };
-                    if key.len() > out.len() {
-                        return Ok(0);
-                    }
-                    out[..key.len()].copy_from_slice(key);
-                    Ok(key.len())
-                });
+                install_psk(&mut b, keys);
+                b
+            }
+            (Some(cert), Some(key), Some(psk)) => {
+                // Certificates and PSK on one listener (the multi-client
+                // server: some clients have certificates, some keys). A
+                // client certificate is asked for but not required by TLS:
+                // a PSK client has none, and the caller's access control
+                // refuses a client that proved neither.
+                let keys = read_psk_file(psk)?;
+                let mut b = SslContextBuilder::new(SslMethod::tls_server())
+                    .map_err(|e| ssl_err("TLS setup", e))?;
+                b.set_min_proto_version(Some(SslVersion::TLS1_2))
+                    .map_err(|e| ssl_err("TLS setup", e))?;
+                b.set_max_proto_version(Some(SslVersion::TLS1_2))
+                    .map_err(|e| ssl_err("TLS setup", e))?;
+                b.set_cipher_list(
+                    "ECDHE-PSK:DHE-PSK:PSK:ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL:!MD5:!RC4:!3DES",
+                )
+                .map_err(|e| ssl_err("TLS ciphers", e))?;
+                b.set_certificate_chain_file(cert)
+                    .map_err(|e| ssl_err(&format!("certificate {}", cert.display()), e))?;
+                b.set_private_key_file(key, SslFiletype::PEM)
+                    .map_err(|e| ssl_err(&format!("key {}", key.display()), e))?;
+                b.check_private_key()
+                    .map_err(|e| ssl_err("the key does not match the certificate", e))?;
+                if let Some(ca) = &o.verify_ca {
+                    b.set_ca_file(ca)
+                        .map_err(|e| ssl_err(&format!("CA {}", ca.display()), e))?;
+                    b.set_verify(SslVerifyMode::PEER);
+                }
+                b.set_options(openssl::ssl::SslOptions::CIPHER_SERVER_PREFERENCE);
+                install_psk(&mut b, keys);
                 b
             }
             (Some(_), None, _) | (None, Some(_), _) => {
                 return Err(
                     "TLS needs both a certificate (--tls-cert) and its key (--tls-key)".into(),
                 )
-            }
-            (Some(_), Some(_), Some(_)) => {
-                return Err("use either certificates or a PSK file, not both".into())
             }
             (None, None, None) => {
                 return Err("TLS needs --tls-cert and --tls-key, or --tls-psk".into())
@@ -142,17 +214,24 @@ impl TlsAcceptor {
     }
 }
 
-/// Run the server side of a TLS handshake over `s`.
-pub async fn accept(a: &TlsAcceptor, s: BoxStream) -> std::io::Result<BoxStream> {
+/// Run the server side of a TLS handshake over `s`; returns the stream
+/// and what the client proved. A failure names the PSK identity the
+/// client claimed, if any.
+pub async fn accept(a: &TlsAcceptor, s: BoxStream) -> std::io::Result<(BoxStream, TlsPeer)> {
     let ssl = Ssl::new(&a.ctx).map_err(std::io::Error::other)?;
     let mut st = tokio_openssl::SslStream::new(ssl, s).map_err(std::io::Error::other)?;
-    Pin::new(&mut st).accept().await.map_err(|e| {
-        std::io::Error::new(
+    if let Err(e) = Pin::new(&mut st).accept().await {
+        let claimed = match st.ssl().ex_data(psk_index()) {
+            Some(id) => format!(" (PSK identity '{id}')"),
+            None => String::new(),
+        };
+        return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
-            format!("TLS handshake failed: {e}"),
-        )
-    })?;
-    Ok(Box::new(st))
+            format!("TLS handshake failed{claimed}: {e}"),
+        ));
+    }
+    let who = tls_peer(st.ssl());
+    Ok((Box::new(st), who))
 }
 
 #[cfg(test)]

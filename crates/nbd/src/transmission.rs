@@ -378,6 +378,16 @@ fn fail(s: &Session, handle: u64, e: &Error) -> Reply {
     let n = errno(e);
     if n == EIO {
         tracing::error!(error = %e, "I/O error");
+    } else if e.kind() == ErrorKind::ReadOnly
+        && !s
+            .warned_read_only
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        tracing::warn!(
+            peer = %s.peer,
+            export = %s.export.name,
+            "refused: write to a read-only export (logged once per connection)"
+        );
     } else {
         tracing::debug!(error = %e, "request refused");
     }

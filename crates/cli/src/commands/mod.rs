@@ -16,6 +16,7 @@ pub mod replay;
 pub mod resume;
 pub mod rm;
 pub mod serve;
+pub mod server;
 pub mod sim;
 pub mod sperf;
 pub mod store;

@@ -1,0 +1,327 @@
+//! The `roamdisk server CONFIG.toml` file: listeners, TLS, the state
+//! directory, golden images and clients with their identities and grants.
+//! Specified in `docs/formats/server-config.md`; every check here is listed
+//! there.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The value of the `format` key.
+pub const FORMAT: &str = "roamdisk-server";
+/// The only version of the format so far.
+pub const VERSION: i64 = 1;
+
+/// A parsed and checked config file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ServerConfig {
+    pub format: String,
+    pub version: i64,
+    /// Overlays and the lock live here (relative paths: to the file).
+    pub state: PathBuf,
+    pub socket: Option<PathBuf>,
+    #[serde(default)]
+    pub listen: Vec<SocketAddr>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_verify_ca: Option<PathBuf>,
+    pub tls_psk: Option<PathBuf>,
+    #[serde(default)]
+    pub image: Vec<ImageConfig>,
+    #[serde(default)]
+    pub client: Vec<ClientConfig>,
+}
+
+/// One `[[image]]`: a golden image.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ImageConfig {
+    pub name: String,
+    /// The stack in its string form, opened read-only.
+    pub stack: String,
+    #[serde(default)]
+    pub description: String,
+}
+
+/// One `[[client]]`: who it is and what it may open.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ClientConfig {
+    pub name: String,
+    /// Subject CN of its certificate (signed by `tls-verify-ca`).
+    pub cert_cn: Option<String>,
+    /// SHA-256 of its certificate (DER), hex, colons allowed.
+    pub cert_sha256: Option<String>,
+    /// Its identity in the `tls-psk` file.
+    pub psk_identity: Option<String>,
+    /// Its uid, for connections on the Unix socket.
+    pub uid: Option<u32>,
+    /// Images it opens as its own writable view.
+    #[serde(default)]
+    pub view: Vec<String>,
+    /// Images it opens as they are, read-only.
+    #[serde(default)]
+    pub read_only: Vec<String>,
+}
+
+/// A config file that cannot be used: the file, the key and the reason.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ServerConfigError(pub String);
+
+/// Names that become file names in the state directory.
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && !s.starts_with('.')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+/// Hex digits only, lower case, colons dropped.
+pub fn normalize_fingerprint(s: &str) -> String {
+    s.chars()
+        .filter(|c| *c != ':')
+        .collect::<String>()
+        .to_ascii_lowercase()
+}
+
+impl ServerConfig {
+    /// Read and check `path`; relative paths in it are made relative to
+    /// the file's directory.
+    pub fn read(path: &Path) -> Result<ServerConfig, ServerConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ServerConfigError(format!("cannot read {}: {e}", path.display())))?;
+        let mut cfg = ServerConfig::parse(&text).map_err(|ServerConfigError(m)| {
+            ServerConfigError(format!("{}: {m}", path.display()))
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let rel = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        rel(&mut cfg.state);
+        for p in [
+            &mut cfg.socket,
+            &mut cfg.tls_cert,
+            &mut cfg.tls_key,
+            &mut cfg.tls_verify_ca,
+            &mut cfg.tls_psk,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            rel(p);
+        }
+        Ok(cfg)
+    }
+
+    /// Parse and check a config file's text: `format` and `version` first,
+    /// then the rest.
+    pub fn parse(text: &str) -> Result<ServerConfig, ServerConfigError> {
+        let err = |m: String| Err(ServerConfigError(m));
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e| ServerConfigError(format!("not TOML: {e}")))?;
+        match table.get("format").and_then(|v| v.as_str()) {
+            Some(FORMAT) => {}
+            Some(other) => {
+                return err(format!(
+                    "key 'format': this is a '{other}' file, not a '{FORMAT}' config"
+                ))
+            }
+            None => {
+                return err(format!(
+                    "key 'format' is missing: the first line should be format = \"{FORMAT}\""
+                ))
+            }
+        }
+        match table.get("version").and_then(|v| v.as_integer()) {
+            Some(VERSION) => {}
+            Some(v) => {
+                return err(format!(
+                    "key 'version': version {v} is not known to this roamdisk (it reads version {VERSION})"
+                ))
+            }
+            None => return err(format!("key 'version' is missing (version = {VERSION})")),
+        }
+        let cfg: ServerConfig =
+            toml::from_str(text).map_err(|e| ServerConfigError(e.to_string().trim().into()))?;
+        cfg.check().map_err(ServerConfigError)?;
+        Ok(cfg)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.socket.is_none() && self.listen.is_empty() {
+            return Err(
+                "no listener: give socket = \"PATH\" and/or listen = [\"ADDR:PORT\"]".into(),
+            );
+        }
+        let has_cert = self.tls_cert.is_some() || self.tls_key.is_some();
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err("keys 'tls-cert' and 'tls-key' go together".into());
+        }
+        if !self.listen.is_empty() && !has_cert && self.tls_psk.is_none() {
+            return Err(
+                "key 'listen': TCP clients must use TLS; give tls-cert + tls-key and/or tls-psk"
+                    .into(),
+            );
+        }
+        if self.tls_verify_ca.is_some() && !has_cert {
+            return Err("key 'tls-verify-ca' needs tls-cert and tls-key".into());
+        }
+        if self.image.is_empty() {
+            return Err("no [[image]] table".into());
+        }
+        for (i, im) in self.image.iter().enumerate() {
+            if !valid_name(&im.name) {
+                return Err(format!(
+                    "image[{i}] key 'name': '{}' must be 1-64 letters, digits, '.', '_' or '-', not starting with '.'",
+                    im.name
+                ));
+            }
+            if self.image[..i].iter().any(|x| x.name == im.name) {
+                return Err(format!("image name '{}' appears twice", im.name));
+            }
+        }
+        for (i, c) in self.client.iter().enumerate() {
+            let at = |key: &str| format!("client '{}' key '{key}'", c.name);
+            if !valid_name(&c.name) {
+                return Err(format!(
+                    "client[{i}] key 'name': '{}' must be 1-64 letters, digits, '.', '_' or '-', not starting with '.'",
+                    c.name
+                ));
+            }
+            if self.client[..i].iter().any(|x| x.name == c.name) {
+                return Err(format!("client name '{}' appears twice", c.name));
+            }
+            if c.cert_cn.is_none()
+                && c.cert_sha256.is_none()
+                && c.psk_identity.is_none()
+                && c.uid.is_none()
+            {
+                return Err(format!(
+                    "client '{}' has no identity: give cert-cn, cert-sha256, psk-identity and/or uid",
+                    c.name
+                ));
+            }
+            if c.cert_cn.is_some() && self.tls_verify_ca.is_none() {
+                return Err(format!(
+                    "{}: a certificate's name proves nothing unless tls-verify-ca checks who signed it",
+                    at("cert-cn")
+                ));
+            }
+            if let Some(fp) = &c.cert_sha256 {
+                let n = normalize_fingerprint(fp);
+                if n.len() != 64 || !n.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(format!(
+                        "{}: expected 64 hex digits (openssl x509 -noout -fingerprint -sha256)",
+                        at("cert-sha256")
+                    ));
+                }
+                if self.tls_verify_ca.is_none() {
+                    return Err(format!(
+                        "{}: needs tls-verify-ca (the server asks for client certificates only then)",
+                        at("cert-sha256")
+                    ));
+                }
+            }
+            if c.psk_identity.is_some() && self.tls_psk.is_none() {
+                return Err(format!("{}: needs tls-psk", at("psk-identity")));
+            }
+            if c.uid.is_some() && self.socket.is_none() {
+                return Err(format!(
+                    "{}: uids are checked on the Unix socket only; give socket",
+                    at("uid")
+                ));
+            }
+            for x in &self.client[..i] {
+                let same = |a: &Option<String>, b: &Option<String>| a.is_some() && a == b;
+                let clash = if same(&c.cert_cn, &x.cert_cn) {
+                    Some("cert-cn")
+                } else if c.cert_sha256.is_some()
+                    && c.cert_sha256.as_deref().map(normalize_fingerprint)
+                        == x.cert_sha256.as_deref().map(normalize_fingerprint)
+                {
+                    Some("cert-sha256")
+                } else if same(&c.psk_identity, &x.psk_identity) {
+                    Some("psk-identity")
+                } else if c.uid.is_some() && c.uid == x.uid {
+                    Some("uid")
+                } else {
+                    None
+                };
+                if let Some(key) = clash {
+                    return Err(format!(
+                        "{}: the same identity as client '{}'",
+                        at(key),
+                        x.name
+                    ));
+                }
+            }
+            for (key, list) in [("view", &c.view), ("read-only", &c.read_only)] {
+                for name in list {
+                    if !self.image.iter().any(|im| &im.name == name) {
+                        return Err(format!("{}: no [[image]] named '{name}'", at(key)));
+                    }
+                }
+            }
+            if let Some(name) = c.view.iter().find(|n| c.read_only.contains(n)) {
+                return Err(format!(
+                    "{}: '{name}' is also in view; grant an image one way",
+                    at("read-only")
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The client of that name.
+    pub fn client(&self, name: &str) -> Option<&ClientConfig> {
+        self.client.iter().find(|c| c.name == name)
+    }
+
+    /// The image of that name.
+    pub fn image(&self, name: &str) -> Option<&ImageConfig> {
+        self.image.iter().find(|i| i.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEAD: &str = "format = \"roamdisk-server\"\nversion = 1\nstate = \"/s\"\nsocket = \"/s.sock\"\n[[image]]\nname = \"win\"\nstack = \"mem:1M\"\n";
+
+    #[test]
+    fn a_good_file_parses() {
+        let c = ServerConfig::parse(&format!(
+            "{HEAD}[[client]]\nname = \"alice\"\nuid = 1000\nview = [\"win\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(c.client("alice").unwrap().view, vec!["win".to_string()]);
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        for (text, want) in [
+            ("version = 1".to_string(), "key 'format' is missing"),
+            ("format = \"x\"\nversion = 1".into(), "key 'format'"),
+            ("format = \"roamdisk-server\"\nversion = 2".into(), "key 'version'"),
+            (format!("{HEAD}bogus = 1"), "bogus"),
+            (format!("{HEAD}[[client]]\nname = \"a\"\nview = [\"win\"]"), "no identity"),
+            (format!("{HEAD}[[client]]\nname = \"a\"\nuid = 1\nview = [\"nope\"]"), "no [[image]] named 'nope'"),
+            (format!("{HEAD}[[client]]\nname = \"a\"\nuid = 1\n[[client]]\nname = \"b\"\nuid = 1"), "same identity as client 'a'"),
+            (format!("{HEAD}[[client]]\nname = \"a\"\ncert-cn = \"a\""), "tls-verify-ca"),
+            (format!("{HEAD}[[client]]\nname = \"../a\"\nuid = 1"), "key 'name'"),
+            (format!("{HEAD}[[client]]\nname = \"a\"\nuid = 1\nview = [\"win\"]\nread-only = [\"win\"]"), "one way"),
+            (HEAD.replace("socket = \"/s.sock\"", "listen = [\"127.0.0.1:1\"]"), "must use TLS"),
+        ] {
+            let e = ServerConfig::parse(&text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}\n=> {e}");
+        }
+    }
+}

@@ -1,0 +1,754 @@
+//! `roamdisk server CONFIG`: one golden image, three clients with their own
+//! views. alice proves herself with a client certificate (matched by its
+//! CN), bob with a certificate matched by its SHA-256 fingerprint, carol
+//! with a TLS-PSK key over TCP and with her uid on the Unix socket. Real
+//! clients (qemu-io, nbdinfo, nbdcopy; GnuTLS) drive the real binary:
+//! each client's writes stay in its own view, the golden file never
+//! changes, every refusal is in the server's log with the identity, views
+//! survive kill -9, and `server reset` / `server promote` work on a
+//! stopped server.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::certs::{make_ca, make_leaf, CLIENT_EXT, SERVER_EXT};
+use common::{path_str, random_file, rd, rd_fail, require_tool, run, run_stdout, tempdir};
+
+const SIZE: u64 = 8 << 20;
+
+/// A running `roamdisk server CONFIG`, its TCP port read from its log.
+struct Srv {
+    child: Option<Child>,
+    port: u16,
+    log: PathBuf,
+    socket: PathBuf,
+}
+
+impl Srv {
+    fn start(f: &Fixture) -> Srv {
+        let log = f.dir.join(format!("server-{}.log", f.starts()));
+        let child = Command::new(common::bin())
+            .args(["server", path_str(&f.config)])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn roamdisk server");
+        let mut s = Srv {
+            child: Some(child),
+            port: 0,
+            log,
+            socket: f.dir.join("srv.sock"),
+        };
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(20) {
+            let text = s.log_text();
+            if let Some(rest) = text.split("on nbd://127.0.0.1:").nth(1) {
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                if rest.len() > digits.len() {
+                    s.port = digits.parse().unwrap();
+                    return s;
+                }
+            }
+            if let Some(st) = s.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("roamdisk server exited early ({st}):\n{text}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "roamdisk server did not listen within 20 s:\n{}",
+            s.log_text()
+        );
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The log must have a warning line holding every one of `words`.
+    fn assert_logged(&self, words: &[&str]) {
+        let t0 = Instant::now();
+        loop {
+            let log = self.log_text();
+            if log
+                .lines()
+                .any(|l| l.contains("WARN") && words.iter().all(|w| l.contains(w)))
+            {
+                return;
+            }
+            if t0.elapsed() > Duration::from_secs(5) {
+                panic!("no warning with {words:?} in the server log:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn cert_uri(&self, export: &str, certs: &Path) -> String {
+        format!(
+            "nbds://127.0.0.1:{}/{export}?tls-certificates={}",
+            self.port,
+            certs.display()
+        )
+    }
+
+    fn psk_uri(&self, export: &str, user: &str, keys: &Path) -> String {
+        format!(
+            "nbds://{user}@127.0.0.1:{}/{export}?tls-psk-file={}",
+            self.port,
+            keys.display()
+        )
+    }
+
+    fn unix_uri(&self, export: &str) -> String {
+        format!("nbd+unix:///{export}?socket={}", self.socket.display())
+    }
+
+    fn kill9(mut self) {
+        let mut c = self.child.take().unwrap();
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
+    fn stop(mut self) {
+        self.terminate();
+    }
+
+    fn terminate(&mut self) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(st)) = c.try_wait() {
+                assert!(
+                    st.success(),
+                    "server exited with {st}:\n{}",
+                    self.log_text()
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        panic!("roamdisk server did not stop within 30 s");
+    }
+}
+
+impl Drop for Srv {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The files of a three-client site.
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    config: PathBuf,
+    golden: PathBuf,
+    /// Credential folders as GnuTLS clients want them (ca-cert.pem,
+    /// client-cert.pem, client-key.pem).
+    alice: PathBuf,
+    bob: PathBuf,
+    /// A certificate from our CA for a client the config does not know.
+    dave: PathBuf,
+    /// A certificate from another CA, with CN=alice.
+    rogue: PathBuf,
+    carol_psk: PathBuf,
+    carol_wrong_psk: PathBuf,
+    mallory_psk: PathBuf,
+    /// qemu's tls-creds-psk folder for carol (keys.psk).
+    carol_qemu: PathBuf,
+    started: std::cell::Cell<u32>,
+}
+
+impl Fixture {
+    fn starts(&self) -> u32 {
+        let n = self.started.get() + 1;
+        self.started.set(n);
+        n
+    }
+}
+
+fn client_dir(dir: &Path, name: &str, ca: &Path, who_ca: &Path, who: &str) -> PathBuf {
+    let d = dir.join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::copy(ca.join("ca-cert.pem"), d.join("ca-cert.pem")).unwrap();
+    std::fs::copy(
+        who_ca.join(format!("{who}-cert.pem")),
+        d.join("client-cert.pem"),
+    )
+    .unwrap();
+    std::fs::copy(
+        who_ca.join(format!("{who}-key.pem")),
+        d.join("client-key.pem"),
+    )
+    .unwrap();
+    d
+}
+
+fn psk(dir: &Path, file: &str, user: &str) -> PathBuf {
+    let p = dir.join(file);
+    run("psktool", &["-u", user, "-p", path_str(&p)]);
+    p
+}
+
+fn fixture() -> Fixture {
+    let tmp = tempdir();
+    let dir = tmp.path().to_path_buf();
+    let ca = dir.join("ca");
+    make_ca(&ca, "site-ca");
+    for (who, ext) in [
+        ("server", SERVER_EXT),
+        ("alice", CLIENT_EXT),
+        ("bob", CLIENT_EXT),
+        ("dave", CLIENT_EXT),
+    ] {
+        make_leaf(&ca, who, ext);
+    }
+    let other = dir.join("other-ca");
+    make_ca(&other, "someone-else");
+    make_leaf(&other, "alice", CLIENT_EXT);
+    let fp = run_stdout(
+        "openssl",
+        &[
+            "x509",
+            "-noout",
+            "-fingerprint",
+            "-sha256",
+            "-in",
+            path_str(&ca.join("bob-cert.pem")),
+        ],
+    );
+    let fp = fp
+        .trim()
+        .split('=')
+        .nth(1)
+        .expect("fingerprint")
+        .to_string();
+    let server_keys = psk(&dir, "server.psk", "carol");
+    let carol_psk = dir.join("carol.psk");
+    std::fs::copy(&server_keys, &carol_psk).unwrap();
+    let carol_qemu = dir.join("carol-qemu");
+    std::fs::create_dir(&carol_qemu).unwrap();
+    std::fs::copy(&server_keys, carol_qemu.join("keys.psk")).unwrap();
+    let golden = dir.join("golden.img");
+    random_file(&golden, SIZE, 7);
+    let tools = dir.join("tools.img");
+    random_file(&tools, 1 << 20, 8);
+    let uid = run_stdout("id", &["-u"]).trim().to_string();
+    let config = dir.join("server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"format = "roamdisk-server"
+version = 1
+state = "state"
+socket = "srv.sock"
+listen = ["127.0.0.1:0"]
+tls-cert = "ca/server-cert.pem"
+tls-key = "ca/server-key.pem"
+tls-verify-ca = "ca/ca-cert.pem"
+tls-psk = "server.psk"
+
+[[image]]
+name = "desktop"
+stack = "raw:{golden}"
+description = "the lab's desktop"
+
+[[image]]
+name = "tools"
+stack = "raw:{tools}"
+
+[[client]]
+name = "alice"
+cert-cn = "alice"
+view = ["desktop"]
+read-only = ["tools"]
+
+[[client]]
+name = "bob"
+cert-sha256 = "{fp}"
+view = ["desktop"]
+
+[[client]]
+name = "carol"
+psk-identity = "carol"
+uid = {uid}
+view = ["desktop"]
+"#,
+            golden = golden.display(),
+            tools = tools.display(),
+        ),
+    )
+    .unwrap();
+    Fixture {
+        alice: client_dir(&dir, "alice", &ca, &ca, "alice"),
+        bob: client_dir(&dir, "bob", &ca, &ca, "bob"),
+        dave: client_dir(&dir, "dave", &ca, &ca, "dave"),
+        rogue: client_dir(&dir, "rogue", &ca, &other, "alice"),
+        carol_psk,
+        carol_wrong_psk: psk(&dir, "carol-wrong.psk", "carol"),
+        mallory_psk: psk(&dir, "mallory.psk", "mallory"),
+        carol_qemu,
+        config,
+        golden,
+        dir,
+        _tmp: tmp,
+        started: std::cell::Cell::new(0),
+    }
+}
+
+/// A client tool with a 20 s limit, whatever its status.
+fn tool(cmd: &str, args: &[&str]) -> Output {
+    require_tool(cmd);
+    Command::new("timeout")
+        .arg("20")
+        .arg(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd}: {e}"))
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn ok(cmd: &str, args: &[&str]) -> String {
+    let o = tool(cmd, args);
+    assert!(o.status.success(), "{cmd} {args:?}: {}", text(&o));
+    let all = text(&o).to_lowercase();
+    assert!(
+        !all.contains("verification failed") && !all.contains("failed"),
+        "{cmd} {args:?}: {}",
+        text(&o)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn fails(cmd: &str, args: &[&str], why: &str) {
+    let o = tool(cmd, args);
+    assert_ne!(o.status.code(), Some(124), "{cmd} {args:?} timed out");
+    let lower = text(&o).to_lowercase();
+    assert!(
+        !o.status.success() || lower.contains("failed") || lower.contains("error"),
+        "{cmd} {args:?} succeeded: {why}\n{}",
+        text(&o)
+    );
+}
+
+/// How a client reaches the server.
+enum Via<'a> {
+    Cert(&'a Path),
+    Psk(&'a Path),
+}
+
+/// `qemu-io --image-opts` for `export` over TLS.
+fn qemu_io_tls(srv: &Srv, via: &Via, export: &str, cmds: &[&str]) -> Vec<String> {
+    let object = match via {
+        Via::Cert(d) => format!("tls-creds-x509,id=tls0,endpoint=client,dir={}", d.display()),
+        Via::Psk(d) => format!(
+            "tls-creds-psk,id=tls0,endpoint=client,dir={},username=carol",
+            d.display()
+        ),
+    };
+    let mut v = vec![
+        "--object".to_string(),
+        object,
+        "--image-opts".to_string(),
+        format!(
+            "driver=nbd,host=127.0.0.1,port={},export={export},tls-creds=tls0",
+            srv.port
+        ),
+    ];
+    for c in cmds {
+        v.push("-c".into());
+        v.push(c.to_string());
+    }
+    v
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// The export at `uri` copied to a file in `dir` (nbdcopy).
+fn fetch(dir: &Path, uri: &str, name: &str) -> Vec<u8> {
+    let out = dir.join(name);
+    ok("nbdcopy", &[uri, path_str(&out)]);
+    let bytes = std::fs::read(&out).unwrap();
+    std::fs::remove_file(&out).unwrap();
+    bytes
+}
+
+#[test]
+fn each_client_writes_and_reads_its_own_view_and_the_golden_image_is_unchanged() {
+    let f = fixture();
+    let golden = std::fs::read(&f.golden).unwrap();
+    let srv = Srv::start(&f);
+
+    // Each client lists only its own grants.
+    let list = ok("nbdinfo", &["--list", &srv.cert_uri("", &f.alice)]);
+    assert!(
+        list.contains("export=\"desktop\"") && list.contains("export=\"tools\""),
+        "{list}"
+    );
+    assert!(list.contains("the lab's desktop"), "{list}");
+    let list = ok("nbdinfo", &["--list", &srv.cert_uri("", &f.bob)]);
+    assert!(
+        list.contains("export=\"desktop\"") && !list.contains("tools"),
+        "{list}"
+    );
+    let list = ok(
+        "nbdinfo",
+        &["--list", &srv.psk_uri("", "carol", &f.carol_psk)],
+    );
+    assert!(
+        list.contains("export=\"desktop\"") && !list.contains("tools"),
+        "{list}"
+    );
+
+    // alice and bob write different data at the same place.
+    let a = Via::Cert(&f.alice);
+    let b = Via::Cert(&f.bob);
+    ok(
+        "qemu-io",
+        &strs(&qemu_io_tls(
+            &srv,
+            &a,
+            "desktop",
+            &["write -P 0xa1 0 1M", "flush"],
+        )),
+    );
+    ok(
+        "qemu-io",
+        &strs(&qemu_io_tls(
+            &srv,
+            &b,
+            "desktop",
+            &["write -P 0xb2 512k 1M", "flush"],
+        )),
+    );
+    // Each reads back its own.
+    ok(
+        "qemu-io",
+        &strs(&qemu_io_tls(&srv, &a, "desktop", &["read -P 0xa1 0 1M"])),
+    );
+    ok(
+        "qemu-io",
+        &strs(&qemu_io_tls(&srv, &b, "desktop", &["read -P 0xb2 512k 1M"])),
+    );
+    // Two connections of one client share its view: the first sees what
+    // the second wrote while it was connected.
+    require_tool("qemu-io");
+    let first = Command::new("qemu-io")
+        .args(strs(&qemu_io_tls(
+            &srv,
+            &a,
+            "desktop",
+            &["read -P 0xa1 0 64k", "sleep 2000", "read -P 0xa5 4M 64k"],
+        )))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn qemu-io");
+    std::thread::sleep(Duration::from_millis(500));
+    ok(
+        "qemu-io",
+        &strs(&qemu_io_tls(&srv, &a, "desktop", &["write -P 0xa5 4M 64k"])),
+    );
+    let first = first.wait_with_output().unwrap();
+    let t = text(&first).to_lowercase();
+    assert!(first.status.success() && !t.contains("failed"), "{t}");
+    // Whole views: alice's has only her write, bob's only his, carol's none.
+    let mut want_a = golden.clone();
+    want_a[..1 << 20].fill(0xa1);
+    want_a[4 << 20..(4 << 20) + (64 << 10)].fill(0xa5);
+    let mut want_b = golden.clone();
+    want_b[512 << 10..(512 << 10) + (1 << 20)].fill(0xb2);
+    assert!(
+        fetch(&f.dir, &srv.cert_uri("desktop", &f.alice), "a.img") == want_a,
+        "alice's view"
+    );
+    assert!(
+        fetch(&f.dir, &srv.cert_uri("desktop", &f.bob), "b.img") == want_b,
+        "bob's view"
+    );
+    let carol = fetch(
+        &f.dir,
+        &srv.psk_uri("desktop", "carol", &f.carol_psk),
+        "c.img",
+    );
+    assert!(carol == golden, "carol sees another client's writes");
+    // carol on the Unix socket, known by her uid, gets the same view.
+    assert!(fetch(&f.dir, &srv.unix_uri("desktop"), "u.img") == golden);
+    // The empty name is the client's first grant.
+    assert!(fetch(&f.dir, &srv.cert_uri("", &f.alice), "d.img") == want_a);
+    srv.stop();
+    assert!(
+        std::fs::read(&f.golden).unwrap() == golden,
+        "the golden image changed"
+    );
+    for c in ["alice", "bob", "carol"] {
+        let o = f.dir.join("state/clients").join(c).join("desktop.cow");
+        assert!(o.exists(), "no overlay {}", o.display());
+    }
+}
+
+#[test]
+fn every_refusal_is_refused_and_logged_with_the_identity() {
+    let f = fixture();
+    let srv = Srv::start(&f);
+    // An image bob is not granted, and names of other clients' views.
+    fails(
+        "nbdinfo",
+        &[&srv.cert_uri("tools", &f.bob)],
+        "bob opened tools",
+    );
+    srv.assert_logged(&[
+        "refused",
+        "export=tools",
+        "client 'bob' has no grant",
+        "127.0.0.1",
+    ]);
+    for name in ["alice", "alice%2Fdesktop", "clients%2Falice%2Fdesktop.cow"] {
+        fails(
+            "nbdinfo",
+            &[&srv.psk_uri(name, "carol", &f.carol_psk)],
+            "carol opened another's view",
+        );
+    }
+    srv.assert_logged(&[
+        "refused",
+        "psk=carol",
+        "export=alice/desktop",
+        "client 'carol'",
+    ]);
+    // Writing to a read-only grant.
+    let a = Via::Cert(&f.alice);
+    let o = tool(
+        "qemu-io",
+        &strs(&qemu_io_tls(&srv, &a, "tools", &["write -P 1 0 4k"])),
+    );
+    let t = text(&o).to_lowercase();
+    assert!(
+        t.contains("read-only") || t.contains("permission denied") || t.contains("failed"),
+        "write to a read-only grant: {t}"
+    );
+    let mut read = vec!["-r".to_string()];
+    read.extend(qemu_io_tls(&srv, &a, "tools", &["read 0 4k"]));
+    ok("qemu-io", &strs(&read));
+    // qemu refuses to open it read-write (the export says read-only); a
+    // client that writes anyway gets EPERM, and the log says who.
+    let script = format!(
+        "import nbd\nh = nbd.NBD()\nh.set_strict_mode(0)\nh.set_uri_allow_local_file(True)\nh.connect_uri({:?})\ntry:\n    h.pwrite(b'x' * 4096, 0)\n    print('WROTE')\nexcept nbd.Error as e:\n    print('REFUSED', e.errno)\n",
+        srv.cert_uri("tools", &f.alice)
+    );
+    let o = common::python_nbd(&script, &[]).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("REFUSED") && !out.contains("WROTE"),
+        "{}",
+        text(&o)
+    );
+    srv.assert_logged(&[
+        "refused: write to a read-only export",
+        "CN=alice",
+        "export=tools",
+    ]);
+    // A certificate from our CA for a client the config does not know.
+    fails(
+        "nbdinfo",
+        &[&srv.cert_uri("desktop", &f.dave)],
+        "unknown client served",
+    );
+    srv.assert_logged(&["refused", "CN=dave", "unknown client", "export=desktop"]);
+    let list = tool("nbdinfo", &["--list", &srv.cert_uri("", &f.dave)]);
+    assert!(
+        !String::from_utf8_lossy(&list.stdout).contains("desktop"),
+        "{}",
+        text(&list)
+    );
+    srv.assert_logged(&["refused: LIST from an unknown client", "CN=dave"]);
+    // A certificate from another CA, even with a known CN.
+    fails(
+        "nbdinfo",
+        &[&srv.cert_uri("desktop", &f.rogue)],
+        "rogue certificate accepted",
+    );
+    srv.assert_logged(&["refused: TLS handshake failed", "127.0.0.1"]);
+    // A wrong key for a known PSK identity, and an unknown identity.
+    fails(
+        "nbdinfo",
+        &[&srv.psk_uri("desktop", "carol", &f.carol_wrong_psk)],
+        "wrong key",
+    );
+    srv.assert_logged(&["refused: TLS handshake failed", "PSK identity 'carol'"]);
+    fails(
+        "nbdinfo",
+        &[&srv.psk_uri("desktop", "mallory", &f.mallory_psk)],
+        "unknown PSK",
+    );
+    srv.assert_logged(&["refused: TLS handshake failed", "PSK identity 'mallory'"]);
+    // Plain TCP.
+    fails(
+        "nbdinfo",
+        &[&format!("nbd://127.0.0.1:{}/desktop", srv.port)],
+        "plain TCP served",
+    );
+    srv.assert_logged(&["refused: plain client on a TLS-only server", "127.0.0.1"]);
+    // Nobody wrote anything: no client has an overlay but the ones that
+    // opened their own view.
+    assert!(!f.dir.join("state/clients/dave").exists());
+    assert!(!f.dir.join("state/clients/bob/tools.cow").exists());
+    // Still serving the legitimate clients.
+    ok("nbdinfo", &["--size", &srv.cert_uri("desktop", &f.alice)]);
+    assert!(!srv.log_text().contains("panicked"));
+}
+
+#[test]
+fn views_survive_kill_9_and_reset_and_promote_need_a_stopped_server() {
+    let f = fixture();
+    let golden = std::fs::read(&f.golden).unwrap();
+    let cfg = path_str(&f.config);
+    let srv = Srv::start(&f);
+    // carol over TLS-PSK with qemu, then flush; then kill -9.
+    let c = Via::Psk(&f.carol_qemu);
+    ok(
+        "qemu-io",
+        &strs(&qemu_io_tls(
+            &srv,
+            &c,
+            "desktop",
+            &["write -P 0xc3 1M 2M", "flush"],
+        )),
+    );
+    srv.kill9();
+    let srv = Srv::start(&f);
+    // On the Unix socket (uid) after the restart: the data is there.
+    ok(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &srv.unix_uri("desktop"),
+            "-c",
+            "read -P 0xc3 1M 2M",
+        ],
+    );
+    // A running server holds the state lock.
+    let e = rd_fail(&["server", "reset", "carol", "desktop", "--config", cfg]);
+    assert!(e.contains("running"), "{e}");
+    let out = f.dir.join("promoted.img");
+    let e = rd_fail(&[
+        "server",
+        "promote",
+        "carol",
+        "desktop",
+        "--config",
+        cfg,
+        "--to",
+        path_str(&out),
+    ]);
+    assert!(e.contains("running"), "{e}");
+    srv.stop();
+    // Promote: golden + carol's overlay as a new raw image.
+    rd(&[
+        "server",
+        "promote",
+        "carol",
+        "desktop",
+        "--config",
+        cfg,
+        "--to",
+        path_str(&out),
+    ]);
+    let mut want = golden.clone();
+    want[1 << 20..3 << 20].fill(0xc3);
+    assert!(std::fs::read(&out).unwrap() == want, "promoted image");
+    // ...and as a new version in a chunk store.
+    let store = f.dir.join("store");
+    let st = path_str(&store);
+    rd(&[
+        "server",
+        "promote",
+        "carol",
+        "desktop",
+        "--config",
+        cfg,
+        "--to",
+        "lab/desktop",
+        "--store",
+        st,
+        "-m",
+        "carol's",
+    ]);
+    let back = f.dir.join("checked-out.img");
+    rd(&[
+        "checkout",
+        "lab/desktop",
+        "--output",
+        path_str(&back),
+        "--store",
+        st,
+    ]);
+    assert!(std::fs::read(&back).unwrap() == want, "promoted version");
+    // Reset refuses what carol has no view of, then resets her view.
+    let e = rd_fail(&["server", "reset", "carol", "tools", "--config", cfg]);
+    assert!(e.contains("no grant"), "{e}");
+    let said = rd(&["server", "reset", "carol", "--config", cfg]);
+    assert!(said.contains("carol/desktop: overlay removed"), "{said}");
+    let srv = Srv::start(&f);
+    assert!(
+        fetch(
+            &f.dir,
+            &srv.psk_uri("desktop", "carol", &f.carol_psk),
+            "c.img"
+        ) == golden
+    );
+    srv.stop();
+    assert!(std::fs::read(&f.golden).unwrap() == golden);
+}
+
+#[test]
+fn config_mistakes_name_the_file_and_the_key() {
+    let dir = tempdir();
+    let cfg = dir.path().join("server.toml");
+    let c = path_str(&cfg);
+    let head =
+        "format = \"roamdisk-server\"\nversion = 1\nstate = \"state\"\nsocket = \"s.sock\"\n";
+    for (text, want) in [
+        ("[[export]]\nname = \"a\"\n", "key 'format' is missing"),
+        ("format = \"roamdisk-server\"\nversion = 7\n", "key 'version'"),
+        (
+            &format!("{head}[[image]]\nname = \"a\"\nstack = \"mem:1M\"\nread-only = true\n")[..],
+            "read-only",
+        ),
+        (
+            &format!("{head}[[image]]\nname = \"a\"\nstack = \"mem:1M\"\n[[client]]\nname = \"x\"\nuid = 5\nview = [\"b\"]\n")[..],
+            "client 'x' key 'view': no [[image]] named 'b'",
+        ),
+    ] {
+        std::fs::write(&cfg, text).unwrap();
+        let e = rd_fail(&["server", c]);
+        assert!(e.contains(c) && e.contains(want), "{text}\n=> {e}");
+    }
+    assert!(
+        !dir.path().join("state").exists(),
+        "state made for a bad config"
+    );
+}
