@@ -137,13 +137,19 @@ fn hits_equal_the_simulators_for_the_same_trace() {
             );
             rd(&["replay", trace, &spec, "-q"]);
             let json = std::fs::read_to_string(&report).unwrap();
-            let layer = (num_after(&json, 0, "hits").0, num_after(&json, 0, "misses").0);
+            let layer = (
+                num_after(&json, 0, "hits").0,
+                num_after(&json, 0, "misses").0,
+            );
             let sim = sim_counts(trace, policy, size, block, shards);
             assert_eq!(
                 layer, sim,
                 "{policy} {size} {block} x{shards}: layer (hits, misses) vs sim"
             );
-            assert!(layer.0 > 1000, "{policy}: the trace should have reuse: {json}");
+            assert!(
+                layer.0 > 1000,
+                "{policy}: the trace should have reuse: {json}"
+            );
         }
     }
 }
@@ -155,8 +161,14 @@ fn bad_specs_say_what_to_do() {
     blank_file(&img, 1 << 20);
     let e = rd_fail(&["info", &format!("cache:lfu:1M:{}", spec_raw(&img))]);
     assert!(e.contains("unknown policy 'lfu'"), "{e}");
-    let e = rd_fail(&["info", &format!("cache[block=3K]:lru:1M:{}", spec_raw(&img))]);
+    let e = rd_fail(&[
+        "info",
+        &format!("cache[block=3K]:lru:1M:{}", spec_raw(&img)),
+    ]);
     assert!(e.contains("power of two"), "{e}");
-    let e = rd_fail(&["info", &format!("cache[shards=64]:lru:64K:{}", spec_raw(&img))]);
+    let e = rd_fail(&[
+        "info",
+        &format!("cache[shards=64]:lru:64K:{}", spec_raw(&img)),
+    ]);
     assert!(e.contains("shards"), "{e}");
 }

@@ -41,6 +41,8 @@ use roamdisk_blockdev::progress::{Progress, Unit};
 ///   roamdisk sim desk.rdtrace --size 1/16 --plot out/desk
 ///   roamdisk sim desk.rdtrace --policy lru,fmpq[duration=8x] --size 64M,256M --block 8K
 ///   roamdisk sim desk.rdtrace --client-size 1M,16M --size 1/32,1/16,1/8 --plot out/two-level
+///   roamdisk sim desk.rdtrace --policy fmpq --size 256M --shards 16 --sharing shared
+///     (the hits of cache[shards=16]:fmpq:256M:... replaying the same one-client trace)
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
