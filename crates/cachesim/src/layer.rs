@@ -636,7 +636,7 @@ mod tests {
                 x = x
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
-                let b = ((x >> 33) % 100) as u64;
+                let b = (x >> 33) % 100;
                 c.read_at(&mut buf, b * 4096).unwrap();
                 eng.access_mut(shard_hint(0, b), b);
             }
