@@ -122,16 +122,22 @@ impl Slots {
         self.next_gen
     }
 
-    /// Bring the slots in line with an access's outcome.
-    fn admit(&mut self, block: u64, o: Outcome<u64>) {
-        if let Outcome::Miss { evicted } = o {
-            if let Some(e) = evicted {
-                self.slots.remove(&e);
-            }
-            let gen = self.gen();
-            self.slots.insert(block, Slot { data: None, gen });
-        }
+    /// Bring the slots in line with an access's outcome; returns the
+    /// evicted block's bytes, for the caller to reuse as a buffer.
+    fn admit(&mut self, block: u64, o: Outcome<u64>) -> Option<Arc<[u8]>> {
+        let Outcome::Miss { evicted } = o else {
+            return None;
+        };
+        let old = evicted.and_then(|e| self.slots.remove(&e)?.data);
+        let gen = self.gen();
+        self.slots.insert(block, Slot { data: None, gen });
+        old
     }
+}
+
+/// A new zeroed buffer, allocated once.
+fn zeroed(n: usize) -> Arc<[u8]> {
+    std::iter::repeat_n(0u8, n).collect()
 }
 
 /// Where a write's bytes come from.
@@ -165,8 +171,14 @@ impl CacheDev {
                 opts.size, opts.block
             )));
         }
-        let engine = ShardedCache::new::<HashIndex<u64>>(&opts.policy, capacity, opts.shards)
-            .map_err(|e| bad(e.0))?;
+        let engine: ShardedCache<u64, Slots> =
+            ShardedCache::new::<HashIndex<u64>>(&opts.policy, capacity, opts.shards)
+                .map_err(|e| bad(e.0))?;
+        for i in 0..engine.shards() {
+            let mut g = engine.lock(i);
+            let n = g.capacity();
+            g.data.slots.reserve(n);
+        }
         Ok(CacheDev {
             size: next.size(),
             next,
@@ -231,6 +243,21 @@ impl CacheDev {
     #[inline]
     fn blocks(&self, off: u64, len: u64) -> std::ops::RangeInclusive<u64> {
         off / self.opts.block..=(off + len - 1) / self.opts.block
+    }
+
+    /// Keep `data`, fetched from NEXT with `ticket`, as block `b`'s bytes
+    /// if nothing made that fetch stale (see the module's comment).
+    fn install(&self, b: u64, ticket: u64, data: Arc<[u8]>) {
+        let mut g = self.engine.lock(self.shard(b));
+        let d = &mut g.data;
+        if d.writing.contains_key(&b) {
+            return;
+        }
+        if let Some(slot) = d.slots.get_mut(&b) {
+            if slot.gen == ticket && slot.data.is_none() {
+                slot.data = Some(data);
+            }
+        }
     }
 
     fn write_through(
@@ -304,9 +331,10 @@ impl CacheDev {
                 }
             };
             slot.data = if lo == start && hi == end {
-                let mut blk = vec![0u8; (end - start) as usize];
-                fill(&mut blk);
-                Some(blk.into())
+                Some(match src {
+                    Src::Data(buf) => Arc::from(&buf[(lo - off) as usize..(hi - off) as usize]),
+                    Src::Zero => zeroed((end - start) as usize),
+                })
             } else {
                 old.map(|o| {
                     let mut blk = o.to_vec();
@@ -361,14 +389,14 @@ impl BlockDev for CacheDev {
         }
         // Pass 1, block by block in order (the order the simulator sees):
         // serve what is cached, take a ticket for the rest.
-        let mut fetch: Vec<(u64, u64)> = Vec::new();
+        let mut fetch: Vec<(u64, u64, Option<Arc<[u8]>>)> = Vec::new();
         for b in self.blocks(off, len) {
             let (start, end) = self.span(b);
             let (lo, hi) = (off.max(start), (off + len).min(end));
             let mut g = self.engine.lock(self.shard(b));
             let o = g.access(b);
             let d = &mut g.data;
-            d.admit(b, o);
+            let recycled = d.admit(b, o);
             let slot = d.slots.get(&b).expect("an accessed block has a slot");
             match &slot.data {
                 Some(data) => {
@@ -379,7 +407,7 @@ impl BlockDev for CacheDev {
                         .copy_from_slice(&data[(lo - start) as usize..(hi - start) as usize]);
                 }
                 None => {
-                    fetch.push((b, slot.gen));
+                    fetch.push((b, slot.gen, recycled));
                     d.bytes_from_next += end - start;
                 }
             }
@@ -391,6 +419,27 @@ impl BlockDev for CacheDev {
             while j < fetch.len() && fetch[j].0 == fetch[j - 1].0 + 1 {
                 j += 1;
             }
+            if j == i + 1 {
+                // One block (the usual miss): read it straight into the
+                // buffer it will be cached in — the evicted block's when
+                // no reader still holds that one — and copy it out once.
+                let (b, ticket) = (fetch[i].0, fetch[i].1);
+                let recycled = fetch[i].2.take();
+                let (start, end) = self.span(b);
+                let n = (end - start) as usize;
+                let mut data = recycled
+                    .filter(|r| r.len() == n)
+                    .and_then(|mut r| Arc::get_mut(&mut r).is_some().then_some(r))
+                    .unwrap_or_else(|| zeroed(n));
+                let blk = Arc::get_mut(&mut data).expect("a buffer of our own");
+                self.next.read_at(blk, start)?;
+                let (lo, hi) = (off.max(start), (off + len).min(end));
+                buf[(lo - off) as usize..(hi - off) as usize]
+                    .copy_from_slice(&blk[(lo - start) as usize..(hi - start) as usize]);
+                self.install(b, ticket, data);
+                i = j;
+                continue;
+            }
             let first = self.span(fetch[i].0).0;
             let last = self.span(fetch[j - 1].0).1;
             let mut tmp = vec![0u8; (last - first) as usize];
@@ -398,19 +447,13 @@ impl BlockDev for CacheDev {
             let (lo, hi) = (off.max(first), (off + len).min(last));
             buf[(lo - off) as usize..(hi - off) as usize]
                 .copy_from_slice(&tmp[(lo - first) as usize..(hi - first) as usize]);
-            for &(b, ticket) in &fetch[i..j] {
+            for &(b, ticket, _) in &fetch[i..j] {
                 let (start, end) = self.span(b);
-                let mut g = self.engine.lock(self.shard(b));
-                let d = &mut g.data;
-                if d.writing.contains_key(&b) {
-                    continue;
-                }
-                if let Some(slot) = d.slots.get_mut(&b) {
-                    if slot.gen == ticket && slot.data.is_none() {
-                        slot.data =
-                            Some(tmp[(start - first) as usize..(end - first) as usize].into());
-                    }
-                }
+                self.install(
+                    b,
+                    ticket,
+                    Arc::from(&tmp[(start - first) as usize..(end - first) as usize]),
+                );
             }
             i = j;
         }

@@ -75,6 +75,11 @@ impl<K, S> Shard<K, S> {
         self.policy.len()
     }
 
+    /// Capacity of this shard in blocks.
+    pub fn capacity(&self) -> usize {
+        self.policy.capacity()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.policy.is_empty()
     }
