@@ -3,7 +3,7 @@
 //! zeroes and trims read exactly what the same operations give on a plain
 //! file, for block sizes from 4 KiB to 1 MiB and several policies, on a
 //! disk whose last block is short; racing writers and readers on four
-//! connections see no torn page and leave no stale block; and a trace
+//! connections leave no stale block; and a trace
 //! replayed through the layer counts exactly the hits and misses `roamdisk
 //! sim --shards` counts for the same policy, size, block size and shards
 //! (the same engine).

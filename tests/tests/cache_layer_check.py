@@ -1,7 +1,8 @@
 # Drives a `cache:...:raw:IMG` export with libnbd: random reads, writes,
 # zeroes and trims from one connection compared byte for byte with the
 # same operations on a plain file, then two writers and two readers racing
-# on the same blocks, then every byte of the export against IMG.
+# on the same blocks, then every byte of the export against IMG (no stale
+# cached block).
 # argv: URI IMG MODEL BLOCK SEED
 import os, random, sys, threading
 import nbd
@@ -48,11 +49,14 @@ for step in range(3000):
 print("phase 1 ok")
 
 # Phase 2: writers and readers of the same blocks on four connections.
-# Every write fills whole 4 KiB pages with one byte value, so a page that
-# mixes two values was torn.
+# What a read racing a write of the same bytes returns is unspecified, and
+# a raw file does not even keep 4 KiB pages whole (the kernel copies a page
+# while a write fills it: the same script against `raw:IMG` alone sees
+# mixed pages), so the readers only read; what must hold is checked after
+# the race: the cache holds no stale block. (Whole cached blocks are never
+# torn: `racing_writes_and_reads_leave_no_stale_or_torn_block` in
+# crates/cachesim/src/layer.rs checks that over a page-atomic NEXT.)
 blocks = min(6, size // block)
-h.pwrite(bytes(blocks * block), 0)
-errors = []
 def writer(t):
     c = connect()
     r = random.Random(seed * 10 + t)
@@ -68,17 +72,12 @@ def reader(t):
     r = random.Random(seed * 20 + t)
     for i in range(400):
         b = r.randrange(blocks)
-        buf = c.pread(block, b * block)
-        for p in range(0, block, 4096):
-            page = buf[p:p + 4096]
-            if page.count(page[0]) != len(page):
-                errors.append(f"torn page at {b * block + p}")
+        off = b * block + r.randrange(block)
+        c.pread(min(r.randrange(1, 2 * block), size - off), off)
     c.shutdown()
 ts = [threading.Thread(target=writer, args=(t,)) for t in (1, 2)] + [threading.Thread(target=reader, args=(t,)) for t in (1, 2)]
 for t in ts: t.start()
 for t in ts: t.join()
-if errors:
-    sys.exit("\n".join(errors[:5]))
 
 # Every byte the export reads equals IMG's (no stale cached block).
 h.flush()

@@ -135,6 +135,10 @@ impl Slots {
     }
 }
 
+/// A block a read must fetch: (block, ticket, the evicted block's buffer
+/// to reuse).
+type Fetch = (u64, u64, Option<Arc<[u8]>>);
+
 /// A new zeroed buffer, allocated once.
 fn zeroed(n: usize) -> Arc<[u8]> {
     std::iter::repeat_n(0u8, n).collect()
@@ -389,7 +393,7 @@ impl BlockDev for CacheDev {
         }
         // Pass 1, block by block in order (the order the simulator sees):
         // serve what is cached, take a ticket for the rest.
-        let mut fetch: Vec<(u64, u64, Option<Arc<[u8]>>)> = Vec::new();
+        let mut fetch: Vec<Fetch> = Vec::new();
         for b in self.blocks(off, len) {
             let (start, end) = self.span(b);
             let (lo, hi) = (off.max(start), (off + len).min(end));
@@ -564,7 +568,7 @@ mod tests {
     use roamdisk_blockdev::layers::mem::MemDev;
 
     fn dev(policy: &str, size: u64, block: u64, shards: usize) -> (Arc<MemDev>, CacheDev) {
-        let mem = Arc::new(MemDev::new(1 << 20 | 1000));
+        let mem = Arc::new(MemDev::new(8 << 20 | 1000));
         let c = CacheDev::new(
             mem.clone(),
             CacheOptions {
@@ -637,32 +641,51 @@ mod tests {
     /// mixing two writes (each write fills whole blocks with one value).
     #[test]
     fn racing_writes_and_reads_leave_no_stale_or_torn_block() {
-        let (mem, c) = dev("lru", 8 * 4096, 4096, 2);
-        let c = Arc::new(c);
-        std::thread::scope(|s| {
-            for t in 0..4u8 {
-                let c = c.clone();
-                s.spawn(move || {
-                    for i in 0..2000u32 {
-                        let b = (i as u64 * 7 + t as u64) % 6;
-                        if t % 2 == 0 {
-                            let v = (t as u32 * 50 + i % 50) as u8 + 1;
-                            c.write_at(&[v; 4096], b * 4096, WriteFlags::default())
-                                .unwrap();
-                        } else {
-                            let mut buf = [0u8; 4096];
-                            c.read_at(&mut buf, b * 4096).unwrap();
-                            assert!(buf.iter().all(|&x| x == buf[0]), "torn block {b}");
+        for (policy, block) in [("lru", 4096u64), ("s3fifo", 1 << 20), ("fmpq", 64 << 10)] {
+            let pages = block / 4096;
+            let (mem, c) = dev(policy, 4 * block, block, 2);
+            let c = Arc::new(c);
+            std::thread::scope(|s| {
+                for t in 0..4u64 {
+                    let c = c.clone();
+                    s.spawn(move || {
+                        let mut x = t + 1;
+                        let mut buf = vec![0u8; block as usize];
+                        for i in 0..600u64 {
+                            x = x
+                                .wrapping_mul(6364136223846793005)
+                                .wrapping_add(1442695040888963407);
+                            let b = (x >> 33) % 6;
+                            if t % 2 == 0 {
+                                // Whole pages of one value.
+                                let p0 = (x >> 20) % pages;
+                                let np = 1 + (x >> 40) % (pages - p0);
+                                let v = (t * 60 + i % 60) as u8 + 1;
+                                let data = vec![v; (np * 4096) as usize];
+                                c.write_at(&data, b * block + p0 * 4096, WriteFlags::default())
+                                    .unwrap();
+                            } else {
+                                c.read_at(&mut buf, b * block).unwrap();
+                                for (p, page) in buf.chunks(4096).enumerate() {
+                                    assert!(
+                                        page.iter().all(|&x| x == page[0]),
+                                        "{policy} {block}: torn page {p} of block {b}"
+                                    );
+                                }
+                            }
                         }
-                    }
-                });
+                    });
+                }
+            });
+            for b in 0..6u64 {
+                let (mut a, mut m) = (vec![0u8; block as usize], vec![0u8; block as usize]);
+                c.read_at(&mut a, b * block).unwrap();
+                mem.read_at(&mut m, b * block).unwrap();
+                assert!(
+                    a == m,
+                    "{policy} {block}: block {b}: the cache disagrees with NEXT"
+                );
             }
-        });
-        for b in 0..8u64 {
-            let (mut a, mut m) = ([0u8; 4096], [0u8; 4096]);
-            c.read_at(&mut a, b * 4096).unwrap();
-            mem.read_at(&mut m, b * 4096).unwrap();
-            assert!(a == m, "block {b}: the cache disagrees with NEXT");
         }
     }
 
