@@ -69,7 +69,12 @@ fn layers_lists_builtin_kinds() {
     let out = roamdisk(&["layers"]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    for k in ["raw:PATH", "mem:SIZE", "cow[OPT=VALUE,...]:OVERLAY:NEXT"] {
+    for k in [
+        "raw:PATH",
+        "mem:SIZE",
+        "cow[OPT=VALUE,...]:OVERLAY:NEXT",
+        "cache[OPT=VALUE,...]:POLICY:SIZE:NEXT",
+    ] {
         assert!(text.contains(k), "missing {k}:\n{text}");
     }
 }

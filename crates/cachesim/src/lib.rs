@@ -7,6 +7,10 @@
 //!   the simulator and by a running server's memory cache alike;
 //! - [`stack`]: one-pass LRU stack distances (exact LRU hit ratio for
 //!   every cache size, O(log n) per reference);
+//! - [`sharded`]: the cache engine — a policy cut into locked shards —
+//!   shared by `roamdisk sim --shards` and the `cache` layer;
+//! - [`layer`]: the `cache` layer, a memory cache in front of any stack
+//!   on that engine;
 //! - [`sim`]: the block-granular simulator with TransCom's sharing model,
 //!   temporal-distance split (the seed's Table 2) and two-level runs;
 //! - [`blocksize`]: Machine Bank's block-size latency model;
@@ -20,12 +24,15 @@
 
 pub mod blocksize;
 pub mod index;
+pub mod layer;
 mod list;
 pub mod mva;
 pub mod policy;
 pub mod qnsim;
+pub mod sharded;
 pub mod sim;
 pub mod stack;
 
 pub use index::{DenseIndex, HashIndex, KeyIndex};
 pub use policy::{Outcome, Policy, PolicyKind, PolicySpec};
+pub use sharded::{shard_hint, ShardedCache};

@@ -22,6 +22,7 @@ use std::collections::HashMap;
 
 use crate::index::{DenseIndex, FastBuild, FastMap, HashIndex, NIL};
 use crate::policy::{Policy, PolicyKind, PolicySpec};
+use crate::sharded::{shard_hint, ShardedCache};
 use crate::stack::{DistanceHistogram, StackDistance};
 
 /// How clients' views of a block map to cache keys.
@@ -218,6 +219,10 @@ pub struct SimConfig {
     pub split: u64,
     /// Server policy instances: (policy, capacity in blocks).
     pub server: Vec<(PolicySpec, usize)>,
+    /// Shards of each server instance ([`ShardedCache`]): 1 is the plain
+    /// policy; the `cache` layer's shard count reproduces its hits exactly.
+    /// At most the smallest capacity.
+    pub shards: usize,
     /// Compute the exact LRU curve from stack distances.
     pub lru_stack: bool,
     /// One level per entry: `None` is a single-level run (the server sees
@@ -232,6 +237,7 @@ impl Default for SimConfig {
             sharing: Sharing::Cow,
             split: 32 * 1024,
             server: Vec::new(),
+            shards: 1,
             lru_stack: true,
             levels: vec![None],
         }
@@ -275,6 +281,8 @@ pub struct PolicyResult {
     pub kind: PolicyKind,
     /// Blocks.
     pub capacity: usize,
+    /// Shards the capacity was cut into.
+    pub shards: usize,
     /// Accesses with temporal distance < split.
     pub short: HitMiss,
     /// Accesses with temporal distance ≥ split, and first accesses.
@@ -364,7 +372,7 @@ pub struct SimReport {
 }
 
 struct Instance {
-    policy: Box<dyn Policy<u32>>,
+    engine: ShardedCache<u32>,
     short: HitMiss,
     long: HitMiss,
 }
@@ -424,7 +432,14 @@ impl Simulator {
                     .server
                     .iter()
                     .map(|(spec, cap)| Instance {
-                        policy: spec.build::<u32, DenseIndex>(*cap),
+                        engine: if cfg.shards <= 1 {
+                            ShardedCache::new::<DenseIndex>(spec, *cap, 1)
+                        } else {
+                            // Each shard sees a sparse subset of the dense
+                            // keys: a hash index keeps its memory bounded.
+                            ShardedCache::new::<HashIndex<u32>>(spec, *cap, cfg.shards)
+                        }
+                        .expect("the shard count is checked against every capacity"),
                         short: HitMiss::default(),
                         long: HitMiss::default(),
                     })
@@ -496,7 +511,7 @@ impl Simulator {
                     sink(key);
                 }
             }
-            server_access(level, key, self.cfg.split);
+            server_access(level, key, shard_hint(a.device, a.block), self.cfg.split);
         }
     }
 
@@ -534,6 +549,7 @@ impl Simulator {
                             policy: spec.label(),
                             kind: spec.kind,
                             capacity: *cap,
+                            shards: i.engine.shards(),
                             short: i.short,
                             long: i.long,
                         })
@@ -558,7 +574,7 @@ impl Simulator {
 }
 
 #[inline]
-fn server_access(level: &mut Level, key: u32, split: u64) {
+fn server_access(level: &mut Level, key: u32, hint: u64, split: u64) {
     let k = key as usize;
     if k >= level.last.len() {
         let n = (k + 1).max(level.last.len() * 2).max(1024);
@@ -582,7 +598,7 @@ fn server_access(level: &mut Level, key: u32, split: u64) {
         }
     }
     for inst in &mut level.instances {
-        let hit = inst.policy.access(key).is_hit();
+        let hit = inst.engine.access_mut(hint, key).is_hit();
         if short {
             inst.short.add(hit);
         } else {

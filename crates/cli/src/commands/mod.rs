@@ -40,6 +40,9 @@ pub fn registry() -> Registry {
     r.add(&roamdisk_cas::layer::CAS);
     r.add(&roamdisk_cas::layer::CAS_VERSION);
     r.add(&roamdisk_borrow::layer::BORROW);
+    for k in roamdisk_cachesim::layer::LAYERS {
+        r.add(k);
+    }
     roamdisk_nbd::client::register(&mut r);
     r
 }

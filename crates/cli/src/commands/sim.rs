@@ -41,6 +41,8 @@ use roamdisk_blockdev::progress::{Progress, Unit};
 ///   roamdisk sim desk.rdtrace --size 1/16 --plot out/desk
 ///   roamdisk sim desk.rdtrace --policy lru,fmpq[duration=8x] --size 64M,256M --block 8K
 ///   roamdisk sim desk.rdtrace --client-size 1M,16M --size 1/32,1/16,1/8 --plot out/two-level
+///   roamdisk sim desk.rdtrace --policy fmpq --size 256M --shards 16 --sharing shared
+///     (the hits of cache[shards=16]:fmpq:256M:... replaying the same one-client trace)
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
 pub struct Args {
@@ -102,6 +104,13 @@ pub struct Args {
     /// Stop after this many requests.
     #[arg(long, value_name = "N")]
     limit: Option<u64>,
+    /// Cut each server cache into N shards by block address, as the
+    /// `cache` layer does (same engine): with the layer's policy, size,
+    /// block size and shard count the hits are the layer's. 1 = one
+    /// policy over the whole cache. LRU then runs as a policy, not from
+    /// the stack-distance curve.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    shards: usize,
 }
 
 /// A cache size as given.
@@ -250,7 +259,18 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         .collect();
     capacities.sort_unstable();
     capacities.dedup();
-    let lru_curve = !a.no_lru_curve;
+    if a.shards == 0 {
+        bail!("--shards must be at least 1");
+    }
+    if let Some(&smallest) = capacities.first() {
+        if a.shards > smallest {
+            bail!(
+                "--shards {}: the smallest cache has only {smallest} blocks; give at most that many shards",
+                a.shards
+            );
+        }
+    }
+    let lru_curve = !a.no_lru_curve && a.shards == 1;
     let mut server = Vec::new();
     for spec in &specs {
         if lru_curve && spec.kind == PolicyKind::Lru && spec.label() == "LRU" {
@@ -277,6 +297,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         sharing,
         split: a.split,
         server,
+        shards: a.shards,
         lru_stack: lru_curve,
         levels,
     };

@@ -1,0 +1,716 @@
+//! `cache[block=B,shards=N,report=FILE]:POLICY:SIZE:NEXT` — a memory
+//! cache of SIZE bytes in front of NEXT, in blocks of B bytes, whose
+//! residency is decided by POLICY through the [`ShardedCache`] engine that
+//! `roamdisk sim --shards N` runs too (manual: `docs/layers/cache.md`).
+//!
+//! Reads are read-through: a block not cached is read whole (aligned) from
+//! NEXT and kept if the policy admitted it; a cached block is served from
+//! memory. Writes and write-zeroes go through to NEXT and count as accesses
+//! (as in the simulator); afterwards the cached copy is patched, or
+//! dropped when it cannot be known to equal NEXT. Trims go to NEXT and
+//! forget the blocks they touch. Flush and everything else pass through.
+//!
+//! # Concurrency
+//!
+//! No lock is held across I/O, and there is no global lock: each shard's
+//! lock guards its policy and its [`Slots`]. Cached bytes are immutable
+//! `Arc<[u8]>`s: a reader clones the Arc under the shard lock and copies
+//! outside it; a write installs a new Arc, so a reader never sees a torn
+//! block. What keeps the cache equal to NEXT when reads and writes of one
+//! block race is this ordering, per block:
+//!
+//! - a read that must fetch a block takes a *ticket* (the slot's
+//!   generation) before reading NEXT and installs what it read only if,
+//!   afterwards, the slot still has that generation, holds no data and no
+//!   write of the block is in flight;
+//! - a write registers itself as in flight and bumps the generation
+//!   *before* writing NEXT (so a fetch that started earlier cannot
+//!   install: it may have read the old bytes), and, once NEXT has the
+//!   data, deregisters, bumps the generation again (so a fetch that
+//!   overlapped the write cannot install either) and installs the patched
+//!   block only if it was the only write of that block in flight the whole
+//!   time — with two overlapping writes NEXT's final bytes are whichever
+//!   landed last, which the cache cannot know, so it drops its copy;
+//! - a trim forgets the block after NEXT trimmed it: any fetch that
+//!   overlapped the trim finds no slot and installs nothing.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use roamdisk_blockdev::{
+    BlockDev, Error, ErrorKind, LayerKind, Op, OpenCtx, Result, WriteFlags, ZeroFlags,
+};
+
+use crate::index::{FastMap, HashIndex};
+use crate::policy::{Outcome, PolicySpec};
+use crate::sharded::{shard_hint, EngineCounts, ShardedCache};
+
+/// Smallest and largest block size.
+pub const MIN_BLOCK: u64 = 4 << 10;
+pub const MAX_BLOCK: u64 = 1 << 20;
+/// Shards when the spec gives none (fewer if the cache has fewer blocks).
+pub const DEFAULT_SHARDS: usize = 16;
+
+/// How a cache layer is configured.
+#[derive(Clone, Debug)]
+pub struct CacheOptions {
+    pub policy: PolicySpec,
+    /// Bytes of cached data.
+    pub size: u64,
+    /// The unit of caching, a power of two in [`MIN_BLOCK`, `MAX_BLOCK`].
+    pub block: u64,
+    /// Shards of the engine.
+    pub shards: usize,
+    /// Write [`CacheStats`] as JSON here at every flush and at close.
+    pub report: Option<PathBuf>,
+}
+
+/// What the layer did so far.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CacheStats {
+    pub policy: String,
+    pub block_size: u64,
+    /// Capacity in blocks.
+    pub capacity: usize,
+    pub shards: usize,
+    /// Block accesses (reads and writes) the policy found resident.
+    pub hits: u64,
+    /// Block accesses it did not (and admitted).
+    pub misses: u64,
+    /// Blocks evicted to admit others.
+    pub evictions: u64,
+    /// Resident blocks forgotten by a trim.
+    pub trimmed: u64,
+    /// Bytes of reads served from memory.
+    pub bytes_from_cache: u64,
+    /// Bytes the read path fetched from NEXT (whole blocks).
+    pub bytes_from_next: u64,
+    /// Blocks resident now.
+    pub resident: usize,
+}
+
+/// A cached block's state.
+struct Slot {
+    /// The block's bytes, equal to NEXT's; `None` while not yet fetched
+    /// (or dropped by a write that could not patch it).
+    data: Option<Arc<[u8]>>,
+    /// Changes whenever a write or a new admission makes earlier fetches
+    /// of this block unfit to install.
+    gen: u64,
+}
+
+/// Writes of a block in flight.
+struct InFlight {
+    writers: u32,
+    /// Another write of the block overlapped one of them.
+    contended: bool,
+}
+
+/// The layer's part of a shard: the data of its resident blocks.
+#[derive(Default)]
+pub struct Slots {
+    slots: FastMap<u64, Slot>,
+    writing: FastMap<u64, InFlight>,
+    next_gen: u64,
+    bytes_from_cache: u64,
+    bytes_from_next: u64,
+}
+
+impl Slots {
+    fn gen(&mut self) -> u64 {
+        self.next_gen += 1;
+        self.next_gen
+    }
+
+    /// Bring the slots in line with an access's outcome; returns the
+    /// evicted block's bytes, for the caller to reuse as a buffer.
+    fn admit(&mut self, block: u64, o: Outcome<u64>) -> Option<Arc<[u8]>> {
+        let Outcome::Miss { evicted } = o else {
+            return None;
+        };
+        let old = evicted.and_then(|e| self.slots.remove(&e)?.data);
+        let gen = self.gen();
+        self.slots.insert(block, Slot { data: None, gen });
+        old
+    }
+}
+
+/// A block a read must fetch: (block, ticket, the evicted block's buffer
+/// to reuse).
+type Fetch = (u64, u64, Option<Arc<[u8]>>);
+
+/// A new zeroed buffer, allocated once.
+fn zeroed(n: usize) -> Arc<[u8]> {
+    std::iter::repeat_n(0u8, n).collect()
+}
+
+/// Where a write's bytes come from.
+#[derive(Clone, Copy)]
+enum Src<'a> {
+    Data(&'a [u8]),
+    Zero,
+}
+
+/// The cache layer.
+pub struct CacheDev {
+    next: Arc<dyn BlockDev>,
+    engine: ShardedCache<u64, Slots>,
+    opts: CacheOptions,
+    size: u64,
+}
+
+impl CacheDev {
+    pub fn new(next: Arc<dyn BlockDev>, opts: CacheOptions) -> Result<CacheDev> {
+        let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "cache", m);
+        if !opts.block.is_power_of_two() || !(MIN_BLOCK..=MAX_BLOCK).contains(&opts.block) {
+            return Err(bad(format!(
+                "block size {} must be a power of two from 4K to 1M",
+                opts.block
+            )));
+        }
+        let capacity = usize::try_from(opts.size / opts.block).unwrap_or(usize::MAX);
+        if capacity == 0 {
+            return Err(bad(format!(
+                "a cache of {} bytes holds no block of {} bytes: give a larger SIZE",
+                opts.size, opts.block
+            )));
+        }
+        let engine: ShardedCache<u64, Slots> =
+            ShardedCache::new::<HashIndex<u64>>(&opts.policy, capacity, opts.shards)
+                .map_err(|e| bad(e.0))?;
+        for i in 0..engine.shards() {
+            let mut g = engine.lock(i);
+            let n = g.capacity();
+            g.data.slots.reserve(n);
+        }
+        Ok(CacheDev {
+            size: next.size(),
+            next,
+            engine,
+            opts,
+        })
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> CacheStats {
+        let EngineCounts {
+            hits,
+            misses,
+            evictions,
+            removed,
+        } = self.engine.counts();
+        let mut s = CacheStats {
+            policy: self.opts.policy.label(),
+            block_size: self.opts.block,
+            capacity: self.engine.capacity(),
+            shards: self.engine.shards(),
+            hits,
+            misses,
+            evictions,
+            trimmed: removed,
+            ..CacheStats::default()
+        };
+        for i in 0..self.engine.shards() {
+            let g = self.engine.lock(i);
+            s.bytes_from_cache += g.data.bytes_from_cache;
+            s.bytes_from_next += g.data.bytes_from_next;
+            s.resident += g.len();
+        }
+        s
+    }
+
+    fn write_report(&self) {
+        let Some(path) = &self.opts.report else {
+            return;
+        };
+        let text = serde_json::to_string(&self.stats()).unwrap_or_default() + "\n";
+        let tmp = path.with_extension("tmp");
+        let r = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = r {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write the cache report");
+        }
+    }
+
+    /// The byte range of block `b` (the disk's last block may be short).
+    #[inline]
+    fn span(&self, b: u64) -> (u64, u64) {
+        let start = b * self.opts.block;
+        (start, (start + self.opts.block).min(self.size))
+    }
+
+    #[inline]
+    fn shard(&self, b: u64) -> usize {
+        self.engine.shard_of(shard_hint(0, b))
+    }
+
+    /// Blocks covering `[off, off + len)` (`len` > 0).
+    #[inline]
+    fn blocks(&self, off: u64, len: u64) -> std::ops::RangeInclusive<u64> {
+        off / self.opts.block..=(off + len - 1) / self.opts.block
+    }
+
+    /// Keep `data`, fetched from NEXT with `ticket`, as block `b`'s bytes
+    /// if nothing made that fetch stale (see the module's comment).
+    fn install(&self, b: u64, ticket: u64, data: Arc<[u8]>) {
+        let mut g = self.engine.lock(self.shard(b));
+        let d = &mut g.data;
+        if d.writing.contains_key(&b) {
+            return;
+        }
+        if let Some(slot) = d.slots.get_mut(&b) {
+            if slot.gen == ticket && slot.data.is_none() {
+                slot.data = Some(data);
+            }
+        }
+    }
+
+    fn write_through(
+        &self,
+        off: u64,
+        len: u64,
+        src: Src<'_>,
+        io: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        if len == 0 {
+            return io();
+        }
+        // Register every block's write and bump its generation.
+        let mut gens = Vec::with_capacity(self.blocks(off, len).count());
+        for b in self.blocks(off, len) {
+            let mut g = self.engine.lock(self.shard(b));
+            let o = g.access(b);
+            let d = &mut g.data;
+            d.admit(b, o);
+            let gen = d.gen();
+            if let Some(s) = d.slots.get_mut(&b) {
+                s.gen = gen;
+            }
+            d.writing
+                .entry(b)
+                .and_modify(|w| {
+                    w.writers += 1;
+                    w.contended = true;
+                })
+                .or_insert(InFlight {
+                    writers: 1,
+                    contended: false,
+                });
+            gens.push(gen);
+        }
+        let r = io();
+        for (b, my_gen) in self.blocks(off, len).zip(gens) {
+            let (start, end) = self.span(b);
+            let mut g = self.engine.lock(self.shard(b));
+            let d = &mut g.data;
+            let sole = match d.writing.get_mut(&b) {
+                Some(w) => {
+                    w.writers -= 1;
+                    let sole = !w.contended;
+                    if w.writers == 0 {
+                        d.writing.remove(&b);
+                    }
+                    sole
+                }
+                None => false,
+            };
+            let gen = d.gen();
+            let Some(slot) = d.slots.get_mut(&b) else {
+                continue;
+            };
+            let fresh = r.is_ok() && sole && slot.gen == my_gen;
+            slot.gen = gen;
+            let old = slot.data.take();
+            if !fresh {
+                continue;
+            }
+            // The part of the block this write covered.
+            let (lo, hi) = (off.max(start), (off + len).min(end));
+            let fill = |blk: &mut [u8]| {
+                let dst = &mut blk[(lo - start) as usize..(hi - start) as usize];
+                match src {
+                    Src::Data(buf) => {
+                        dst.copy_from_slice(&buf[(lo - off) as usize..(hi - off) as usize])
+                    }
+                    Src::Zero => dst.fill(0),
+                }
+            };
+            slot.data = if lo == start && hi == end {
+                Some(match src {
+                    Src::Data(buf) => Arc::from(&buf[(lo - off) as usize..(hi - off) as usize]),
+                    Src::Zero => zeroed((end - start) as usize),
+                })
+            } else {
+                old.map(|o| {
+                    let mut blk = o.to_vec();
+                    fill(&mut blk);
+                    blk.into()
+                })
+            };
+        }
+        r
+    }
+}
+
+impl Drop for CacheDev {
+    fn drop(&mut self) {
+        let s = self.stats();
+        tracing::info!(
+            policy = %s.policy,
+            hits = s.hits,
+            misses = s.misses,
+            evictions = s.evictions,
+            from_cache_mib = s.bytes_from_cache as f64 / 1048576.0,
+            "cache: counters at close"
+        );
+        self.write_report();
+    }
+}
+
+impl BlockDev for CacheDev {
+    fn layer(&self) -> &'static str {
+        "cache"
+    }
+    fn next(&self) -> Option<&dyn BlockDev> {
+        Some(&*self.next)
+    }
+    fn describe(&self) -> String {
+        format!(
+            "cache ({}, {} blocks of {} B, {} shards)",
+            self.opts.policy.label(),
+            self.engine.capacity(),
+            self.opts.block,
+            self.engine.shards()
+        )
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
+        let len = buf.len() as u64;
+        if len == 0 {
+            return Ok(());
+        }
+        // Pass 1, block by block in order (the order the simulator sees):
+        // serve what is cached, take a ticket for the rest.
+        let mut fetch: Vec<Fetch> = Vec::new();
+        for b in self.blocks(off, len) {
+            let (start, end) = self.span(b);
+            let (lo, hi) = (off.max(start), (off + len).min(end));
+            let mut g = self.engine.lock(self.shard(b));
+            let o = g.access(b);
+            let d = &mut g.data;
+            let recycled = d.admit(b, o);
+            let slot = d.slots.get(&b).expect("an accessed block has a slot");
+            match &slot.data {
+                Some(data) => {
+                    let data = data.clone();
+                    d.bytes_from_cache += hi - lo;
+                    drop(g);
+                    buf[(lo - off) as usize..(hi - off) as usize]
+                        .copy_from_slice(&data[(lo - start) as usize..(hi - start) as usize]);
+                }
+                None => {
+                    fetch.push((b, slot.gen, recycled));
+                    d.bytes_from_next += end - start;
+                }
+            }
+        }
+        // Pass 2: fetch runs of consecutive blocks with one read each.
+        let mut i = 0;
+        while i < fetch.len() {
+            let mut j = i + 1;
+            while j < fetch.len() && fetch[j].0 == fetch[j - 1].0 + 1 {
+                j += 1;
+            }
+            if j == i + 1 {
+                // One block (the usual miss): read it straight into the
+                // buffer it will be cached in — the evicted block's when
+                // no reader still holds that one — and copy it out once.
+                let (b, ticket) = (fetch[i].0, fetch[i].1);
+                let recycled = fetch[i].2.take();
+                let (start, end) = self.span(b);
+                let n = (end - start) as usize;
+                let mut data = recycled
+                    .filter(|r| r.len() == n)
+                    .and_then(|mut r| Arc::get_mut(&mut r).is_some().then_some(r))
+                    .unwrap_or_else(|| zeroed(n));
+                let blk = Arc::get_mut(&mut data).expect("a buffer of our own");
+                self.next.read_at(blk, start)?;
+                let (lo, hi) = (off.max(start), (off + len).min(end));
+                buf[(lo - off) as usize..(hi - off) as usize]
+                    .copy_from_slice(&blk[(lo - start) as usize..(hi - start) as usize]);
+                self.install(b, ticket, data);
+                i = j;
+                continue;
+            }
+            let first = self.span(fetch[i].0).0;
+            let last = self.span(fetch[j - 1].0).1;
+            let mut tmp = vec![0u8; (last - first) as usize];
+            self.next.read_at(&mut tmp, first)?;
+            let (lo, hi) = (off.max(first), (off + len).min(last));
+            buf[(lo - off) as usize..(hi - off) as usize]
+                .copy_from_slice(&tmp[(lo - first) as usize..(hi - first) as usize]);
+            for &(b, ticket, _) in &fetch[i..j] {
+                let (start, end) = self.span(b);
+                self.install(
+                    b,
+                    ticket,
+                    Arc::from(&tmp[(start - first) as usize..(end - first) as usize]),
+                );
+            }
+            i = j;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
+        self.write_through(off, buf.len() as u64, Src::Data(buf), || {
+            self.next.write_at(buf, off, flags)
+        })
+    }
+
+    fn write_zeroes(&self, off: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.write_through(off, len, Src::Zero, || {
+            self.next.write_zeroes(off, len, flags)
+        })
+    }
+
+    fn trim(&self, off: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.next.trim(off, len, flags)?;
+        if len > 0 {
+            for b in self.blocks(off, len) {
+                let mut g = self.engine.lock(self.shard(b));
+                g.remove(&b);
+                g.data.slots.remove(&b);
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<()> {
+        let r = self.next.flush();
+        self.write_report();
+        r
+    }
+
+    fn settle(&self) -> Result<()> {
+        self.next.settle()
+    }
+}
+
+/// Open a cache layer from its spec parameters.
+pub fn open(
+    params: &std::collections::BTreeMap<String, String>,
+    next: Arc<dyn BlockDev>,
+) -> Result<Arc<CacheDev>> {
+    let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "cache", m);
+    let size_of = |name: &str, v: &str| {
+        roamdisk_blockdev::units::parse_size(v).map_err(|m| bad(format!("{name}: {m}")))
+    };
+    let policy = params.get("policy").map(String::as_str).unwrap_or("lru");
+    let policy = PolicySpec::parse(policy).map_err(|e| bad(e.0))?;
+    let size = size_of(
+        "size",
+        params.get("size").map(String::as_str).unwrap_or_default(),
+    )?;
+    let block = match params.get("block") {
+        Some(v) => size_of("block", v)?,
+        None => MIN_BLOCK,
+    };
+    let shards = match params.get("shards") {
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| bad(format!("shards must be a positive integer, not '{v}'")))?,
+        None => DEFAULT_SHARDS.min((size / block.max(1)).max(1) as usize),
+    };
+    let report = params.get("report").map(PathBuf::from);
+    Ok(Arc::new(CacheDev::new(
+        next,
+        CacheOptions {
+            policy,
+            size,
+            block,
+            shards,
+            report,
+        },
+    )?))
+}
+
+/// `cache[block=B,shards=N,report=FILE]:POLICY:SIZE:NEXT`.
+pub static CACHE: LayerKind = LayerKind {
+    name: "cache",
+    summary: "a memory cache of SIZE bytes over NEXT, residency by POLICY (lru, fmpq, 2q, fbr, mq, arc, s3fifo, with [params]); writes go through",
+    args: &["policy", "size"],
+    options: &[
+        ("block", "the unit of caching, a power of two from 4K to 1M (default 4K)"),
+        ("shards", "independently locked parts of the cache, by block address (default 16, at most one per block)"),
+        ("report", "write the counters as JSON to this file at each flush and at close"),
+    ],
+    wraps: true,
+    inner_read_only: false,
+    open: |ctx: &OpenCtx<'_>, next| {
+        let next = next.ok_or_else(|| {
+            Error::new(ErrorKind::InvalidArgument, Op::Open, "cache", "needs an inner stack (cache:lru:256M:raw:disk.img)")
+        })?;
+        Ok(open(ctx.params, next)? as Arc<dyn BlockDev>)
+    },
+};
+
+/// The layer kinds of this crate.
+pub static LAYERS: &[&LayerKind] = &[&CACHE];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roamdisk_blockdev::layers::mem::MemDev;
+
+    fn dev(policy: &str, size: u64, block: u64, shards: usize) -> (Arc<MemDev>, CacheDev) {
+        let mem = Arc::new(MemDev::new(8 << 20 | 1000));
+        let c = CacheDev::new(
+            mem.clone(),
+            CacheOptions {
+                policy: PolicySpec::parse(policy).unwrap(),
+                size,
+                block,
+                shards,
+                report: None,
+            },
+        )
+        .unwrap();
+        (mem, c)
+    }
+
+    /// Random reads, writes, zeroes and trims against a model, for every
+    /// policy and two block sizes, over a disk whose last block is short.
+    #[test]
+    fn reads_equal_a_model_under_random_operations() {
+        for policy in ["lru", "fmpq", "2q", "arc", "s3fifo", "fbr", "mq"] {
+            for block in [4096u64, 16384] {
+                let (_mem, c) = dev(policy, 24 * block, block, 4);
+                let size = c.size();
+                let mut model = vec![0u8; size as usize];
+                let mut x = 99u64;
+                let mut rnd = |n: u64| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (x >> 33) % n
+                };
+                for step in 0..3000u64 {
+                    let off = rnd(size);
+                    let len = (1 + rnd(3 * block)).min(size - off);
+                    match rnd(10) {
+                        0..=5 => {
+                            let mut buf = vec![0u8; len as usize];
+                            c.read_at(&mut buf, off).unwrap();
+                            assert!(
+                                buf == model[off as usize..(off + len) as usize],
+                                "{policy} {block}: read {off}+{len} at step {step}"
+                            );
+                        }
+                        6 | 7 => {
+                            let buf: Vec<u8> = (0..len).map(|i| (i + step) as u8 | 1).collect();
+                            c.write_at(&buf, off, WriteFlags::default()).unwrap();
+                            model[off as usize..(off + len) as usize].copy_from_slice(&buf);
+                        }
+                        8 => {
+                            c.write_zeroes(off, len, ZeroFlags::default()).unwrap();
+                            model[off as usize..(off + len) as usize].fill(0);
+                        }
+                        _ => {
+                            // MemDev trims to zeroes.
+                            c.trim(off, len, WriteFlags::default()).unwrap();
+                            let mut buf = vec![0u8; len as usize];
+                            c.next.read_at(&mut buf, off).unwrap();
+                            model[off as usize..(off + len) as usize].copy_from_slice(&buf);
+                        }
+                    }
+                }
+                let s = c.stats();
+                assert!(s.hits > 0 && s.bytes_from_cache > 0, "{policy}: {s:?}");
+                assert!(s.resident <= s.capacity);
+            }
+        }
+    }
+
+    /// Writers and readers of the same few blocks in threads: at the end
+    /// the cache's every byte equals NEXT's, and readers never see a block
+    /// mixing two writes (each write fills whole blocks with one value).
+    #[test]
+    fn racing_writes_and_reads_leave_no_stale_or_torn_block() {
+        for (policy, block) in [("lru", 4096u64), ("s3fifo", 1 << 20), ("fmpq", 64 << 10)] {
+            let pages = block / 4096;
+            let (mem, c) = dev(policy, 4 * block, block, 2);
+            let c = Arc::new(c);
+            std::thread::scope(|s| {
+                for t in 0..4u64 {
+                    let c = c.clone();
+                    s.spawn(move || {
+                        let mut x = t + 1;
+                        let mut buf = vec![0u8; block as usize];
+                        for i in 0..600u64 {
+                            x = x
+                                .wrapping_mul(6364136223846793005)
+                                .wrapping_add(1442695040888963407);
+                            let b = (x >> 33) % 6;
+                            if t % 2 == 0 {
+                                // Whole pages of one value.
+                                let p0 = (x >> 20) % pages;
+                                let np = 1 + (x >> 40) % (pages - p0);
+                                let v = (t * 60 + i % 60) as u8 + 1;
+                                let data = vec![v; (np * 4096) as usize];
+                                c.write_at(&data, b * block + p0 * 4096, WriteFlags::default())
+                                    .unwrap();
+                            } else {
+                                c.read_at(&mut buf, b * block).unwrap();
+                                for (p, page) in buf.chunks(4096).enumerate() {
+                                    assert!(
+                                        page.iter().all(|&x| x == page[0]),
+                                        "{policy} {block}: torn page {p} of block {b}"
+                                    );
+                                }
+                            }
+                        }
+                    });
+                }
+            });
+            for b in 0..6u64 {
+                let (mut a, mut m) = (vec![0u8; block as usize], vec![0u8; block as usize]);
+                c.read_at(&mut a, b * block).unwrap();
+                mem.read_at(&mut m, b * block).unwrap();
+                assert!(
+                    a == m,
+                    "{policy} {block}: block {b}: the cache disagrees with NEXT"
+                );
+            }
+        }
+    }
+
+    /// The layer's hits are the simulator's for the same accesses.
+    #[test]
+    fn hits_equal_the_engine_run_alone() {
+        for policy in ["lru", "fmpq", "2q"] {
+            let (_mem, c) = dev(policy, 40 * 4096, 4096, 4);
+            let spec = PolicySpec::parse(policy).unwrap();
+            let mut eng = ShardedCache::<u64>::new::<HashIndex<u64>>(&spec, 40, 4).unwrap();
+            let mut x = 5u64;
+            let mut buf = [0u8; 4096];
+            for _ in 0..5000 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let b = (x >> 33) % 100;
+                c.read_at(&mut buf, b * 4096).unwrap();
+                eng.access_mut(shard_hint(0, b), b);
+            }
+            let (s, e) = (c.stats(), eng.counts());
+            assert_eq!(
+                (s.hits, s.misses, s.evictions),
+                (e.hits, e.misses, e.evictions)
+            );
+        }
+    }
+}
