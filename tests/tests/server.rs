@@ -43,25 +43,12 @@ impl Srv {
             log,
             socket: f.dir.join("srv.sock"),
         };
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_secs(20) {
-            let text = s.log_text();
-            if let Some(rest) = text.split("on nbd://127.0.0.1:").nth(1) {
-                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                if rest.len() > digits.len() {
-                    s.port = digits.parse().unwrap();
-                    return s;
-                }
-            }
-            if let Some(st) = s.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                panic!("roamdisk server exited early ({st}):\n{text}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!(
-            "roamdisk server did not listen within 20 s:\n{}",
-            s.log_text()
+        s.port = common::wait_for_tcp_port(
+            s.child.as_mut().expect("just started"),
+            &s.log,
+            "roamdisk server",
         );
+        s
     }
 
     fn log_text(&self) -> String {

@@ -47,6 +47,29 @@ pub struct TlsAcceptor {
     ctx: SslContext,
 }
 
+/// The server's certificate chain and key (checked to match), and, with
+/// a CA, client certificates verified against it in `verify` mode.
+fn load_identity(
+    b: &mut SslContextBuilder,
+    cert: &Path,
+    key: &Path,
+    verify_ca: Option<&Path>,
+    verify: SslVerifyMode,
+) -> Result<(), String> {
+    b.set_certificate_chain_file(cert)
+        .map_err(|e| ssl_err(&format!("certificate {}", cert.display()), e))?;
+    b.set_private_key_file(key, SslFiletype::PEM)
+        .map_err(|e| ssl_err(&format!("key {}", key.display()), e))?;
+    b.check_private_key()
+        .map_err(|e| ssl_err("the key does not match the certificate", e))?;
+    if let Some(ca) = verify_ca {
+        b.set_ca_file(ca)
+            .map_err(|e| ssl_err(&format!("CA {}", ca.display()), e))?;
+        b.set_verify(verify);
+    }
+    Ok(())
+}
+
 fn read_psk_file(path: &Path) -> Result<HashMap<Vec<u8>, Vec<u8>>, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read PSK file {}: {e}", path.display()))?;
@@ -140,17 +163,13 @@ impl TlsAcceptor {
             (Some(cert), Some(key), None) => {
                 let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server())
                     .map_err(|e| ssl_err("TLS setup", e))?;
-                b.set_certificate_chain_file(cert)
-                    .map_err(|e| ssl_err(&format!("certificate {}", cert.display()), e))?;
-                b.set_private_key_file(key, SslFiletype::PEM)
-                    .map_err(|e| ssl_err(&format!("key {}", key.display()), e))?;
-                b.check_private_key()
-                    .map_err(|e| ssl_err("the key does not match the certificate", e))?;
-                if let Some(ca) = &o.verify_ca {
-                    b.set_ca_file(ca)
-                        .map_err(|e| ssl_err(&format!("CA {}", ca.display()), e))?;
-                    b.set_verify(SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT);
-                }
+                load_identity(
+                    &mut b,
+                    cert,
+                    key,
+                    o.verify_ca.as_deref(),
+                    SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT,
+                )?;
                 let built: SslAcceptor = b.build();
                 return Ok(TlsAcceptor {
                     ctx: built.into_context(),
@@ -184,17 +203,13 @@ impl TlsAcceptor {
                     "ECDHE-PSK:DHE-PSK:PSK:ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL:!MD5:!RC4:!3DES",
                 )
                 .map_err(|e| ssl_err("TLS ciphers", e))?;
-                b.set_certificate_chain_file(cert)
-                    .map_err(|e| ssl_err(&format!("certificate {}", cert.display()), e))?;
-                b.set_private_key_file(key, SslFiletype::PEM)
-                    .map_err(|e| ssl_err(&format!("key {}", key.display()), e))?;
-                b.check_private_key()
-                    .map_err(|e| ssl_err("the key does not match the certificate", e))?;
-                if let Some(ca) = &o.verify_ca {
-                    b.set_ca_file(ca)
-                        .map_err(|e| ssl_err(&format!("CA {}", ca.display()), e))?;
-                    b.set_verify(SslVerifyMode::PEER);
-                }
+                load_identity(
+                    &mut b,
+                    cert,
+                    key,
+                    o.verify_ca.as_deref(),
+                    SslVerifyMode::PEER,
+                )?;
                 b.set_options(openssl::ssl::SslOptions::CIPHER_SERVER_PREFERENCE);
                 install_psk(&mut b, keys);
                 b

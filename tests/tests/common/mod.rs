@@ -560,3 +560,27 @@ pub fn assert_bytes_equal(got: &[u8], want: &[u8], what: &str) {
         panic!("{what}: byte {i} is {:#04x}, want {:#04x}", got[i], want[i]);
     }
 }
+
+/// The TCP port a `roamdisk serve --listen 127.0.0.1:0` (or `roamdisk
+/// server`) logs in its "on nbd://127.0.0.1:PORT" line, waiting for it;
+/// panics with the log if `child` exits first or 20 s pass.
+pub fn wait_for_tcp_port(child: &mut Child, log: &Path, what: &str) -> u16 {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(20) {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(rest) = text.split("on nbd://127.0.0.1:").nth(1) {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            if rest.len() > digits.len() {
+                return digits.parse().expect("port number");
+            }
+        }
+        if let Some(st) = child.try_wait().ok().flatten() {
+            panic!("{what} exited early ({st}):\n{text}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!(
+        "{what} did not listen within 20 s:\n{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+}
