@@ -23,11 +23,15 @@ pub fn bin() -> PathBuf {
         .parent()
         .expect("workspace root")
         .to_path_buf();
-    for profile in ["release", "debug"] {
-        let p = root.join("target").join(profile).join("roamdisk");
-        if p.exists() {
-            return p;
-        }
+    // The newer of the two builds: a release binary left from an older
+    // tree must not silently stand in for the debug one just built.
+    let newest = ["release", "debug"]
+        .iter()
+        .map(|profile| root.join("target").join(profile).join("roamdisk"))
+        .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
+        .max_by_key(|(t, _)| *t);
+    if let Some((_, p)) = newest {
+        return p;
     }
     panic!("roamdisk binary not found: run `cargo build -p roamdisk` or scripts/test (sets ROAMDISK_BIN)");
 }
