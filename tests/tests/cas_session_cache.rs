@@ -208,3 +208,64 @@ fn a_full_shared_cache_keeps_what_running_sessions_need_and_the_rest_stays_priva
     assert!(cached_bytes(&shared) <= cap);
     run1.stop();
 }
+
+/// A guest write over sectors the session holds CLEAN (fetched ahead into
+/// its private cache with the shared cache off) lands in the private cache
+/// in place and is logged only at the next flush. The server is killed
+/// before that flush: after the restart the session must not keep calling
+/// those sectors CLEAN (equal to the base), or the next commit skips bytes
+/// the session itself now reads. The commit and the session agree.
+#[test]
+fn an_unflushed_write_over_clean_sectors_is_not_lost_to_the_next_commit() {
+    let cas = Cas::new();
+    let dir = cas.dir();
+    let src = cas.random_file("disk.raw", SIZE, 47);
+    commit_version(cas.s(), path_str(&src), "u/vm", &[]);
+    let sess = dir.join("sess");
+    open_session(cas.s(), "u/vm", &sess, &[]);
+    let srv = Server::start_named(
+        dir,
+        "clean.sock",
+        &[&format!("cas[shared-cache=off]:{}", sess.display())],
+    );
+    // Three chunks read in sequence: read-ahead fetches the next ones into
+    // the private cache as CLEAN, in the background.
+    qemu_io(
+        &srv.uri(),
+        &[
+            "read 0 64k".into(),
+            "read 64k 64k".into(),
+            "read 128k 64k".into(),
+        ],
+    );
+    let base = std::fs::read(&src).unwrap();
+    let target = 5 * K64;
+    let private = sess.join("cache.raw");
+    assert!(
+        wait_for(|| {
+            let mut b = vec![0u8; K64 as usize];
+            std::fs::File::open(&private)
+                .and_then(|f| std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, target))
+                .is_ok()
+                && b[..] == base[target as usize..(target + K64) as usize]
+        }),
+        "read-ahead did not bring chunk 5 into the private cache"
+    );
+    // Write over it and kill the server while the connection is open (a
+    // disconnect would flush).
+    let script = format!(
+        "import nbd, os\nh = nbd.NBD()\nh.connect_uri({:?})\nh.pwrite(b'\\x77' * 4096, {})\nos.kill({}, 9)\n",
+        srv.uri(),
+        target + 4096,
+        srv.pid()
+    );
+    common::run_python_nbd(&script, &[]);
+    srv.kill9();
+    // What the session reads now, and what its commit holds, agree.
+    let now = dir.join("now.raw");
+    assert!(read_all(dir, &sess, Path::new("off"), &now), "reopened");
+    commit_session(&sess, &["-m", "after kill -9"]);
+    let co = dir.join("co.raw");
+    checkout(cas.s(), "u/vm", &co, &[]);
+    qemu_img_compare(path_str(&now), path_str(&co));
+}

@@ -287,8 +287,46 @@ impl CasDev {
             _lock: lock,
         };
         if !opts.read_only {
-            // Every writable open starts from a compact map with no torn tail.
-            dev.map.compact(|_| {}, || dev.cache.flush())?;
+            let marker = dir.join(OPEN_MARKER);
+            if marker.exists() {
+                // The last writable open did not close cleanly. A guest
+                // write to a CLEAN sector goes to the private cache in
+                // place and is logged (as DIRTY) at the next flush: after
+                // a crash before it, the map says CLEAN (equal to the
+                // base) over bytes that may differ, and a commit would
+                // skip them. DIRTY claims nothing more than "the private
+                // cache holds this sector", true of every CLEAN one, so
+                // all of them become DIRTY: a commit hashes those chunks
+                // again (and finds the base's where nothing changed).
+                let n = dev.sectors();
+                let t = dev.map.states();
+                let clean = SectorState::Clean as u8;
+                let mut runs = Vec::new();
+                let mut s = 0;
+                while s < n {
+                    let e = t.run_end(s, n, |x| x == clean);
+                    if t.get(s) == clean {
+                        runs.push((s, e, SectorState::Dirty as u8));
+                    }
+                    s = e;
+                }
+                if !runs.is_empty() {
+                    tracing::warn!(
+                        "session {} was not closed cleanly: {} runs of cached sectors will be checked again at the next commit",
+                        dir.display(),
+                        runs.len()
+                    );
+                }
+                dev.map.replace(&runs, |_| {}, || dev.cache.flush())?;
+            } else {
+                // Every writable open starts from a compact map with no torn tail.
+                dev.map.compact(|_| {}, || dev.cache.flush())?;
+            }
+            // Durable before any guest write can land in the cache.
+            std::fs::write(&marker, b"")
+                .and_then(|()| std::fs::File::open(&marker)?.sync_all())
+                .and_then(|()| roamdisk_blockdev::durable::sync_dir(dir))
+                .map_err(|e| crate::error::io(roamdisk_blockdev::Op::Open, e, &marker))?;
         }
         Ok(dev)
     }
@@ -734,8 +772,17 @@ impl CasDev {
 impl Drop for CasDev {
     fn drop(&mut self) {
         self.save_working_set(true);
+        // A clean close: everything written is logged, so the next open
+        // need not distrust CLEAN sectors. If this flush fails the marker
+        // stays (and losing its removal in a crash only costs a re-check).
+        if !self.read_only && self.flush().is_ok() {
+            let _ = std::fs::remove_file(self.dir.join(OPEN_MARKER));
+        }
     }
 }
+
+/// Present while a writable open of the session has not closed cleanly.
+const OPEN_MARKER: &str = "open";
 
 impl BlockDev for CasDev {
     fn layer(&self) -> &'static str {
