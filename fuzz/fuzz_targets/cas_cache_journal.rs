@@ -27,7 +27,11 @@ fuzz_target!(|data: &[u8]| {
     assert!(used <= b.len());
     for (r, raw) in recs.iter().zip(b.chunks_exact(RECORD_LEN)) {
         assert!(!r.id.is_zero());
-        assert_eq!(&r.encode()[..], raw, "record does not re-encode to its bytes");
+        assert_eq!(
+            &r.encode()[..],
+            raw,
+            "record does not re-encode to its bytes"
+        );
         assert_eq!(Record::decode(raw), Some(*r));
     }
 });

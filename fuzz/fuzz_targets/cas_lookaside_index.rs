@@ -5,14 +5,18 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_fuzz::fixup;
 use roamdisk_cas::lookaside::{decode_index, encode_index};
+use roamdisk_fuzz::fixup;
 
 fuzz_target!(|data: &[u8]| {
     let Some(b) = fixup::input(data, fixup::trailing_crc) else {
         return;
     };
     if let Ok((who, entries)) = decode_index(&b) {
-        assert_eq!(encode_index(&who, &entries), b, "index does not re-encode to its input");
+        assert_eq!(
+            encode_index(&who, &entries),
+            b,
+            "index does not re-encode to its input"
+        );
     }
 });

@@ -18,7 +18,13 @@ fuzz_target!(|data: &[u8]| {
     };
     if let Ok(order) = decode(&b, RECORDS) {
         let mut seen = std::collections::HashSet::new();
-        assert!(order.iter().all(|&c| (c as usize) < RECORDS && seen.insert(c)));
-        assert_eq!(encode(&order), b, "working set does not re-encode to its input");
+        assert!(order
+            .iter()
+            .all(|&c| (c as usize) < RECORDS && seen.insert(c)));
+        assert_eq!(
+            encode(&order),
+            b,
+            "working set does not re-encode to its input"
+        );
     }
 });

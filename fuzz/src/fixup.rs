@@ -130,9 +130,15 @@ pub fn cas_version(b: &mut [u8]) {
     if at + 8 > b.len() {
         return;
     }
-    let ilen = (b.len() - at - 8) as u64;
+    // Version 1: the index runs to the end. Version 2: a working set
+    // follows it, so keep an index length that fits.
+    let to_end = (b.len() - at - 8) as u64;
+    let ilen = match get64(b, at) {
+        Some(l) if get32(b, 8) == Some(2) && l <= to_end => l,
+        _ => to_end,
+    };
     put64(b, at, ilen);
-    cas_index(&mut b[at + 8..]);
+    cas_index(&mut b[at + 8..at + 8 + ilen as usize]);
 }
 
 /// `docs/formats/cas-session.md`: the header CRC and the record chain.
