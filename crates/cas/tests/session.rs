@@ -202,26 +202,8 @@ fn session_round_trip_encrypted() {
 /// are released.
 #[test]
 fn a_fua_write_into_a_chunk_the_shared_cache_refused_does_not_hang() {
-    use roamdisk_cas::cache::{CacheOptions, SharedCache, SharedChoice};
-    let (t, _st, v1, _) = setup(false);
-    let scdir = t.path().join("shared");
-    let sc = SharedCache::open(
-        &scdir,
-        &CacheOptions {
-            size: 2 * 65536,
-            unit: 65536,
-            policy: "lru".into(),
-        },
-    )
-    .unwrap();
-    let sdir = t.path().join("sess");
-    let cfg = SessionConfig::new(t.path().join("store").to_str().unwrap(), "alice/desk");
-    session::create(&sdir, &cfg, v1, SIZE).unwrap();
-    let opts = SessionOpen {
-        shared_cache: SharedChoice::Dir(scdir.clone()),
-        ..Default::default()
-    };
-    let dev = Arc::new(CasDev::open(&sdir, &opts, &Registry::with_builtin()).unwrap());
+    let (_t, sc, dev) = session_over_small_shared_cache(2);
+    let dev = Arc::new(dev);
     let mut buf = vec![0u8; 4096];
     // Fill the cache with pinned chunks 0 and 1.
     for c in 0..2u64 {
@@ -250,19 +232,19 @@ fn a_fua_write_into_a_chunk_the_shared_cache_refused_does_not_hang() {
     assert_eq!(got[12288..], model[5 * 65536 + 12288..][..65536 - 12288]);
 }
 
-/// Seed section 3.3: when the shared cache is full of chunks that running
-/// sessions still need (pinned), a chunk it cannot keep goes into the
-/// reading session's private cache (its sectors become CLEAN) and is never
-/// fetched again; the pinned chunks all stay.
-#[test]
-fn a_full_pinned_shared_cache_sends_chunks_to_the_private_cache() {
+/// A session of the base (plain) over a new shared cache of `chunks`
+/// 64 KiB chunks (LRU): the temporary folder (keep it alive), the cache,
+/// the session.
+fn session_over_small_shared_cache(
+    chunks: u64,
+) -> (tempfile::TempDir, roamdisk_cas::cache::SharedCache, CasDev) {
     use roamdisk_cas::cache::{CacheOptions, SharedCache, SharedChoice};
     let (t, _st, v1, _) = setup(false);
     let scdir = t.path().join("shared");
     let sc = SharedCache::open(
         &scdir,
         &CacheOptions {
-            size: 4 * 65536,
+            size: chunks * 65536,
             unit: 65536,
             policy: "lru".into(),
         },
@@ -272,10 +254,20 @@ fn a_full_pinned_shared_cache_sends_chunks_to_the_private_cache() {
     let cfg = SessionConfig::new(t.path().join("store").to_str().unwrap(), "alice/desk");
     session::create(&sdir, &cfg, v1, SIZE).unwrap();
     let opts = SessionOpen {
-        shared_cache: SharedChoice::Dir(scdir.clone()),
+        shared_cache: SharedChoice::Dir(scdir),
         ..Default::default()
     };
     let dev = CasDev::open(&sdir, &opts, &Registry::with_builtin()).unwrap();
+    (t, sc, dev)
+}
+
+/// Seed section 3.3: when the shared cache is full of chunks that running
+/// sessions still need (pinned), a chunk it cannot keep goes into the
+/// reading session's private cache (its sectors become CLEAN) and is never
+/// fetched again; the pinned chunks all stay.
+#[test]
+fn a_full_pinned_shared_cache_sends_chunks_to_the_private_cache() {
+    let (_t, sc, dev) = session_over_small_shared_cache(4);
     let model = read_all(&base_disk());
     // The session pins every chunk of its base: the first four read fill
     // the cache, the rest are refused.
