@@ -641,7 +641,7 @@ fn views_survive_kill_9_and_reset_and_promote_need_a_stopped_server() {
     let e = rd_fail(&["server", "reset", "carol", "desktop", "--config", cfg]);
     assert!(e.contains("running"), "{e}");
     let out = f.dir.join("promoted.img");
-    let e = rd_fail(&[
+    let promote = [
         "server",
         "promote",
         "carol",
@@ -650,20 +650,12 @@ fn views_survive_kill_9_and_reset_and_promote_need_a_stopped_server() {
         cfg,
         "--to",
         path_str(&out),
-    ]);
+    ];
+    let e = rd_fail(&promote);
     assert!(e.contains("running"), "{e}");
     srv.stop();
     // Promote: golden + carol's overlay as a new raw image.
-    rd(&[
-        "server",
-        "promote",
-        "carol",
-        "desktop",
-        "--config",
-        cfg,
-        "--to",
-        path_str(&out),
-    ]);
+    rd(&promote);
     let mut want = golden.clone();
     want[1 << 20..3 << 20].fill(0xc3);
     assert!(std::fs::read(&out).unwrap() == want, "promoted image");

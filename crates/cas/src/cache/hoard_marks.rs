@@ -252,17 +252,24 @@ fn mark_name(name: &str) -> Option<ChunkId> {
         .flatten()
 }
 
-/// Every mark in `dir`, damaged ones included (sorted by file name).
-pub fn list(dir: &Path) -> Result<Vec<Listed>> {
+/// The entries of `dir` with their names (none when it does not exist).
+fn entries(dir: &Path) -> Result<Vec<(String, std::fs::DirEntry)>> {
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(io(Op::Read, e, dir)),
     };
-    let mut out = Vec::new();
-    for ent in rd {
+    rd.map(|ent| {
         let ent = ent.map_err(|e| io(Op::Read, e, dir))?;
-        let name = ent.file_name().to_string_lossy().into_owned();
+        Ok((ent.file_name().to_string_lossy().into_owned(), ent))
+    })
+    .collect()
+}
+
+/// Every mark in `dir`, damaged ones included (sorted by file name).
+pub fn list(dir: &Path) -> Result<Vec<Listed>> {
+    let mut out = Vec::new();
+    for (name, ent) in entries(dir)? {
         let Some(id) = mark_name(&name) else { continue };
         let path = ent.path();
         let bytes = match std::fs::read(&path) {
@@ -287,15 +294,9 @@ pub fn list(dir: &Path) -> Result<Vec<Listed>> {
 /// Remove temporaries a writer that died left in `dir` (under the lock:
 /// no live writer has one).
 pub fn remove_temporaries(dir: &Path) -> Result<u64> {
-    let rd = match std::fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(io(Op::Read, e, dir)),
-    };
     let mut n = 0;
-    for ent in rd {
-        let ent = ent.map_err(|e| io(Op::Read, e, dir))?;
-        if mark_name(&ent.file_name().to_string_lossy()).is_none() {
+    for (name, ent) in entries(dir)? {
+        if mark_name(&name).is_none() {
             let _ = std::fs::remove_file(ent.path());
             n += 1;
         }
@@ -319,15 +320,8 @@ type Stamp = (String, u64, i64, i64, u64);
 /// rename), so unchanged stamps mean unchanged marks.
 fn stamp(dir: &Path) -> Result<Vec<Stamp>> {
     use std::os::unix::fs::MetadataExt;
-    let rd = match std::fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io(Op::Read, e, dir)),
-    };
     let mut out = Vec::new();
-    for ent in rd {
-        let ent = ent.map_err(|e| io(Op::Read, e, dir))?;
-        let name = ent.file_name().to_string_lossy().into_owned();
+    for (name, ent) in entries(dir)? {
         if mark_name(&name).is_none() {
             continue;
         }
