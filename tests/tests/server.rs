@@ -731,3 +731,122 @@ fn config_mistakes_name_the_file_and_the_key() {
         "state made for a bad config"
     );
 }
+
+/// A client killed with many writes in flight and no flush: the server
+/// keeps serving, the other clients' views hold every byte they flushed
+/// (before, during and after the kill, and across a kill -9 of the
+/// server), the golden image is unchanged, and the killed client's own
+/// view reads back, each 4 KiB block whole: its old bytes or its new ones.
+#[test]
+fn a_client_killed_mid_write_leaves_every_other_client_intact() {
+    let f = fixture();
+    let golden = std::fs::read(&f.golden).unwrap();
+    let srv = Srv::start(&f);
+    let (alice, bob) = (Via::Cert(&f.alice), Via::Cert(&f.bob));
+    for (who, pattern, at) in [(&alice, "0xa1", "0"), (&bob, "0xb2", "2M")] {
+        let w = format!("write -P {pattern} {at} 1M");
+        ok(
+            "qemu-io",
+            &strs(&qemu_io_tls(&srv, who, "desktop", &[&w, "flush"])),
+        );
+    }
+    // carol streams 4 KiB writes over her whole view, 64 in flight, never
+    // flushing; she says STARTED once the first 512 are acknowledged.
+    let script = format!(
+        r#"import nbd, sys
+h = nbd.NBD()
+h.set_uri_allow_local_file(True)
+h.connect_uri({uri:?})
+size = h.get_size()
+buf = nbd.Buffer.from_bytearray(bytearray(b'\xc3' * 4096))
+done = 0
+off = 0
+while True:
+    while h.aio_in_flight() < 64:
+        h.aio_pwrite(buf, off % size, completion=lambda *a: 1)
+        off += 4096
+    h.poll(-1)
+    done += 1
+    if done == 512:
+        print('STARTED', flush=True)
+"#,
+        uri = srv.psk_uri("desktop", "carol", &f.carol_psk)
+    );
+    let mut carol = common::python_nbd(&script, &[])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the python client");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(carol.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    if line.trim() != "STARTED" {
+        let _ = carol.kill();
+        let o = carol.wait_with_output().unwrap();
+        panic!(
+            "carol never got going: {line}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    // alice writes and flushes while carol is mid-stream, and carol dies.
+    ok(
+        "qemu-io",
+        &strs(&qemu_io_tls(
+            &srv,
+            &alice,
+            "desktop",
+            &["write -P 0xa4 4M 1M", "flush"],
+        )),
+    );
+    carol.kill().unwrap();
+    let _ = carol.wait();
+    // bob writes after the kill.
+    ok(
+        "qemu-io",
+        &strs(&qemu_io_tls(
+            &srv,
+            &bob,
+            "desktop",
+            &["write -P 0xb5 6M 1M", "flush"],
+        )),
+    );
+    let mut want_alice = golden.clone();
+    want_alice[..1 << 20].fill(0xa1);
+    want_alice[4 << 20..5 << 20].fill(0xa4);
+    let mut want_bob = golden.clone();
+    want_bob[2 << 20..3 << 20].fill(0xb2);
+    want_bob[6 << 20..7 << 20].fill(0xb5);
+    let check = |srv: &Srv, round: &str| {
+        let a = fetch(&f.dir, &srv.cert_uri("desktop", &f.alice), "a.img");
+        assert!(a == want_alice, "{round}: alice's view changed");
+        let b = fetch(&f.dir, &srv.cert_uri("desktop", &f.bob), "b.img");
+        assert!(b == want_bob, "{round}: bob's view changed");
+        let c = fetch(
+            &f.dir,
+            &srv.psk_uri("desktop", "carol", &f.carol_psk),
+            "c.img",
+        );
+        let mut written = 0;
+        for (i, (got, old)) in c.chunks(4096).zip(golden.chunks(4096)).enumerate() {
+            if got != old {
+                assert!(
+                    got.iter().all(|&x| x == 0xc3),
+                    "{round}: carol's block {i} is neither hers nor the golden image's"
+                );
+                written += 1;
+            }
+        }
+        written
+    };
+    let written = check(&srv, "after the kill");
+    assert!(written >= 512, "only {written} of carol's blocks landed");
+    assert!(!srv.log_text().contains("panicked"), "{}", srv.log_text());
+    srv.kill9();
+    let srv = Srv::start(&f);
+    check(&srv, "after kill -9 of the server");
+    srv.stop();
+    assert!(std::fs::read(&f.golden).unwrap() == golden);
+}

@@ -1,6 +1,7 @@
 //! The generic layers and their registry entries.
 
 pub mod cow;
+pub mod hdd;
 pub mod mem;
 pub mod raw;
 pub mod throttle;
@@ -12,7 +13,7 @@ use crate::error::{Error, ErrorKind, Op};
 use crate::spec::{LayerKind, OpenCtx};
 
 /// The layer kinds of this crate.
-pub static BUILTIN: &[&LayerKind] = &[&RAW, &MEM, &COW, &THROTTLE];
+pub static BUILTIN: &[&LayerKind] = &[&RAW, &MEM, &COW, &THROTTLE, &HDD];
 
 /// `raw:PATH`.
 pub static RAW: LayerKind = LayerKind {
@@ -95,5 +96,41 @@ pub static THROTTLE: LayerKind = LayerKind {
         let burst = ctx.size_opt("throttle", "burst")?.unwrap_or(64 << 10);
         let spec = crate::throttle::LinkSpec { rate, latency, burst };
         Ok(Arc::new(throttle::ThrottleDev::new(next, spec)) as Arc<dyn BlockDev>)
+    },
+};
+
+/// `hdd[seek=T,rpm=R,rate=B,near=N,report=FILE]:NEXT`.
+pub static HDD: LayerKind = LayerKind {
+    name: "hdd",
+    summary: "NEXT behind an emulated spinning disk: one head, requests served in arrival order, a seek + half a turn unless sequential",
+    args: &[],
+    options: &[
+        ("seek", "average seek time (default 3.4ms, a 15,000 rpm drive)"),
+        ("rpm", "spindle speed; half a revolution is added to every seek (default 15000)"),
+        ("rate", "media transfer rate: 100M (bytes per second) or 800Mbit (default 100M)"),
+        ("near", "a request this close after the previous one needs no seek (default 128K)"),
+        ("report", "write the counters (requests, seeks, busy time) as JSON to this file at each flush and at close"),
+    ],
+    wraps: true,
+    inner_read_only: false,
+    open: |ctx: &OpenCtx<'_>, next| {
+        let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "hdd", m);
+        let next = next.ok_or_else(|| bad("needs a layer under the disk model (hdd:raw:golden.img)".into()))?;
+        let d = hdd::HddSpec::FIFTEEN_K;
+        let seek = ctx.opt("seek").map(crate::throttle::parse_duration).transpose().map_err(bad)?.unwrap_or(d.seek);
+        let rpm = match ctx.opt("rpm") {
+            None => d.rpm,
+            Some(r) => r
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|&r| r <= 100_000)
+                .ok_or_else(|| bad(format!("rpm '{r}': expected a whole number up to 100000 (0: no rotation)")))?,
+        };
+        let rate = ctx.opt("rate").map(crate::throttle::parse_rate).transpose().map_err(bad)?.unwrap_or(d.rate);
+        let near = ctx.size_opt("hdd", "near")?.unwrap_or(d.near);
+        let report = ctx.opt("report").map(std::path::PathBuf::from);
+        let spec = hdd::HddSpec { seek, rpm, rate, near };
+        Ok(Arc::new(hdd::HddDev::new(next, spec, report)) as Arc<dyn BlockDev>)
     },
 };
