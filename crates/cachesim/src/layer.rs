@@ -48,7 +48,7 @@ use roamdisk_blockdev::{
 
 use crate::index::{FastMap, HashIndex};
 use crate::policy::{Outcome, PolicySpec};
-use crate::sharded::{shard_hint, EngineCounts, ShardedCache};
+use crate::sharded::{EngineCounts, ShardedCache};
 
 /// Smallest and largest block size.
 pub const MIN_BLOCK: u64 = 4 << 10;
@@ -122,7 +122,7 @@ impl DeviceStats {
 }
 
 /// Bits of a key that hold the block number; the device number sits
-/// above them. A key is thus [`shard_hint`]`(device, block)` for every
+/// above them. A key is thus [`shard_hint`](crate::sharded::shard_hint)`(device, block)` for every
 /// device below 2^20 and block below 2^44 (64 PiB in 4 KiB blocks), which
 /// is what the simulator hashes to pick a shard: a cache shared by several
 /// devices picks the shards `roamdisk sim` picks for a trace of several.
@@ -386,7 +386,7 @@ impl CacheDev {
         (start, (start + self.cache.opts.block).min(self.size))
     }
 
-    /// Block `b`'s key in the engine (its [`shard_hint`]).
+    /// Block `b`'s key in the engine (its [`shard_hint`](crate::sharded::shard_hint)).
     #[inline]
     fn key(&self, b: u64) -> u64 {
         self.device | b
@@ -399,7 +399,13 @@ impl CacheDev {
 
     /// Lock the shard of block `b`; returns its key too.
     #[inline]
-    fn lock(&self, b: u64) -> (u64, std::sync::MutexGuard<'_, crate::sharded::Shard<u64, Slots>>) {
+    fn lock(
+        &self,
+        b: u64,
+    ) -> (
+        u64,
+        std::sync::MutexGuard<'_, crate::sharded::Shard<u64, Slots>>,
+    ) {
         let k = self.key(b);
         (k, self.cache.engine.lock(self.shard(k)))
     }
@@ -717,6 +723,7 @@ pub static LAYERS: &[&LayerKind] = &[&CACHE];
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sharded::shard_hint;
     use roamdisk_blockdev::layers::mem::MemDev;
 
     fn dev(policy: &str, size: u64, block: u64, shards: usize) -> (Arc<MemDev>, CacheDev) {
