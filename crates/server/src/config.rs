@@ -429,7 +429,7 @@ mod tests {
         let o = c.cache_options().unwrap();
         assert_eq!(
             (o.policy.label(), o.size, o.block, o.shards),
-            ("fmpq".to_string(), 1 << 30, 4096, 16)
+            ("FMPQ".to_string(), 1 << 30, 4096, 16)
         );
         assert!(!c.image("win").unwrap().cache);
         assert_eq!(c.metrics.unwrap().port(), 9100);
