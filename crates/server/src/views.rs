@@ -51,6 +51,9 @@ pub struct Views {
     /// (client, image) -> that client's view, opened on first use.
     views: Mutex<HashMap<(String, String), View>>,
     metrics: Arc<Metrics>,
+    /// Wrap exports in [`Metered`] (only when something will read the
+    /// counters: a `metrics` address).
+    metered: bool,
 }
 
 /// Open every golden image of `cfg`, read-only.
@@ -96,6 +99,20 @@ pub fn open_view(
     )?))
 }
 
+/// `dev` counted into `pair` when `metered`.
+fn meter(
+    dev: Arc<dyn BlockDev>,
+    pair: Arc<crate::metrics::Pair>,
+    metrics: &Arc<Metrics>,
+    metered: bool,
+) -> Arc<dyn BlockDev> {
+    if metered {
+        Arc::new(Metered::new(dev, pair, metrics.clone()))
+    } else {
+        dev
+    }
+}
+
 impl Views {
     /// Open the golden images, behind the server cache if the config has
     /// one; views open on demand.
@@ -123,6 +140,7 @@ impl Views {
         }
         metrics.set_images(images, cache);
         let metrics = Arc::new(metrics);
+        let metered = cfg.metrics.is_some();
         let mut read_only = HashMap::new();
         for c in &cfg.client {
             for name in &c.read_only {
@@ -138,7 +156,7 @@ impl Views {
                         .image(name)
                         .map(|i| i.description.clone())
                         .unwrap_or_default(),
-                    dev: Arc::new(Metered::new(checked, pair, metrics.clone())),
+                    dev: meter(checked, pair, &metrics, metered),
                 };
                 read_only.insert((c.name.clone(), name.clone()), Arc::new(e));
             }
@@ -150,6 +168,7 @@ impl Views {
             read_only,
             views: Mutex::new(HashMap::new()),
             metrics,
+            metered,
         })
     }
 
@@ -198,7 +217,7 @@ impl Views {
         let export = Arc::new(Export {
             name: image.to_string(),
             description,
-            dev: Arc::new(Metered::new(checked, pair, self.metrics.clone())),
+            dev: meter(checked, pair, &self.metrics, self.metered),
         });
         tracing::info!(client, image, "view opened");
         views.insert(
