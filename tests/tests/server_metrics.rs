@@ -3,8 +3,9 @@
 //! drive the real binary while `/metrics` is scraped. Each client's
 //! bytes and requests are counted apart, even on a read-only image they
 //! share; the cache counts exactly the block reads that reached it; an
-//! overlay's size grows with a write; open connections and refusals are
-//! counted; `server status` (table and `--json`) agrees with `/metrics`;
+//! overlay's size grows with a write; open connections and refusals
+//! (no grant, a plain client on TLS, a key of no client, a wrong key) are
+//! counted by reason; `server status` (table and `--json`) agrees with `/metrics`;
 //! and a trace replayed through the server counts the hits and misses
 //! `roamdisk sim --sharing shared` counts for the same trace, policy,
 //! size, block size and shards, over two images sharing the cache.
@@ -218,6 +219,7 @@ fn metrics_count_each_client_the_cache_and_the_overlays() {
     require_tool("qemu-io");
     require_tool("curl");
     require_tool("psktool");
+    require_tool("nbdinfo");
     // 8 MiB of 4 KiB blocks in 16 shards: the 768 blocks read below
     // all stay (no eviction), so hits and misses are known exactly.
     let s = site("[cache]\nsize = \"8M\"");
@@ -293,6 +295,21 @@ fn metrics_count_each_client_the_cache_and_the_overlays() {
         .output()
         .unwrap();
     assert!(!out.status.success());
+    // mallory has a key the server knows but is no client; a key the
+    // server does not know fails the TLS handshake.
+    let keys = s.dir.join("server.psk");
+    let wrong = s.dir.join("wrong.psk");
+    run("psktool", &["-u", "alice", "-p", path_str(&wrong)]);
+    for (who, file) in [("mallory", &keys), ("alice", &wrong)] {
+        let out = Command::new("nbdinfo")
+            .arg(format!(
+                "nbds://{who}@127.0.0.1:{port}/desk?tls-psk-file={}",
+                file.display()
+            ))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{who}");
+    }
 
     until(s.metrics, "bob disconnected", |m| {
         m.get(&per("roamdisk_server_connections", "bob")) == Some(&0.0)
@@ -363,13 +380,10 @@ fn metrics_count_each_client_the_cache_and_the_overlays() {
             "roamdisk_server_refusals_total{reason=\"tls_required\"}"
         ) >= 1
     );
-    assert_eq!(
-        sample(
-            &m,
-            "roamdisk_server_refusals_total{reason=\"unknown_client\"}"
-        ),
-        0
-    );
+    for reason in ["unknown_client", "tls_failed"] {
+        let key = format!("roamdisk_server_refusals_total{{reason=\"{reason}\"}}");
+        assert_eq!(sample(&m, &key), 1, "{reason}");
+    }
 
     // `server status`: the JSON document agrees with the scrape...
     let json = rd(&["server", "status", path_str(&s.config), "--json"]);

@@ -693,6 +693,14 @@ impl ServerProc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// SIGKILL (a crash), waited for.
+    pub fn kill9(mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     /// SIGTERM, and it must exit cleanly within 30 s.
     pub fn stop(mut self) {
         let Some(mut c) = self.child.take() else {
