@@ -18,20 +18,18 @@ use axum::Router;
 
 use crate::metrics::{Metrics, Status, STATUS_FORMAT, STATUS_VERSION};
 
-/// A running metrics endpoint; stops when dropped.
+/// A running metrics endpoint; told to stop when dropped (not waited
+/// for: a scraper holding its connection open must not hold up the
+/// server's exit).
 pub struct MetricsServer {
     pub addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for MetricsServer {
     fn drop(&mut self) {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
         }
     }
 }
@@ -68,7 +66,7 @@ pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<Metrics
         .route("/metrics", get(self::metrics))
         .route("/status.json", get(status))
         .with_state(metrics);
-    let thread = std::thread::Builder::new()
+    std::thread::Builder::new()
         .name("roamdisk-metrics".into())
         .spawn(move || {
             rt.block_on(async move {
@@ -90,7 +88,6 @@ pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<Metrics
     Ok(MetricsServer {
         addr: bound,
         stop: Some(tx),
-        thread: Some(thread),
     })
 }
 
