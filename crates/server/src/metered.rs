@@ -76,6 +76,8 @@ impl BlockDev for Metered {
     fn flush(&self) -> Result<()> {
         self.count(OpKind::Flush, 0, || self.next.flush())
     }
+    // Not a client's request (a disconnect without FLUSH): passed on
+    // uncounted; the default would call `flush` and count one.
     fn settle(&self) -> Result<()> {
         self.next.settle()
     }
