@@ -70,50 +70,6 @@ fn reads_equal_a_plain_file_s3fifo_1m() {
     check_stack("s3fifo", 1 << 20, 4, ",shards=2", 4);
 }
 
-/// The value after `"key":` at the first occurrence of it past `from`.
-fn num_after(text: &str, from: usize, key: &str) -> (u64, usize) {
-    let pat = format!("\"{key}\":");
-    let at = text[from..]
-        .find(&pat)
-        .unwrap_or_else(|| panic!("no {key} in {text}"))
-        + from
-        + pat.len();
-    let digits: String = text[at..]
-        .trim_start()
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    (digits.parse().unwrap(), at)
-}
-
-/// The simulator's (hits, misses) for one policy at one size.
-fn sim_counts(trace: &str, policy: &str, size: &str, block: &str, shards: &str) -> (u64, u64) {
-    let json = rd(&[
-        "sim",
-        trace,
-        "--policy",
-        policy,
-        "--size",
-        size,
-        "--block",
-        block,
-        "--shards",
-        shards,
-        "--sharing",
-        "shared",
-        "--no-lru-curve",
-        "--json",
-    ])
-    .replace(char::is_whitespace, "");
-    let (_, at) = num_after(&json, 0, "shards");
-    let at = json[..at].rfind("\"results\"").expect("results") + 1;
-    let (short_hits, at) = num_after(&json, at, "hits");
-    let (short_misses, at) = num_after(&json, at, "misses");
-    let (long_hits, at) = num_after(&json, at, "hits");
-    let (long_misses, _) = num_after(&json, at, "misses");
-    (short_hits + long_hits, short_misses + long_misses)
-}
-
 /// A one-client trace with reuse and writes, replayed through the layer
 /// over a raw image, and simulated: equal counts for every policy, with
 /// one shard and with several.

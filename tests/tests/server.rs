@@ -11,48 +11,36 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::certs::{make_ca, make_leaf, CLIENT_EXT, SERVER_EXT};
-use common::{path_str, random_file, rd, rd_fail, require_tool, run, run_stdout, tempdir};
+use common::{
+    path_str, random_file, rd, rd_fail, require_tool, run, run_stdout, tempdir, ServerProc,
+};
 
 const SIZE: u64 = 8 << 20;
 
 /// A running `roamdisk server CONFIG`, its TCP port read from its log.
 struct Srv {
-    child: Option<Child>,
+    proc: ServerProc,
     port: u16,
-    log: PathBuf,
     socket: PathBuf,
 }
 
 impl Srv {
     fn start(f: &Fixture) -> Srv {
         let log = f.dir.join(format!("server-{}.log", f.starts()));
-        let child = Command::new(common::bin())
-            .args(["server", path_str(&f.config)])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("spawn roamdisk server");
-        let mut s = Srv {
-            child: Some(child),
-            port: 0,
-            log,
+        let mut proc = ServerProc::start(&f.config, log);
+        Srv {
+            port: proc.port(),
+            proc,
             socket: f.dir.join("srv.sock"),
-        };
-        s.port = common::wait_for_tcp_port(
-            s.child.as_mut().expect("just started"),
-            &s.log,
-            "roamdisk server",
-        );
-        s
+        }
     }
 
     fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.proc.log_text()
     }
 
     /// The log must have a warning line holding every one of `words`.
@@ -93,46 +81,12 @@ impl Srv {
         format!("nbd+unix:///{export}?socket={}", self.socket.display())
     }
 
-    fn kill9(mut self) {
-        let mut c = self.child.take().unwrap();
-        let _ = c.kill();
-        let _ = c.wait();
+    fn kill9(self) {
+        self.proc.kill9();
     }
 
-    fn stop(mut self) {
-        self.terminate();
-    }
-
-    fn terminate(&mut self) {
-        let Some(mut c) = self.child.take() else {
-            return;
-        };
-        let _ = Command::new("kill")
-            .args(["-TERM", &c.id().to_string()])
-            .status();
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_secs(30) {
-            if let Ok(Some(st)) = c.try_wait() {
-                assert!(
-                    st.success(),
-                    "server exited with {st}:\n{}",
-                    self.log_text()
-                );
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = c.kill();
-        panic!("roamdisk server did not stop within 30 s");
-    }
-}
-
-impl Drop for Srv {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+    fn stop(self) {
+        self.proc.stop();
     }
 }
 

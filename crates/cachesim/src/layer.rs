@@ -3,6 +3,11 @@
 //! residency is decided by POLICY through the [`ShardedCache`] engine that
 //! `roamdisk sim --shards N` runs too (manual: `docs/layers/cache.md`).
 //!
+//! One [`BlockCache`] may sit in front of several devices (the disk
+//! server's golden images): each is a [`CacheDev`] attached with its own
+//! device number, and the blocks of all of them compete for one capacity
+//! under one policy, keyed by (device, block).
+//!
 //! Reads are read-through: a block not cached is read whole (aligned) from
 //! NEXT and kept if the policy admitted it; a cached block is served from
 //! memory. Writes and write-zeroes go through to NEXT and count as accesses
@@ -43,7 +48,7 @@ use roamdisk_blockdev::{
 
 use crate::index::{FastMap, HashIndex};
 use crate::policy::{Outcome, PolicySpec};
-use crate::sharded::{shard_hint, EngineCounts, ShardedCache};
+use crate::sharded::{EngineCounts, ShardedCache};
 
 /// Smallest and largest block size.
 pub const MIN_BLOCK: u64 = 4 << 10;
@@ -89,6 +94,47 @@ pub struct CacheStats {
     pub resident: usize,
 }
 
+/// One device's share of a [`BlockCache`]'s counters: its accesses, the
+/// evictions and trims of its blocks, and its blocks resident now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceStats {
+    pub hits: u64,
+    pub misses: u64,
+    /// Blocks of this device evicted (to admit a block of any device).
+    pub evictions: u64,
+    pub trimmed: u64,
+    pub bytes_from_cache: u64,
+    pub bytes_from_next: u64,
+    /// Blocks of this device resident now.
+    pub resident: u64,
+}
+
+impl DeviceStats {
+    fn add(&mut self, o: &DeviceStats) {
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.evictions += o.evictions;
+        self.trimmed += o.trimmed;
+        self.bytes_from_cache += o.bytes_from_cache;
+        self.bytes_from_next += o.bytes_from_next;
+        self.resident += o.resident;
+    }
+}
+
+/// Bits of a key that hold the block number; the device number sits
+/// above them. A key is thus [`shard_hint`](crate::sharded::shard_hint)`(device, block)` for every
+/// device below 2^20 and block below 2^44 (64 PiB in 4 KiB blocks), which
+/// is what the simulator hashes to pick a shard: a cache shared by several
+/// devices picks the shards `roamdisk sim` picks for a trace of several.
+const BLOCK_BITS: u32 = 44;
+/// Devices one cache can hold.
+pub const MAX_DEVICES: u32 = 1 << (64 - BLOCK_BITS);
+
+#[inline]
+fn device_of(key: u64) -> usize {
+    (key >> BLOCK_BITS) as usize
+}
+
 /// A cached block's state.
 struct Slot {
     /// The block's bytes, equal to NEXT's; `None` while not yet fetched
@@ -106,14 +152,14 @@ struct InFlight {
     contended: bool,
 }
 
-/// The layer's part of a shard: the data of its resident blocks.
+/// The layer's part of a shard: the data of its resident blocks, by key.
 #[derive(Default)]
 pub struct Slots {
     slots: FastMap<u64, Slot>,
     writing: FastMap<u64, InFlight>,
     next_gen: u64,
-    bytes_from_cache: u64,
-    bytes_from_next: u64,
+    /// Counters per device, indexed by device number.
+    devices: Vec<DeviceStats>,
 }
 
 impl Slots {
@@ -122,15 +168,34 @@ impl Slots {
         self.next_gen
     }
 
-    /// Bring the slots in line with an access's outcome; returns the
-    /// evicted block's bytes, for the caller to reuse as a buffer.
-    fn admit(&mut self, block: u64, o: Outcome<u64>) -> Option<Arc<[u8]>> {
+    #[inline]
+    fn dev(&mut self, key: u64) -> &mut DeviceStats {
+        let d = device_of(key);
+        if d >= self.devices.len() {
+            self.devices.resize(d + 1, DeviceStats::default());
+        }
+        &mut self.devices[d]
+    }
+
+    /// Count an access's outcome and bring the slots in line with it;
+    /// returns the evicted block's bytes, for the caller to reuse as a
+    /// buffer.
+    fn admit(&mut self, key: u64, o: Outcome<u64>) -> Option<Arc<[u8]>> {
         let Outcome::Miss { evicted } = o else {
+            self.dev(key).hits += 1;
             return None;
         };
-        let old = evicted.and_then(|e| self.slots.remove(&e)?.data);
+        let me = self.dev(key);
+        me.misses += 1;
+        me.resident += 1;
+        let old = evicted.and_then(|e| {
+            let victim = self.dev(e);
+            victim.evictions += 1;
+            victim.resident -= 1;
+            self.slots.remove(&e)?.data
+        });
         let gen = self.gen();
-        self.slots.insert(block, Slot { data: None, gen });
+        self.slots.insert(key, Slot { data: None, gen });
         old
     }
 }
@@ -151,16 +216,20 @@ enum Src<'a> {
     Zero,
 }
 
-/// The cache layer.
-pub struct CacheDev {
-    next: Arc<dyn BlockDev>,
+/// The cache itself: the engine, its blocks' data and counters. One
+/// cache may sit in front of several devices ([`BlockCache::attach`]),
+/// each a [`CacheDev`] with its own device number: their blocks compete
+/// for one capacity under one policy, keyed by (device, block), as
+/// `roamdisk sim --sharing shared` models a trace of several devices.
+pub struct BlockCache {
     engine: ShardedCache<u64, Slots>,
     opts: CacheOptions,
-    size: u64,
 }
 
-impl CacheDev {
-    pub fn new(next: Arc<dyn BlockDev>, opts: CacheOptions) -> Result<CacheDev> {
+impl BlockCache {
+    /// An empty cache; checks the block size and that the cache holds at
+    /// least one block per shard.
+    pub fn new(opts: CacheOptions) -> Result<Arc<BlockCache>> {
         let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "cache", m);
         if !opts.block.is_power_of_two() || !(MIN_BLOCK..=MAX_BLOCK).contains(&opts.block) {
             return Err(bad(format!(
@@ -183,15 +252,39 @@ impl CacheDev {
             let n = g.capacity();
             g.data.slots.reserve(n);
         }
+        Ok(Arc::new(BlockCache { engine, opts }))
+    }
+
+    /// `next` behind this cache as device number `device` (distinct per
+    /// device; below [`MAX_DEVICES`]). The device must not change under
+    /// the cache but through the returned layer.
+    pub fn attach(self: &Arc<Self>, device: u32, next: Arc<dyn BlockDev>) -> Result<CacheDev> {
+        let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "cache", m);
+        if device >= MAX_DEVICES {
+            return Err(bad(format!(
+                "device {device}: one cache holds at most {MAX_DEVICES} devices"
+            )));
+        }
+        let size = next.size();
+        if size.div_ceil(self.opts.block) > 1 << BLOCK_BITS {
+            return Err(bad(format!(
+                "a device of {size} bytes has more than 2^{BLOCK_BITS} blocks of {} bytes",
+                self.opts.block
+            )));
+        }
         Ok(CacheDev {
-            size: next.size(),
+            size,
             next,
-            engine,
-            opts,
+            cache: self.clone(),
+            device: u64::from(device) << BLOCK_BITS,
         })
     }
 
-    /// Counters so far.
+    pub fn options(&self) -> &CacheOptions {
+        &self.opts
+    }
+
+    /// Counters so far, over every device.
     pub fn stats(&self) -> CacheStats {
         let EngineCounts {
             hits,
@@ -212,9 +305,23 @@ impl CacheDev {
         };
         for i in 0..self.engine.shards() {
             let g = self.engine.lock(i);
-            s.bytes_from_cache += g.data.bytes_from_cache;
-            s.bytes_from_next += g.data.bytes_from_next;
+            for d in &g.data.devices {
+                s.bytes_from_cache += d.bytes_from_cache;
+                s.bytes_from_next += d.bytes_from_next;
+            }
             s.resident += g.len();
+        }
+        s
+    }
+
+    /// The counters of device `device` so far.
+    pub fn device_stats(&self, device: u32) -> DeviceStats {
+        let mut s = DeviceStats::default();
+        for i in 0..self.engine.shards() {
+            let g = self.engine.lock(i);
+            if let Some(d) = g.data.devices.get(device as usize) {
+                s.add(d);
+            }
         }
         s
     }
@@ -230,34 +337,95 @@ impl CacheDev {
             tracing::warn!(path = %path.display(), error = %e, "cannot write the cache report");
         }
     }
+}
+
+impl Drop for BlockCache {
+    fn drop(&mut self) {
+        let s = self.stats();
+        tracing::info!(
+            policy = %s.policy,
+            hits = s.hits,
+            misses = s.misses,
+            evictions = s.evictions,
+            from_cache_mib = s.bytes_from_cache as f64 / 1048576.0,
+            "cache: counters at close"
+        );
+        self.write_report();
+    }
+}
+
+/// The cache layer: one device in front of a [`BlockCache`].
+pub struct CacheDev {
+    next: Arc<dyn BlockDev>,
+    cache: Arc<BlockCache>,
+    /// The device number, shifted into a key's top bits.
+    device: u64,
+    size: u64,
+}
+
+impl CacheDev {
+    /// `next` behind a cache of its own.
+    pub fn new(next: Arc<dyn BlockDev>, opts: CacheOptions) -> Result<CacheDev> {
+        BlockCache::new(opts)?.attach(0, next)
+    }
+
+    /// Counters so far, of the whole cache (every device attached to it).
+    pub fn stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    /// The cache this layer is a front of.
+    pub fn cache(&self) -> &Arc<BlockCache> {
+        &self.cache
+    }
 
     /// The byte range of block `b` (the disk's last block may be short).
     #[inline]
     fn span(&self, b: u64) -> (u64, u64) {
-        let start = b * self.opts.block;
-        (start, (start + self.opts.block).min(self.size))
+        let start = b * self.cache.opts.block;
+        (start, (start + self.cache.opts.block).min(self.size))
+    }
+
+    /// Block `b`'s key in the engine (its [`shard_hint`](crate::sharded::shard_hint)).
+    #[inline]
+    fn key(&self, b: u64) -> u64 {
+        self.device | b
     }
 
     #[inline]
-    fn shard(&self, b: u64) -> usize {
-        self.engine.shard_of(shard_hint(0, b))
+    fn shard(&self, key: u64) -> usize {
+        self.cache.engine.shard_of(key)
+    }
+
+    /// Lock the shard of block `b`; returns its key too.
+    #[inline]
+    fn lock(
+        &self,
+        b: u64,
+    ) -> (
+        u64,
+        std::sync::MutexGuard<'_, crate::sharded::Shard<u64, Slots>>,
+    ) {
+        let k = self.key(b);
+        (k, self.cache.engine.lock(self.shard(k)))
     }
 
     /// Blocks covering `[off, off + len)` (`len` > 0).
     #[inline]
     fn blocks(&self, off: u64, len: u64) -> std::ops::RangeInclusive<u64> {
-        off / self.opts.block..=(off + len - 1) / self.opts.block
+        let block = self.cache.opts.block;
+        off / block..=(off + len - 1) / block
     }
 
     /// Keep `data`, fetched from NEXT with `ticket`, as block `b`'s bytes
     /// if nothing made that fetch stale (see the module's comment).
     fn install(&self, b: u64, ticket: u64, data: Arc<[u8]>) {
-        let mut g = self.engine.lock(self.shard(b));
+        let (k, mut g) = self.lock(b);
         let d = &mut g.data;
-        if d.writing.contains_key(&b) {
+        if d.writing.contains_key(&k) {
             return;
         }
-        if let Some(slot) = d.slots.get_mut(&b) {
+        if let Some(slot) = d.slots.get_mut(&k) {
             if slot.gen == ticket && slot.data.is_none() {
                 slot.data = Some(data);
             }
@@ -277,16 +445,16 @@ impl CacheDev {
         // Register every block's write and bump its generation.
         let mut gens = Vec::with_capacity(self.blocks(off, len).count());
         for b in self.blocks(off, len) {
-            let mut g = self.engine.lock(self.shard(b));
-            let o = g.access(b);
+            let (k, mut g) = self.lock(b);
+            let o = g.access(k);
             let d = &mut g.data;
-            d.admit(b, o);
+            d.admit(k, o);
             let gen = d.gen();
-            if let Some(s) = d.slots.get_mut(&b) {
+            if let Some(s) = d.slots.get_mut(&k) {
                 s.gen = gen;
             }
             d.writing
-                .entry(b)
+                .entry(k)
                 .and_modify(|w| {
                     w.writers += 1;
                     w.contended = true;
@@ -300,21 +468,21 @@ impl CacheDev {
         let r = io();
         for (b, my_gen) in self.blocks(off, len).zip(gens) {
             let (start, end) = self.span(b);
-            let mut g = self.engine.lock(self.shard(b));
+            let (k, mut g) = self.lock(b);
             let d = &mut g.data;
-            let sole = match d.writing.get_mut(&b) {
+            let sole = match d.writing.get_mut(&k) {
                 Some(w) => {
                     w.writers -= 1;
                     let sole = !w.contended;
                     if w.writers == 0 {
-                        d.writing.remove(&b);
+                        d.writing.remove(&k);
                     }
                     sole
                 }
                 None => false,
             };
             let gen = d.gen();
-            let Some(slot) = d.slots.get_mut(&b) else {
+            let Some(slot) = d.slots.get_mut(&k) else {
                 continue;
             };
             let fresh = r.is_ok() && sole && slot.gen == my_gen;
@@ -351,21 +519,6 @@ impl CacheDev {
     }
 }
 
-impl Drop for CacheDev {
-    fn drop(&mut self) {
-        let s = self.stats();
-        tracing::info!(
-            policy = %s.policy,
-            hits = s.hits,
-            misses = s.misses,
-            evictions = s.evictions,
-            from_cache_mib = s.bytes_from_cache as f64 / 1048576.0,
-            "cache: counters at close"
-        );
-        self.write_report();
-    }
-}
-
 impl BlockDev for CacheDev {
     fn layer(&self) -> &'static str {
         "cache"
@@ -374,12 +527,13 @@ impl BlockDev for CacheDev {
         Some(&*self.next)
     }
     fn describe(&self) -> String {
+        let c = &self.cache;
         format!(
             "cache ({}, {} blocks of {} B, {} shards)",
-            self.opts.policy.label(),
-            self.engine.capacity(),
-            self.opts.block,
-            self.engine.shards()
+            c.opts.policy.label(),
+            c.engine.capacity(),
+            c.opts.block,
+            c.engine.shards()
         )
     }
     fn size(&self) -> u64 {
@@ -397,22 +551,22 @@ impl BlockDev for CacheDev {
         for b in self.blocks(off, len) {
             let (start, end) = self.span(b);
             let (lo, hi) = (off.max(start), (off + len).min(end));
-            let mut g = self.engine.lock(self.shard(b));
-            let o = g.access(b);
+            let (k, mut g) = self.lock(b);
+            let o = g.access(k);
             let d = &mut g.data;
-            let recycled = d.admit(b, o);
-            let slot = d.slots.get(&b).expect("an accessed block has a slot");
+            let recycled = d.admit(k, o);
+            let slot = d.slots.get(&k).expect("an accessed block has a slot");
             match &slot.data {
                 Some(data) => {
                     let data = data.clone();
-                    d.bytes_from_cache += hi - lo;
+                    d.dev(k).bytes_from_cache += hi - lo;
                     drop(g);
                     buf[(lo - off) as usize..(hi - off) as usize]
                         .copy_from_slice(&data[(lo - start) as usize..(hi - start) as usize]);
                 }
                 None => {
                     fetch.push((b, slot.gen, recycled));
-                    d.bytes_from_next += end - start;
+                    d.dev(k).bytes_from_next += end - start;
                 }
             }
         }
@@ -480,9 +634,13 @@ impl BlockDev for CacheDev {
         self.next.trim(off, len, flags)?;
         if len > 0 {
             for b in self.blocks(off, len) {
-                let mut g = self.engine.lock(self.shard(b));
-                g.remove(&b);
-                g.data.slots.remove(&b);
+                let (k, mut g) = self.lock(b);
+                if g.remove(&k) {
+                    let d = g.data.dev(k);
+                    d.trimmed += 1;
+                    d.resident -= 1;
+                }
+                g.data.slots.remove(&k);
             }
         }
         Ok(())
@@ -490,7 +648,7 @@ impl BlockDev for CacheDev {
 
     fn flush(&self) -> Result<()> {
         let r = self.next.flush();
-        self.write_report();
+        self.cache.write_report();
         r
     }
 
@@ -565,6 +723,7 @@ pub static LAYERS: &[&LayerKind] = &[&CACHE];
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sharded::shard_hint;
     use roamdisk_blockdev::layers::mem::MemDev;
 
     fn dev(policy: &str, size: u64, block: u64, shards: usize) -> (Arc<MemDev>, CacheDev) {
@@ -687,6 +846,57 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Two devices in front of one cache: the accesses of both are counted
+    /// by the engine as `roamdisk sim` counts a two-device trace (keys and
+    /// shards by `shard_hint(device, block)`), each device's counters sum
+    /// to the cache's, and each device reads its own bytes.
+    #[test]
+    fn devices_share_one_cache_as_the_simulator_models_it() {
+        let spec = PolicySpec::parse("fmpq").unwrap();
+        let cache = BlockCache::new(CacheOptions {
+            policy: spec.clone(),
+            size: 40 * 4096,
+            block: 4096,
+            shards: 4,
+            report: None,
+        })
+        .unwrap();
+        let mems: Vec<Arc<MemDev>> = (0..2).map(|_| Arc::new(MemDev::new(1 << 20))).collect();
+        for (i, m) in mems.iter().enumerate() {
+            m.write_at(&vec![i as u8 + 1; 1 << 20], 0, WriteFlags::default())
+                .unwrap();
+        }
+        let devs: Vec<CacheDev> = mems
+            .iter()
+            .enumerate()
+            .map(|(i, m)| cache.attach(i as u32, m.clone()).unwrap())
+            .collect();
+        let mut eng = ShardedCache::<u64>::new::<HashIndex<u64>>(&spec, 40, 4).unwrap();
+        let mut x = 11u64;
+        let mut buf = [0u8; 4096];
+        for _ in 0..5000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let (d, b) = ((x >> 60) as u32 & 1, (x >> 33) % 60);
+            devs[d as usize].read_at(&mut buf, b * 4096).unwrap();
+            assert!(buf.iter().all(|&v| v == d as u8 + 1));
+            eng.access_mut(shard_hint(d, b), shard_hint(d, b));
+        }
+        let (s, e) = (cache.stats(), eng.counts());
+        assert_eq!(
+            (s.hits, s.misses, s.evictions),
+            (e.hits, e.misses, e.evictions)
+        );
+        let (a, b) = (cache.device_stats(0), cache.device_stats(1));
+        assert!(a.hits > 0 && b.hits > 0, "{a:?} {b:?}");
+        assert_eq!(a.hits + b.hits, s.hits);
+        assert_eq!(a.misses + b.misses, s.misses);
+        assert_eq!(a.evictions + b.evictions, s.evictions);
+        assert_eq!((a.resident + b.resident) as usize, s.resident);
+        assert_eq!(s.resident, 40);
     }
 
     /// The layer's hits are the simulator's for the same accesses.

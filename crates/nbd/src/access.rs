@@ -68,7 +68,24 @@ pub struct Refusal {
     /// Who the client is (for the log; e.g. the configured client name)
     /// and why it may not open the export.
     pub reason: String,
+    /// The kind of refusal, a short stable label for counters
+    /// (`unknown_client`, `not_granted`, ...).
+    pub kind: &'static str,
 }
+
+/// Refusal kinds the server itself decides (the resolver has its own).
+pub mod refusal_kind {
+    /// A plain client on a TLS-only listener.
+    pub const TLS_REQUIRED: &str = "tls_required";
+    /// A TLS handshake that failed (unknown certificate, wrong key...).
+    pub const TLS_FAILED: &str = "tls_failed";
+    /// A name not in the fixed export list (no resolver).
+    pub const NO_SUCH_EXPORT: &str = "no_such_export";
+}
+
+/// Whatever a resolver wants kept for as long as a connection runs
+/// (dropped when it ends): e.g. a guard counting open connections.
+pub type ConnectionGuard = Box<dyn Send + Sync>;
 
 /// Decides per connection which exports a client may list and open.
 pub trait ExportResolver: Send + Sync {
@@ -79,4 +96,14 @@ pub trait ExportResolver: Send + Sync {
     fn resolve(&self, peer: &Peer, name: &str) -> Result<Arc<Export>, Refusal>;
     /// Every export opened so far, flushed by the server when it stops.
     fn opened(&self) -> Vec<Arc<Export>>;
+    /// A connection was refused: its request to open an export
+    /// (NBD_OPT_GO or EXPORT_NAME; `kind` from its [`Refusal`]), or its
+    /// TLS ([`refusal_kind`]). Called once per refusal, for counting; the
+    /// server has logged it already.
+    fn refused(&self, _peer: &Peer, _kind: &'static str) {}
+    /// `peer` starts transmission on `export`; what is returned is kept
+    /// until the connection ends.
+    fn connected(&self, _peer: &Peer, _export: &Arc<Export>) -> Option<ConnectionGuard> {
+        None
+    }
 }

@@ -153,6 +153,7 @@ pub async fn negotiate_peer(
             if !logged_plain && opt != OPT_STARTTLS && opt != OPT_ABORT {
                 logged_plain = true;
                 tracing::warn!(%peer, "refused: plain client on a TLS-only server");
+                shared.refused(peer, crate::access::refusal_kind::TLS_REQUIRED);
             }
             match opt {
                 OPT_STARTTLS | OPT_ABORT => {}
@@ -183,7 +184,8 @@ pub async fn negotiate_peer(
                 let Ok(name) = parse_export_name(&payload) else {
                     return Err(violation("bad export name"));
                 };
-                let Ok(export) = shared.lookup(peer, &name) else {
+                let export = shared.lookup(peer, &name);
+                let Ok(export) = export.inspect_err(|r| shared.refused(peer, r.kind)) else {
                     return Err(HandshakeEnd::Closed(
                         "unknown export requested with EXPORT_NAME",
                     ));
@@ -253,6 +255,7 @@ pub async fn negotiate_peer(
                     Ok(x) => x,
                     Err(e) => {
                         tracing::warn!(%peer, error = %e, "refused: TLS handshake failed");
+                        shared.refused(peer, crate::access::refusal_kind::TLS_FAILED);
                         return Err(HandshakeEnd::Error(e));
                     }
                 };
@@ -334,7 +337,11 @@ pub async fn negotiate_peer(
                         continue;
                     }
                 };
-                let Ok(export) = shared.lookup(peer, &req.name) else {
+                let export = shared.lookup(peer, &req.name);
+                if let (Err(r), OPT_GO) = (&export, opt) {
+                    shared.refused(peer, r.kind);
+                }
+                let Ok(export) = export else {
                     no_such_export(&mut s, opt, &req.name).await?;
                     continue;
                 };

@@ -228,6 +228,7 @@ impl Shared {
         let Some(r) = &self.resolver else {
             return self.find(name).ok_or_else(|| Refusal {
                 reason: "no such export".into(),
+                kind: crate::access::refusal_kind::NO_SUCH_EXPORT,
             });
         };
         r.resolve(peer, name).inspect_err(|refusal| {
@@ -238,6 +239,14 @@ impl Shared {
                 "refused: export not granted"
             );
         })
+    }
+
+    /// Tell the resolver, if any, that `peer` was refused (see
+    /// [`ExportResolver::refused`]).
+    pub fn refused(&self, peer: &Peer, kind: &'static str) {
+        if let Some(r) = &self.resolver {
+            r.refused(peer, kind);
+        }
     }
 
     /// The exports `peer` may see: (name, description).
@@ -579,6 +588,10 @@ async fn handle_connection(s: BoxStream, mut peer: Peer, shared: Arc<Shared>, ti
     };
     let client = shared.new_client(&session.export);
     let name = session.export.name.clone();
+    let _guard = shared
+        .resolver
+        .as_ref()
+        .and_then(|r| r.connected(&peer, &session.export));
     tracing::info!(
         export = %name,
         client,

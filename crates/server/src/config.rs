@@ -1,11 +1,15 @@
 //! The `roamdisk server CONFIG.toml` file: listeners, TLS, the state
-//! directory, golden images and clients with their identities and grants.
+//! directory, the server cache, the metrics endpoint, golden images and
+//! clients with their identities and grants.
 //! Specified in `docs/formats/server-config.md`; every check here is listed
 //! there.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use roamdisk_blockdev::units::parse_size;
+use roamdisk_cachesim::layer::{CacheOptions, DEFAULT_SHARDS, MAX_BLOCK, MIN_BLOCK};
+use roamdisk_cachesim::PolicySpec;
 use serde::Deserialize;
 
 /// The value of the `format` key.
@@ -28,6 +32,10 @@ pub struct ServerConfig {
     pub tls_key: Option<PathBuf>,
     pub tls_verify_ca: Option<PathBuf>,
     pub tls_psk: Option<PathBuf>,
+    /// Serve `/metrics` and `/status.json` over HTTP here.
+    pub metrics: Option<SocketAddr>,
+    /// The memory cache in front of the golden images.
+    pub cache: Option<CacheConfig>,
     #[serde(default)]
     pub image: Vec<ImageConfig>,
     #[serde(default)]
@@ -43,6 +51,101 @@ pub struct ImageConfig {
     pub stack: String,
     #[serde(default)]
     pub description: String,
+    /// Whether the server cache (if any) holds this image's blocks.
+    #[serde(default = "yes")]
+    pub cache: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A byte size: an integer or a string with a unit (`"1G"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bytes(pub u64);
+
+impl<'de> Deserialize<'de> for Bytes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(Bytes(n)),
+            Raw::S(s) => parse_size(&s).map(Bytes).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// The `[cache]` table: one memory cache in front of every golden image.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct CacheConfig {
+    /// The replacement policy, as `roamdisk sim --policy` takes it.
+    #[serde(default = "fmpq")]
+    pub policy: String,
+    /// Bytes of cached data; 0: no cache.
+    pub size: Bytes,
+    /// The unit of caching.
+    #[serde(default = "min_block")]
+    pub block: Bytes,
+    /// Independently locked parts; default 16 (fewer for a tiny cache).
+    pub shards: Option<usize>,
+}
+
+fn fmpq() -> String {
+    "fmpq".into()
+}
+
+fn min_block() -> Bytes {
+    Bytes(MIN_BLOCK)
+}
+
+impl CacheConfig {
+    /// The cache's options, checked; `None` for a size of 0.
+    pub fn options(&self) -> Result<Option<CacheOptions>, String> {
+        let at = |key: &str| format!("[cache] key '{key}'");
+        let policy =
+            PolicySpec::parse(&self.policy).map_err(|e| format!("{}: {}", at("policy"), e.0))?;
+        let Bytes(block) = self.block;
+        if !block.is_power_of_two() || !(MIN_BLOCK..=MAX_BLOCK).contains(&block) {
+            return Err(format!(
+                "{}: {block} must be a power of two from 4K to 1M",
+                at("block")
+            ));
+        }
+        let Bytes(size) = self.size;
+        if size == 0 {
+            return Ok(None);
+        }
+        let blocks = size / block;
+        if blocks == 0 {
+            return Err(format!(
+                "{}: {size} bytes hold no block of {block} bytes; give at least the block size (or 0 for no cache)",
+                at("size")
+            ));
+        }
+        let shards = match self.shards {
+            Some(0) => return Err(format!("{}: give at least 1", at("shards"))),
+            Some(n) if n as u64 > blocks => {
+                return Err(format!(
+                    "{}: {n} shards for a cache of {blocks} blocks; give at most {blocks} (or a larger size)",
+                    at("shards")
+                ))
+            }
+            Some(n) => n,
+            None => DEFAULT_SHARDS.min(blocks as usize),
+        };
+        Ok(Some(CacheOptions {
+            policy,
+            size,
+            block,
+            shards,
+            report: None,
+        }))
+    }
 }
 
 /// One `[[client]]`: who it is and what it may open.
@@ -176,6 +279,9 @@ impl ServerConfig {
         if self.image.is_empty() {
             return Err("no [[image]] table".into());
         }
+        if let Some(c) = &self.cache {
+            c.options()?;
+        }
         for (i, im) in self.image.iter().enumerate() {
             if !valid_name(&im.name) {
                 return Err(format!(
@@ -284,6 +390,12 @@ impl ServerConfig {
         self.client.iter().find(|c| c.name == name)
     }
 
+    /// The server cache's options: `None` without a `[cache]` table or
+    /// with a size of 0 (checked by [`ServerConfig::parse`]).
+    pub fn cache_options(&self) -> Option<CacheOptions> {
+        self.cache.as_ref().and_then(|c| c.options().ok().flatten())
+    }
+
     /// The image of that name.
     pub fn image(&self, name: &str) -> Option<&ImageConfig> {
         self.image.iter().find(|i| i.name == name)
@@ -303,6 +415,34 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(c.client("alice").unwrap().view, vec!["win".to_string()]);
+        assert!(c.cache_options().is_none() && c.metrics.is_none());
+        assert!(c.image("win").unwrap().cache);
+    }
+
+    #[test]
+    fn the_cache_table_has_defaults() {
+        let c = ServerConfig::parse(&HEAD.replace(
+            "[[image]]",
+            "metrics = \"127.0.0.1:9100\"\n[cache]\nsize = \"1G\"\n[[image]]\ncache = false",
+        ))
+        .unwrap();
+        let o = c.cache_options().unwrap();
+        assert_eq!(
+            (o.policy.label(), o.size, o.block, o.shards),
+            ("FMPQ".to_string(), 1 << 30, 4096, 16)
+        );
+        assert!(!c.image("win").unwrap().cache);
+        assert_eq!(c.metrics.unwrap().port(), 9100);
+        let c = ServerConfig::parse(&HEAD.replace(
+            "[[image]]",
+            "[cache]\nsize = 32768\nblock = \"16K\"\npolicy = \"2q[kin=0.3]\"\n[[image]]",
+        ))
+        .unwrap();
+        let o = c.cache_options().unwrap();
+        assert_eq!((o.size, o.block, o.shards), (32768, 16384, 2));
+        let c = ServerConfig::parse(&HEAD.replace("[[image]]", "[cache]\nsize = 0\n[[image]]"))
+            .unwrap();
+        assert!(c.cache_options().is_none());
     }
 
     #[test]
@@ -319,6 +459,13 @@ mod tests {
             (format!("{HEAD}[[client]]\nname = \"../a\"\nuid = 1"), "key 'name'"),
             (format!("{HEAD}[[client]]\nname = \"a\"\nuid = 1\nview = [\"win\"]\nread-only = [\"win\"]"), "one way"),
             (HEAD.replace("socket = \"/s.sock\"", "listen = [\"127.0.0.1:1\"]"), "must use TLS"),
+            (HEAD.replace("[[image]]", "[cache]\nsize = \"1G\"\npolicy = \"lfu\"\n[[image]]"), "[cache] key 'policy'"),
+            (HEAD.replace("[[image]]", "[cache]\nsize = \"1G\"\nblock = \"3K\"\n[[image]]"), "[cache] key 'block'"),
+            (HEAD.replace("[[image]]", "[cache]\nsize = \"1K\"\n[[image]]"), "[cache] key 'size'"),
+            (HEAD.replace("[[image]]", "[cache]\nsize = \"lots\"\n[[image]]"), "lots"),
+            (HEAD.replace("[[image]]", "[cache]\nsize = \"64K\"\nshards = 32\n[[image]]"), "[cache] key 'shards'"),
+            (HEAD.replace("[[image]]", "[cache]\nsize = \"64K\"\nshards = 0\n[[image]]"), "[cache] key 'shards'"),
+            (HEAD.replace("[[image]]", "metrics = \"localhost\"\n[[image]]"), "metrics"),
         ] {
             let e = ServerConfig::parse(&text).unwrap_err().to_string();
             assert!(e.contains(want), "{text}\n=> {e}");

@@ -2,6 +2,14 @@
 //! them: the golden stack under the client's own copy-on-write overlay,
 //! made on its first open, shared by its connections and kept in the
 //! state directory. [`Views`] is the NBD server's [`ExportResolver`].
+//!
+//! With a `[cache]` in the config, one [`BlockCache`] sits in front of
+//! every cached golden image (each image its own device of it), below
+//! the views' overlays: what the cache holds is golden data only, which
+//! never changes while the server runs (golden stacks are opened
+//! read-only; nothing writes to them through the server). Each client's
+//! export device is wrapped in a [`Metered`] layer counting into its own
+//! counters.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -9,22 +17,43 @@ use std::sync::{Arc, Mutex};
 
 use roamdisk_blockdev::layers::cow::{CowDev, CowOptions};
 use roamdisk_blockdev::{Access, BlockDev, Checked, Registry};
+use roamdisk_cachesim::layer::BlockCache;
+use roamdisk_nbd::access::ConnectionGuard;
 use roamdisk_nbd::{Export, ExportResolver, Peer, Refusal};
 
 use crate::access::{grant, grants, identify, Grant};
 use crate::config::ServerConfig;
+use crate::metered::Metered;
+use crate::metrics::{Connection, Metrics};
 use crate::state::overlay_path;
+
+/// Refusal kinds of the resolver (counted in `/metrics`).
+pub const UNKNOWN_CLIENT: &str = "unknown_client";
+pub const NOT_GRANTED: &str = "not_granted";
+pub const VIEW_FAILED: &str = "view_failed";
+
+/// A client's opened view: its export (metered) and the same view
+/// unmetered, for the server's final flush.
+struct View {
+    export: Arc<Export>,
+    plain: Arc<Export>,
+}
 
 /// The golden images and the views opened so far.
 pub struct Views {
     cfg: Arc<ServerConfig>,
     state: PathBuf,
-    /// Each image's stack, read-only, shared by every view of it.
+    /// Each image's stack, read-only, behind the server cache when it is
+    /// cached, shared by every view of it.
     golden: HashMap<String, Arc<dyn BlockDev>>,
-    /// Each image as a read-only export (for `read-only` grants).
-    read_only: HashMap<String, Arc<Export>>,
+    /// (client, image) -> the image as that client's read-only export.
+    read_only: HashMap<(String, String), Arc<Export>>,
     /// (client, image) -> that client's view, opened on first use.
-    views: Mutex<HashMap<(String, String), Arc<Export>>>,
+    views: Mutex<HashMap<(String, String), View>>,
+    metrics: Arc<Metrics>,
+    /// Wrap exports in [`Metered`] (only when something will read the
+    /// counters: a `metrics` address).
+    metered: bool,
 }
 
 /// Open every golden image of `cfg`, read-only.
@@ -53,7 +82,7 @@ pub fn open_view(
     image: &str,
     golden: Arc<dyn BlockDev>,
     read_only: bool,
-) -> roamdisk_blockdev::Result<Arc<dyn BlockDev>> {
+) -> roamdisk_blockdev::Result<Arc<CowDev>> {
     let ovl = overlay_path(state, client, image);
     if let Some(dir) = ovl.parent() {
         if !read_only {
@@ -70,31 +99,82 @@ pub fn open_view(
     )?))
 }
 
+/// `dev` counted into `pair` when `metered`.
+fn meter(
+    dev: Arc<dyn BlockDev>,
+    pair: Arc<crate::metrics::Pair>,
+    metrics: &Arc<Metrics>,
+    metered: bool,
+) -> Arc<dyn BlockDev> {
+    if metered {
+        Arc::new(Metered::new(dev, pair, metrics.clone()))
+    } else {
+        dev
+    }
+}
+
 impl Views {
-    /// Open the golden images; views open on demand.
+    /// Open the golden images, behind the server cache if the config has
+    /// one; views open on demand.
     pub fn open(cfg: Arc<ServerConfig>, state: &Path, reg: &Registry) -> Result<Views, String> {
-        let golden = open_golden(&cfg, reg)?;
-        let read_only = cfg
-            .image
-            .iter()
-            .map(|im| {
-                let dev: Arc<dyn BlockDev> =
-                    Arc::new(Checked::new(golden[&im.name].clone(), Access::ReadOnly));
+        let mut golden = open_golden(&cfg, reg)?;
+        let cache = match cfg.cache_options() {
+            Some(o) => Some(BlockCache::new(o).map_err(|e| format!("[cache]: {e}"))?),
+            None => None,
+        };
+        let mut metrics = Metrics::new(&cfg, state);
+        let mut images = Vec::new();
+        for (i, im) in cfg.image.iter().enumerate() {
+            let dev = golden[&im.name].clone();
+            let mut device = None;
+            if let Some(c) = cache.as_ref().filter(|_| im.cache) {
+                // The image's index is its device number in the cache.
+                let d = u32::try_from(i).unwrap_or(u32::MAX);
+                let front = c
+                    .attach(d, dev.clone())
+                    .map_err(|e| format!("image '{}': {e}", im.name))?;
+                golden.insert(im.name.clone(), Arc::new(front));
+                device = Some(d);
+            }
+            images.push((im.name.clone(), dev.size(), device));
+        }
+        metrics.set_images(images, cache);
+        let metrics = Arc::new(metrics);
+        let metered = cfg.metrics.is_some();
+        let mut read_only = HashMap::new();
+        for c in &cfg.client {
+            for name in &c.read_only {
+                let pair = metrics
+                    .pair(&c.name, name)
+                    .expect("a pair per grant")
+                    .clone();
+                let checked: Arc<dyn BlockDev> =
+                    Arc::new(Checked::new(golden[name].clone(), Access::ReadOnly));
                 let e = Export {
-                    name: im.name.clone(),
-                    description: im.description.clone(),
-                    dev,
+                    name: name.clone(),
+                    description: cfg
+                        .image(name)
+                        .map(|i| i.description.clone())
+                        .unwrap_or_default(),
+                    dev: meter(checked, pair, &metrics, metered),
                 };
-                (im.name.clone(), Arc::new(e))
-            })
-            .collect();
+                read_only.insert((c.name.clone(), name.clone()), Arc::new(e));
+            }
+        }
         Ok(Views {
             cfg,
             state: state.to_path_buf(),
             golden,
             read_only,
             views: Mutex::new(HashMap::new()),
+            metrics,
+            metered,
         })
+    }
+
+    /// What the server counts.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// `client`'s view of `image`, opened (and its overlay created) on
@@ -102,8 +182,8 @@ impl Views {
     fn view(&self, client: &str, image: &str) -> Result<Arc<Export>, String> {
         let mut views = self.views.lock().expect("views lock");
         let key = (client.to_string(), image.to_string());
-        if let Some(e) = views.get(&key) {
-            return Ok(e.clone());
+        if let Some(v) = views.get(&key) {
+            return Ok(v.export.clone());
         }
         let cow = open_view(
             &self.state,
@@ -122,14 +202,32 @@ impl Views {
             .image(image)
             .map(|im| im.description.clone())
             .unwrap_or_default();
-        let e = Arc::new(Export {
+        let pair = self
+            .metrics
+            .pair(client, image)
+            .expect("a pair per grant")
+            .clone();
+        pair.set_cow(cow.clone());
+        let checked: Arc<dyn BlockDev> = Arc::new(Checked::new(cow, Access::ReadWrite));
+        let plain = Arc::new(Export {
+            name: image.to_string(),
+            description: description.clone(),
+            dev: checked.clone(),
+        });
+        let export = Arc::new(Export {
             name: image.to_string(),
             description,
-            dev: Arc::new(Checked::new(cow, Access::ReadWrite)),
+            dev: meter(checked, pair, &self.metrics, self.metered),
         });
         tracing::info!(client, image, "view opened");
-        views.insert(key, e.clone());
-        Ok(e)
+        views.insert(
+            key,
+            View {
+                export: export.clone(),
+                plain,
+            },
+        );
+        Ok(export)
     }
 }
 
@@ -148,9 +246,10 @@ impl ExportResolver for Views {
     }
 
     fn resolve(&self, peer: &Peer, name: &str) -> Result<Arc<Export>, Refusal> {
-        let refuse = |reason: String| Refusal { reason };
+        let refuse = |kind: &'static str, reason: String| Refusal { reason, kind };
         let Some(c) = identify(&self.cfg, peer) else {
             return Err(refuse(
+                UNKNOWN_CLIENT,
                 "unknown client (no configured identity matches)".into(),
             ));
         };
@@ -161,13 +260,16 @@ impl ExportResolver for Views {
             grant(c, name).map(|g| (name, g))
         };
         let Some((image, g)) = found else {
-            return Err(refuse(format!("client '{}' has no grant for it", c.name)));
+            return Err(refuse(
+                NOT_GRANTED,
+                format!("client '{}' has no grant for it", c.name),
+            ));
         };
         match g {
-            Grant::ReadOnly => Ok(self.read_only[image].clone()),
+            Grant::ReadOnly => Ok(self.read_only[&(c.name.clone(), image.to_string())].clone()),
             Grant::View => self
                 .view(&c.name, image)
-                .map_err(|e| refuse(format!("client '{}': {e}", c.name))),
+                .map_err(|e| refuse(VIEW_FAILED, format!("client '{}': {e}", c.name))),
         }
     }
 
@@ -176,7 +278,17 @@ impl ExportResolver for Views {
             .lock()
             .expect("views lock")
             .values()
-            .cloned()
+            .map(|v| v.plain.clone())
             .collect()
+    }
+
+    fn refused(&self, _peer: &Peer, kind: &'static str) {
+        self.metrics.refused(kind);
+    }
+
+    fn connected(&self, peer: &Peer, export: &Arc<Export>) -> Option<ConnectionGuard> {
+        let c = identify(&self.cfg, peer)?;
+        let pair = self.metrics.pair(&c.name, &export.name)?;
+        Some(Box::new(Connection::new(pair.clone())))
     }
 }

@@ -588,3 +588,149 @@ pub fn wait_for_tcp_port(child: &mut Child, log: &Path, what: &str) -> u16 {
         std::fs::read_to_string(log).unwrap_or_default()
     );
 }
+
+/// The value after `"key":` at the first occurrence of it past `from`.
+pub fn num_after(text: &str, from: usize, key: &str) -> (u64, usize) {
+    let pat = format!("\"{key}\":");
+    let at = text[from..]
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {key} in {text}"))
+        + from
+        + pat.len();
+    let digits: String = text[at..]
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    (digits.parse().unwrap(), at)
+}
+
+/// The simulator's (hits, misses) for one policy at one size.
+pub fn sim_counts(trace: &str, policy: &str, size: &str, block: &str, shards: &str) -> (u64, u64) {
+    let json = rd(&[
+        "sim",
+        trace,
+        "--policy",
+        policy,
+        "--size",
+        size,
+        "--block",
+        block,
+        "--shards",
+        shards,
+        "--sharing",
+        "shared",
+        "--no-lru-curve",
+        "--json",
+    ])
+    .replace(char::is_whitespace, "");
+    let (_, at) = num_after(&json, 0, "shards");
+    let at = json[..at].rfind("\"results\"").expect("results") + 1;
+    let (short_hits, at) = num_after(&json, at, "hits");
+    let (short_misses, at) = num_after(&json, at, "misses");
+    let (long_hits, at) = num_after(&json, at, "hits");
+    let (long_misses, _) = num_after(&json, at, "misses");
+    (short_hits + long_hits, short_misses + long_misses)
+}
+
+/// A TCP port on 127.0.0.1 free a moment ago (for a config that must
+/// name its port up front).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A running `roamdisk server CONFIG`, its stderr in `log`; killed when
+/// dropped, unless stopped first.
+pub struct ServerProc {
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl ServerProc {
+    /// Start it and wait for its "serving ... on" line (the TCP port of
+    /// a `listen` is then in [`ServerProc::port`]).
+    pub fn start(config: &Path, log: PathBuf) -> ServerProc {
+        let child = Command::new(bin())
+            .args(["server", path_str(config)])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn roamdisk server");
+        let mut s = ServerProc {
+            child: Some(child),
+            log,
+        };
+        let t0 = Instant::now();
+        while !s.log_text().contains("serving") {
+            if let Some(st) = s.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("roamdisk server exited early ({st}):\n{}", s.log_text());
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "roamdisk server did not start:\n{}",
+                s.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s
+    }
+
+    /// The TCP port it listens on (a config with `listen`).
+    pub fn port(&mut self) -> u16 {
+        let log = self.log.clone();
+        wait_for_tcp_port(
+            self.child.as_mut().expect("running"),
+            &log,
+            "roamdisk server",
+        )
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL (a crash), waited for.
+    pub fn kill9(mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, and it must exit cleanly within 30 s.
+    pub fn stop(mut self) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(st)) = c.try_wait() {
+                assert!(
+                    st.success(),
+                    "server exited with {st}:\n{}",
+                    self.log_text()
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        panic!("roamdisk server did not stop within 30 s");
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! `roamdisk server`: one NBD server for many clients, each seeing only
-//! the images it is granted; `server reset` and `server promote`.
+//! the images it is granted; `server reset`, `server promote` and
+//! `server status`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -7,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args as ClapArgs, Parser, Subcommand};
+use roamdisk_blockdev::units::format_size;
 use roamdisk_blockdev::{copy_sparse, Access, BlockDev, CopyOptions, NoProgress};
 use roamdisk_nbd::{
     serve_until, signalled, Listen, ServeOptions, TlsAcceptor, TlsMode, TlsOptions,
@@ -30,6 +32,10 @@ use roamdisk_cas::commit::{commit_image, CommitOptions, Source};
 /// golden image under a private copy-on-write overlay in
 /// STATE/clients/CLIENT/IMAGE.cow, made on its first connect and kept
 /// across restarts; a `read-only` grant serves the golden image itself.
+/// With a [cache] table, one memory cache (FMPQ unless told otherwise)
+/// sits in front of the golden images, shared by every client; with
+/// metrics = "ADDR:PORT", /metrics (Prometheus) and /status.json are
+/// served there over HTTP (see `roamdisk server status --help`).
 /// A client lists (NBD_OPT_LIST) only its own grants; asking for anything
 /// else gets "no export named ..." and a warning in the log with the
 /// client's identity. TCP clients must use TLS.
@@ -42,6 +48,7 @@ use roamdisk_cas::commit::{commit_image, CommitOptions, Source};
 ///
 ///   roamdisk server reset alice win10 --config server.toml   # back to golden
 ///   roamdisk server promote alice win10 --config server.toml --to win10-v2.img
+///   roamdisk server status server.toml                       # who does what
 ///
 /// A minimal CONFIG:
 ///
@@ -49,6 +56,9 @@ use roamdisk_cas::commit::{commit_image, CommitOptions, Source};
 ///   version = 1
 ///   state = "/var/lib/roamdisk"
 ///   socket = "/run/roamdisk.sock"
+///   metrics = "127.0.0.1:9477"
+///   [cache]
+///   size = "2G"                  # policy = "fmpq", block = "4K", shards = 16
 ///   [[image]]
 ///   name = "win10"
 ///   stack = "raw:/images/win10.img"
@@ -79,6 +89,33 @@ pub struct Args {
 enum Cmd {
     Reset(ResetArgs),
     Promote(PromoteArgs),
+    Status(StatusArgs),
+}
+
+/// What a running server is doing, per client and image: connections,
+/// requests, bytes, latency, overlay sizes; and its cache: policy, size,
+/// hit ratio, evictions. Read from the server's metrics endpoint (the
+/// config's `metrics` key), /status.json; the same counters are at
+/// /metrics for Prometheus.
+///
+/// Latency percentiles come from the server's histogram buckets (10 us to
+/// 1 s), interpolated within a bucket: good to a bucket's width. They
+/// count the time the server spends on a request (its cache, overlay and
+/// image), not the network.
+///
+/// Examples:
+///   roamdisk server status /etc/roamdisk/server.toml
+///   roamdisk server status server.toml --json | jq '.cache.hit_ratio'
+///   curl -s http://127.0.0.1:9477/metrics | grep roamdisk_server_cache_hits_total
+#[derive(ClapArgs)]
+#[command(verbatim_doc_comment)]
+struct StatusArgs {
+    /// The server's config file (its `metrics` key says where to ask).
+    #[arg(value_name = "CONFIG.toml")]
+    config: PathBuf,
+    /// Print the status document as JSON (docs/server.md, "Status").
+    #[arg(long)]
+    json: bool,
 }
 
 /// Return a client to its golden image: delete its overlay of IMAGE (or of
@@ -145,6 +182,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     match a.cmd {
         Some(Cmd::Reset(r)) => return reset(r, quiet),
         Some(Cmd::Promote(p)) => return promote(p, quiet),
+        Some(Cmd::Status(s)) => return status(s),
         None => {}
     }
     let Some(path) = &a.config else {
@@ -155,6 +193,10 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let views = Views::open(cfg.clone(), &lock.dir, &super::registry())
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("{}", path.display()))?;
+    let metrics = match cfg.metrics {
+        Some(addr) => Some(roamdisk_server::http::serve(addr, views.metrics().clone())?),
+        None => None,
+    };
     let mut listen = Vec::new();
     if let Some(s) = &cfg.socket {
         listen.push(Listen::Unix(s.clone()));
@@ -191,6 +233,23 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         cfg.image.len(),
         cfg.client.len()
     );
+    if let (Some(c), false) = (&cfg.cache, quiet) {
+        if let Some(o) = cfg.cache_options() {
+            eprintln!(
+                "roamdisk: server cache {} of {} in blocks of {} ({} shards) in front of {} image(s)",
+                o.policy.label(),
+                format_size(o.size),
+                format_size(o.block),
+                o.shards,
+                cfg.image.iter().filter(|i| i.cache).count()
+            );
+        } else if c.size.0 == 0 {
+            eprintln!("roamdisk: server cache off (size 0)");
+        }
+    }
+    if let (Some(m), false) = (&metrics, quiet) {
+        eprintln!("roamdisk: server metrics on http://{}/metrics", m.addr);
+    }
     serve_until(Vec::new(), listen, opts, |bound| {
         if !quiet {
             for uri in &bound.uris {
@@ -199,10 +258,124 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         }
         signalled()
     })?;
+    drop(metrics);
     drop(lock);
     if !quiet {
         eprintln!("roamdisk: server stopped cleanly (views flushed)");
     }
+    Ok(())
+}
+
+fn status(a: StatusArgs) -> anyhow::Result<()> {
+    let cfg = ServerConfig::read(&a.config)?;
+    let Some(addr) = cfg.metrics else {
+        bail!(
+            "{} has no metrics key: add metrics = \"127.0.0.1:PORT\" and restart the server",
+            a.config.display()
+        );
+    };
+    let st = roamdisk_server::http::fetch_status(addr).map_err(anyhow::Error::msg)?;
+    if a.json {
+        outln!("{}", serde_json::to_string_pretty(&st)?);
+        return Ok(());
+    }
+    let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+    let mut rows = vec![[
+        "client", "image", "grant", "conns", "reads", "writes", "read", "written", "p50 us",
+        "p99 us", "overlay",
+    ]
+    .map(String::from)];
+    for c in &st.clients {
+        let op = |k: &str| c.ops.get(k);
+        let reads = op("read").map_or(0, |o| o.requests);
+        let writes = ["write", "write_zeroes", "trim"]
+            .iter()
+            .filter_map(|k| op(k))
+            .map(|o| o.requests)
+            .sum::<u64>();
+        let r = op("read");
+        rows.push([
+            c.client.clone(),
+            c.image.clone(),
+            c.grant.clone(),
+            c.connections_open.to_string(),
+            reads.to_string(),
+            writes.to_string(),
+            format_size(r.map_or(0, |o| o.bytes)),
+            format_size(op("write").map_or(0, |o| o.bytes)),
+            opt(r.and_then(|o| o.latency_p50_us)),
+            opt(r.and_then(|o| o.latency_p99_us)),
+            c.overlay_allocated_bytes.map_or("-".into(), format_size),
+        ]);
+    }
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+        .collect();
+    for r in &rows {
+        let line: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (v, w))| {
+                if i < 3 {
+                    format!("{v:<w$}")
+                } else {
+                    format!("{v:>w$}")
+                }
+            })
+            .collect();
+        outln!("{}", line.join("  ").trim_end());
+    }
+    outln!("(p50/p99: read latency at the server, from its histogram buckets)");
+    match &st.cache {
+        None => outln!("cache: none"),
+        Some(c) => {
+            let ratio = c
+                .hit_ratio
+                .map_or("-".into(), |r| format!("{:.1}%", r * 100.0));
+            outln!(
+                "cache: {} {} in blocks of {}, {} shards: {} held, hit ratio {ratio} ({} hits, {} misses), {} evictions",
+                c.policy,
+                format_size(c.size),
+                format_size(c.block),
+                c.shards,
+                format_size(c.bytes_held),
+                c.hits,
+                c.misses,
+                c.evictions
+            );
+            for im in &st.images {
+                match &im.cache {
+                    Some(ic) => outln!(
+                        "  {}: {} held, hit ratio {} ({} hits, {} misses), {} evictions",
+                        im.name,
+                        format_size(ic.bytes_held),
+                        ic.hit_ratio
+                            .map_or("-".into(), |r| format!("{:.1}%", r * 100.0)),
+                        ic.hits,
+                        ic.misses,
+                        ic.evictions
+                    ),
+                    None => outln!("  {}: not cached", im.name),
+                }
+            }
+        }
+    }
+    let refused: Vec<String> = st
+        .refusals
+        .iter()
+        .filter(|(_, &n)| n > 0)
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+    outln!(
+        "refusals: {}",
+        if refused.is_empty() {
+            "none".to_string()
+        } else {
+            refused.join(", ")
+        }
+    );
+    outln!("uptime: {:.0} s", st.uptime_seconds);
     Ok(())
 }
 
@@ -260,7 +433,7 @@ fn promote(p: PromoteArgs, quiet: bool) -> anyhow::Result<()> {
     let mut golden = open_golden(&cfg, &reg).map_err(anyhow::Error::msg)?;
     let base = golden.remove(&p.image).expect("checked image");
     let ovl = overlay_path(&lock.dir, &p.client, &p.image);
-    let src = if ovl.exists() {
+    let src: Arc<dyn BlockDev> = if ovl.exists() {
         open_view(&lock.dir, &p.client, &p.image, base, true)?
     } else {
         base

@@ -1,0 +1,715 @@
+//! What a running server counts, and the two documents it serves from
+//! them (`docs/server.md`, "Metrics"): `/metrics` in Prometheus' text
+//! format and `/status.json` ([`Status`], which `roamdisk server status`
+//! reads).
+//!
+//! Every (client, image) grant of the config has its [`Pair`] of counters,
+//! made when the server starts, so that counting a request looks nothing
+//! up: the client's export device is a [`Metered`](crate::metered::Metered)
+//! layer holding its pair and bumping atomics (no lock on the request
+//! path). The cache's counters live in the cache ([`BlockCache`]) and are
+//! read when a document is asked for; so are the overlays' sizes.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use roamdisk_blockdev::layers::cow::CowDev;
+use roamdisk_cachesim::layer::BlockCache;
+use serde::{Deserialize, Serialize};
+
+use crate::access::{grants, Grant};
+use crate::config::ServerConfig;
+use crate::state::overlay_path;
+
+/// The operations counted, in the order of [`Pair::ops`].
+pub const OPS: [&str; 6] = [
+    "read",
+    "write",
+    "write_zeroes",
+    "trim",
+    "flush",
+    "block_status",
+];
+
+/// An operation's index in [`OPS`].
+#[derive(Clone, Copy)]
+#[repr(usize)]
+pub enum OpKind {
+    Read,
+    Write,
+    WriteZeroes,
+    Trim,
+    Flush,
+    BlockStatus,
+}
+
+/// Upper bounds of the latency buckets, in microseconds (then +Inf).
+pub const BUCKETS_US: [u64; 16] = [
+    10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
+    500_000, 1_000_000,
+];
+
+/// Refusal kinds shown even while zero.
+pub const REFUSALS: [&str; 6] = [
+    crate::views::UNKNOWN_CLIENT,
+    crate::views::NOT_GRANTED,
+    crate::views::VIEW_FAILED,
+    roamdisk_nbd::access::refusal_kind::TLS_REQUIRED,
+    roamdisk_nbd::access::refusal_kind::TLS_FAILED,
+    crate::metered::READ_ONLY_WRITE,
+];
+
+/// Counters of one operation of one pair.
+#[derive(Default)]
+pub struct OpStats {
+    requests: AtomicU64,
+    errors: AtomicU64,
+    bytes: AtomicU64,
+    nanos: AtomicU64,
+    /// Requests per latency bucket (not cumulative); the last is +Inf.
+    buckets: [AtomicU64; BUCKETS_US.len() + 1],
+}
+
+impl OpStats {
+    /// One request of `bytes` that took `nanos`.
+    #[inline]
+    pub fn record(&self, bytes: u64, nanos: u64, ok: bool) {
+        self.requests.fetch_add(1, Relaxed);
+        if ok {
+            self.bytes.fetch_add(bytes, Relaxed);
+        } else {
+            self.errors.fetch_add(1, Relaxed);
+        }
+        self.nanos.fetch_add(nanos, Relaxed);
+        let us = nanos / 1000;
+        let i = BUCKETS_US.partition_point(|&b| b < us);
+        self.buckets[i].fetch_add(1, Relaxed);
+    }
+
+    fn snapshot(&self) -> OpSnapshot {
+        OpSnapshot {
+            requests: self.requests.load(Relaxed),
+            errors: self.errors.load(Relaxed),
+            bytes: self.bytes.load(Relaxed),
+            nanos: self.nanos.load(Relaxed),
+            buckets: self.buckets.iter().map(|b| b.load(Relaxed)).collect(),
+        }
+    }
+}
+
+/// One operation's counters at one moment.
+struct OpSnapshot {
+    requests: u64,
+    errors: u64,
+    bytes: u64,
+    nanos: u64,
+    buckets: Vec<u64>,
+}
+
+impl OpSnapshot {
+    /// The latency below which a fraction `q` of the requests fell, in
+    /// microseconds, interpolated within its bucket (`None`: no request).
+    fn quantile_us(&self, q: f64) -> Option<f64> {
+        let total: u64 = self.buckets.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = q * total as f64;
+        let mut seen = 0u64;
+        for (i, &n) in self.buckets.iter().enumerate() {
+            if n > 0 && (seen + n) as f64 >= rank {
+                let lo = if i == 0 { 0 } else { BUCKETS_US[i - 1] } as f64;
+                let Some(&hi) = BUCKETS_US.get(i) else {
+                    // Over the last bound: all we know is that.
+                    return Some(lo);
+                };
+                let into = ((rank - seen as f64) / n as f64).clamp(0.0, 1.0);
+                return Some(lo + (hi as f64 - lo) * into);
+            }
+            seen += n;
+        }
+        None
+    }
+}
+
+/// The counters of one client's use of one image.
+pub struct Pair {
+    pub client: String,
+    pub image: String,
+    pub grant: Grant,
+    /// Indexed by [`OpKind`].
+    pub ops: [OpStats; OPS.len()],
+    /// Connections in transmission now.
+    pub open: AtomicU64,
+    /// Connections that reached transmission so far.
+    pub connections: AtomicU64,
+    /// The view's overlay file (views only).
+    overlay: Option<PathBuf>,
+    /// The view's cow layer, once opened: it knows the mapped clusters.
+    cow: OnceLock<Arc<CowDev>>,
+}
+
+impl Pair {
+    #[inline]
+    pub fn op(&self, k: OpKind) -> &OpStats {
+        &self.ops[k as usize]
+    }
+
+    /// Set the view's cow layer (once, when the view opens).
+    pub fn set_cow(&self, cow: Arc<CowDev>) {
+        let _ = self.cow.set(cow);
+    }
+
+    /// (allocated bytes of the overlay file, bytes the cow map has as data).
+    fn overlay_sizes(&self) -> (Option<u64>, Option<u64>) {
+        let allocated = self
+            .overlay
+            .as_ref()
+            .and_then(|p| std::fs::metadata(p).ok())
+            .map(|m| m.blocks() * 512);
+        let mapped = self.cow.get().map(|c| c.usage().1 * c.cluster_size());
+        (allocated, mapped)
+    }
+}
+
+/// A connection in transmission; counted open while it lives.
+pub struct Connection(Arc<Pair>);
+
+impl Connection {
+    pub fn new(p: Arc<Pair>) -> Connection {
+        p.open.fetch_add(1, Relaxed);
+        p.connections.fetch_add(1, Relaxed);
+        Connection(p)
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Relaxed);
+    }
+}
+
+/// One image as the metrics see it.
+struct ImageInfo {
+    name: String,
+    size: u64,
+    /// Its device number in the cache, if cached.
+    device: Option<u32>,
+}
+
+/// Everything counted.
+pub struct Metrics {
+    started: Instant,
+    pairs: Vec<Arc<Pair>>,
+    images: Vec<ImageInfo>,
+    cache: Option<Arc<BlockCache>>,
+    refusals: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl Metrics {
+    /// A pair for every grant of `cfg`.
+    pub fn new(cfg: &ServerConfig, state: &std::path::Path) -> Metrics {
+        let mut pairs = Vec::new();
+        for c in &cfg.client {
+            for (image, grant) in grants(c) {
+                pairs.push(Arc::new(Pair {
+                    client: c.name.clone(),
+                    image: image.to_string(),
+                    grant,
+                    ops: Default::default(),
+                    open: AtomicU64::new(0),
+                    connections: AtomicU64::new(0),
+                    overlay: (grant == Grant::View).then(|| overlay_path(state, &c.name, image)),
+                    cow: OnceLock::new(),
+                }));
+            }
+        }
+        Metrics {
+            started: Instant::now(),
+            pairs,
+            images: Vec::new(),
+            cache: None,
+            refusals: Mutex::new(REFUSALS.iter().map(|&k| (k, 0)).collect()),
+        }
+    }
+
+    /// Record the golden images: (name, size, device number in `cache`).
+    pub fn set_images(
+        &mut self,
+        images: Vec<(String, u64, Option<u32>)>,
+        cache: Option<Arc<BlockCache>>,
+    ) {
+        self.images = images
+            .into_iter()
+            .map(|(name, size, device)| ImageInfo { name, size, device })
+            .collect();
+        self.cache = cache;
+    }
+
+    /// The counters of `client`'s use of `image`.
+    pub fn pair(&self, client: &str, image: &str) -> Option<&Arc<Pair>> {
+        self.pairs
+            .iter()
+            .find(|p| p.client == client && p.image == image)
+    }
+
+    pub fn refused(&self, kind: &'static str) {
+        *self
+            .refusals
+            .lock()
+            .expect("refusals lock")
+            .entry(kind)
+            .or_default() += 1;
+    }
+
+    /// The status document.
+    pub fn status(&self) -> Status {
+        let cache = self.cache.as_ref().map(|c| {
+            let s = c.stats();
+            let o = c.options();
+            CacheStatus {
+                policy: s.policy.clone(),
+                size: o.size,
+                block: s.block_size,
+                shards: s.shards,
+                capacity_bytes: s.capacity as u64 * s.block_size,
+                hits: s.hits,
+                misses: s.misses,
+                evictions: s.evictions,
+                bytes_held: s.resident as u64 * s.block_size,
+                hit_ratio: ratio(s.hits, s.misses),
+            }
+        });
+        let images = self
+            .images
+            .iter()
+            .map(|im| ImageStatus {
+                name: im.name.clone(),
+                size: im.size,
+                cached: im.device.is_some(),
+                cache: im.device.zip(self.cache.as_ref()).map(|(d, c)| {
+                    let s = c.device_stats(d);
+                    let block = c.options().block;
+                    ImageCacheStatus {
+                        hits: s.hits,
+                        misses: s.misses,
+                        evictions: s.evictions,
+                        bytes_held: s.resident * block,
+                        bytes_from_cache: s.bytes_from_cache,
+                        bytes_from_image: s.bytes_from_next,
+                        hit_ratio: ratio(s.hits, s.misses),
+                    }
+                }),
+            })
+            .collect();
+        let clients = self
+            .pairs
+            .iter()
+            .map(|p| {
+                let (overlay_allocated_bytes, overlay_mapped_bytes) = p.overlay_sizes();
+                let ops = OPS
+                    .iter()
+                    .zip(&p.ops)
+                    .map(|(name, o)| {
+                        let s = o.snapshot();
+                        let st = OpStatus {
+                            requests: s.requests,
+                            errors: s.errors,
+                            bytes: s.bytes,
+                            latency_mean_us: (s.requests > 0)
+                                .then(|| s.nanos as f64 / s.requests as f64 / 1000.0),
+                            latency_p50_us: s.quantile_us(0.5),
+                            latency_p99_us: s.quantile_us(0.99),
+                        };
+                        (name.to_string(), st)
+                    })
+                    .collect();
+                ClientStatus {
+                    client: p.client.clone(),
+                    image: p.image.clone(),
+                    grant: match p.grant {
+                        Grant::View => "view",
+                        Grant::ReadOnly => "read-only",
+                    }
+                    .into(),
+                    connections_open: p.open.load(Relaxed),
+                    connections: p.connections.load(Relaxed),
+                    ops,
+                    overlay_allocated_bytes,
+                    overlay_mapped_bytes,
+                }
+            })
+            .collect();
+        let refusals = self
+            .refusals
+            .lock()
+            .expect("refusals lock")
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect();
+        Status {
+            format: STATUS_FORMAT.into(),
+            version: STATUS_VERSION,
+            uptime_seconds: self.started.elapsed().as_secs_f64(),
+            cache,
+            images,
+            clients,
+            refusals,
+        }
+    }
+
+    /// `/metrics`: Prometheus' text exposition format (version 0.0.4).
+    pub fn prometheus(&self) -> String {
+        let st = self.status();
+        let mut m = Prom::default();
+        m.family(
+            "roamdisk_server_uptime_seconds",
+            "gauge",
+            "Seconds since the server started.",
+        );
+        m.sample("roamdisk_server_uptime_seconds", &[], st.uptime_seconds);
+        if let Some(c) = &st.cache {
+            m.family(
+                "roamdisk_server_cache_capacity_bytes",
+                "gauge",
+                "Bytes the server cache holds at most.",
+            );
+            m.sample(
+                "roamdisk_server_cache_capacity_bytes",
+                &[("policy", &c.policy)],
+                c.capacity_bytes as f64,
+            );
+            m.family(
+                "roamdisk_server_cache_block_bytes",
+                "gauge",
+                "The server cache's unit of caching.",
+            );
+            m.sample("roamdisk_server_cache_block_bytes", &[], c.block as f64);
+            type Get = fn(&ImageCacheStatus) -> u64;
+            let per_image: [(&str, &str, &str, Get); 5] = [
+                (
+                    "roamdisk_server_cache_hits_total",
+                    "counter",
+                    "Block accesses the server cache found resident.",
+                    |s| s.hits,
+                ),
+                (
+                    "roamdisk_server_cache_misses_total",
+                    "counter",
+                    "Block accesses the server cache did not find resident (read from the image).",
+                    |s| s.misses,
+                ),
+                (
+                    "roamdisk_server_cache_evictions_total",
+                    "counter",
+                    "Blocks of the image evicted from the server cache.",
+                    |s| s.evictions,
+                ),
+                (
+                    "roamdisk_server_cache_bytes",
+                    "gauge",
+                    "Bytes of the image's blocks held by the server cache now.",
+                    |s| s.bytes_held,
+                ),
+                (
+                    "roamdisk_server_cache_read_bytes_total",
+                    "counter",
+                    "Bytes of reads served from the server cache's memory.",
+                    |s| s.bytes_from_cache,
+                ),
+            ];
+            for (name, kind, help, get) in per_image {
+                m.family(name, kind, help);
+                for im in &st.images {
+                    if let Some(s) = &im.cache {
+                        m.sample(name, &[("image", &im.name)], get(s) as f64);
+                    }
+                }
+            }
+        }
+        m.family(
+            "roamdisk_server_requests_total",
+            "counter",
+            "Requests a client made of an image, per operation (errors included).",
+        );
+        for c in &st.clients {
+            for (op, s) in &c.ops {
+                m.sample(
+                    "roamdisk_server_requests_total",
+                    &[("client", &c.client), ("image", &c.image), ("op", op)],
+                    s.requests as f64,
+                );
+            }
+        }
+        m.family(
+            "roamdisk_server_request_errors_total",
+            "counter",
+            "Requests that failed, per operation.",
+        );
+        for c in &st.clients {
+            for (op, s) in &c.ops {
+                m.sample(
+                    "roamdisk_server_request_errors_total",
+                    &[("client", &c.client), ("image", &c.image), ("op", op)],
+                    s.errors as f64,
+                );
+            }
+        }
+        for (name, op, help) in [
+            ("roamdisk_server_read_bytes_total", "read", "Bytes a client read."),
+            ("roamdisk_server_written_bytes_total", "write", "Bytes a client wrote (write requests; zeroes and trims are counted in requests_total)."),
+        ] {
+            m.family(name, "counter", help);
+            for c in &st.clients {
+                m.sample(
+                    name,
+                    &[("client", &c.client), ("image", &c.image)],
+                    c.ops[op].bytes as f64,
+                );
+            }
+        }
+        let h = "roamdisk_server_request_duration_seconds";
+        m.family(
+            h,
+            "histogram",
+            "Time the server took for a request, from the client's export device down (network excluded).",
+        );
+        for p in &self.pairs {
+            for (op, o) in OPS.iter().zip(&p.ops) {
+                let s = o.snapshot();
+                let labels = [
+                    ("client", p.client.as_str()),
+                    ("image", &p.image),
+                    ("op", op),
+                ];
+                let mut cum = 0;
+                for (i, n) in s.buckets.iter().enumerate() {
+                    cum += n;
+                    let le = match BUCKETS_US.get(i) {
+                        Some(&us) => format!("{}", us as f64 / 1e6),
+                        None => "+Inf".into(),
+                    };
+                    let mut l = labels.to_vec();
+                    l.push(("le", &le));
+                    m.sample(&format!("{h}_bucket"), &l, cum as f64);
+                }
+                m.sample(&format!("{h}_sum"), &labels, s.nanos as f64 / 1e9);
+                m.sample(&format!("{h}_count"), &labels, cum as f64);
+            }
+        }
+        m.family(
+            "roamdisk_server_connections",
+            "gauge",
+            "Connections of a client to an image open now.",
+        );
+        for c in &st.clients {
+            m.sample(
+                "roamdisk_server_connections",
+                &[("client", &c.client), ("image", &c.image)],
+                c.connections_open as f64,
+            );
+        }
+        m.family(
+            "roamdisk_server_connections_total",
+            "counter",
+            "Connections of a client to an image since the server started.",
+        );
+        for c in &st.clients {
+            m.sample(
+                "roamdisk_server_connections_total",
+                &[("client", &c.client), ("image", &c.image)],
+                c.connections as f64,
+            );
+        }
+        for (name, help, get) in [
+            (
+                "roamdisk_server_overlay_allocated_bytes",
+                "Bytes allocated on disk to a client's overlay of an image (its view).",
+                (|c: &ClientStatus| c.overlay_allocated_bytes) as fn(&ClientStatus) -> Option<u64>,
+            ),
+            (
+                "roamdisk_server_overlay_mapped_bytes",
+                "Bytes of a client's view held in its overlay (the cow map's data clusters; known once the view is open).",
+                |c| c.overlay_mapped_bytes,
+            ),
+        ] {
+            m.family(name, "gauge", help);
+            for c in &st.clients {
+                if let Some(v) = get(c) {
+                    m.sample(
+                        name,
+                        &[("client", &c.client), ("image", &c.image)],
+                        v as f64,
+                    );
+                }
+            }
+        }
+        m.family(
+            "roamdisk_server_refusals_total",
+            "counter",
+            "Refused connections (and writes to read-only exports), per reason.",
+        );
+        for (k, v) in &st.refusals {
+            m.sample(
+                "roamdisk_server_refusals_total",
+                &[("reason", k)],
+                *v as f64,
+            );
+        }
+        m.0
+    }
+}
+
+fn ratio(hits: u64, misses: u64) -> Option<f64> {
+    let n = hits + misses;
+    (n > 0).then(|| hits as f64 / n as f64)
+}
+
+/// A text exposition being written.
+#[derive(Default)]
+struct Prom(String);
+
+impl Prom {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.0, "# HELP {name} {help}");
+        let _ = writeln!(self.0, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], v: f64) {
+        self.0.push_str(name);
+        if !labels.is_empty() {
+            self.0.push('{');
+            for (i, (k, val)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.0.push(',');
+                }
+                let esc = val
+                    .replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n");
+                let _ = write!(self.0, "{k}=\"{esc}\"");
+            }
+            self.0.push('}');
+        }
+        let _ = writeln!(self.0, " {v}");
+    }
+}
+
+/// The value of the status document's `format` key.
+pub const STATUS_FORMAT: &str = "roamdisk-server-status";
+/// Its version.
+pub const STATUS_VERSION: u32 = 1;
+
+/// `/status.json` (docs/server.md, "Status").
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Status {
+    pub format: String,
+    pub version: u32,
+    pub uptime_seconds: f64,
+    /// `null` without a server cache.
+    pub cache: Option<CacheStatus>,
+    pub images: Vec<ImageStatus>,
+    /// One entry per grant (client, image), in the config's order.
+    pub clients: Vec<ClientStatus>,
+    /// Refusals per reason.
+    pub refusals: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheStatus {
+    pub policy: String,
+    /// The configured size in bytes.
+    pub size: u64,
+    pub block: u64,
+    pub shards: usize,
+    /// Whole blocks of the size.
+    pub capacity_bytes: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    /// Resident blocks times the block size.
+    pub bytes_held: u64,
+    /// hits / (hits + misses); `null` before the first access.
+    pub hit_ratio: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ImageStatus {
+    pub name: String,
+    pub size: u64,
+    /// Behind the server cache.
+    pub cached: bool,
+    /// Its share of the cache's counters (when cached).
+    pub cache: Option<ImageCacheStatus>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ImageCacheStatus {
+    pub hits: u64,
+    pub misses: u64,
+    /// Its blocks evicted (to admit a block of any image).
+    pub evictions: u64,
+    pub bytes_held: u64,
+    pub bytes_from_cache: u64,
+    /// Bytes the cache read from the image (whole blocks).
+    pub bytes_from_image: u64,
+    pub hit_ratio: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClientStatus {
+    pub client: String,
+    pub image: String,
+    /// `view` or `read-only`.
+    pub grant: String,
+    pub connections_open: u64,
+    /// Connections since the server started.
+    pub connections: u64,
+    /// Per operation: read, write, write_zeroes, trim, flush, block_status.
+    pub ops: BTreeMap<String, OpStatus>,
+    /// Views only, once the overlay exists.
+    pub overlay_allocated_bytes: Option<u64>,
+    /// Views only, once the view was opened since the server started.
+    pub overlay_mapped_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OpStatus {
+    pub requests: u64,
+    pub errors: u64,
+    /// Bytes of the requests that succeeded (read and written bytes for
+    /// read and write; the length for write_zeroes and trim).
+    pub bytes: u64,
+    pub latency_mean_us: Option<f64>,
+    /// From the histogram: interpolated within a bucket.
+    pub latency_p50_us: Option<f64>,
+    pub latency_p99_us: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_come_from_the_buckets() {
+        let o = OpStats::default();
+        for _ in 0..98 {
+            o.record(4096, 30_000, true); // 30 us: bucket (25, 50]
+        }
+        o.record(4096, 2_000_000, true); // 2 ms: (1000, 2500]
+        o.record(0, 3_000_000_000, false); // 3 s: +Inf
+        let s = o.snapshot();
+        assert_eq!((s.requests, s.errors, s.bytes), (100, 1, 99 * 4096));
+        let p50 = s.quantile_us(0.5).unwrap();
+        assert!((25.0..=50.0).contains(&p50), "{p50}");
+        let p99 = s.quantile_us(0.99).unwrap();
+        assert!((1000.0..=2500.0).contains(&p99), "{p99}");
+        assert_eq!(s.quantile_us(1.0), Some(1_000_000.0));
+        assert_eq!(OpStats::default().snapshot().quantile_us(0.5), None);
+    }
+}
