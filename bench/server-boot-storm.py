@@ -94,12 +94,9 @@ class Setup:
             with open(self.server_psk, "w") as f:
                 f.writelines(lines)
 
-    def config(self, step, state, port, disk_report, cache_report):
+    def config(self, step, state, port, mport, disk_report):
         a = self.a
         stack = f"hdd[report={disk_report}]:raw:{self.golden}"
-        if step != "baseline":
-            policy = "lru" if step == "A" else "fmpq"
-            stack = f"cache[report={cache_report}]:{policy}:{a.server_cache}:{stack}"
         grant = "read-only" if step == "C" else "view"
         out = [
             'format = "roamdisk-server"',
@@ -107,9 +104,13 @@ class Setup:
             f'state = "{state}"',
             f'listen = ["127.0.0.1:{port}"]',
             f'tls-psk = "{self.server_psk}"',
+            f'metrics = "127.0.0.1:{mport}"',
         ]
         if a.auth == "uid":
             out.append(f'socket = "{self.dir}/srv-{port}.sock"')
+        if step != "baseline":
+            policy = "lru" if step == "A" else "fmpq"
+            out += ["", "[cache]", f'policy = "{policy}"', f'size = "{a.server_cache}"']
         out += [
             "",
             "[[image]]",
@@ -167,23 +168,24 @@ def one_run(s, step, rnd, trace, n):
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     port = free_port()
+    mport = free_port()
     disk_report = os.path.join(work, "disk.json")
-    cache_report = os.path.join(work, "cache.json")
     cfg = os.path.join(work, "server.toml")
     with open(cfg, "w") as f:
-        f.write(s.config(step, os.path.join(work, "state"), port, disk_report, cache_report))
+        f.write(s.config(step, os.path.join(work, "state"), port, mport, disk_report))
     srv = start_server(cfg, os.path.join(work, "server.log"), port)
     cpu0 = cpu_seconds(srv.pid)
     r = subprocess.run([B, "-q", "replay", trace, s.target(step, port, work),
                         "--per", "client", "--json"], capture_output=True, text=True)
     cpu = cpu_seconds(srv.pid) - cpu0
+    status = json.loads(run(B, "server", "status", cfg, "--json"))
     stop_server(srv)
     if r.returncode != 0:
         raise SystemExit(f"replay failed ({step}, N={n}): {r.stderr}\n"
                          f"{open(os.path.join(work, 'server.log')).read()[-3000:]}")
     rep = json.loads(r.stdout)
     disk = json.load(open(disk_report))
-    cache = json.load(open(cache_report)) if os.path.exists(cache_report) else None
+    cache = status.get("cache")
     times = [c["runtime_s"] for c in rep["clients"]]
     out = {
         "step": step, "round": rnd, "clients": n,

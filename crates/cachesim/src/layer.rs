@@ -10,7 +10,8 @@
 //!
 //! Reads are read-through: a block not cached is read whole (aligned) from
 //! NEXT and kept if the policy admitted it; a cached block is served from
-//! memory. Writes and write-zeroes go through to NEXT and count as accesses
+//! memory; a block another read is fetching now is waited for (one read
+//! of NEXT per block in a boot storm), not fetched twice. Writes and write-zeroes go through to NEXT and count as accesses
 //! (as in the simulator); afterwards the cached copy is patched, or
 //! dropped when it cannot be known to equal NEXT. Trims go to NEXT and
 //! forget the blocks they touch. Flush and everything else pass through.
@@ -40,7 +41,8 @@
 //!   overlapped the trim finds no slot and installs nothing.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar};
+use std::time::Duration;
 
 use roamdisk_blockdev::{
     BlockDev, Error, ErrorKind, LayerKind, Op, OpenCtx, Result, WriteFlags, ZeroFlags,
@@ -143,6 +145,9 @@ struct Slot {
     /// Changes whenever a write or a new admission makes earlier fetches
     /// of this block unfit to install.
     gen: u64,
+    /// The ticket of the read fetching this block now, if one is: later
+    /// readers wait for it instead of reading NEXT too.
+    filling: Option<u64>,
 }
 
 /// Writes of a block in flight.
@@ -195,7 +200,14 @@ impl Slots {
             self.slots.remove(&e)?.data
         });
         let gen = self.gen();
-        self.slots.insert(key, Slot { data: None, gen });
+        self.slots.insert(
+            key,
+            Slot {
+                data: None,
+                gen,
+                filling: None,
+            },
+        );
         old
     }
 }
@@ -223,6 +235,9 @@ enum Src<'a> {
 /// `roamdisk sim --sharing shared` models a trace of several devices.
 pub struct BlockCache {
     engine: ShardedCache<u64, Slots>,
+    /// One per shard: readers waiting for another reader's fetch of a
+    /// block of that shard (see [`Slot::filling`]).
+    filled: Vec<Condvar>,
     opts: CacheOptions,
 }
 
@@ -252,7 +267,12 @@ impl BlockCache {
             let n = g.capacity();
             g.data.slots.reserve(n);
         }
-        Ok(Arc::new(BlockCache { engine, opts }))
+        let filled = (0..engine.shards()).map(|_| Condvar::new()).collect();
+        Ok(Arc::new(BlockCache {
+            engine,
+            filled,
+            opts,
+        }))
     }
 
     /// `next` behind this cache as device number `device` (distinct per
@@ -419,17 +439,98 @@ impl CacheDev {
 
     /// Keep `data`, fetched from NEXT with `ticket`, as block `b`'s bytes
     /// if nothing made that fetch stale (see the module's comment).
-    fn install(&self, b: u64, ticket: u64, data: Arc<[u8]>) {
+    fn install(&self, b: u64, ticket: u64, data: Option<Arc<[u8]>>) {
         let (k, mut g) = self.lock(b);
         let d = &mut g.data;
-        if d.writing.contains_key(&k) {
+        let writing = d.writing.contains_key(&k);
+        let Some(slot) = d.slots.get_mut(&k) else {
             return;
+        };
+        if slot.filling == Some(ticket) {
+            slot.filling = None;
+            self.cache.filled[self.shard(k)].notify_all();
         }
-        if let Some(slot) = d.slots.get_mut(&k) {
-            if slot.gen == ticket && slot.data.is_none() {
-                slot.data = Some(data);
+        if !writing && slot.gen == ticket && slot.data.is_none() {
+            slot.data = data;
+        }
+    }
+
+    /// Block `b`'s bytes once the read fetching it (ticket `filler`) is
+    /// done: its copy, or `None` when it could not keep one (a write
+    /// overlapped it, it failed, the block was evicted meanwhile) and the
+    /// caller must read NEXT itself.
+    fn wait_fill(&self, b: u64, filler: u64) -> Option<Arc<[u8]>> {
+        let (k, mut g) = self.lock(b);
+        let cv = &self.cache.filled[self.shard(k)];
+        loop {
+            let slot = g.data.slots.get(&k)?;
+            if slot.filling != Some(filler) {
+                return slot.data.clone();
+            }
+            // A fetch always ends by clearing its mark (install); the
+            // timeout only bounds a wait on a filler that panicked.
+            let (ng, t) = cv
+                .wait_timeout(g, Duration::from_secs(1))
+                .unwrap_or_else(|e| e.into_inner());
+            g = ng;
+            if t.timed_out() && g.data.slots.get(&k).and_then(|s| s.filling) == Some(filler) {
+                return None;
             }
         }
+    }
+
+    /// Pass 2 of a read: fetch the blocks it took tickets for, runs of
+    /// consecutive blocks with one read each, and install them.
+    fn fetch(&self, buf: &mut [u8], off: u64, fetch: &mut [Fetch]) -> Result<()> {
+        let len = buf.len() as u64;
+        // Pass 2: fetch runs of consecutive blocks with one read each.
+        let mut i = 0;
+        while i < fetch.len() {
+            let mut j = i + 1;
+            while j < fetch.len() && fetch[j].0 == fetch[j - 1].0 + 1 {
+                j += 1;
+            }
+            if j == i + 1 {
+                // One block (the usual miss): read it straight into the
+                // buffer it will be cached in — the evicted block's when
+                // no reader still holds that one — and copy it out once.
+                let (b, ticket) = (fetch[i].0, fetch[i].1);
+                let recycled = fetch[i].2.take();
+                let (start, end) = self.span(b);
+                let n = (end - start) as usize;
+                let mut data = recycled
+                    .filter(|r| r.len() == n)
+                    .and_then(|mut r| Arc::get_mut(&mut r).is_some().then_some(r))
+                    .unwrap_or_else(|| zeroed(n));
+                let blk = Arc::get_mut(&mut data).expect("a buffer of our own");
+                self.next.read_at(blk, start)?;
+                let (lo, hi) = (off.max(start), (off + len).min(end));
+                buf[(lo - off) as usize..(hi - off) as usize]
+                    .copy_from_slice(&blk[(lo - start) as usize..(hi - start) as usize]);
+                self.install(b, ticket, Some(data));
+                i = j;
+                continue;
+            }
+            let first = self.span(fetch[i].0).0;
+            let last = self.span(fetch[j - 1].0).1;
+            let mut tmp = vec![0u8; (last - first) as usize];
+            self.next.read_at(&mut tmp, first)?;
+            let (lo, hi) = (off.max(first), (off + len).min(last));
+            buf[(lo - off) as usize..(hi - off) as usize]
+                .copy_from_slice(&tmp[(lo - first) as usize..(hi - first) as usize]);
+            for &(b, ticket, _) in &fetch[i..j] {
+                let (start, end) = self.span(b);
+                self.install(
+                    b,
+                    ticket,
+                    Some(Arc::from(
+                        &tmp[(start - first) as usize..(end - first) as usize],
+                    )),
+                );
+            }
+            i = j;
+        }
+        Ok(())
     }
 
     fn write_through(
@@ -548,6 +649,8 @@ impl BlockDev for CacheDev {
         // Pass 1, block by block in order (the order the simulator sees):
         // serve what is cached, take a ticket for the rest.
         let mut fetch: Vec<Fetch> = Vec::new();
+        // Blocks another read is fetching now: (block, its ticket).
+        let mut wait: Vec<(u64, u64)> = Vec::new();
         for b in self.blocks(off, len) {
             let (start, end) = self.span(b);
             let (lo, hi) = (off.max(start), (off + len).min(end));
@@ -555,65 +658,53 @@ impl BlockDev for CacheDev {
             let o = g.access(k);
             let d = &mut g.data;
             let recycled = d.admit(k, o);
-            let slot = d.slots.get(&k).expect("an accessed block has a slot");
-            match &slot.data {
-                Some(data) => {
+            let writing = d.writing.contains_key(&k);
+            let slot = d.slots.get_mut(&k).expect("an accessed block has a slot");
+            match (&slot.data, slot.filling) {
+                (Some(data), _) => {
                     let data = data.clone();
                     d.dev(k).bytes_from_cache += hi - lo;
                     drop(g);
                     buf[(lo - off) as usize..(hi - off) as usize]
                         .copy_from_slice(&data[(lo - start) as usize..(hi - start) as usize]);
                 }
-                None => {
+                (None, Some(filler)) if !writing => wait.push((b, filler)),
+                (None, _) => {
+                    if !writing {
+                        slot.filling = Some(slot.gen);
+                    }
                     fetch.push((b, slot.gen, recycled));
                     d.dev(k).bytes_from_next += end - start;
                 }
             }
         }
-        // Pass 2: fetch runs of consecutive blocks with one read each.
-        let mut i = 0;
-        while i < fetch.len() {
-            let mut j = i + 1;
-            while j < fetch.len() && fetch[j].0 == fetch[j - 1].0 + 1 {
-                j += 1;
+        let fetched = self.fetch(buf, off, &mut fetch);
+        if fetched.is_err() {
+            // Whatever was not installed: let its waiters go.
+            for &(b, ticket, _) in &fetch {
+                self.install(b, ticket, None);
             }
-            if j == i + 1 {
-                // One block (the usual miss): read it straight into the
-                // buffer it will be cached in — the evicted block's when
-                // no reader still holds that one — and copy it out once.
-                let (b, ticket) = (fetch[i].0, fetch[i].1);
-                let recycled = fetch[i].2.take();
-                let (start, end) = self.span(b);
-                let n = (end - start) as usize;
-                let mut data = recycled
-                    .filter(|r| r.len() == n)
-                    .and_then(|mut r| Arc::get_mut(&mut r).is_some().then_some(r))
-                    .unwrap_or_else(|| zeroed(n));
-                let blk = Arc::get_mut(&mut data).expect("a buffer of our own");
-                self.next.read_at(blk, start)?;
-                let (lo, hi) = (off.max(start), (off + len).min(end));
-                buf[(lo - off) as usize..(hi - off) as usize]
-                    .copy_from_slice(&blk[(lo - start) as usize..(hi - start) as usize]);
-                self.install(b, ticket, data);
-                i = j;
-                continue;
+        }
+        fetched?;
+        // Pass 3: the blocks other reads were fetching, once they are in
+        // (a boot storm's clients read the same blocks at the same time:
+        // one read of NEXT serves them all).
+        for (b, filler) in wait {
+            let (start, end) = self.span(b);
+            let (lo, hi) = (off.max(start), (off + len).min(end));
+            let dst = &mut buf[(lo - off) as usize..(hi - off) as usize];
+            match self.wait_fill(b, filler) {
+                Some(data) => {
+                    dst.copy_from_slice(&data[(lo - start) as usize..(hi - start) as usize]);
+                    let (k, mut g) = self.lock(b);
+                    g.data.dev(k).bytes_from_cache += hi - lo;
+                }
+                None => {
+                    self.next.read_at(dst, lo)?;
+                    let (k, mut g) = self.lock(b);
+                    g.data.dev(k).bytes_from_next += hi - lo;
+                }
             }
-            let first = self.span(fetch[i].0).0;
-            let last = self.span(fetch[j - 1].0).1;
-            let mut tmp = vec![0u8; (last - first) as usize];
-            self.next.read_at(&mut tmp, first)?;
-            let (lo, hi) = (off.max(first), (off + len).min(last));
-            buf[(lo - off) as usize..(hi - off) as usize]
-                .copy_from_slice(&tmp[(lo - first) as usize..(hi - first) as usize]);
-            for &(b, ticket, _) in &fetch[i..j] {
-                let (start, end) = self.span(b);
-                self.install(
-                    b,
-                    ticket,
-                    Arc::from(&tmp[(start - first) as usize..(end - first) as usize]),
-                );
-            }
-            i = j;
         }
         Ok(())
     }
@@ -922,5 +1013,78 @@ mod tests {
                 (e.hits, e.misses, e.evictions)
             );
         }
+    }
+
+    /// NEXT, slow, counting the reads it serves.
+    struct SlowCounting {
+        mem: MemDev,
+        reads: std::sync::atomic::AtomicU64,
+    }
+
+    impl BlockDev for SlowCounting {
+        fn layer(&self) -> &'static str {
+            "slow"
+        }
+        fn next(&self) -> Option<&dyn BlockDev> {
+            Some(&self.mem)
+        }
+        fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
+            self.reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(20));
+            self.mem.read_at(buf, off)
+        }
+    }
+
+    /// Sixteen readers of the same blocks at the same moment (a boot
+    /// storm): NEXT reads each block once, every reader gets its bytes,
+    /// and the hit counts are the engine's (one miss per block).
+    #[test]
+    fn readers_of_a_block_being_fetched_wait_for_that_fetch() {
+        let slow = Arc::new(SlowCounting {
+            mem: MemDev::new(1 << 20),
+            reads: Default::default(),
+        });
+        let mut want = vec![0u8; 1 << 20];
+        for (i, b) in want.iter_mut().enumerate() {
+            *b = (i / 4096 * 7 + i % 251) as u8;
+        }
+        slow.mem.write_at(&want, 0, WriteFlags::default()).unwrap();
+        let c = Arc::new(
+            CacheDev::new(
+                slow.clone(),
+                CacheOptions {
+                    policy: PolicySpec::parse("fmpq").unwrap(),
+                    size: 1 << 20,
+                    block: 4096,
+                    shards: 4,
+                    report: None,
+                },
+            )
+            .unwrap(),
+        );
+        let barrier = Arc::new(std::sync::Barrier::new(16));
+        let threads: Vec<_> = (0..16)
+            .map(|t| {
+                let (c, barrier, want) = (c.clone(), barrier.clone(), want.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    // Blocks 3..11, half of the readers unaligned.
+                    let off = 3 * 4096 + if t % 2 == 0 { 0 } else { 100 };
+                    let mut buf = vec![0u8; 8 * 4096 - 200];
+                    c.read_at(&mut buf, off).unwrap();
+                    assert!(buf[..] == want[off as usize..off as usize + buf.len()]);
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let reads = slow.reads.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(reads <= 8, "NEXT served {reads} reads for 8 blocks");
+        let s = c.stats();
+        assert_eq!(s.misses, 8);
+        assert_eq!(s.hits, 15 * 8);
+        assert_eq!(s.bytes_from_next, 8 * 4096);
     }
 }

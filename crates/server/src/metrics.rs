@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
 use roamdisk_blockdev::layers::cow::CowDev;
@@ -151,7 +151,11 @@ pub struct Pair {
     /// The view's overlay file (views only).
     overlay: Option<PathBuf>,
     /// The view's cow layer, once opened: it knows the mapped clusters.
-    cow: OnceLock<Arc<CowDev>>,
+    /// Weak: the metrics (held by the endpoint's thread, which is not
+    /// waited for at exit) must not keep a view, and the golden stack
+    /// under it, alive past the server's stop: their layers finish their
+    /// work when dropped.
+    cow: OnceLock<Weak<CowDev>>,
 }
 
 impl Pair {
@@ -162,7 +166,7 @@ impl Pair {
 
     /// Set the view's cow layer (once, when the view opens).
     pub fn set_cow(&self, cow: Arc<CowDev>) {
-        let _ = self.cow.set(cow);
+        let _ = self.cow.set(Arc::downgrade(&cow));
     }
 
     /// (allocated bytes of the overlay file, bytes the cow map has as data).
@@ -172,7 +176,11 @@ impl Pair {
             .as_ref()
             .and_then(|p| std::fs::metadata(p).ok())
             .map(|m| m.blocks() * 512);
-        let mapped = self.cow.get().map(|c| c.usage().1 * c.cluster_size());
+        let mapped = self
+            .cow
+            .get()
+            .and_then(Weak::upgrade)
+            .map(|c| c.usage().1 * c.cluster_size());
         (allocated, mapped)
     }
 }
