@@ -804,3 +804,62 @@ while True:
     srv.stop();
     assert!(std::fs::read(&f.golden).unwrap() == golden);
 }
+
+/// Revoking a client: its key leaves the PSK file and its `[[client]]`
+/// the config, and after a restart it is refused (and logged) while the
+/// others go on; its overlay stays on disk, out of everyone's reach.
+#[test]
+fn a_revoked_client_is_refused_after_the_restart() {
+    let f = fixture();
+    let srv = Srv::start(&f);
+    let c = Via::Psk(&f.carol_qemu);
+    ok(
+        "qemu-io",
+        &strs(&qemu_io_tls(
+            &srv,
+            &c,
+            "desktop",
+            &["write -P 0x5c 0 64k", "flush"],
+        )),
+    );
+    srv.stop();
+    let psk = f.dir.join("server.psk");
+    // Another key stays in the file.
+    run("psktool", &["-u", "erin", "-p", path_str(&psk)]);
+    let keys = std::fs::read_to_string(&psk).unwrap();
+    let kept: String = keys
+        .lines()
+        .filter(|l| !l.starts_with("carol:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(kept, keys, "carol's key was in the file");
+    std::fs::write(&psk, kept).unwrap();
+    let cfg = std::fs::read_to_string(&f.config).unwrap();
+    let at = cfg
+        .find("[[client]]\nname = \"carol\"")
+        .expect("carol's block");
+    std::fs::write(&f.config, &cfg[..at]).unwrap();
+    let srv = Srv::start(&f);
+    fails(
+        "nbdinfo",
+        &[&srv.psk_uri("desktop", "carol", &f.carol_psk)],
+        "a revoked key served",
+    );
+    srv.assert_logged(&["refused: TLS handshake failed", "PSK identity 'carol'"]);
+    // On the Unix socket her uid no longer names anyone either.
+    fails(
+        "nbdinfo",
+        &[&srv.unix_uri("desktop")],
+        "a revoked uid served",
+    );
+    srv.assert_logged(&["refused", "unknown client"]);
+    // The others go on, and carol's overlay is no one's.
+    ok("nbdinfo", &["--size", &srv.cert_uri("desktop", &f.alice)]);
+    fails(
+        "nbdinfo",
+        &[&srv.cert_uri("carol/desktop", &f.alice)],
+        "alice opened carol's overlay",
+    );
+    assert!(f.dir.join("state/clients/carol/desktop.cow").exists());
+    srv.stop();
+}
