@@ -70,7 +70,9 @@ fn load_identity(
     Ok(())
 }
 
-fn read_psk_file(path: &Path) -> Result<HashMap<Vec<u8>, Vec<u8>>, String> {
+/// The keys of a GnuTLS psktool file (`identity:hexkey` per line), by
+/// identity; the server reads all of them, a client the line of its own.
+pub(crate) fn read_psk_file(path: &Path) -> Result<HashMap<Vec<u8>, Vec<u8>>, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read PSK file {}: {e}", path.display()))?;
     let mut keys = HashMap::new();

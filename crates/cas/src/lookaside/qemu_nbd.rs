@@ -125,6 +125,7 @@ impl Qcow2 {
         let uri = NbdUri {
             addr: NbdAddr::Unix(sock.clone()),
             export: String::new(),
+            tls: None,
         };
         let opts = NbdOptions {
             reconnect_tries: 0,

@@ -1,13 +1,16 @@
-//! One connection: the socket and the fixed-newstyle handshake (structured
-//! replies and `base:allocation` when the server offers them, then
-//! `OPT_GO`).
+//! One connection: the socket and the fixed-newstyle handshake (STARTTLS
+//! for an `nbds` URI, then structured replies and `base:allocation` when
+//! the server offers them, then `OPT_GO`). A TLS connection is handed to
+//! a relay thread ([`super::relay`]) and the pipeline gets a plain socket.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 use roamdisk_blockdev::{Error, ErrorKind, Op, Result};
 
+use super::tls::ClientTls;
 use super::uri::{NbdAddr, NbdUri};
 use crate::proto::*;
 
@@ -35,12 +38,27 @@ impl Sock {
             Sock::Unix(s) => Sock::Unix(s.try_clone()?),
         })
     }
+    pub(super) fn set_nonblocking(&self, on: bool) -> std::io::Result<()> {
+        match self {
+            Sock::Tcp(s) => s.set_nonblocking(on),
+            Sock::Unix(s) => s.set_nonblocking(on),
+        }
+    }
     /// Close both directions: a thread blocked reading wakes up.
     pub(super) fn shutdown(&self) {
         let _ = match self {
             Sock::Tcp(s) => s.shutdown(Shutdown::Both),
             Sock::Unix(s) => s.shutdown(Shutdown::Both),
         };
+    }
+}
+
+impl AsRawFd for Sock {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Sock::Tcp(s) => s.as_raw_fd(),
+            Sock::Unix(s) => s.as_raw_fd(),
+        }
     }
 }
 
@@ -111,7 +129,7 @@ fn dial(uri: &NbdUri) -> Result<Sock> {
 }
 
 /// One option reply: `(type, payload)`.
-fn option_reply(s: &mut Sock, opt: u32) -> Result<(u32, Vec<u8>)> {
+fn option_reply(s: &mut impl Read, opt: u32) -> Result<(u32, Vec<u8>)> {
     let op = Op::Open;
     let io = |e| io_err(op, e);
     let h: [u8; 20] = read_array(s).map_err(io)?;
@@ -135,12 +153,31 @@ fn is_error(rtype: u32) -> bool {
 }
 
 /// Connect and negotiate `uri`'s export; `structured` asks for structured
-/// replies (and with them `base:allocation`).
-pub(super) fn connect(uri: &NbdUri, structured: bool) -> Result<(Sock, Negotiated)> {
+/// replies (and with them `base:allocation`); `tls` is the URI's TLS
+/// settings, loaded (required for an `nbds` URI).
+pub(super) fn connect(
+    uri: &NbdUri,
+    structured: bool,
+    tls: Option<&ClientTls>,
+) -> Result<(Sock, Negotiated)> {
+    let mut s = dial(uri)?;
+    greet(&mut s)?;
+    let Some(tls) = tls else {
+        let n = negotiate(&mut s, uri, structured)?;
+        return Ok((s, n));
+    };
+    starttls(&mut s)?;
+    let mut st = tls.handshake(s, uri.addr.host())?;
+    let n = negotiate(&mut st, uri, structured)?;
+    let plain = super::relay::spawn(st).map_err(|e| io_err(Op::Open, e))?;
+    Ok((Sock::Unix(plain), n))
+}
+
+/// Read the server's greeting and send our flags.
+fn greet(s: &mut Sock) -> Result<()> {
     let op = Op::Open;
     let io = |e| io_err(op, e);
-    let mut s = dial(uri)?;
-    let greeting: [u8; 18] = read_array(&mut s).map_err(io)?;
+    let greeting: [u8; 18] = read_array(s).map_err(io)?;
     if greeting[0..8] != NBDMAGIC.to_be_bytes() || greeting[8..16] != IHAVEOPT.to_be_bytes() {
         return Err(proto_err(
             op,
@@ -158,6 +195,51 @@ pub(super) fn connect(uri: &NbdUri, structured: bool) -> Result<(Sock, Negotiate
     if hflags & FLAG_NO_ZEROES != 0 {
         cflags |= FLAG_C_NO_ZEROES;
     }
+    s.write_all(&cflags.to_be_bytes()).map_err(io)
+}
+
+/// Ask for TLS; an `nbds` URI must not go on without it.
+fn starttls(s: &mut Sock) -> Result<()> {
+    let op = Op::Open;
+    s.write_all(&encode_option(OPT_STARTTLS, &[]))
+        .map_err(|e| io_err(op, e))?;
+    let (rtype, data) = option_reply(s, OPT_STARTTLS)?;
+    match rtype {
+        REP_ACK => Ok(()),
+        t if is_error(t) => {
+            let said = String::from_utf8_lossy(&data);
+            let said = if said.is_empty() {
+                String::new()
+            } else {
+                format!(": \"{said}\"")
+            };
+            Err(Error::new(
+                ErrorKind::Unsupported,
+                op,
+                LAYER,
+                format!(
+                    "the server does not offer TLS (STARTTLS refused, error {t:#x}{said}); configure TLS on the server, or, on a link you trust, use an nbd:// URI (unencrypted)"
+                ),
+            ))
+        }
+        t => Err(proto_err(op, format!("unexpected reply {t} to STARTTLS"))),
+    }
+}
+
+/// The server refused an option because it wants TLS first.
+fn tls_required(op: Op) -> Error {
+    Error::new(
+        ErrorKind::PermissionDenied,
+        op,
+        LAYER,
+        "the server requires TLS: use nbds://HOST/EXPORT?tls-certificates=DIR or nbds://NAME@HOST/EXPORT?tls-psk-file=FILE",
+    )
+}
+
+/// The options after the greeting (and after STARTTLS, inside TLS).
+fn negotiate<S: Read + Write>(s: &mut S, uri: &NbdUri, structured: bool) -> Result<Negotiated> {
+    let op = Op::Open;
+    let io = |e| io_err(op, e);
     if uri.export.len() > MAX_STRING {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
@@ -166,7 +248,6 @@ pub(super) fn connect(uri: &NbdUri, structured: bool) -> Result<(Sock, Negotiate
             "export name too long",
         ));
     }
-    s.write_all(&cflags.to_be_bytes()).map_err(io)?;
     let mut n = Negotiated {
         size: 0,
         flags: 0,
@@ -178,7 +259,10 @@ pub(super) fn connect(uri: &NbdUri, structured: bool) -> Result<(Sock, Negotiate
     if structured {
         s.write_all(&encode_option(OPT_STRUCTURED_REPLY, &[]))
             .map_err(io)?;
-        let (rtype, _) = option_reply(&mut s, OPT_STRUCTURED_REPLY)?;
+        let (rtype, _) = option_reply(s, OPT_STRUCTURED_REPLY)?;
+        if rtype == REP_ERR_TLS_REQD {
+            return Err(tls_required(op));
+        }
         n.structured = rtype == REP_ACK;
     }
     if n.structured {
@@ -192,7 +276,7 @@ pub(super) fn connect(uri: &NbdUri, structured: bool) -> Result<(Sock, Negotiate
         ))
         .map_err(io)?;
         loop {
-            let (rtype, data) = option_reply(&mut s, OPT_SET_META_CONTEXT)?;
+            let (rtype, data) = option_reply(s, OPT_SET_META_CONTEXT)?;
             match rtype {
                 REP_META_CONTEXT if data.len() >= 4 => {
                     if &data[4..] == BASE_ALLOCATION.as_bytes() {
@@ -213,7 +297,7 @@ pub(super) fn connect(uri: &NbdUri, structured: bool) -> Result<(Sock, Negotiate
         .map_err(io)?;
     let mut size = None;
     loop {
-        let (rtype, data) = option_reply(&mut s, OPT_GO)?;
+        let (rtype, data) = option_reply(s, OPT_GO)?;
         match rtype {
             REP_ACK => break,
             REP_INFO if data.len() >= 2 => {
@@ -226,6 +310,7 @@ pub(super) fn connect(uri: &NbdUri, structured: bool) -> Result<(Sock, Negotiate
                     n.max_request = u32::from_be_bytes(data[10..14].try_into().expect("4"));
                 }
             }
+            REP_ERR_TLS_REQD => return Err(tls_required(op)),
             t if is_error(t) => {
                 let text = String::from_utf8_lossy(&data);
                 let kind = if t == REP_ERR_UNKNOWN {
@@ -249,5 +334,5 @@ pub(super) fn connect(uri: &NbdUri, structured: bool) -> Result<(Sock, Negotiate
     n.size = size.ok_or_else(|| proto_err(op, "the server sent no export size"))?;
     n.max_request = n.max_request.clamp(4096, MAX_PAYLOAD);
     n.preferred = n.preferred.clamp(512, 1 << 20);
-    Ok((s, n))
+    Ok(n)
 }

@@ -12,6 +12,7 @@ use roamdisk_blockdev::{
 
 use super::conn::{connect, proto_err, Negotiated, LAYER};
 use super::pipeline::{Failed, Pipeline, Reply};
+use super::tls::ClientTls;
 use super::uri::NbdUri;
 use crate::proto::*;
 
@@ -62,6 +63,9 @@ pub struct NbdDev {
     /// the size.
     neg: Negotiated,
     conn: Mutex<Arc<Pipeline>>,
+    /// An `nbds` URI's credentials, loaded once; every connection,
+    /// reconnects included, runs STARTTLS with them.
+    tls: Option<ClientTls>,
     read_only: bool,
     /// Connections re-established so far.
     reconnects: AtomicU64,
@@ -78,8 +82,8 @@ fn errno_kind(e: u32) -> ErrorKind {
     }
 }
 
-fn start(uri: &NbdUri, opts: &NbdOptions) -> Result<Pipeline> {
-    let (sock, neg) = connect(uri, opts.structured)?;
+fn start(uri: &NbdUri, opts: &NbdOptions, tls: Option<&ClientTls>) -> Result<Pipeline> {
+    let (sock, neg) = connect(uri, opts.structured, tls)?;
     Pipeline::start(sock, neg).map_err(|e| super::conn::io_err(Op::Open, e))
 }
 
@@ -92,12 +96,14 @@ impl NbdDev {
     /// Connect to `uri`; `read_only` refuses writes here even if the
     /// server takes them.
     pub fn connect_with(uri: &NbdUri, opts: NbdOptions, read_only: bool) -> Result<NbdDev> {
-        let p = start(uri, &opts)?;
+        let tls = uri.tls.as_ref().map(ClientTls::new).transpose()?;
+        let p = start(uri, &opts, tls.as_ref())?;
         Ok(NbdDev {
             uri: uri.clone(),
             neg: p.neg,
             opts,
             conn: Mutex::new(Arc::new(p)),
+            tls,
             read_only,
             reconnects: AtomicU64::new(0),
         })
@@ -132,7 +138,7 @@ impl NbdDev {
                 "NBD connection lost; reconnecting in {} ms", wait.as_millis());
             std::thread::sleep(wait);
             wait = (wait * 2).min(self.opts.max_backoff);
-            match start(&self.uri, &self.opts) {
+            match start(&self.uri, &self.opts, self.tls.as_ref()) {
                 Ok(p) if p.neg.size != self.neg.size => {
                     return Err(proto_err(
                         op,
@@ -248,8 +254,9 @@ impl BlockDev for NbdDev {
     }
     fn describe(&self) -> String {
         format!(
-            "nbd: {} ({} replies{})",
+            "nbd: {} ({}{} replies{})",
             self.uri,
+            if self.tls.is_some() { "TLS, " } else { "" },
             if self.neg.structured {
                 "structured"
             } else {

@@ -2,8 +2,10 @@
 //!
 //! | module | job |
 //! |---|---|
-//! | `uri` | `nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH` |
-//! | `conn` | the socket and the handshake (structured replies, `base:allocation`, `OPT_GO`) |
+//! | `uri` | `nbd[s]://[USER@]HOST[:PORT]/EXPORT`, `nbd[s]+unix:///EXPORT?socket=PATH`, TLS parameters |
+//! | `conn` | the socket and the handshake (STARTTLS, structured replies, `base:allocation`, `OPT_GO`) |
+//! | `tls` | the client's TLS credentials (certificates folder or PSK file) and handshake |
+//! | `relay` | the thread that owns a TLS stream and gives the pipeline a plain socket |
 //! | `pipeline` | many requests in flight on one connection, replies matched by cookie |
 //! | `dev` | the layer: splitting, FUA, block status, reconnecting with backoff |
 //!
@@ -12,8 +14,10 @@
 mod conn;
 mod dev;
 mod pipeline;
+mod relay;
 #[cfg(test)]
 mod tests;
+mod tls;
 mod uri;
 
 use std::sync::Arc;
@@ -21,12 +25,12 @@ use std::sync::Arc;
 use roamdisk_blockdev::{BlockDev, Error, ErrorKind, LayerKind, Op, OpenCtx, Registry, Result};
 
 pub use dev::{NbdDev, NbdOptions};
-pub use uri::{NbdAddr, NbdUri};
+pub use uri::{NbdAddr, NbdUri, TlsParams};
 
 /// `nbd:URI`.
 pub static NBD: LayerKind = LayerKind {
     name: "nbd",
-    summary: "an export of any NBD server (nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH), reconnecting when the connection drops",
+    summary: "an export of any NBD server (nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH; TLS: nbds://[USER@]HOST/EXPORT?tls-certificates=DIR or ?tls-psk-file=FILE), reconnecting when the connection drops",
     args: &["uri"],
     options: &[],
     wraps: false,
@@ -49,7 +53,6 @@ pub fn register(r: &mut Registry) {
     r.add(&NBD);
     r.add_scheme("nbd://", NBD.name);
     r.add_scheme("nbd+unix://", NBD.name);
-    // Not spoken yet, but named so the error says why.
     r.add_scheme("nbds://", NBD.name);
     r.add_scheme("nbds+unix://", NBD.name);
 }

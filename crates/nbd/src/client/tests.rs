@@ -10,7 +10,7 @@ use roamdisk_blockdev::{
 };
 
 use super::{NbdAddr, NbdDev, NbdOptions, NbdUri};
-use crate::{serve_until, Export, Listen, ServeOptions};
+use crate::{serve_until, Export, Listen, ServeOptions, TlsAcceptor, TlsMode, TlsOptions};
 
 /// [`serve_until`] on its own thread, stopped (and its socket removed) on
 /// drop.
@@ -21,6 +21,11 @@ struct TestServer {
 
 impl TestServer {
     fn start(sock: &Path, dev: Arc<dyn BlockDev>) -> TestServer {
+        Self::start_tls(sock, dev, None)
+    }
+
+    /// With `tls`, TLS is required.
+    fn start_tls(sock: &Path, dev: Arc<dyn BlockDev>, tls: Option<TlsAcceptor>) -> TestServer {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (ready_tx, ready) = std::sync::mpsc::channel();
         let sock = sock.to_path_buf();
@@ -31,6 +36,12 @@ impl TestServer {
                 dev,
             };
             let opts = ServeOptions {
+                tls_mode: if tls.is_some() {
+                    TlsMode::Require
+                } else {
+                    TlsMode::Off
+                },
+                tls,
                 max_connections: 16,
                 busy_poll: Duration::ZERO,
                 io_threads: 8,
@@ -63,6 +74,7 @@ fn uri(sock: &Path) -> NbdUri {
     NbdUri {
         addr: NbdAddr::Unix(sock.to_path_buf()),
         export: String::new(),
+        tls: None,
     }
 }
 
@@ -264,4 +276,136 @@ fn refused_connections_say_what_to_do() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("is the NBD server running"), "{e}");
+}
+
+/// A PSK-only server's acceptor, its key file holding `alice`'s key.
+fn psk_server(dir: &Path) -> TlsAcceptor {
+    let keys = dir.join("server.psk");
+    std::fs::write(&keys, "alice:00112233445566778899aabbccddeeff\n").unwrap();
+    TlsAcceptor::new(&TlsOptions {
+        psk_file: Some(keys),
+        ..TlsOptions::default()
+    })
+    .unwrap()
+}
+
+fn tls_uri(sock: &Path, user: &str, key: &str, dir: &Path) -> NbdUri {
+    let file = dir.join(format!("{user}-{}.psk", &key[..4]));
+    std::fs::write(&file, format!("{user}:{key}\n")).unwrap();
+    NbdUri::parse(&format!(
+        "nbds+unix://{user}@/?socket={}&tls-psk-file={}",
+        sock.display(),
+        file.display()
+    ))
+    .unwrap()
+}
+
+/// The pipeline over TLS (the relay thread): many threads with requests
+/// in flight, a read larger than the relay's buffers, a server restart
+/// (the reconnect runs STARTTLS again), and the refusals: a wrong key, a
+/// plain client on a TLS-only server, TLS asked of a server without it.
+#[test]
+fn tls_psk_connections_carry_concurrent_requests_and_reconnect() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = sock_in(&dir);
+    let disk = mem("16M");
+    let srv = TestServer::start_tls(&sock, disk.clone(), Some(psk_server(dir.path())));
+    let key = "00112233445566778899aabbccddeeff";
+    let u = tls_uri(&sock, "alice", key, dir.path());
+    let dev = Arc::new(NbdDev::connect_with(&u, opts(true), false).unwrap());
+    assert!(dev.describe().contains("TLS"), "{}", dev.describe());
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let dev = dev.clone();
+            s.spawn(move || {
+                for i in 0..32u64 {
+                    let off = (t * 32 + i) * 4096;
+                    let p = pattern(t, i);
+                    dev.write_at(&p, off, WriteFlags::default()).unwrap();
+                    let mut b = vec![0u8; 4096];
+                    dev.read_at(&mut b, off).unwrap();
+                    assert_eq!(b, p, "thread {t} request {i}");
+                }
+            });
+        }
+    });
+    let big: Vec<u8> = (0..12u64 << 20).map(|i| (i * 7 % 251) as u8).collect();
+    dev.write_at(&big, 2 << 20, WriteFlags::default()).unwrap();
+    dev.flush().unwrap();
+    let mut back = vec![0u8; big.len()];
+    dev.read_at(&mut back, 2 << 20).unwrap();
+    assert!(back == big, "a 12 MiB read through the relay");
+
+    drop(srv);
+    let srv = TestServer::start_tls(&sock, disk.clone(), Some(psk_server(dir.path())));
+    let mut b = vec![0u8; 4096];
+    dev.read_at(&mut b, 0).unwrap();
+    assert_eq!(b, pattern(0, 0));
+    assert_eq!(dev.reconnects(), 1);
+
+    let wrong = tls_uri(
+        &sock,
+        "alice",
+        "ffeeddccbbaa99887766554433221100",
+        dir.path(),
+    );
+    let e = NbdDev::connect_with(&wrong, opts(true), false)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("TLS-PSK handshake as identity 'alice' failed"),
+        "{e}"
+    );
+    let e = NbdDev::connect_with(&uri(&sock), opts(true), false)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("the server requires TLS: use nbds://"), "{e}");
+    drop(srv);
+    let _plain = TestServer::start(&sock, disk);
+    let e = NbdDev::connect_with(&u, opts(true), false)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("the server does not offer TLS"), "{e}");
+}
+
+#[test]
+fn tls_credentials_are_checked_before_connecting() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let connect = |uri: String| {
+        NbdDev::connect_with(&NbdUri::parse(&uri).unwrap(), opts(true), false)
+            .err()
+            .unwrap()
+            .to_string()
+    };
+    let e = connect(format!(
+        "nbds://a@127.0.0.1:1/?tls-psk-file={}/none.psk",
+        d.display()
+    ));
+    assert!(e.contains("cannot read PSK file"), "{e}");
+    std::fs::write(d.join("bad.psk"), "alice:zz\n").unwrap();
+    let e = connect(format!(
+        "nbds://alice@127.0.0.1:1/?tls-psk-file={}/bad.psk",
+        d.display()
+    ));
+    assert!(e.contains("not hexadecimal"), "{e}");
+    std::fs::write(d.join("bob.psk"), "bob:0011\n").unwrap();
+    let e = connect(format!(
+        "nbds://alice@127.0.0.1:1/?tls-psk-file={}/bob.psk",
+        d.display()
+    ));
+    assert!(e.contains("no key for identity 'alice'"), "{e}");
+    let e = connect(format!(
+        "nbds://127.0.0.1:1/?tls-certificates={}/nope",
+        d.display()
+    ));
+    assert!(e.contains("no such folder"), "{e}");
+    let e = connect(format!(
+        "nbds://127.0.0.1:1/?tls-certificates={}",
+        d.display()
+    ));
+    assert!(e.contains("ca-cert.pem is missing"), "{e}");
 }
