@@ -128,7 +128,7 @@ pub struct LayerKind {
 }
 
 /// The set of layer kinds a program can build stacks from.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Registry {
     kinds: Vec<&'static LayerKind>,
     /// URI prefixes (`nbd://`) read as the whole argument of a bottom
@@ -416,6 +416,38 @@ impl Registry {
     /// [`Registry::build_spec`]).
     pub fn open(&self, spec: &LayerSpec, access: Access) -> Result<Arc<dyn BlockDev>> {
         self.open_layer(spec, access.is_read_only())
+    }
+
+    /// Open a stack of wrapping layers whose innermost layer names no
+    /// next layer over `bottom`, an open device: `hdd[head=srv]` over a
+    /// client's view. Errors if the innermost layer does not wrap, or
+    /// names a next layer of its own.
+    pub fn open_over(
+        &self,
+        spec: &LayerSpec,
+        access: Access,
+        bottom: Arc<dyn BlockDev>,
+    ) -> Result<Arc<dyn BlockDev>> {
+        let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "spec", m);
+        let kind = self
+            .get(&spec.kind)
+            .ok_or_else(|| bad(format!("unknown layer '{}'", spec.kind)))?;
+        if !kind.wraps {
+            return Err(bad(format!(
+                "layer '{}' does not wrap another: it cannot go over a device",
+                spec.kind
+            )));
+        }
+        let next = match &spec.next {
+            Some(n) => self.open_over(n, access, bottom)?,
+            None => bottom,
+        };
+        let ctx = OpenCtx {
+            read_only: access.is_read_only(),
+            params: &spec.params,
+            registry: self,
+        };
+        (kind.open)(&ctx, Some(next))
     }
 
     fn open_layer(&self, spec: &LayerSpec, read_only: bool) -> Result<Arc<dyn BlockDev>> {

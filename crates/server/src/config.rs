@@ -54,6 +54,10 @@ pub struct ImageConfig {
     /// Whether the server cache (if any) holds this image's blocks.
     #[serde(default = "yes")]
     pub cache: bool,
+    /// Wrapping layers put over each client's view of this image, in the
+    /// string form without a bottom layer (`hdd[head=srv,charge=writes]`:
+    /// the views' writes charged to the server's emulated disk).
+    pub view_layers: Option<String>,
 }
 
 fn yes() -> bool {

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use roamdisk_blockdev::layers::cow::{CowDev, CowOptions};
-use roamdisk_blockdev::{Access, BlockDev, Checked, Registry};
+use roamdisk_blockdev::{Access, BlockDev, Checked, LayerSpec, Registry};
 use roamdisk_cachesim::layer::BlockCache;
 use roamdisk_nbd::access::ConnectionGuard;
 use roamdisk_nbd::{Export, ExportResolver, Peer, Refusal};
@@ -54,6 +54,9 @@ pub struct Views {
     /// Wrap exports in [`Metered`] (only when something will read the
     /// counters: a `metrics` address).
     metered: bool,
+    /// Each image's `view-layers`, parsed, and the registry to open them.
+    view_layers: HashMap<String, LayerSpec>,
+    registry: Registry,
 }
 
 /// Open every golden image of `cfg`, read-only.
@@ -118,6 +121,40 @@ impl Views {
     /// one; views open on demand.
     pub fn open(cfg: Arc<ServerConfig>, state: &Path, reg: &Registry) -> Result<Views, String> {
         let mut golden = open_golden(&cfg, reg)?;
+        let mut view_layers = HashMap::new();
+        for im in &cfg.image {
+            if let Some(v) = &im.view_layers {
+                let bad = |m: String| format!("image '{}' key 'view-layers': {m}", im.name);
+                // Parsed over a stand-in bottom layer, then cut off it.
+                let mut spec = reg
+                    .parse(&format!("{v}:mem:1"))
+                    .map_err(|e| bad(e.to_string()))?;
+                let mut l = &mut spec;
+                loop {
+                    if !reg.get(&l.kind).is_some_and(|k| k.wraps) {
+                        return Err(bad(format!(
+                            "layer '{}' does not wrap another: only wrapping layers go over a view (hdd[head=srv,charge=writes])",
+                            l.kind
+                        )));
+                    }
+                    let inner = l.next.as_ref().expect("a wrapping layer has a next");
+                    if inner.next.is_none() {
+                        let stand_in = inner.kind == "mem"
+                            && inner.params.get("size").map(String::as_str) == Some("1");
+                        if !stand_in {
+                            return Err(bad(format!(
+                                "layer '{}' does not wrap another: only wrapping layers go over a view (hdd[head=srv,charge=writes])",
+                                inner.kind
+                            )));
+                        }
+                        l.next = None;
+                        break;
+                    }
+                    l = l.next.as_mut().expect("just checked");
+                }
+                view_layers.insert(im.name.clone(), spec);
+            }
+        }
         let cache = match cfg.cache_options() {
             Some(o) => Some(BlockCache::new(o).map_err(|e| format!("[cache]: {e}"))?),
             None => None,
@@ -169,6 +206,8 @@ impl Views {
             views: Mutex::new(HashMap::new()),
             metrics,
             metered,
+            view_layers,
+            registry: reg.clone(),
         })
     }
 
@@ -208,7 +247,17 @@ impl Views {
             .expect("a pair per grant")
             .clone();
         pair.set_cow(cow.clone());
-        let checked: Arc<dyn BlockDev> = Arc::new(Checked::new(cow, Access::ReadWrite));
+        let mut dev: Arc<dyn BlockDev> = cow;
+        if let Some(spec) = self.view_layers.get(image) {
+            dev = self
+                .registry
+                .open_over(spec, Access::ReadWrite, dev)
+                .map_err(|e| {
+                    tracing::error!(client, image, error = %e, "cannot open a client's view");
+                    format!("cannot open the view's view-layers: {e}")
+                })?;
+        }
+        let checked: Arc<dyn BlockDev> = Arc::new(Checked::new(dev, Access::ReadWrite));
         let plain = Arc::new(Export {
             name: image.to_string(),
             description: description.clone(),

@@ -1,4 +1,5 @@
-//! `hdd[seek=T,rpm=R,rate=B,near=N,report=FILE]:NEXT` — NEXT behind an
+//! `hdd[seek=T,rpm=R,rate=B,near=N,head=NAME,charge=all|writes,report=FILE]:NEXT`
+//! — NEXT behind an
 //! emulated spinning disk: one head, so requests are served one at a
 //! time in arrival order, each taking a positioning time (an average seek
 //! plus half a revolution) unless it starts at or just after where the
@@ -15,14 +16,21 @@
 //! that `roamdisk model mva` can be given the same numbers and its
 //! prediction set beside the measurement.
 //!
+//! Several layers of one process may share one disk (`head=NAME`): a
+//! server whose golden image and whose clients' overlays live on the same
+//! spindle charges golden reads (under its cache) and overlay writes (over
+//! each view, `charge=writes`: the view's reads reach the golden image's
+//! layer below and are charged there) to one queue.
+//!
 //! Not modelled: seek time growing with distance, command queueing
 //! (NCQ reordering), a write cache. A flush costs nothing (the emulated
 //! disk writes through). Block status says "data" everywhere: a disk has
 //! no holes, and NEXT is usually a sparse file standing in for it.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crate::dev::{Alloc, BlockDev, Extent, WriteFlags, ZeroFlags};
@@ -96,11 +104,11 @@ pub struct HddStats {
     pub response_seconds: f64,
 }
 
-pub struct HddDev {
-    next: Arc<dyn BlockDev>,
+/// One emulated disk: its head and its counters, shared by every layer
+/// naming it.
+pub struct Disk {
     spec: HddSpec,
     head: Mutex<Head>,
-    report: Option<PathBuf>,
     requests: AtomicU64,
     positioned: AtomicU64,
     bytes: AtomicU64,
@@ -108,48 +116,102 @@ pub struct HddDev {
     response_ns: AtomicU64,
 }
 
-impl HddDev {
-    pub fn new(next: Arc<dyn BlockDev>, spec: HddSpec, report: Option<PathBuf>) -> HddDev {
-        HddDev {
-            next,
+impl Disk {
+    pub fn new(spec: HddSpec) -> Arc<Disk> {
+        Arc::new(Disk {
             spec,
             head: Mutex::new(Head {
                 pos: 0,
                 free_at: None,
             }),
-            report,
             requests: AtomicU64::new(0),
             positioned: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             busy_ns: AtomicU64::new(0),
             response_ns: AtomicU64::new(0),
+        })
+    }
+
+    /// The disk called `name` in this process, made with `spec` if no
+    /// layer holds it now; a different `spec` for a disk in use is an
+    /// error (one spindle has one set of parameters).
+    pub fn named(name: &str, spec: HddSpec) -> std::result::Result<Arc<Disk>, String> {
+        static DISKS: OnceLock<Mutex<HashMap<String, Weak<Disk>>>> = OnceLock::new();
+        let mut disks = DISKS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        disks.retain(|_, d| d.strong_count() > 0);
+        if let Some(d) = disks.get(name).and_then(Weak::upgrade) {
+            if d.spec != spec {
+                return Err(format!(
+                    "head '{name}' is already open with other settings ({:?}); give every layer on it the same",
+                    d.spec
+                ));
+            }
+            return Ok(d);
+        }
+        let d = Disk::new(spec);
+        disks.insert(name.to_string(), Arc::downgrade(&d));
+        Ok(d)
+    }
+}
+
+pub struct HddDev {
+    next: Arc<dyn BlockDev>,
+    disk: Arc<Disk>,
+    /// Reads are charged too (`charge=all`), not only writes.
+    charge_reads: bool,
+    report: Option<PathBuf>,
+}
+
+impl HddDev {
+    /// `next` on a disk of its own.
+    pub fn new(next: Arc<dyn BlockDev>, spec: HddSpec, report: Option<PathBuf>) -> HddDev {
+        HddDev::on(next, Disk::new(spec), true, report)
+    }
+
+    /// `next` on `disk`, maybe shared with other layers; reads are
+    /// charged only if `charge_reads`.
+    pub fn on(
+        next: Arc<dyn BlockDev>,
+        disk: Arc<Disk>,
+        charge_reads: bool,
+        report: Option<PathBuf>,
+    ) -> HddDev {
+        HddDev {
+            next,
+            disk,
+            charge_reads,
+            report,
         }
     }
 
     pub fn spec(&self) -> HddSpec {
-        self.spec
+        self.disk.spec
     }
 
     /// Queue a request of `len` bytes at `off` arriving at `now`: the time
     /// it completes on the emulated disk.
     fn schedule(&self, off: u64, len: u64, now: Instant) -> Instant {
-        let mut h = self.head.lock().unwrap_or_else(|e| e.into_inner());
-        let near = off >= h.pos && off - h.pos < self.spec.near;
-        let mut service = self.spec.transfer(len);
+        let d = &*self.disk;
+        let mut h = d.head.lock().unwrap_or_else(|e| e.into_inner());
+        let near = off >= h.pos && off - h.pos < d.spec.near;
+        let mut service = d.spec.transfer(len);
         if !near {
-            service += self.spec.positioning();
-            self.positioned.fetch_add(1, Ordering::Relaxed);
+            service += d.spec.positioning();
+            d.positioned.fetch_add(1, Ordering::Relaxed);
         }
         let start = h.free_at.map_or(now, |t| t.max(now));
         let done = start + service;
         h.free_at = Some(done);
         h.pos = off.saturating_add(len);
         drop(h);
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(len, Ordering::Relaxed);
-        self.busy_ns
+        d.requests.fetch_add(1, Ordering::Relaxed);
+        d.bytes.fetch_add(len, Ordering::Relaxed);
+        d.busy_ns
             .fetch_add(service.as_nanos() as u64, Ordering::Relaxed);
-        self.response_ns
+        d.response_ns
             .fetch_add((done - now).as_nanos() as u64, Ordering::Relaxed);
         done
     }
@@ -167,13 +229,15 @@ impl HddDev {
         r
     }
 
+    /// The disk's counters (of every layer on it).
     pub fn stats(&self) -> HddStats {
+        let d = &*self.disk;
         HddStats {
-            requests: self.requests.load(Ordering::Relaxed),
-            positioned: self.positioned.load(Ordering::Relaxed),
-            bytes: self.bytes.load(Ordering::Relaxed),
-            busy_seconds: self.busy_ns.load(Ordering::Relaxed) as f64 / 1e9,
-            response_seconds: self.response_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            requests: d.requests.load(Ordering::Relaxed),
+            positioned: d.positioned.load(Ordering::Relaxed),
+            bytes: d.bytes.load(Ordering::Relaxed),
+            busy_seconds: d.busy_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            response_seconds: d.response_ns.load(Ordering::Relaxed) as f64 / 1e9,
         }
     }
 
@@ -204,13 +268,20 @@ impl BlockDev for HddDev {
         Some(&*self.next)
     }
     fn describe(&self) -> String {
-        let s = self.spec;
+        let s = self.disk.spec;
         format!(
-            "hdd (seek {:?}, {} rpm, {} B/s, near {} B)",
-            s.seek, s.rpm, s.rate, s.near
+            "hdd (seek {:?}, {} rpm, {} B/s, near {} B{})",
+            s.seek,
+            s.rpm,
+            s.rate,
+            s.near,
+            if self.charge_reads { "" } else { ", writes only" }
         )
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
+        if !self.charge_reads {
+            return self.next.read_at(buf, off);
+        }
         let len = buf.len() as u64;
         self.serve(off, len, || self.next.read_at(buf, off))
     }
@@ -281,6 +352,29 @@ mod tests {
         let s = d.stats();
         assert_eq!((s.requests, s.positioned), (6, 4));
         assert_eq!(s.bytes, 4096 * 5 + 65536);
+    }
+
+    #[test]
+    fn layers_on_one_head_queue_together_and_writes_only_skips_reads() {
+        let disk = Disk::named("test-shared", spec()).unwrap();
+        let a = HddDev::on(Arc::new(MemDev::new(1 << 30)), disk.clone(), true, None);
+        let b = HddDev::on(Arc::new(MemDev::new(1 << 30)), disk, false, None);
+        let t0 = Instant::now();
+        let one = Duration::from_secs_f64(0.005 + 4096.0 / 1e8);
+        assert_eq!(a.schedule(500 << 20, 4096, t0) - t0, one);
+        assert_eq!(b.schedule(100 << 20, 4096, t0) - t0, one * 2);
+        assert_eq!(a.stats(), b.stats());
+        let mut buf = [0u8; 4096];
+        let t1 = Instant::now();
+        b.read_at(&mut buf, 0).unwrap();
+        assert!(t1.elapsed() < Duration::from_millis(4), "{:?}", t1.elapsed());
+        assert_eq!(b.stats().requests, 2);
+        // Another spec for a head in use is refused.
+        let other = HddSpec { rpm: 7200, ..spec() };
+        let e = Disk::named("test-shared", other).err().expect("refused");
+        assert!(e.contains("other settings"), "{e}");
+        drop((a, b));
+        assert!(Disk::named("test-shared", other).is_ok());
     }
 
     #[test]

@@ -99,7 +99,7 @@ pub static THROTTLE: LayerKind = LayerKind {
     },
 };
 
-/// `hdd[seek=T,rpm=R,rate=B,near=N,report=FILE]:NEXT`.
+/// `hdd[seek=T,rpm=R,rate=B,near=N,head=NAME,charge=all|writes,report=FILE]:NEXT`.
 pub static HDD: LayerKind = LayerKind {
     name: "hdd",
     summary: "NEXT behind an emulated spinning disk: one head, requests served in arrival order, a seek + half a turn unless sequential",
@@ -109,6 +109,8 @@ pub static HDD: LayerKind = LayerKind {
         ("rpm", "spindle speed; half a revolution is added to every seek (default 15000)"),
         ("rate", "media transfer rate: 100M (bytes per second) or 800Mbit (default 100M)"),
         ("near", "a request this close after the previous one needs no seek (default 128K)"),
+        ("head", "a name: every hdd layer of the process with this name is one disk, one queue (default: a disk of its own)"),
+        ("charge", "all (default) or writes: reads pass without waiting for the disk"),
         ("report", "write the counters (requests, seeks, busy time) as JSON to this file at each flush and at close"),
     ],
     wraps: true,
@@ -131,6 +133,15 @@ pub static HDD: LayerKind = LayerKind {
         let near = ctx.size_opt("hdd", "near")?.unwrap_or(d.near);
         let report = ctx.opt("report").map(std::path::PathBuf::from);
         let spec = hdd::HddSpec { seek, rpm, rate, near };
-        Ok(Arc::new(hdd::HddDev::new(next, spec, report)) as Arc<dyn BlockDev>)
+        let charge_reads = match ctx.opt("charge").unwrap_or("all") {
+            "all" => true,
+            "writes" => false,
+            c => return Err(bad(format!("charge '{c}': expected all or writes"))),
+        };
+        let disk = match ctx.opt("head") {
+            Some(name) => hdd::Disk::named(name, spec).map_err(bad)?,
+            None => hdd::Disk::new(spec),
+        };
+        Ok(Arc::new(hdd::HddDev::on(next, disk, charge_reads, report)) as Arc<dyn BlockDev>)
     },
 };
