@@ -744,3 +744,69 @@ fn a_guest_boots_on_a_thin_client_over_tls() {
         "the golden image changed"
     );
 }
+
+/// A URI that works with nbdinfo works with us: nbdkit (GnuTLS) with a
+/// PSK file and with a certificates folder, the same `nbds://` URI given
+/// to nbdinfo (libnbd) and to `roamdisk info`.
+#[test]
+fn the_same_nbds_uri_works_with_nbdinfo_and_with_roamdisk() {
+    let s = site(Auth::Cert, None, MIB, "read-only", 0);
+    let keys = s.path("server.psk");
+    psk(&keys, "thin");
+    let srv_certs = s.path("nbdkit-certs");
+    std::fs::create_dir(&srv_certs).unwrap();
+    for (from, to) in [
+        ("ca-cert.pem", "ca-cert.pem"),
+        ("server-cert.pem", "server-cert.pem"),
+        ("server-key.pem", "server-key.pem"),
+    ] {
+        std::fs::copy(s.path("ca").join(from), srv_certs.join(to)).unwrap();
+    }
+    common::require_tool("nbdkit");
+    for (flag, auth) in [
+        (format!("--tls-psk={}", keys.display()), Auth::Psk),
+        (
+            format!("--tls-certificates={}", srv_certs.display()),
+            Auth::Cert,
+        ),
+    ] {
+        let port = free_port();
+        let mut kit = Command::new("nbdkit")
+            .args([
+                "-f",
+                "--tls=require",
+                &flag,
+                "-i",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .args(["memory", "6M"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run nbdkit");
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "nbdkit did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let uri = match auth {
+            Auth::Psk => format!(
+                "nbds://thin@127.0.0.1:{port}/?tls-psk-file={}",
+                keys.display()
+            ),
+            Auth::Cert => s.uri(Auth::Cert, port, ""),
+        };
+        let theirs = run_stdout("nbdinfo", &["--size", &uri]);
+        let ours = json_size(&rd(&["info", &uri, "--json"]));
+        let _ = kit.kill();
+        let _ = kit.wait();
+        assert_eq!(theirs.trim(), (6 * MIB).to_string(), "{auth:?}");
+        assert_eq!(ours, 6 * MIB, "{auth:?}");
+    }
+}
