@@ -102,6 +102,7 @@ impl Srv {
             std::thread::sleep(Duration::from_millis(20));
         }
         let _ = c.kill();
+        let _ = c.wait();
         panic!("roamdisk server did not stop within 30 s");
     }
 }
