@@ -4,7 +4,7 @@
 //! a relay thread ([`super::relay`]) and the pipeline gets a plain socket.
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
@@ -117,12 +117,28 @@ pub(super) fn read_array<const N: usize>(r: &mut impl Read) -> std::io::Result<[
     Ok(b)
 }
 
+/// Connect to `host:port`, trying each of its addresses for at most
+/// `timeout` (an unreachable host fails then, not after the system's
+/// minutes).
+fn connect_tcp(a: &str, timeout: Duration) -> std::io::Result<TcpStream> {
+    let mut last = None;
+    for addr in a.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&addr, timeout) {
+            Ok(t) => return Ok(t),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::NotFound, "the name has no address")
+    }))
+}
+
 /// Connect to `uri`'s server.
-fn dial(uri: &NbdUri) -> Result<Sock> {
+fn dial(uri: &NbdUri, timeout: Duration) -> Result<Sock> {
     let op = Op::Open;
     Ok(match &uri.addr {
         NbdAddr::Tcp(a) => {
-            let t = TcpStream::connect(a).map_err(|e| {
+            let t = connect_tcp(a, timeout).map_err(|e| {
                 io_err(op, e).msg(format!("cannot connect to {a}: is the NBD server running?"))
             })?;
             let _ = t.set_nodelay(true);
@@ -171,7 +187,7 @@ pub(super) fn connect(
     tls: Option<&ClientTls>,
     timeout: Duration,
 ) -> Result<(Sock, Negotiated)> {
-    let mut s = dial(uri)?;
+    let mut s = dial(uri, timeout)?;
     let began = Instant::now();
     let late = |e: Error| {
         if began.elapsed() >= timeout {
