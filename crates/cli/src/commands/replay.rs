@@ -27,9 +27,13 @@ use roamdisk_blockdev::progress::{Progress, Unit};
 ///
 /// TARGET is a stack spec (mem:4G, raw:disk.img, flashsim:class6:raw:sd.img,
 /// ...), a file or block device (opened with O_DIRECT unless --no-direct),
-/// or an NBD URI (nbd://HOST:PORT/EXPORT, nbd+unix:///EXPORT?socket=PATH;
-/// one connection per stream). "{client}" and "{device}" in a target are
-/// replaced per stream, e.g. nbd+unix:///vm{client}?socket=/tmp/s.sock.
+/// or an NBD URI (nbd://HOST:PORT/EXPORT, nbd+unix:///EXPORT?socket=PATH,
+/// with TLS nbds://[USER@]HOST:PORT/EXPORT?tls-psk-file=FILE or
+/// ?tls-certificates=DIR; one connection per stream). "{client}" and
+/// "{device}" in a target are replaced per stream, e.g.
+/// nbd+unix:///vm{client}?socket=/tmp/s.sock, or
+/// nbds://c{client}@HOST:PORT/golden?tls-psk-file=keys.psk for one PSK
+/// identity per emulated client (c0, c1, ...).
 /// When the stack holds a flashsim layer, the simulated card time is
 /// reported too.
 ///
@@ -42,6 +46,7 @@ use roamdisk_blockdev::progress::{Progress, Unit};
 ///   roamdisk replay contacts.rdtrace flashsim:class6:mem:2G --one-at-a-time
 ///   roamdisk replay boot.rdtrace 'nbd+unix:///?socket=/tmp/golden.sock' --per client
 ///   roamdisk replay win.rdtrace 'nbd+unix:///?socket=/tmp/s.sock' --clients 50 --stagger 100
+///   roamdisk replay desk.rdtrace 'nbds://c{client}@disks.lab/golden?tls-psk-file=keys.psk' --clients 4 --per client
 ///   roamdisk replay copy.rdtrace raw:fresh.img --data recorded
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]

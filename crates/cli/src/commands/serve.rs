@@ -30,6 +30,11 @@ use roamdisk_nbd::{
 ///
 ///   roamdisk serve --config exports.toml
 ///
+///   # a thin client of a roamdisk server: its writes in a local overlay,
+///   # the golden image read over TLS (any NBD URI is a stack's bottom)
+///   roamdisk serve 'cow:vm.cow:nbd:nbds://lab-03@disks.lab/desktop?tls-psk-file=lab-03.psk' \
+///     --socket /run/vm.sock
+///
 /// A config file names several exports and the listeners (format:
 /// docs/formats/serve-config.md):
 ///

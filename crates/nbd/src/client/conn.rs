@@ -4,9 +4,10 @@
 //! a relay thread ([`super::relay`]) and the pipeline gets a plain socket.
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
 
 use roamdisk_blockdev::{Error, ErrorKind, Op, Result};
 
@@ -42,6 +43,13 @@ impl Sock {
         match self {
             Sock::Tcp(s) => s.set_nonblocking(on),
             Sock::Unix(s) => s.set_nonblocking(on),
+        }
+    }
+    /// Read and write timeouts (None: wait forever).
+    pub(super) fn set_timeouts(&self, t: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Sock::Tcp(s) => s.set_read_timeout(t).and_then(|()| s.set_write_timeout(t)),
+            Sock::Unix(s) => s.set_read_timeout(t).and_then(|()| s.set_write_timeout(t)),
         }
     }
     /// Close both directions: a thread blocked reading wakes up.
@@ -109,12 +117,28 @@ pub(super) fn read_array<const N: usize>(r: &mut impl Read) -> std::io::Result<[
     Ok(b)
 }
 
+/// Connect to `host:port`, trying each of its addresses for at most
+/// `timeout` (an unreachable host fails then, not after the system's
+/// minutes).
+fn connect_tcp(a: &str, timeout: Duration) -> std::io::Result<TcpStream> {
+    let mut last = None;
+    for addr in a.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&addr, timeout) {
+            Ok(t) => return Ok(t),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::NotFound, "the name has no address")
+    }))
+}
+
 /// Connect to `uri`'s server.
-fn dial(uri: &NbdUri) -> Result<Sock> {
+fn dial(uri: &NbdUri, timeout: Duration) -> Result<Sock> {
     let op = Op::Open;
     Ok(match &uri.addr {
         NbdAddr::Tcp(a) => {
-            let t = TcpStream::connect(a).map_err(|e| {
+            let t = connect_tcp(a, timeout).map_err(|e| {
                 io_err(op, e).msg(format!("cannot connect to {a}: is the NBD server running?"))
             })?;
             let _ = t.set_nodelay(true);
@@ -154,21 +178,43 @@ fn is_error(rtype: u32) -> bool {
 
 /// Connect and negotiate `uri`'s export; `structured` asks for structured
 /// replies (and with them `base:allocation`); `tls` is the URI's TLS
-/// settings, loaded (required for an `nbds` URI).
+/// settings, loaded (required for an `nbds` URI). A server that has not
+/// finished the handshake after `timeout` (silent, or not an NBD server)
+/// fails it.
 pub(super) fn connect(
     uri: &NbdUri,
     structured: bool,
     tls: Option<&ClientTls>,
+    timeout: Duration,
 ) -> Result<(Sock, Negotiated)> {
-    let mut s = dial(uri)?;
-    greet(&mut s)?;
+    let mut s = dial(uri, timeout)?;
+    let began = Instant::now();
+    let late = |e: Error| {
+        if began.elapsed() >= timeout {
+            proto_err(
+                Op::Open,
+                format!(
+                    "the server did not finish the NBD handshake within {timeout:?} (is it an NBD server?): {e}"
+                ),
+            )
+        } else {
+            e
+        }
+    };
+    s.set_timeouts(Some(timeout))
+        .map_err(|e| io_err(Op::Open, e))?;
+    greet(&mut s).map_err(late)?;
     let Some(tls) = tls else {
-        let n = negotiate(&mut s, uri, structured)?;
+        let n = negotiate(&mut s, uri, structured).map_err(late)?;
+        s.set_timeouts(None).map_err(|e| io_err(Op::Open, e))?;
         return Ok((s, n));
     };
-    starttls(&mut s)?;
-    let mut st = tls.handshake(s, uri.addr.host())?;
-    let n = negotiate(&mut st, uri, structured)?;
+    starttls(&mut s).map_err(late)?;
+    let mut st = tls.handshake(s, uri.addr.host()).map_err(late)?;
+    let n = negotiate(&mut st, uri, structured).map_err(late)?;
+    st.get_ref()
+        .set_timeouts(None)
+        .map_err(|e| io_err(Op::Open, e))?;
     let plain = super::relay::spawn(st).map_err(|e| io_err(Op::Open, e))?;
     Ok((Sock::Unix(plain), n))
 }

@@ -29,6 +29,9 @@ pub struct NbdOptions {
     /// [`NbdOptions::max_backoff`].
     pub first_backoff: Duration,
     pub max_backoff: Duration,
+    /// Longest wait for the server during one connection's handshake
+    /// (TLS included); a silent server fails the attempt.
+    pub handshake_timeout: Duration,
 }
 
 impl Default for NbdOptions {
@@ -39,6 +42,7 @@ impl Default for NbdOptions {
             reconnect_tries: 5,
             first_backoff: Duration::from_millis(400),
             max_backoff: Duration::from_secs(4),
+            handshake_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -83,7 +87,7 @@ fn errno_kind(e: u32) -> ErrorKind {
 }
 
 fn start(uri: &NbdUri, opts: &NbdOptions, tls: Option<&ClientTls>) -> Result<Pipeline> {
-    let (sock, neg) = connect(uri, opts.structured, tls)?;
+    let (sock, neg) = connect(uri, opts.structured, tls, opts.handshake_timeout)?;
     Pipeline::start(sock, neg).map_err(|e| super::conn::io_err(Op::Open, e))
 }
 

@@ -409,3 +409,65 @@ fn tls_credentials_are_checked_before_connecting() {
     ));
     assert!(e.contains("ca-cert.pem is missing"), "{e}");
 }
+
+/// A server that accepts and says nothing (or a TLS server that stalls)
+/// fails the connection after the handshake timeout instead of hanging.
+#[test]
+fn a_silent_server_fails_the_handshake_after_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = sock_in(&dir);
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    // The first connection waits in the backlog, never accepted.
+    let quick = NbdOptions {
+        handshake_timeout: Duration::from_millis(300),
+        ..opts(true)
+    };
+    let t0 = std::time::Instant::now();
+    let e = NbdDev::connect_with(&uri(&sock), quick, false)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("did not finish the NBD handshake within 300ms"),
+        "{e}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5));
+
+    // A server that accepts STARTTLS, then never speaks TLS.
+    drop(listener);
+    let sock = dir.path().join("stall.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let stall = std::thread::spawn(move || {
+        use crate::proto::*;
+        use std::io::{Read, Write};
+        let (mut c, _) = listener.accept().unwrap();
+        let mut hello = NBDMAGIC.to_be_bytes().to_vec();
+        hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        c.write_all(&hello).unwrap();
+        let mut b = [0u8; 4 + 16];
+        c.read_exact(&mut b).unwrap();
+        c.write_all(&encode_option_reply(OPT_STARTTLS, REP_ACK, &[]))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(900));
+    });
+    let u = tls_uri(
+        &sock,
+        "alice",
+        "00112233445566778899aabbccddeeff",
+        dir.path(),
+    );
+    let quick = NbdOptions {
+        handshake_timeout: Duration::from_millis(300),
+        ..opts(true)
+    };
+    let e = NbdDev::connect_with(&u, quick, false)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("did not finish the NBD handshake within 300ms"),
+        "{e}"
+    );
+    stall.join().unwrap();
+}

@@ -241,7 +241,14 @@ impl ClientTls {
             .into_ssl(name.unwrap_or(""))
             .map_err(setup)?;
         match ssl.connect(s) {
-            Ok(st) => Ok(st),
+            Ok(st) => {
+                tracing::debug!(
+                    version = st.ssl().version_str(),
+                    cipher = st.ssl().current_cipher().map_or("?", |c| c.name()),
+                    "NBD TLS handshake done"
+                );
+                Ok(st)
+            }
             Err(HandshakeError::SetupFailure(e)) => Err(setup(e)),
             Err(HandshakeError::Failure(mid)) => {
                 Err(self.explain(mid.ssl().verify_result(), mid.error(), name))
