@@ -13,8 +13,12 @@ step adding one of the seed's optimizations:
             golden image read-only
 
 The server's golden image sits behind the `hdd` layer (the seed's 15,000
-rpm disk: one head, 3.4 ms seek + half a turn unless sequential), and each
-client behind its own 100 Mbit/s link (`throttle`). Every client connects
+rpm disk: one head, 3.4 ms seek + half a turn unless sequential), and so
+do the clients' overlays on the server (`view-layers`: their writes are
+charged to the same head, as TransCom's shadow images share the server's
+disk); in C each client's overlay is on a disk of its own (an `hdd` over
+its `cow`, writes charged). Each client sits behind its own 100 Mbit/s
+link (`throttle`). Every client connects
 with its own TLS-PSK identity (`nbds://cN@...?tls-psk-file=cN.psk`) and,
 up to B, writes into its own view on the server.
 
@@ -96,7 +100,7 @@ class Setup:
 
     def config(self, step, state, port, mport, disk_report):
         a = self.a
-        stack = f"hdd[report={disk_report}]:raw:{self.golden}"
+        stack = f"hdd[head=server,report={disk_report}]:raw:{self.golden}"
         grant = "read-only" if step == "C" else "view"
         out = [
             'format = "roamdisk-server"',
@@ -117,6 +121,9 @@ class Setup:
             'name = "golden"',
             f'stack = "{stack}"',
         ]
+        if grant == "view":
+            # The views' overlays live on the same disk as the golden image.
+            out.append('view-layers = "hdd[head=server,charge=writes]"')
         for c in range(a.clients):
             out += ["", "[[client]]", f'name = "c{c}"', f'psk-identity = "c{c}"',
                     f'{grant} = ["golden"]']
@@ -138,7 +145,8 @@ class Setup:
         cached = f"cache:{policy}:{a.client_cache}:{link}"
         if step in ("A", "B"):
             return cached
-        return f"cow[cluster=4K]:{work}/client{{client}}.cow:{cached}"
+        # The client's overlay on its own local disk (a disk per client).
+        return f"hdd[charge=writes]:cow:{work}/client{{client}}.cow:{cached}"
 
 
 def start_server(cfg_path, log_path, port):

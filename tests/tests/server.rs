@@ -684,6 +684,22 @@ fn config_mistakes_name_the_file_and_the_key() {
         !dir.path().join("state").exists(),
         "state made for a bad config"
     );
+    // Stacks are checked when the server opens them (the state taken).
+    for (layers, want) in [
+        ("hdd:raw:x.img", "layer 'raw' does not wrap another"),
+        ("hdd[charge=some]", "charge 'some'"),
+        ("nosuch", "unknown layer 'nosuch'"),
+    ] {
+        let text = format!(
+            "{head}[[image]]\nname = \"a\"\nstack = \"mem:1M\"\nview-layers = \"{layers}\"\n"
+        );
+        std::fs::write(&cfg, &text).unwrap();
+        let e = rd_fail(&["server", c]);
+        assert!(
+            e.contains("image 'a' key 'view-layers'") && e.contains(want),
+            "{text}\n=> {e}"
+        );
+    }
 }
 
 /// A client killed with many writes in flight and no flush: the server
@@ -862,4 +878,52 @@ fn a_revoked_client_is_refused_after_the_restart() {
     );
     assert!(f.dir.join("state/clients/carol/desktop.cow").exists());
     srv.stop();
+}
+
+/// `view-layers`: the views' writes and the golden image's reads on one
+/// emulated disk (`hdd[head=...]`), as the Figure 10 bench runs them.
+#[test]
+fn view_layers_put_the_views_writes_on_the_golden_images_disk() {
+    let dir = tempdir();
+    let d = dir.path();
+    let golden = d.join("golden.img");
+    random_file(&golden, 8 << 20, 3);
+    let report = d.join("disk.json");
+    let cfg = d.join("server.toml");
+    let uid = run_stdout("id", &["-u"]).trim().to_string();
+    std::fs::write(
+        &cfg,
+        format!(
+            "format = \"roamdisk-server\"\nversion = 1\nstate = \"{st}\"\nsocket = \"{sock}\"\n\n\
+             [[image]]\nname = \"g\"\nstack = \"hdd[head=srv,report={rep}]:raw:{g}\"\n\
+             view-layers = \"hdd[head=srv,charge=writes]\"\n\n\
+             [[client]]\nname = \"me\"\nuid = {uid}\nview = [\"g\"]\n",
+            st = d.join("state").display(),
+            sock = d.join("s.sock").display(),
+            rep = report.display(),
+            g = golden.display(),
+        ),
+    )
+    .unwrap();
+    let srv = common::ServerProc::start(&cfg, d.join("server.log"));
+    let uri = format!("nbd+unix:///g?socket={}", d.join("s.sock").display());
+    // One whole-cluster write (no copy-up read) and one read elsewhere.
+    run(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            "-c",
+            "write -P 7 1M 64k",
+            "-c",
+            "flush",
+            "-c",
+            "read 4M 64k",
+            &uri,
+        ],
+    );
+    srv.stop();
+    let j = std::fs::read_to_string(&report).unwrap();
+    assert!(j.contains("\"requests\":2,"), "{j}");
+    assert!(j.contains("\"bytes\":131072,"), "{j}");
 }

@@ -152,6 +152,11 @@ impl Views {
                     }
                     l = l.next.as_mut().expect("just checked");
                 }
+                // Their options are checked when they open: open them
+                // once now, over a stand-in, so a mistake stops the start.
+                let stand_in = Arc::new(roamdisk_blockdev::layers::mem::MemDev::new(1 << 20));
+                reg.open_over(&spec, Access::ReadWrite, stand_in)
+                    .map_err(|e| bad(e.to_string()))?;
                 view_layers.insert(im.name.clone(), spec);
             }
         }

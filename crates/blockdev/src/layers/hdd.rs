@@ -275,7 +275,11 @@ impl BlockDev for HddDev {
             s.rpm,
             s.rate,
             s.near,
-            if self.charge_reads { "" } else { ", writes only" }
+            if self.charge_reads {
+                ""
+            } else {
+                ", writes only"
+            }
         )
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
@@ -367,10 +371,17 @@ mod tests {
         let mut buf = [0u8; 4096];
         let t1 = Instant::now();
         b.read_at(&mut buf, 0).unwrap();
-        assert!(t1.elapsed() < Duration::from_millis(4), "{:?}", t1.elapsed());
+        assert!(
+            t1.elapsed() < Duration::from_millis(4),
+            "{:?}",
+            t1.elapsed()
+        );
         assert_eq!(b.stats().requests, 2);
         // Another spec for a head in use is refused.
-        let other = HddSpec { rpm: 7200, ..spec() };
+        let other = HddSpec {
+            rpm: 7200,
+            ..spec()
+        };
         let e = Disk::named("test-shared", other).err().expect("refused");
         assert!(e.contains("other settings"), "{e}");
         drop((a, b));
