@@ -44,4 +44,4 @@ pub use dev::{
 };
 pub use error::{Error, ErrorKind, Op, Result};
 pub use progress::{NoProgress, Progress};
-pub use spec::{LayerKind, LayerSpec, OpenCtx, Registry};
+pub use spec::{LayerKind, LayerSpec, OpenCtx, OptionalArg, Registry};

@@ -124,7 +124,18 @@ pub struct LayerKind {
     pub wraps: bool,
     /// Whether the inner stack is opened read-only whatever the export is.
     pub inner_read_only: bool,
+    /// The first argument may be left out: in the string form, when the
+    /// text in its place is not one (`cache:256M:NEXT` is
+    /// `cache:lru:256M:NEXT`); in TOML, when its key is absent.
+    pub optional_first: Option<OptionalArg>,
     pub open: OpenFn,
+}
+
+/// A first argument that may be left out, and its default.
+pub struct OptionalArg {
+    pub default: &'static str,
+    /// Whether the text in the argument's place is one.
+    pub is_one: fn(&str) -> bool,
 }
 
 /// The set of layer kinds a program can build stacks from.
@@ -259,7 +270,11 @@ impl Registry {
         }
         let usage = || {
             let mut u = name.to_string();
-            for a in kind.args {
+            for (i, a) in kind.args.iter().enumerate() {
+                if i == 0 && kind.optional_first.is_some() {
+                    u.push_str(&format!(":[{}]", a.to_uppercase()));
+                    continue;
+                }
                 u.push(':');
                 u.push_str(&a.to_uppercase());
             }
@@ -282,6 +297,12 @@ impl Registry {
             .strip_prefix(':')
             .ok_or_else(|| bad(format!("expected ':' after '{name}' (usage: {})", usage())))?;
         for (i, arg) in kind.args.iter().enumerate() {
+            if let (0, Some(o)) = (i, &kind.optional_first) {
+                if !(o.is_one)(&split_escaped(rest).0) {
+                    params.insert(arg.to_string(), o.default.to_string());
+                    continue;
+                }
+            }
             let last_verbatim = !kind.wraps && i + 1 == kind.args.len();
             if last_verbatim {
                 if rest.is_empty() {
@@ -390,6 +411,11 @@ impl Registry {
                     };
                     params.insert(k.clone(), val);
                 }
+            }
+        }
+        if let (Some(o), Some(first)) = (&kind.optional_first, kind.args.first()) {
+            if !params.contains_key(*first) {
+                params.insert(first.to_string(), o.default.to_string());
             }
         }
         for a in kind.args {
@@ -581,6 +607,7 @@ mod tests {
             options: &[],
             wraps: false,
             inner_read_only: false,
+            optional_first: None,
             open,
         };
         let mut r = Registry::with_builtin();

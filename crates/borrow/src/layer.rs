@@ -20,6 +20,7 @@ pub static BORROW: LayerKind = LayerKind {
     ],
     wraps: false,
     inner_read_only: false,
+    optional_first: None,
     open: |ctx: &OpenCtx<'_>, _next| {
         if ctx.read_only {
             return Err(Error::new(

@@ -1,4 +1,4 @@
-//! `cache[block=B,shards=N,report=FILE]:POLICY:SIZE:NEXT` — a memory
+//! `cache[block=B,shards=N,report=FILE]:[POLICY:]SIZE:NEXT` — a memory
 //! cache of SIZE bytes in front of NEXT, in blocks of B bytes, whose
 //! residency is decided by POLICY through the [`ShardedCache`] engine that
 //! `roamdisk sim --shards N` runs too (manual: `docs/layers/cache.md`).
@@ -45,7 +45,7 @@ use std::sync::{Arc, Condvar};
 use std::time::Duration;
 
 use roamdisk_blockdev::{
-    BlockDev, Error, ErrorKind, LayerKind, Op, OpenCtx, Result, WriteFlags, ZeroFlags,
+    BlockDev, Error, ErrorKind, LayerKind, Op, OpenCtx, OptionalArg, Result, WriteFlags, ZeroFlags,
 };
 
 use crate::index::{FastMap, HashIndex};
@@ -788,10 +788,10 @@ pub fn open(
     )?))
 }
 
-/// `cache[block=B,shards=N,report=FILE]:POLICY:SIZE:NEXT`.
+/// `cache[block=B,shards=N,report=FILE]:[POLICY:]SIZE:NEXT`.
 pub static CACHE: LayerKind = LayerKind {
     name: "cache",
-    summary: "a memory cache of SIZE bytes over NEXT, residency by POLICY (lru, fmpq, 2q, fbr, mq, arc, s3fifo, with [params]); writes go through",
+    summary: "a memory cache of SIZE bytes over NEXT, residency by POLICY (lru by default; fmpq, 2q, fbr, mq, arc, s3fifo, with [params]); writes go through",
     args: &["policy", "size"],
     options: &[
         ("block", "the unit of caching, a power of two from 4K to 1M (default 4K)"),
@@ -800,6 +800,11 @@ pub static CACHE: LayerKind = LayerKind {
     ],
     wraps: true,
     inner_read_only: false,
+    // `cache:256M:NEXT` is an LRU cache (the client side's usual choice).
+    optional_first: Some(OptionalArg {
+        default: "lru",
+        is_one: |s| PolicySpec::parse(s).is_ok(),
+    }),
     open: |ctx: &OpenCtx<'_>, next| {
         let next = next.ok_or_else(|| {
             Error::new(ErrorKind::InvalidArgument, Op::Open, "cache", "needs an inner stack (cache:lru:256M:raw:disk.img)")
@@ -1086,5 +1091,28 @@ mod tests {
         assert_eq!(s.misses, 8);
         assert_eq!(s.hits, 15 * 8);
         assert_eq!(s.bytes_from_next, 8 * 4096);
+    }
+
+    #[test]
+    fn the_policy_may_be_left_out_and_is_lru_then() {
+        let mut reg = roamdisk_blockdev::Registry::with_builtin();
+        reg.add(&CACHE);
+        let short = reg.parse("cache:64K:mem:1M").unwrap();
+        assert_eq!(short, reg.parse("cache:lru:64K:mem:1M").unwrap());
+        let named = reg.parse("cache[block=8K]:fmpq:64K:mem:1M").unwrap();
+        assert_eq!(named.params["policy"], "fmpq");
+        assert_eq!(named.params["size"], "64K");
+        // A policy that is not one is not taken for a size.
+        let e = reg
+            .parse("cache:nosuch:64K:mem:1M")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nosuch") || e.contains("size"), "{e}");
+        // TOML: without a policy key.
+        let t: toml::Table = toml::from_str(
+            "kind = \"cache\"\nsize = \"64K\"\n[next]\nkind = \"mem\"\nsize = \"1M\"\n",
+        )
+        .unwrap();
+        assert_eq!(reg.from_toml(&t).unwrap(), short);
     }
 }

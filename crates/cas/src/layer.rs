@@ -56,6 +56,7 @@ pub static CAS: LayerKind = LayerKind {
     ],
     wraps: false,
     inner_read_only: false,
+    optional_first: None,
     open: |ctx: &OpenCtx<'_>, _next| {
         let dir = ctx.path("cas", "session")?;
         let opts = SessionOpen {
@@ -91,6 +92,7 @@ pub static CAS_VERSION: LayerKind = LayerKind {
     ],
     wraps: false,
     inner_read_only: false,
+    optional_first: None,
     open: |ctx: &OpenCtx<'_>, _next| {
         let target = ctx.get("cas-version", "image")?;
         let loc = ctx.opt("store").map(str::to_string).unwrap_or_else(default_store);

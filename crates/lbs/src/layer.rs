@@ -22,6 +22,7 @@ pub static LBS: LayerKind = LayerKind {
     ],
     wraps: false,
     inner_read_only: false,
+    optional_first: None,
     open: |ctx: &OpenCtx<'_>, _next| {
         let path = ctx.path("lbs", "path")?;
         let paths = Paths::resolve(&path, ctx.opt("meta-dir").map(std::path::Path::new));

@@ -237,6 +237,7 @@ pub static TRACE: LayerKind = LayerKind {
     ],
     wraps: true,
     inner_read_only: false,
+    optional_first: None,
     open: |ctx: &OpenCtx<'_>, next| {
         let file = ctx.path("trace", "file")?;
         let next = next.ok_or_else(|| {

@@ -23,6 +23,7 @@ pub static RAW: LayerKind = LayerKind {
     options: &[],
     wraps: false,
     inner_read_only: false,
+    optional_first: None,
     open: |ctx: &OpenCtx<'_>, _next| {
         let path = ctx.path("raw", "path")?;
         Ok(Arc::new(raw::RawDev::open(&path, ctx.read_only)?) as Arc<dyn BlockDev>)
@@ -37,6 +38,7 @@ pub static MEM: LayerKind = LayerKind {
     options: &[],
     wraps: false,
     inner_read_only: false,
+    optional_first: None,
     open: |ctx: &OpenCtx<'_>, _next| {
         let size = ctx.size_opt("mem", "size")?.unwrap_or(0);
         if size == 0 {
@@ -59,6 +61,7 @@ pub static COW: LayerKind = LayerKind {
     options: &[("cluster", "copy-on-write granularity for a new overlay, 4K..4M (default 64K)")],
     wraps: true,
     inner_read_only: true,
+    optional_first: None,
     open: |ctx: &OpenCtx<'_>, next| {
         let overlay = ctx.path("cow", "overlay")?;
         let base = next.ok_or_else(|| Error::new(ErrorKind::InvalidArgument, Op::Open, "cow", "needs a base layer"))?;
@@ -83,6 +86,7 @@ pub static THROTTLE: LayerKind = LayerKind {
     ],
     wraps: true,
     inner_read_only: false,
+    optional_first: None,
     open: |ctx: &OpenCtx<'_>, next| {
         let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "throttle", m);
         let next = next.ok_or_else(|| bad("needs a layer to throttle (throttle[rate=1Mbit]:raw:disk.img)".into()))?;
@@ -115,6 +119,7 @@ pub static HDD: LayerKind = LayerKind {
     ],
     wraps: true,
     inner_read_only: false,
+    optional_first: None,
     open: |ctx: &OpenCtx<'_>, next| {
         let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "hdd", m);
         let next = next.ok_or_else(|| bad("needs a layer under the disk model (hdd:raw:golden.img)".into()))?;

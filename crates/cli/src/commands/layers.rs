@@ -36,9 +36,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         if !k.options.is_empty() {
             usage.push_str("[OPT=VALUE,...]");
         }
-        for arg in k.args {
-            usage.push(':');
-            usage.push_str(&arg.to_uppercase());
+        for (i, arg) in k.args.iter().enumerate() {
+            match (&k.optional_first, i) {
+                (Some(o), 0) => {
+                    usage.push_str(&format!(":[{}, default {}]", arg.to_uppercase(), o.default));
+                }
+                _ => {
+                    usage.push(':');
+                    usage.push_str(&arg.to_uppercase());
+                }
+            }
         }
         if k.wraps {
             usage.push_str(":NEXT");

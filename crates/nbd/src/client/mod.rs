@@ -35,6 +35,7 @@ pub static NBD: LayerKind = LayerKind {
     options: &[],
     wraps: false,
     inner_read_only: false,
+    optional_first: None,
     open: open_layer,
 };
 

@@ -237,6 +237,7 @@ pub static FLASHSIM: LayerKind = LayerKind {
     ],
     wraps: true,
     inner_read_only: false,
+    optional_first: None,
     open: |ctx: &OpenCtx<'_>, next| {
         let next = next.ok_or_else(|| {
             Error::new(ErrorKind::InvalidArgument, Op::Open, "flashsim", "needs an inner stack")
