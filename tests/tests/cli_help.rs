@@ -73,7 +73,8 @@ fn layers_lists_builtin_kinds() {
         "raw:PATH",
         "mem:SIZE",
         "cow[OPT=VALUE,...]:OVERLAY:NEXT",
-        "cache[OPT=VALUE,...]:POLICY:SIZE:NEXT",
+        "cache[OPT=VALUE,...]:[POLICY, default lru]:SIZE:NEXT",
+        "hdd[OPT=VALUE,...]:NEXT",
     ] {
         assert!(text.contains(k), "missing {k}:\n{text}");
     }
