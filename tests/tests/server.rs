@@ -12,52 +12,39 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::certs::{make_ca, make_leaf, CLIENT_EXT, SERVER_EXT};
+use common::certs::{client_dir, make_ca, make_leaf, CLIENT_EXT, SERVER_EXT};
 use common::{
-    path_str, random_file, rd, rd_fail, require_tool, run, run_stdout, tempdir, ServerProc,
+    nbd_direct_write, path_str, psk_add, random_file, rd, rd_fail, require_tool, run, run_stdout,
+    tempdir, uid, write_server_config, ServerProc,
 };
 
 const SIZE: u64 = 8 << 20;
 
-/// A running `roamdisk server CONFIG`, its TCP port read from its log.
+/// A running `roamdisk server CONFIG` of a [`Fixture`], its TCP port read
+/// from its log; the URIs of its clients.
 struct Srv {
     proc: ServerProc,
     port: u16,
     socket: PathBuf,
 }
 
+impl std::ops::Deref for Srv {
+    type Target = ServerProc;
+    fn deref(&self) -> &ServerProc {
+        &self.proc
+    }
+}
+
 impl Srv {
     fn start(f: &Fixture) -> Srv {
         let log = f.dir.join(format!("server-{}.log", f.starts()));
-        let mut proc = ServerProc::start(&f.config, log);
+        let proc = ServerProc::start_tcp(&f.config, log);
         Srv {
             port: proc.port(),
             proc,
             socket: f.dir.join("srv.sock"),
-        }
-    }
-
-    fn log_text(&self) -> String {
-        self.proc.log_text()
-    }
-
-    /// The log must have a warning line holding every one of `words`.
-    fn assert_logged(&self, words: &[&str]) {
-        let t0 = Instant::now();
-        loop {
-            let log = self.log_text();
-            if log
-                .lines()
-                .any(|l| l.contains("WARN") && words.iter().all(|w| l.contains(w)))
-            {
-                return;
-            }
-            if t0.elapsed() > Duration::from_secs(5) {
-                panic!("no warning with {words:?} in the server log:\n{log}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
@@ -120,26 +107,10 @@ impl Fixture {
     }
 }
 
-fn client_dir(dir: &Path, name: &str, ca: &Path, who_ca: &Path, who: &str) -> PathBuf {
-    let d = dir.join(name);
-    std::fs::create_dir_all(&d).unwrap();
-    std::fs::copy(ca.join("ca-cert.pem"), d.join("ca-cert.pem")).unwrap();
-    std::fs::copy(
-        who_ca.join(format!("{who}-cert.pem")),
-        d.join("client-cert.pem"),
-    )
-    .unwrap();
-    std::fs::copy(
-        who_ca.join(format!("{who}-key.pem")),
-        d.join("client-key.pem"),
-    )
-    .unwrap();
-    d
-}
-
+/// DIR/FILE with a new key for USER (psktool).
 fn psk(dir: &Path, file: &str, user: &str) -> PathBuf {
     let p = dir.join(file);
-    run("psktool", &["-u", user, "-p", path_str(&p)]);
+    psk_add(&p, user);
     p
 }
 
@@ -186,15 +157,11 @@ fn fixture() -> Fixture {
     random_file(&golden, SIZE, 7);
     let tools = dir.join("tools.img");
     random_file(&tools, 1 << 20, 8);
-    let uid = run_stdout("id", &["-u"]).trim().to_string();
-    let config = dir.join("server.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"format = "roamdisk-server"
-version = 1
-state = "state"
-socket = "srv.sock"
+    let uid = uid();
+    let config = write_server_config(
+        &dir,
+        &format!(
+            r#"socket = "srv.sock"
 listen = ["127.0.0.1:0"]
 tls-cert = "ca/server-cert.pem"
 tls-key = "ca/server-key.pem"
@@ -230,8 +197,7 @@ view = ["desktop"]
             golden = golden.display(),
             tools = tools.display(),
         ),
-    )
-    .unwrap();
+    );
     Fixture {
         alice: client_dir(&dir, "alice", &ca, &ca, "alice"),
         bob: client_dir(&dir, "bob", &ca, &ca, "bob"),
@@ -323,6 +289,11 @@ fn qemu_io_tls(srv: &Srv, via: &Via, export: &str, cmds: &[&str]) -> Vec<String>
     v
 }
 
+/// [`qemu_io_tls`] run by [`ok`]: it must succeed.
+fn qemu_io_tls_ok(srv: &Srv, via: &Via, export: &str, cmds: &[&str]) -> String {
+    ok("qemu-io", &strs(&qemu_io_tls(srv, via, export, cmds)))
+}
+
 fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
@@ -366,33 +337,11 @@ fn each_client_writes_and_reads_its_own_view_and_the_golden_image_is_unchanged()
     // alice and bob write different data at the same place.
     let a = Via::Cert(&f.alice);
     let b = Via::Cert(&f.bob);
-    ok(
-        "qemu-io",
-        &strs(&qemu_io_tls(
-            &srv,
-            &a,
-            "desktop",
-            &["write -P 0xa1 0 1M", "flush"],
-        )),
-    );
-    ok(
-        "qemu-io",
-        &strs(&qemu_io_tls(
-            &srv,
-            &b,
-            "desktop",
-            &["write -P 0xb2 512k 1M", "flush"],
-        )),
-    );
+    qemu_io_tls_ok(&srv, &a, "desktop", &["write -P 0xa1 0 1M", "flush"]);
+    qemu_io_tls_ok(&srv, &b, "desktop", &["write -P 0xb2 512k 1M", "flush"]);
     // Each reads back its own.
-    ok(
-        "qemu-io",
-        &strs(&qemu_io_tls(&srv, &a, "desktop", &["read -P 0xa1 0 1M"])),
-    );
-    ok(
-        "qemu-io",
-        &strs(&qemu_io_tls(&srv, &b, "desktop", &["read -P 0xb2 512k 1M"])),
-    );
+    qemu_io_tls_ok(&srv, &a, "desktop", &["read -P 0xa1 0 1M"]);
+    qemu_io_tls_ok(&srv, &b, "desktop", &["read -P 0xb2 512k 1M"]);
     // Two connections of one client share its view: the first sees what
     // the second wrote while it was connected.
     require_tool("qemu-io");
@@ -408,10 +357,7 @@ fn each_client_writes_and_reads_its_own_view_and_the_golden_image_is_unchanged()
         .spawn()
         .expect("spawn qemu-io");
     std::thread::sleep(Duration::from_millis(500));
-    ok(
-        "qemu-io",
-        &strs(&qemu_io_tls(&srv, &a, "desktop", &["write -P 0xa5 4M 64k"])),
-    );
+    qemu_io_tls_ok(&srv, &a, "desktop", &["write -P 0xa5 4M 64k"]);
     let first = first.wait_with_output().unwrap();
     let t = text(&first).to_lowercase();
     assert!(first.status.success() && !t.contains("failed"), "{t}");
@@ -495,11 +441,7 @@ fn every_refusal_is_refused_and_logged_with_the_identity() {
     ok("qemu-io", &strs(&read));
     // qemu refuses to open it read-write (the export says read-only); a
     // client that writes anyway gets EPERM, and the log says who.
-    let script = format!(
-        "import nbd\nh = nbd.NBD()\nh.set_strict_mode(0)\nh.set_uri_allow_local_file(True)\nh.connect_uri({:?})\ntry:\n    h.pwrite(b'x' * 4096, 0)\n    print('WROTE')\nexcept nbd.Error as e:\n    print('REFUSED', e.errno)\n",
-        srv.cert_uri("tools", &f.alice)
-    );
-    let o = common::python_nbd(&script, &[]).output().unwrap();
+    let o = nbd_direct_write(&srv.cert_uri("tools", &f.alice));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
         out.contains("REFUSED") && !out.contains("WROTE"),
@@ -569,15 +511,7 @@ fn views_survive_kill_9_and_reset_and_promote_need_a_stopped_server() {
     let srv = Srv::start(&f);
     // carol over TLS-PSK with qemu, then flush; then kill -9.
     let c = Via::Psk(&f.carol_qemu);
-    ok(
-        "qemu-io",
-        &strs(&qemu_io_tls(
-            &srv,
-            &c,
-            "desktop",
-            &["write -P 0xc3 1M 2M", "flush"],
-        )),
-    );
+    qemu_io_tls_ok(&srv, &c, "desktop", &["write -P 0xc3 1M 2M", "flush"]);
     srv.kill9();
     let srv = Srv::start(&f);
     // On the Unix socket (uid) after the restart: the data is there.
@@ -715,10 +649,7 @@ fn a_client_killed_mid_write_leaves_every_other_client_intact() {
     let (alice, bob) = (Via::Cert(&f.alice), Via::Cert(&f.bob));
     for (who, pattern, at) in [(&alice, "0xa1", "0"), (&bob, "0xb2", "2M")] {
         let w = format!("write -P {pattern} {at} 1M");
-        ok(
-            "qemu-io",
-            &strs(&qemu_io_tls(&srv, who, "desktop", &[&w, "flush"])),
-        );
+        qemu_io_tls_ok(&srv, who, "desktop", &[&w, "flush"]);
     }
     // carol streams 4 KiB writes over her whole view, 64 in flight, never
     // flushing; she says STARTED once the first 512 are acknowledged.
@@ -762,27 +693,11 @@ while True:
         );
     }
     // alice writes and flushes while carol is mid-stream, and carol dies.
-    ok(
-        "qemu-io",
-        &strs(&qemu_io_tls(
-            &srv,
-            &alice,
-            "desktop",
-            &["write -P 0xa4 4M 1M", "flush"],
-        )),
-    );
+    qemu_io_tls_ok(&srv, &alice, "desktop", &["write -P 0xa4 4M 1M", "flush"]);
     carol.kill().unwrap();
     let _ = carol.wait();
     // bob writes after the kill.
-    ok(
-        "qemu-io",
-        &strs(&qemu_io_tls(
-            &srv,
-            &bob,
-            "desktop",
-            &["write -P 0xb5 6M 1M", "flush"],
-        )),
-    );
+    qemu_io_tls_ok(&srv, &bob, "desktop", &["write -P 0xb5 6M 1M", "flush"]);
     let mut want_alice = golden.clone();
     want_alice[..1 << 20].fill(0xa1);
     want_alice[4 << 20..5 << 20].fill(0xa4);
@@ -829,19 +744,11 @@ fn a_revoked_client_is_refused_after_the_restart() {
     let f = fixture();
     let srv = Srv::start(&f);
     let c = Via::Psk(&f.carol_qemu);
-    ok(
-        "qemu-io",
-        &strs(&qemu_io_tls(
-            &srv,
-            &c,
-            "desktop",
-            &["write -P 0x5c 0 64k", "flush"],
-        )),
-    );
+    qemu_io_tls_ok(&srv, &c, "desktop", &["write -P 0x5c 0 64k", "flush"]);
     srv.stop();
     let psk = f.dir.join("server.psk");
     // Another key stays in the file.
-    run("psktool", &["-u", "erin", "-p", path_str(&psk)]);
+    psk_add(&psk, "erin");
     let keys = std::fs::read_to_string(&psk).unwrap();
     let kept: String = keys
         .lines()
@@ -890,7 +797,7 @@ fn view_layers_put_the_views_writes_on_the_golden_images_disk() {
     random_file(&golden, 8 << 20, 3);
     let report = d.join("disk.json");
     let cfg = d.join("server.toml");
-    let uid = run_stdout("id", &["-u"]).trim().to_string();
+    let uid = uid();
     std::fs::write(
         &cfg,
         format!(

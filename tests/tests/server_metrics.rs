@@ -33,30 +33,22 @@ struct Site {
     qemu_psk: PathBuf,
 }
 
-fn uid() -> String {
-    run_stdout("id", &["-u"]).trim().to_string()
-}
-
 fn site(cache: &str) -> Site {
     let tmp = tempdir();
     let dir = tmp.path().to_path_buf();
     random_file(&dir.join("desk.img"), 16 * MIB, 7);
     let keys = dir.join("server.psk");
     for who in ["alice", "bob", "mallory"] {
-        run("psktool", &["-u", who, "-p", path_str(&keys)]);
+        psk_add(&keys, who);
     }
     let qemu_psk = dir.join("qemu-psk");
     std::fs::create_dir(&qemu_psk).unwrap();
     std::fs::copy(&keys, qemu_psk.join("keys.psk")).unwrap();
     let metrics = free_port();
-    let config = dir.join("server.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"format = "roamdisk-server"
-version = 1
-state = "state"
-socket = "srv.sock"
+    let config = write_server_config(
+        &dir,
+        &format!(
+            r#"socket = "srv.sock"
 listen = ["127.0.0.1:0"]
 tls-psk = "server.psk"
 metrics = "127.0.0.1:{metrics}"
@@ -83,8 +75,7 @@ read-only = ["desk"]
             dir.join("desk.img").display(),
             uid()
         ),
-    )
-    .unwrap();
+    );
     Site {
         _tmp: tmp,
         dir,
@@ -223,7 +214,7 @@ fn metrics_count_each_client_the_cache_and_the_overlays() {
     // 8 MiB of 4 KiB blocks in 16 shards: the 768 blocks read below
     // all stay (no eviction), so hits and misses are known exactly.
     let s = site("[cache]\nsize = \"8M\"");
-    let mut srv = ServerProc::start(&s.config, s.dir.join("server.log"));
+    let srv = ServerProc::start_tcp(&s.config, s.dir.join("server.log"));
     let port = srv.port();
     let m = scrape(s.metrics);
     assert_eq!(
@@ -299,7 +290,7 @@ fn metrics_count_each_client_the_cache_and_the_overlays() {
     // server does not know fails the TLS handshake.
     let keys = s.dir.join("server.psk");
     let wrong = s.dir.join("wrong.psk");
-    run("psktool", &["-u", "alice", "-p", path_str(&wrong)]);
+    psk_add(&wrong, "alice");
     for (who, file) in [("mallory", &keys), ("alice", &wrong)] {
         let out = Command::new("nbdinfo")
             .arg(format!(
@@ -499,14 +490,10 @@ fn server_cache_hits_equal_the_simulators_for_a_two_image_trace() {
         let run = dir.join(format!("{policy}-{size}-{block}-{shards}"));
         std::fs::create_dir(&run).unwrap();
         let metrics = free_port();
-        let config = run.join("server.toml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"format = "roamdisk-server"
-version = 1
-state = "state"
-socket = "srv.sock"
+        let config = write_server_config(
+            &run,
+            &format!(
+                r#"socket = "srv.sock"
 metrics = "127.0.0.1:{metrics}"
 [cache]
 policy = "{policy}"
@@ -528,8 +515,7 @@ read-only = ["img0", "img1"]
                 dir.join("img1.raw").display(),
                 uid()
             ),
-        )
-        .unwrap();
+        );
         let srv = ServerProc::start(&config, run.join("server.log"));
         let sock = run.join("srv.sock");
         // One stream in trace order: each request to its image's export.

@@ -3,7 +3,7 @@
 //! localhost, client certificates). Used by the NBD TLS tests (`tls.rs`)
 //! and the chunk server's (`cas_auth.rs`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::{assert_success, require_tool};
@@ -60,3 +60,24 @@ pub const SERVER_EXT: &str = "subjectAltName=IP:127.0.0.1,DNS:localhost\n\
 pub const CLIENT_EXT: &str = "extendedKeyUsage=clientAuth\n\
     keyUsage=critical,digitalSignature,keyEncipherment\n\
     basicConstraints=CA:FALSE\n";
+
+/// DIR/NAME, a certificates folder as GnuTLS clients (nbdinfo, `roamdisk`'s
+/// `tls-certificates=`) want it: `ca`'s ca-cert.pem, and `who`'s
+/// certificate and key from `who_ca` as client-cert.pem and
+/// client-key.pem.
+pub fn client_dir(dir: &Path, name: &str, ca: &Path, who_ca: &Path, who: &str) -> PathBuf {
+    let d = dir.join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::copy(ca.join("ca-cert.pem"), d.join("ca-cert.pem")).unwrap();
+    std::fs::copy(
+        who_ca.join(format!("{who}-cert.pem")),
+        d.join("client-cert.pem"),
+    )
+    .unwrap();
+    std::fs::copy(
+        who_ca.join(format!("{who}-key.pem")),
+        d.join("client-key.pem"),
+    )
+    .unwrap();
+    d
+}

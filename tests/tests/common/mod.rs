@@ -647,6 +647,8 @@ pub fn free_port() -> u16 {
 pub struct ServerProc {
     child: Option<Child>,
     pub log: PathBuf,
+    /// The TCP port of a `listen`, when started by [`ServerProc::start_tcp`].
+    tcp_port: Option<u16>,
 }
 
 impl ServerProc {
@@ -663,6 +665,7 @@ impl ServerProc {
         let mut s = ServerProc {
             child: Some(child),
             log,
+            tcp_port: None,
         };
         let t0 = Instant::now();
         while !s.log_text().contains("serving") {
@@ -679,18 +682,44 @@ impl ServerProc {
         s
     }
 
-    /// The TCP port it listens on (a config with `listen`).
-    pub fn port(&mut self) -> u16 {
-        let log = self.log.clone();
-        wait_for_tcp_port(
-            self.child.as_mut().expect("running"),
-            &log,
-            "roamdisk server",
-        )
+    /// Start it with a config that has `listen`, and wait for the TCP port
+    /// it logs too ([`ServerProc::port`]).
+    pub fn start_tcp(config: &Path, log: PathBuf) -> ServerProc {
+        let mut s = ServerProc::start(config, log);
+        let log = s.log.clone();
+        let port = wait_for_tcp_port(s.child.as_mut().expect("running"), &log, "roamdisk server");
+        s.tcp_port = Some(port);
+        s
+    }
+
+    /// The TCP port it listens on (started by [`ServerProc::start_tcp`]).
+    pub fn port(&self) -> u16 {
+        self.tcp_port
+            .expect("a server started by ServerProc::start_tcp")
     }
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The log must get, within 5 s, a warning line holding every one of
+    /// `words`.
+    pub fn assert_logged(&self, words: &[&str]) {
+        let t0 = Instant::now();
+        loop {
+            let log = self.log_text();
+            if log
+                .lines()
+                .any(|l| l.contains("WARN") && words.iter().all(|w| l.contains(w)))
+            {
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "no warning with {words:?} in the server log:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// SIGKILL (a crash), waited for.
@@ -722,6 +751,7 @@ impl ServerProc {
             std::thread::sleep(Duration::from_millis(20));
         }
         let _ = c.kill();
+        let _ = c.wait();
         panic!("roamdisk server did not stop within 30 s");
     }
 }
@@ -733,4 +763,36 @@ impl Drop for ServerProc {
             let _ = c.wait();
         }
     }
+}
+
+/// Write DIR/server.toml, a `roamdisk server` config: the format line,
+/// version 1, `state = "state"`, then REST; returns its path.
+pub fn write_server_config(dir: &Path, rest: &str) -> PathBuf {
+    let config = dir.join("server.toml");
+    std::fs::write(
+        &config,
+        format!("format = \"roamdisk-server\"\nversion = 1\nstate = \"state\"\n{rest}"),
+    )
+    .expect("write server.toml");
+    config
+}
+
+/// This process's uid, as a config's `uid = ...` wants it.
+pub fn uid() -> String {
+    run_stdout("id", &["-u"]).trim().to_string()
+}
+
+/// `psktool -u NAME -p FILE`: a new random TLS-PSK key for NAME added to
+/// FILE (made if missing).
+pub fn psk_add(file: &Path, name: &str) {
+    run("psktool", &["-u", name, "-p", path_str(file)]);
+}
+
+/// A libnbd client writing 4 KiB at 0 of the export at URI, whatever the
+/// server allows: it prints "REFUSED errno" or "WROTE".
+pub fn nbd_direct_write(uri: &str) -> Output {
+    let script = format!(
+        "import nbd\nh = nbd.NBD()\nh.set_strict_mode(0)\nh.set_uri_allow_local_file(True)\nh.connect_uri({uri:?})\ntry:\n    h.pwrite(b'x' * 4096, 0)\n    print('WROTE')\nexcept nbd.Error as e:\n    print('REFUSED', e.errno)\n"
+    );
+    python_nbd(&script, &[]).output().expect("run python")
 }
