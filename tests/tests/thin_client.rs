@@ -12,109 +12,19 @@
 mod common;
 mod guest_common;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::certs::{make_ca, make_leaf, CLIENT_EXT, SERVER_EXT};
+use common::certs::{client_dir, make_ca, make_leaf, CLIENT_EXT, SERVER_EXT};
 use common::{
-    assert_bytes_equal, e2fsck_clean, path_str, qemu_img_copy, qemu_io, random_file, rd, rd_fail,
-    run, run_stdout, tempdir, Server,
+    assert_bytes_equal, e2fsck_clean, free_port, nbd_direct_write, num_after, path_str, psk_add,
+    qemu_img_copy, qemu_io, random_file, rd, rd_fail, run, run_stdout, tempdir,
+    write_server_config, Server, ServerProc,
 };
 use guest_common::Guest;
 
 const MIB: u64 = 1 << 20;
-
-/// A running `roamdisk server CONFIG`.
-struct Srv {
-    child: Option<Child>,
-    port: u16,
-    log: PathBuf,
-}
-
-impl Srv {
-    /// Start `roamdisk server CONFIG`, its log in LOG.
-    fn start(config: &Path, log: &Path) -> Srv {
-        let child = Command::new(common::bin())
-            .args(["server", path_str(config)])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .expect("spawn roamdisk server");
-        let mut s = Srv {
-            child: Some(child),
-            port: 0,
-            log: log.to_path_buf(),
-        };
-        s.port = common::wait_for_tcp_port(
-            s.child.as_mut().expect("just started"),
-            log,
-            "roamdisk server",
-        );
-        s
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The log must get a warning line holding every one of `words`.
-    fn assert_logged(&self, words: &[&str]) {
-        let t0 = Instant::now();
-        loop {
-            let log = self.log_text();
-            if log
-                .lines()
-                .any(|l| l.contains("WARN") && words.iter().all(|w| l.contains(w)))
-            {
-                return;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(5),
-                "no warning with {words:?} in the server log:\n{log}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn kill9(mut self) {
-        let mut c = self.child.take().expect("running");
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-
-    /// SIGTERM; the server must exit 0 (views flushed).
-    fn stop(mut self) {
-        let mut c = self.child.take().expect("running");
-        run("kill", &["-TERM", &c.id().to_string()]);
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_secs(30) {
-            if let Some(st) = c.try_wait().unwrap() {
-                assert!(
-                    st.success(),
-                    "server exited with {st}:\n{}",
-                    self.log_text()
-                );
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = c.kill();
-        let _ = c.wait();
-        panic!("roamdisk server did not stop within 30 s");
-    }
-}
-
-impl Drop for Srv {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// How the thin client proves itself.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -139,8 +49,8 @@ impl Site {
         self.dir.join(name)
     }
 
-    fn server(&self, log: &str) -> Srv {
-        Srv::start(&self.config, &self.path(log))
+    fn server(&self, log: &str) -> ServerProc {
+        ServerProc::start_tcp(&self.config, self.path(log))
     }
 
     /// The thin client's URI for `export` on `port`.
@@ -165,11 +75,6 @@ impl Site {
     }
 }
 
-/// `psktool -u NAME -p FILE`: a new random key for NAME added to FILE.
-fn psk(file: &Path, name: &str) {
-    run("psktool", &["-u", name, "-p", path_str(file)]);
-}
-
 /// The line of `name` in the psktool file `from`, alone in a new file.
 fn own_line(from: &Path, name: &str, to: &Path) {
     let text = std::fs::read_to_string(from).unwrap();
@@ -178,16 +83,6 @@ fn own_line(from: &Path, name: &str, to: &Path) {
         .find(|l| l.starts_with(&format!("{name}:")))
         .expect("a line for the identity");
     std::fs::write(to, format!("{line}\n")).unwrap();
-}
-
-/// A free loopback port (for a server that must come back on the same
-/// one).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A site whose server holds GOLDEN (`size` random bytes, or `golden`
@@ -207,15 +102,7 @@ fn site(auth: Auth, golden: Option<PathBuf>, size: u64, grant: &str, port: u16) 
             make_ca(&ca, "site-ca");
             make_leaf(&ca, "server", SERVER_EXT);
             make_leaf(&ca, "thin", CLIENT_EXT);
-            let d = dir.join("thin-certs");
-            std::fs::create_dir(&d).unwrap();
-            for (from, to) in [
-                ("ca-cert.pem", "ca-cert.pem"),
-                ("thin-cert.pem", "client-cert.pem"),
-                ("thin-key.pem", "client-key.pem"),
-            ] {
-                std::fs::copy(ca.join(from), d.join(to)).unwrap();
-            }
+            let d = client_dir(&dir, "thin-certs", &ca, &ca, "thin");
             (
                 "tls-cert = \"ca/server-cert.pem\"\ntls-key = \"ca/server-key.pem\"\ntls-verify-ca = \"ca/ca-cert.pem\"\n",
                 "cert-cn = \"thin\"",
@@ -224,23 +111,21 @@ fn site(auth: Auth, golden: Option<PathBuf>, size: u64, grant: &str, port: u16) 
         }
         Auth::Psk => {
             let keys = dir.join("server.psk");
-            psk(&keys, "thin");
+            psk_add(&keys, "thin");
             let own = dir.join("thin.psk");
             own_line(&keys, "thin", &own);
             ("tls-psk = \"server.psk\"\n", "psk-identity = \"thin\"", own)
         }
     };
-    let config = dir.join("server.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "format = \"roamdisk-server\"\nversion = 1\nstate = \"state\"\nlisten = [\"127.0.0.1:{port}\"]\n{tls}\n\
+    let config = write_server_config(
+        &dir,
+        &format!(
+            "listen = [\"127.0.0.1:{port}\"]\n{tls}\n\
              [[image]]\nname = \"golden\"\nstack = \"raw:{}\"\n\n\
              [[client]]\nname = \"thin\"\n{identity}\n{grant} = [\"golden\"]\n",
             golden.display()
         ),
-    )
-    .unwrap();
+    );
     Site {
         _tmp: tmp,
         dir,
@@ -253,10 +138,7 @@ fn site(auth: Auth, golden: Option<PathBuf>, size: u64, grant: &str, port: u16) 
 /// A libnbd client writing 4 KiB at 0 as the thin client's identity,
 /// straight to the server: "REFUSED errno" or "WROTE".
 fn direct_write(uri: &str) -> String {
-    let script = format!(
-        "import nbd\nh = nbd.NBD()\nh.set_strict_mode(0)\nh.set_uri_allow_local_file(True)\nh.connect_uri({uri:?})\ntry:\n    h.pwrite(b'x' * 4096, 0)\n    print('WROTE')\nexcept nbd.Error as e:\n    print('REFUSED', e.errno)\n"
-    );
-    let o = common::python_nbd(&script, &[]).output().unwrap();
+    let o = nbd_direct_write(uri);
     format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),
@@ -273,7 +155,7 @@ fn thin_client_round(auth: Auth) {
     let s = site(auth, None, 16 * MIB, "read-only", 0);
     let golden = std::fs::read(&s.golden).unwrap();
     let srv = s.server("server.log");
-    let uri = s.uri(auth, srv.port, "golden");
+    let uri = s.uri(auth, srv.port(), "golden");
     let local = s.path("local.cow");
     let thin = s.thin_client(&local, &uri);
     qemu_io(
@@ -360,7 +242,7 @@ fn a_server_certificate_that_does_not_verify_is_refused_with_the_reason() {
     let certs = s.path("other-certs");
     std::fs::create_dir(&certs).unwrap();
     std::fs::copy(other.join("ca-cert.pem"), certs.join("ca-cert.pem")).unwrap();
-    let port = srv.port;
+    let port = srv.port();
     let e = rd_fail(&[
         "info",
         &format!(
@@ -399,35 +281,33 @@ fn each_psk_identity_reaches_only_its_own_grant() {
     random_file(&a, 4 * MIB, 1);
     random_file(&b, 6 * MIB, 2);
     let keys = d.join("server.psk");
-    psk(&keys, "ca");
-    psk(&keys, "cb");
+    psk_add(&keys, "ca");
+    psk_add(&keys, "cb");
     for who in ["ca", "cb"] {
         own_line(&keys, who, &d.join(format!("{who}.psk")));
     }
-    psk(&d.join("ca-wrong.psk"), "ca");
-    psk(&d.join("mallory.psk"), "mallory");
-    let config = d.join("server.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "format = \"roamdisk-server\"\nversion = 1\nstate = \"state\"\nlisten = [\"127.0.0.1:0\"]\ntls-psk = \"server.psk\"\n\
+    psk_add(&d.join("ca-wrong.psk"), "ca");
+    psk_add(&d.join("mallory.psk"), "mallory");
+    let config = write_server_config(
+        d,
+        &format!(
+            "listen = [\"127.0.0.1:0\"]\ntls-psk = \"server.psk\"\n\
              [[image]]\nname = \"a\"\nstack = \"raw:{}\"\n[[image]]\nname = \"b\"\nstack = \"raw:{}\"\n\
              [[client]]\nname = \"ca\"\npsk-identity = \"ca\"\nread-only = [\"a\"]\n\
              [[client]]\nname = \"cb\"\npsk-identity = \"cb\"\nread-only = [\"b\"]\n",
             a.display(),
             b.display()
         ),
-    )
-    .unwrap();
-    let srv = Srv::start(&config, &d.join("server.log"));
+    );
+    let srv = ServerProc::start_tcp(&config, d.join("server.log"));
     let uri = |who: &str, file: &str, export: &str| {
         format!(
             "nbds://{who}@127.0.0.1:{}/{export}?tls-psk-file={}",
-            srv.port,
+            srv.port(),
             d.join(file).display()
         )
     };
-    let size = |out: &str| json_size(out);
+    let size = |out: &str| num_after(out, 0, "size").0;
     assert_eq!(
         size(&rd(&["info", &uri("ca", "ca.psk", "a"), "--json"])),
         4 * MIB
@@ -465,7 +345,7 @@ fn each_psk_identity_reaches_only_its_own_grant() {
     // connecting.
     let e = rd_fail(&["info", &uri("cb", "ca.psk", "b")]);
     assert!(e.contains("has no key for identity 'cb'"), "{e}");
-    let e = rd_fail(&["info", &format!("nbd://127.0.0.1:{}/a", srv.port)]);
+    let e = rd_fail(&["info", &format!("nbd://127.0.0.1:{}/a", srv.port())]);
     assert!(e.contains("the server requires TLS: use nbds://"), "{e}");
     srv.assert_logged(&["refused: plain client on a TLS-only server"]);
     assert!(!srv.log_text().contains("panicked"));
@@ -498,20 +378,6 @@ fn each_psk_identity_reaches_only_its_own_grant() {
     assert!(e.contains("the server does not offer TLS"), "{e}");
 }
 
-/// `"size": N` in `roamdisk info --json`.
-fn json_size(out: &str) -> u64 {
-    let rest = out
-        .split("\"size\":")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no size in {out}"));
-    rest.trim_start()
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .unwrap()
-}
-
 /// kill -9 of the server under a serving thin client: the next read that
 /// needs the golden image waits while the thin client reconnects (TLS
 /// again) to the restarted server; nothing written (locally, flushed) is
@@ -522,7 +388,7 @@ fn a_thin_client_reconnects_over_tls_after_the_server_is_killed() {
     let s = site(Auth::Psk, None, 32 * MIB, "read-only", port);
     let golden = std::fs::read(&s.golden).unwrap();
     let srv = s.server("server-1.log");
-    assert_eq!(srv.port, port);
+    assert_eq!(srv.port(), port);
     let local = s.path("local.cow");
     let thin = s.thin_client(&local, &s.uri(Auth::Psk, port, "golden"));
     qemu_io(&thin.uri(), &["write -P 0x11 0 1M".into(), "flush".into()]);
@@ -602,27 +468,25 @@ fn replay_gives_each_emulated_client_its_own_identity_and_view() {
     let keys = d.join("keys.psk");
     let mut clients = String::new();
     for i in 0..4 {
-        psk(&keys, &format!("c{i}"));
+        psk_add(&keys, &format!("c{i}"));
         clients.push_str(&format!(
             "[[client]]\nname = \"c{i}\"\npsk-identity = \"c{i}\"\nview = [\"golden\"]\n"
         ));
     }
-    let config = d.join("server.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "format = \"roamdisk-server\"\nversion = 1\nstate = \"state\"\nlisten = [\"127.0.0.1:0\"]\ntls-psk = \"keys.psk\"\n\
+    let config = write_server_config(
+        d,
+        &format!(
+            "listen = [\"127.0.0.1:0\"]\ntls-psk = \"keys.psk\"\n\
              [[image]]\nname = \"golden\"\nstack = \"raw:{}\"\n{clients}",
             golden.display()
         ),
-    )
-    .unwrap();
+    );
     let trace = d.join("desk.rdtrace");
     common::trace_synth("desktop", &trace, "--clients 1 --requests 400");
-    let srv = Srv::start(&config, &d.join("server.log"));
+    let srv = ServerProc::start_tcp(&config, d.join("server.log"));
     let target = format!(
         "nbds://c{{client}}@127.0.0.1:{}/golden?tls-psk-file={}",
-        srv.port,
+        srv.port(),
         keys.display()
     );
     let out = rd(&[
@@ -656,25 +520,11 @@ fn replay_gives_each_emulated_client_its_own_identity_and_view() {
             &format!("cow:{}:raw:{}", ovl.display(), golden.display()),
             "--json",
         ]);
-        written.push(json_field(&info, "data"));
+        written.push(num_after(&info, 0, "data").0);
     }
     println!("bytes of data in each view: {written:?}");
     assert!(written[0] > 0, "c0's view holds no data: {written:?}");
     assert!(written.iter().all(|w| *w == written[0]), "{written:?}");
-}
-
-/// `"KEY": N` in JSON text.
-fn json_field(out: &str, key: &str) -> u64 {
-    let rest = out
-        .split(&format!("\"{key}\":"))
-        .nth(1)
-        .unwrap_or_else(|| panic!("no {key} in {out}"));
-    rest.trim_start()
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .unwrap()
 }
 
 const GUEST_SCRIPT: &str = r#"
@@ -704,7 +554,10 @@ fn a_guest_boots_on_a_thin_client_over_tls() {
     let s = site(Auth::Cert, Some(golden), 0, "read-only", 0);
     let before = std::fs::read(&s.golden).unwrap();
     let srv = s.server("server.log");
-    let thin = s.thin_client(&s.path("local.cow"), &s.uri(Auth::Cert, srv.port, "golden"));
+    let thin = s.thin_client(
+        &s.path("local.cow"),
+        &s.uri(Auth::Cert, srv.port(), "golden"),
+    );
     let t0 = Instant::now();
     let guest = Guest::new(&s.dir)
         .nbd_disk(&thin.socket, "")
@@ -753,7 +606,7 @@ fn a_guest_boots_on_a_thin_client_over_tls() {
 fn the_same_nbds_uri_works_with_nbdinfo_and_with_roamdisk() {
     let s = site(Auth::Cert, None, MIB, "read-only", 0);
     let keys = s.path("server.psk");
-    psk(&keys, "thin");
+    psk_add(&keys, "thin");
     let srv_certs = s.path("nbdkit-certs");
     std::fs::create_dir(&srv_certs).unwrap();
     for (from, to) in [
@@ -804,7 +657,7 @@ fn the_same_nbds_uri_works_with_nbdinfo_and_with_roamdisk() {
             Auth::Cert => s.uri(Auth::Cert, port, ""),
         };
         let theirs = run_stdout("nbdinfo", &["--size", &uri]);
-        let ours = json_size(&rd(&["info", &uri, "--json"]));
+        let ours = num_after(&rd(&["info", &uri, "--json"]), 0, "size").0;
         let _ = kit.kill();
         let _ = kit.wait();
         assert_eq!(theirs.trim(), (6 * MIB).to_string(), "{auth:?}");
