@@ -79,17 +79,13 @@ pub(super) fn spawn(tls: SslStream<Sock>) -> std::io::Result<UnixStream> {
     Ok(ours)
 }
 
-/// What a TLS call wants before it can go on.
-enum Want {
-    Read,
-    Write,
-}
-
-/// Map a TLS error to what to wait for; Err ends the relay with why.
-fn tls_wait(e: openssl::ssl::Error) -> Result<Want, String> {
+/// Map a TLS error to the poll event of the socket that the call waits
+/// for (a read may want to write, a write to read); Err ends the relay
+/// with why.
+fn tls_wait(e: openssl::ssl::Error) -> Result<i16, String> {
     match e.code() {
-        ErrorCode::WANT_READ => Ok(Want::Read),
-        ErrorCode::WANT_WRITE => Ok(Want::Write),
+        ErrorCode::WANT_READ => Ok(libc::POLLIN),
+        ErrorCode::WANT_WRITE => Ok(libc::POLLOUT),
         ErrorCode::ZERO_RETURN => Err("the server closed TLS".into()),
         ErrorCode::SYSCALL if e.io_error().is_none() => {
             Err("the server closed the connection".into())
@@ -148,12 +144,8 @@ fn relay(mut tls: SslStream<Sock>, mut local: UnixStream) -> String {
                     moved = true;
                 }
                 Err(e) => match tls_wait(e) {
-                    Ok(Want::Read) => {
-                        net_ev |= libc::POLLIN;
-                        break;
-                    }
-                    Ok(Want::Write) => {
-                        net_ev |= libc::POLLOUT;
+                    Ok(ev) => {
+                        net_ev |= ev;
                         break;
                     }
                     // What the server sent before it closed still goes up.
@@ -208,12 +200,8 @@ fn relay(mut tls: SslStream<Sock>, mut local: UnixStream) -> String {
                     moved = true;
                 }
                 Err(e) => match tls_wait(e) {
-                    Ok(Want::Read) => {
-                        net_ev |= libc::POLLIN;
-                        break;
-                    }
-                    Ok(Want::Write) => {
-                        net_ev |= libc::POLLOUT;
+                    Ok(ev) => {
+                        net_ev |= ev;
                         break;
                     }
                     Err(why) => return why,
