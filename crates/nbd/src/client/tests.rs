@@ -125,6 +125,31 @@ fn pattern(thread: u64, i: u64) -> Vec<u8> {
         .collect()
 }
 
+/// 8 threads on one `dev`, thread t writing its `per_thread` 4 KiB blocks
+/// (block t * per_thread + i, [`pattern`]`(t, i)`, `flags(i)`) and reading
+/// each back at once.
+fn write_and_read_back_from_8_threads(
+    dev: &Arc<NbdDev>,
+    per_thread: u64,
+    flags: fn(u64) -> WriteFlags,
+) {
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let dev = dev.clone();
+            s.spawn(move || {
+                for i in 0..per_thread {
+                    let off = (t * per_thread + i) * 4096;
+                    let p = pattern(t, i);
+                    dev.write_at(&p, off, flags(i)).unwrap();
+                    let mut b = vec![0u8; 4096];
+                    dev.read_at(&mut b, off).unwrap();
+                    assert_eq!(b, p, "thread {t} request {i}");
+                }
+            });
+        }
+    });
+}
+
 #[test]
 fn threads_share_one_connection_with_requests_in_flight_together() {
     for structured in [true, false] {
@@ -139,22 +164,7 @@ fn threads_share_one_connection_with_requests_in_flight_together() {
             Arc::new(NbdDev::connect_with(&uri(&sock_in(&dir)), opts(structured), false).unwrap());
         assert_eq!(dev.structured(), structured);
         assert_eq!(dev.size(), 16 << 20);
-        std::thread::scope(|s| {
-            for t in 0..8u64 {
-                let dev = dev.clone();
-                s.spawn(move || {
-                    for i in 0..16u64 {
-                        let off = (t * 16 + i) * 4096;
-                        let p = pattern(t, i);
-                        dev.write_at(&p, off, WriteFlags { fua: i % 4 == 0 })
-                            .unwrap();
-                        let mut b = vec![0u8; 4096];
-                        dev.read_at(&mut b, off).unwrap();
-                        assert_eq!(b, p, "thread {t} request {i}");
-                    }
-                });
-            }
-        });
+        write_and_read_back_from_8_threads(&dev, 16, |i| WriteFlags { fua: i % 4 == 0 });
         dev.flush().unwrap();
         assert!(
             slow.most.load(Ordering::SeqCst) > 1,
@@ -314,21 +324,7 @@ fn tls_psk_connections_carry_concurrent_requests_and_reconnect() {
     let u = tls_uri(&sock, "alice", key, dir.path());
     let dev = Arc::new(NbdDev::connect_with(&u, opts(true), false).unwrap());
     assert!(dev.describe().contains("TLS"), "{}", dev.describe());
-    std::thread::scope(|s| {
-        for t in 0..8u64 {
-            let dev = dev.clone();
-            s.spawn(move || {
-                for i in 0..32u64 {
-                    let off = (t * 32 + i) * 4096;
-                    let p = pattern(t, i);
-                    dev.write_at(&p, off, WriteFlags::default()).unwrap();
-                    let mut b = vec![0u8; 4096];
-                    dev.read_at(&mut b, off).unwrap();
-                    assert_eq!(b, p, "thread {t} request {i}");
-                }
-            });
-        }
-    });
+    write_and_read_back_from_8_threads(&dev, 32, |_| WriteFlags::default());
     let big: Vec<u8> = (0..12u64 << 20).map(|i| (i * 7 % 251) as u8).collect();
     dev.write_at(&big, 2 << 20, WriteFlags::default()).unwrap();
     dev.flush().unwrap();
