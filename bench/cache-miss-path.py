@@ -15,46 +15,20 @@ be. Only the Python standard library is used. See docs/BENCHMARKS.md.
 """
 
 import argparse
-import datetime
 import json
 import os
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
-import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from roamdisk_bench import ROOT, cpu_seconds, save_results, stop, wait_unix_listening
 
 
 def serve(binpath, spec, sock, log):
     proc = subprocess.Popen([binpath, "serve", spec, "--socket", sock, "-q"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
-    t0 = time.time()
-    while time.time() - t0 < 20:
-        try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.connect(sock)
-            return proc
-        except OSError:
-            if proc.poll() is not None:
-                sys.exit(f"cache-miss-path: {spec} exited early")
-            time.sleep(0.02)
-    proc.kill()
-    sys.exit(f"cache-miss-path: {spec} did not listen")
-
-
-def cpu_seconds(proc):
-    """User + system CPU time the server has used so far."""
-    with open(f"/proc/{proc.pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def stop(proc):
-    proc.terminate()
-    proc.wait(timeout=40)
+    wait_unix_listening(proc, sock, f"cache-miss-path: {spec}")
+    return proc
 
 
 def fio(sock, iodepth, io_size, seed):
@@ -69,7 +43,7 @@ def fio(sock, iodepth, io_size, seed):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", default=os.path.join(REPO, "target", "release", "roamdisk"))
+    ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "roamdisk"))
     ap.add_argument("--image-size", default="16G", help="sparse image size (default 16G)")
     ap.add_argument("--cache", default="64M", help="cache size (default 64M)")
     ap.add_argument("--policies", default="lru,fmpq", help="cache policies (default lru,fmpq)")
@@ -101,9 +75,9 @@ def main():
                     try:
                         iops, ios = fio(sock, d, a.io_size, 100 + ps)
                         results[(name, d)].append(iops)
-                        cpu[(name, d)].append(cpu_seconds(proc) / ios * 1e6)
+                        cpu[(name, d)].append(cpu_seconds(proc.pid) / ios * 1e6)
                     finally:
-                        stop(proc)
+                        stop(proc, 40)
                     if name != "no cache":
                         with open(report) as f:
                             r = json.load(f)
@@ -132,12 +106,7 @@ def main():
         print(row)
     print("cache hits over all runs (no reuse: expect 0): " +
           ", ".join(f"{k} {v}" for k, v in hits.items()))
-    out = a.out or os.path.join(REPO, "bench", "results", "cache-miss-path-" +
-                                datetime.datetime.now().strftime("%Y%m%d-%H%M") + ".json")
-    with open(out, "w") as f:
-        json.dump({"args": vars(a), "results": table, "hits": hits,
-                   "date": datetime.datetime.now().isoformat(timespec="seconds")}, f, indent=1)
-    print(f"results: {out}")
+    save_results(a.out, "cache-miss-path", {"args": vars(a), "results": table, "hits": hits})
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
-"""Helpers the roaming benches share (bench/cas-roaming.py, bench/isr-resume.py).
+"""Helpers the benches share (bench/cas-roaming.py, bench/isr-resume.py,
+bench/cache-miss-path.py, bench/server-miss-path.py, ...).
 
 The roamdisk binary (ROAMDISK_BIN, else the release build), running it,
-serving a stack over NBD on a Unix socket, the throttled HTTP chunk server,
-a synthetic boot trace, and a minimal NBD client to read byte ranges back
-(python3 stdlib only: the benches run on the pyenv python, which has no
-libnbd binding).
+serving a stack over NBD on a Unix socket, waiting for a server to listen,
+the throttled HTTP chunk server, a synthetic boot trace, a process's CPU
+time, a free port, the results file, and a minimal NBD client to read byte
+ranges back (python3 stdlib only: the benches run on the pyenv python,
+which has no libnbd binding).
 """
-import os, re, signal, socket, struct, subprocess, time
+import datetime, json, os, re, signal, socket, struct, subprocess, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B = os.environ.get("ROAMDISK_BIN", os.path.join(ROOT, "target/release/roamdisk"))
@@ -30,10 +32,53 @@ def serve(spec, sock, env=None):
     raise SystemExit(f"server for {spec} did not start")
 
 
-def stop(p):
+def stop(p, timeout=60):
     """SIGTERM (the clean stop: a session writes its state) and wait."""
     p.send_signal(signal.SIGTERM)
-    p.wait(timeout=60)
+    p.wait(timeout=timeout)
+
+
+def wait_unix_listening(proc, sock, what, seconds=20):
+    """Wait until the Unix socket SOCK accepts a connection; exit saying
+    WHAT exited early if PROC ends first, or (killing it) that WHAT did not
+    listen within SECONDS."""
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(sock)
+            return
+        except OSError:
+            if proc.poll() is not None:
+                raise SystemExit(f"{what} exited early")
+            time.sleep(0.02)
+    proc.kill()
+    raise SystemExit(f"{what} did not listen")
+
+
+def cpu_seconds(pid):
+    """User + system CPU time process PID has used so far, seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def save_results(out, bench, doc):
+    """DOC and the date as JSON in OUT (default
+    bench/results/BENCH-YYYYmmdd-HHMM.json); prints where."""
+    now = datetime.datetime.now()
+    out = out or os.path.join(ROOT, "bench", "results",
+                              f"{bench}-{now.strftime('%Y%m%d-%H%M')}.json")
+    with open(out, "w") as f:
+        json.dump({**doc, "date": now.isoformat(timespec="seconds")}, f, indent=1)
+    print(f"results: {out}")
 
 
 def store_serve(store, limit=None, latency=None):

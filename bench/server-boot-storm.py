@@ -37,31 +37,11 @@ mean boot time per step, MVA prediction beside it).
 
   bench/server-boot-storm.py --rounds 3 --requests 400 --out bench/results/server-fig10
 """
-import argparse, json, os, shutil, signal, socket, statistics, subprocess, sys, time
+import argparse, json, os, shutil, socket, statistics, subprocess, time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-B = os.environ.get("ROAMDISK_BIN", os.path.join(ROOT, "target/release/roamdisk"))
+from roamdisk_bench import B, cpu_seconds, free_port, run, stop
 
 STEPS = ["baseline", "A", "B", "C"]
-
-
-def run(*args, **kw):
-    return subprocess.run(args, check=True, capture_output=True, text=True, **kw).stdout
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def cpu_seconds(pid):
-    """utime + stime of a process, seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Setup:
@@ -164,11 +144,6 @@ def start_server(cfg_path, log_path, port):
     raise SystemExit("roamdisk server did not start listening")
 
 
-def stop_server(p):
-    p.send_signal(signal.SIGTERM)
-    p.wait(timeout=120)
-
-
 def one_run(s, step, rnd, trace, n):
     """Replay `trace` (n clients) against a fresh server for `step`."""
     a = s.a
@@ -187,7 +162,7 @@ def one_run(s, step, rnd, trace, n):
                         "--per", "client", "--json"], capture_output=True, text=True)
     cpu = cpu_seconds(srv.pid) - cpu0
     status = json.loads(run(B, "server", "status", cfg, "--json"))
-    stop_server(srv)
+    stop(srv, 120)
     if r.returncode != 0:
         raise SystemExit(f"replay failed ({step}, N={n}): {r.stderr}\n"
                          f"{open(os.path.join(work, 'server.log')).read()[-3000:]}")

@@ -20,18 +20,15 @@ used. See docs/BENCHMARKS.md, "Server cache (issue 13)".
 """
 
 import argparse
-import datetime
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from roamdisk_bench import ROOT, cpu_seconds, free_port, save_results, stop, wait_unix_listening
 
 
 def parse_size(s):
@@ -80,36 +77,14 @@ def config(path, img, sock, cache, metrics_port):
 def start(binpath, cfg, sock, log):
     proc = subprocess.Popen([binpath, "server", cfg, "-q"], stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=log)
-    t0 = time.time()
-    while time.time() - t0 < 20:
-        try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.connect(sock)
-            return proc
-        except OSError:
-            if proc.poll() is not None:
-                sys.exit(f"server-miss-path: the server exited early ({cfg})")
-            time.sleep(0.02)
-    proc.kill()
-    sys.exit("server-miss-path: the server did not listen")
-
-
-def cpu_seconds(proc):
-    with open(f"/proc/{proc.pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    wait_unix_listening(proc, sock, f"server-miss-path: the server ({cfg})")
+    return proc
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", default=os.path.join(REPO, "target", "release", "roamdisk"))
+    ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "roamdisk"))
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--region", default="8M", help="bytes each client reads (default 8M)")
     ap.add_argument("--bs", default="4K", help="request size (default 4K)")
@@ -144,7 +119,7 @@ def main():
                 config(cfg, img, sock, c, port)
                 proc = start(a.bin, cfg, sock, log)
                 try:
-                    cpu0 = cpu_seconds(proc)
+                    cpu0 = cpu_seconds(proc.pid)
                     out = subprocess.run(
                         [a.bin, "replay", trace, f"nbd+unix:///golden?socket={sock}",
                          "--per", "client", "--json", "-q"],
@@ -152,15 +127,14 @@ def main():
                     r = json.loads(out)
                     assert r["errors"] == 0 and r["requests"] == data // bs, r
                     rps[name].append(r["requests_per_s"])
-                    cpu[name].append((cpu_seconds(proc) - cpu0) / r["requests"] * 1e6)
+                    cpu[name].append((cpu_seconds(proc.pid) - cpu0) / r["requests"] * 1e6)
                     if metrics and c:
                         st = json.loads(subprocess.run(
                             [a.bin, "server", "status", cfg, "--json"],
                             check=True, text=True, capture_output=True).stdout)
                         hits[name] = hits.get(name, 0) + st["cache"]["hits"]
                 finally:
-                    proc.terminate()
-                    proc.wait(timeout=40)
+                    stop(proc, 40)
                 print(f"round {rnd + 1} {name}: {rps[name][-1]:.0f} requests/s", file=sys.stderr)
     finally:
         log.close()
@@ -188,12 +162,7 @@ def main():
                        "vs_metrics_off": vs_metrics, "cpu_us_per_request": cpu[name],
                        "cpu_median": cmed[name]}
     print("cache hits (no reuse: expect 0): " + ", ".join(f"{k} {v}" for k, v in hits.items()))
-    out = a.out or os.path.join(REPO, "bench", "results", "server-miss-path-" +
-                                datetime.datetime.now().strftime("%Y%m%d-%H%M") + ".json")
-    with open(out, "w") as f:
-        json.dump({"args": vars(a), "results": table, "hits": hits,
-                   "date": datetime.datetime.now().isoformat(timespec="seconds")}, f, indent=1)
-    print(f"results: {out}")
+    save_results(a.out, "server-miss-path", {"args": vars(a), "results": table, "hits": hits})
 
 
 if __name__ == "__main__":
