@@ -288,6 +288,11 @@ fn refused_connections_say_what_to_do() {
     assert!(e.to_string().contains("is the NBD server running"), "{e}");
 }
 
+/// Why connecting to `u` with `o` fails (it must).
+fn connect_err(u: &NbdUri, o: NbdOptions) -> String {
+    NbdDev::connect_with(u, o, false).err().unwrap().to_string()
+}
+
 /// A PSK-only server's acceptor, its key file holding `alice`'s key.
 fn psk_server(dir: &Path) -> TlsAcceptor {
     let keys = dir.join("server.psk");
@@ -345,25 +350,16 @@ fn tls_psk_connections_carry_concurrent_requests_and_reconnect() {
         "ffeeddccbbaa99887766554433221100",
         dir.path(),
     );
-    let e = NbdDev::connect_with(&wrong, opts(true), false)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = connect_err(&wrong, opts(true));
     assert!(
         e.contains("TLS-PSK handshake as identity 'alice' failed"),
         "{e}"
     );
-    let e = NbdDev::connect_with(&uri(&sock), opts(true), false)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = connect_err(&uri(&sock), opts(true));
     assert!(e.contains("the server requires TLS: use nbds://"), "{e}");
     drop(srv);
     let _plain = TestServer::start(&sock, disk);
-    let e = NbdDev::connect_with(&u, opts(true), false)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = connect_err(&u, opts(true));
     assert!(e.contains("the server does not offer TLS"), "{e}");
 }
 
@@ -371,12 +367,7 @@ fn tls_psk_connections_carry_concurrent_requests_and_reconnect() {
 fn tls_credentials_are_checked_before_connecting() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let connect = |uri: String| {
-        NbdDev::connect_with(&NbdUri::parse(&uri).unwrap(), opts(true), false)
-            .err()
-            .unwrap()
-            .to_string()
-    };
+    let connect = |uri: String| connect_err(&NbdUri::parse(&uri).unwrap(), opts(true));
     let e = connect(format!(
         "nbds://a@127.0.0.1:1/?tls-psk-file={}/none.psk",
         d.display()
@@ -419,10 +410,7 @@ fn a_silent_server_fails_the_handshake_after_the_timeout() {
         ..opts(true)
     };
     let t0 = std::time::Instant::now();
-    let e = NbdDev::connect_with(&uri(&sock), quick, false)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = connect_err(&uri(&sock), quick.clone());
     assert!(
         e.contains("did not finish the NBD handshake within 300ms"),
         "{e}"
@@ -453,14 +441,7 @@ fn a_silent_server_fails_the_handshake_after_the_timeout() {
         "00112233445566778899aabbccddeeff",
         dir.path(),
     );
-    let quick = NbdOptions {
-        handshake_timeout: Duration::from_millis(300),
-        ..opts(true)
-    };
-    let e = NbdDev::connect_with(&u, quick, false)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = connect_err(&u, quick);
     assert!(
         e.contains("did not finish the NBD handshake within 300ms"),
         "{e}"
