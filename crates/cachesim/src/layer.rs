@@ -80,11 +80,22 @@ pub struct CacheStats {
     /// Capacity in blocks.
     pub capacity: usize,
     pub shards: usize,
+    /// The counters over every device (flat in the JSON report).
+    #[serde(flatten)]
+    pub totals: DeviceStats,
+}
+
+/// A [`BlockCache`]'s counters: over every device ([`CacheStats::totals`]),
+/// or one device's share: its accesses, the evictions and trims of its
+/// blocks, and its blocks resident now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceStats {
     /// Block accesses (reads and writes) the policy found resident.
     pub hits: u64,
     /// Block accesses it did not (and admitted).
     pub misses: u64,
-    /// Blocks evicted to admit others.
+    /// Blocks evicted to admit others (a device's: its blocks evicted to
+    /// admit a block of any device).
     pub evictions: u64,
     /// Resident blocks forgotten by a trim.
     pub trimmed: u64,
@@ -93,21 +104,6 @@ pub struct CacheStats {
     /// Bytes the read path fetched from NEXT (whole blocks).
     pub bytes_from_next: u64,
     /// Blocks resident now.
-    pub resident: usize,
-}
-
-/// One device's share of a [`BlockCache`]'s counters: its accesses, the
-/// evictions and trims of its blocks, and its blocks resident now.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct DeviceStats {
-    pub hits: u64,
-    pub misses: u64,
-    /// Blocks of this device evicted (to admit a block of any device).
-    pub evictions: u64,
-    pub trimmed: u64,
-    pub bytes_from_cache: u64,
-    pub bytes_from_next: u64,
-    /// Blocks of this device resident now.
     pub resident: u64,
 }
 
@@ -312,26 +308,28 @@ impl BlockCache {
             evictions,
             removed,
         } = self.engine.counts();
-        let mut s = CacheStats {
-            policy: self.opts.policy.label(),
-            block_size: self.opts.block,
-            capacity: self.engine.capacity(),
-            shards: self.engine.shards(),
+        let mut t = DeviceStats {
             hits,
             misses,
             evictions,
             trimmed: removed,
-            ..CacheStats::default()
+            ..DeviceStats::default()
         };
         for i in 0..self.engine.shards() {
             let g = self.engine.lock(i);
             for d in &g.data.devices {
-                s.bytes_from_cache += d.bytes_from_cache;
-                s.bytes_from_next += d.bytes_from_next;
+                t.bytes_from_cache += d.bytes_from_cache;
+                t.bytes_from_next += d.bytes_from_next;
             }
-            s.resident += g.len();
+            t.resident += g.len() as u64;
         }
-        s
+        CacheStats {
+            policy: self.opts.policy.label(),
+            block_size: self.opts.block,
+            capacity: self.engine.capacity(),
+            shards: self.engine.shards(),
+            totals: t,
+        }
     }
 
     /// The counters of device `device` so far.
@@ -362,12 +360,13 @@ impl BlockCache {
 impl Drop for BlockCache {
     fn drop(&mut self) {
         let s = self.stats();
+        let t = &s.totals;
         tracing::info!(
             policy = %s.policy,
-            hits = s.hits,
-            misses = s.misses,
-            evictions = s.evictions,
-            from_cache_mib = s.bytes_from_cache as f64 / 1048576.0,
+            hits = t.hits,
+            misses = t.misses,
+            evictions = t.evictions,
+            from_cache_mib = t.bytes_from_cache as f64 / 1048576.0,
             "cache: counters at close"
         );
         self.write_report();
@@ -887,8 +886,11 @@ mod tests {
                     }
                 }
                 let s = c.stats();
-                assert!(s.hits > 0 && s.bytes_from_cache > 0, "{policy}: {s:?}");
-                assert!(s.resident <= s.capacity);
+                assert!(
+                    s.totals.hits > 0 && s.totals.bytes_from_cache > 0,
+                    "{policy}: {s:?}"
+                );
+                assert!(s.totals.resident <= s.capacity as u64);
             }
         }
     }
@@ -983,7 +985,7 @@ mod tests {
             assert!(buf.iter().all(|&v| v == d as u8 + 1));
             eng.access_mut(shard_hint(d, b), shard_hint(d, b));
         }
-        let (s, e) = (cache.stats(), eng.counts());
+        let (s, e) = (cache.stats().totals, eng.counts());
         assert_eq!(
             (s.hits, s.misses, s.evictions),
             (e.hits, e.misses, e.evictions)
@@ -993,7 +995,7 @@ mod tests {
         assert_eq!(a.hits + b.hits, s.hits);
         assert_eq!(a.misses + b.misses, s.misses);
         assert_eq!(a.evictions + b.evictions, s.evictions);
-        assert_eq!((a.resident + b.resident) as usize, s.resident);
+        assert_eq!(a.resident + b.resident, s.resident);
         assert_eq!(s.resident, 40);
     }
 
@@ -1014,7 +1016,7 @@ mod tests {
                 c.read_at(&mut buf, b * 4096).unwrap();
                 eng.access_mut(shard_hint(0, b), b);
             }
-            let (s, e) = (c.stats(), eng.counts());
+            let (s, e) = (c.stats().totals, eng.counts());
             assert_eq!(
                 (s.hits, s.misses, s.evictions),
                 (e.hits, e.misses, e.evictions)
@@ -1089,7 +1091,7 @@ mod tests {
         }
         let reads = slow.reads.load(std::sync::atomic::Ordering::Relaxed);
         assert!(reads <= 8, "NEXT served {reads} reads for 8 blocks");
-        let s = c.stats();
+        let s = c.stats().totals;
         assert_eq!(s.misses, 8);
         assert_eq!(s.hits, 15 * 8);
         assert_eq!(s.bytes_from_next, 8 * 4096);

@@ -286,11 +286,11 @@ impl Metrics {
                 block: s.block_size,
                 shards: s.shards,
                 capacity_bytes: s.capacity as u64 * s.block_size,
-                hits: s.hits,
-                misses: s.misses,
-                evictions: s.evictions,
-                bytes_held: s.resident as u64 * s.block_size,
-                hit_ratio: ratio(s.hits, s.misses),
+                hits: s.totals.hits,
+                misses: s.totals.misses,
+                evictions: s.totals.evictions,
+                bytes_held: s.totals.resident * s.block_size,
+                hit_ratio: ratio(s.totals.hits, s.totals.misses),
             }
         });
         let images = self
