@@ -11,7 +11,6 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 use common::certs::{make_ca, make_leaf, CLIENT_EXT, SERVER_EXT};
 use common::{random_file, require_tool, run, tempdir};
@@ -98,21 +97,9 @@ impl TcpServer {
 
 impl Drop for TcpServer {
     fn drop(&mut self) {
-        let Some(mut c) = self.child.take() else {
-            return;
-        };
-        let _ = Command::new("kill")
-            .args(["-TERM", &c.id().to_string()])
-            .status();
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_secs(20) {
-            if let Ok(Some(_)) = c.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if let Some(mut c) = self.child.take() {
+            common::sigterm_and_wait(&mut c, 20);
         }
-        let _ = c.kill();
-        let _ = c.wait();
     }
 }
 

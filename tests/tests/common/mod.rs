@@ -245,21 +245,8 @@ impl Server {
 
     fn terminate(&mut self) -> ExitStatus {
         let mut c = self.child.take().expect("running");
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(c.id().to_string())
-            .status();
-        let t0 = Instant::now();
-        loop {
-            if let Some(st) = c.try_wait().expect("wait") {
-                return st;
-            }
-            if t0.elapsed() > Duration::from_secs(40) {
-                let _ = c.kill();
-                panic!("roamdisk serve did not stop within 40 s of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        sigterm_and_wait(&mut c, 40)
+            .unwrap_or_else(|| panic!("roamdisk serve did not stop within 40 s of SIGTERM"))
     }
 }
 
@@ -633,6 +620,25 @@ pub fn sim_counts(trace: &str, policy: &str, size: &str, block: &str, shards: &s
     (short_hits + long_hits, short_misses + long_misses)
 }
 
+/// SIGTERM to CHILD (`kill -TERM`), then wait up to SECONDS for it to
+/// exit: its status, or `None` when it did not (it is then killed and
+/// reaped).
+pub fn sigterm_and_wait(c: &mut Child, seconds: u64) -> Option<ExitStatus> {
+    let _ = Command::new("kill")
+        .args(["-TERM", &c.id().to_string()])
+        .status();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(seconds) {
+        if let Ok(Some(st)) = c.try_wait() {
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = c.kill();
+    let _ = c.wait();
+    None
+}
+
 /// A TCP port on 127.0.0.1 free a moment ago (for a config that must
 /// name its port up front).
 pub fn free_port() -> u16 {
@@ -735,24 +741,13 @@ impl ServerProc {
         let Some(mut c) = self.child.take() else {
             return;
         };
-        let _ = Command::new("kill")
-            .args(["-TERM", &c.id().to_string()])
-            .status();
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_secs(30) {
-            if let Ok(Some(st)) = c.try_wait() {
-                assert!(
-                    st.success(),
-                    "server exited with {st}:\n{}",
-                    self.log_text()
-                );
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = c.kill();
-        let _ = c.wait();
-        panic!("roamdisk server did not stop within 30 s");
+        let st = sigterm_and_wait(&mut c, 30)
+            .unwrap_or_else(|| panic!("roamdisk server did not stop within 30 s"));
+        assert!(
+            st.success(),
+            "server exited with {st}:\n{}",
+            self.log_text()
+        );
     }
 }
 
