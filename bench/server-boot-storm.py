@@ -33,7 +33,8 @@ client delay Z calibrated from a one-client run of the step
 interleaved, round after round, each on a fresh state directory.
 
 Writes DIR/fig10.json, DIR/fig10.txt and DIR/fig10.svg (bars: measured
-mean boot time per step, MVA prediction beside it).
+mean boot time per step, MVA prediction beside it), and a .png of it when
+rsvg-convert (package librsvg2-bin) is there.
 
   bench/server-boot-storm.py --rounds 3 --requests 400 --out bench/results/server-fig10
 """
@@ -304,7 +305,11 @@ def main():
         json.dump({"args": vars(a), "rows": rows, "runs": runs}, f, indent=1)
     svg(stem + ".svg", steps, [r["mean_s"] for r in rows], [r["mva_mean_s"] for r in rows],
         f"{a.clients} clients booting at once (TransCom Figure 10)")
-    print(f"wrote {stem}.txt, .json, .svg")
+    wrote = ".svg"
+    if shutil.which("rsvg-convert"):  # Debian's librsvg2-bin
+        subprocess.run(["rsvg-convert", stem + ".svg", "-o", stem + ".png"], check=True)
+        wrote += ", .png"
+    print(f"wrote {stem}.txt, .json, {wrote}")
 
 
 if __name__ == "__main__":
