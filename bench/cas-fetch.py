@@ -21,7 +21,7 @@ Needs: nbdcopy, a release build (cargo build --release -p roamdisk).
 """
 import argparse, os, re, shutil, statistics, subprocess, sys, tempfile, time
 
-from roamdisk_bench import B, run, serve, stop
+from roamdisk_bench import B, run, serve, stop, parse_size
 
 
 def chunk_server(store, log, limit, latency, batch):
@@ -54,11 +54,6 @@ READERS = {
     "sync64k": ["nbdcopy", "--synchronous", "--request-size=65536", "--connections=1"],
     "nbdcopy": ["nbdcopy"],
 }
-
-
-def parse_size(s):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s)
 
 
 def main():

@@ -25,7 +25,7 @@ Needs: fio, a release build (cargo build --release -p roamdisk).
 """
 import argparse, json, os, random, shutil, statistics, subprocess, sys, tempfile, time
 
-from roamdisk_bench import B, boot_trace, run, serve, stop, store_serve
+from roamdisk_bench import B, boot_trace, run, serve, stop, store_serve, parse_size
 
 
 def boot(sock, trace):
@@ -39,11 +39,6 @@ def fio(sock, size, runtime):
               f"--runtime={runtime}", "--time_based", "--output-format=json")
     j = json.loads(out[out.index("{"):])["jobs"][0]["read"]
     return j["iops"]
-
-
-def parse_size(s):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s)
 
 
 def main():

@@ -47,7 +47,7 @@ Needs: a release build (cargo build --release -p roamdisk).
 import argparse, csv, hashlib, json, os, random, shutil, statistics, subprocess, sys, tempfile, time
 import urllib.request
 
-from roamdisk_bench import B, ROOT, Nbd, boot_trace, run, serve, stop, store_serve
+from roamdisk_bench import B, ROOT, Nbd, boot_trace, run, serve, stop, store_serve, parse_size
 
 MiB = 1 << 20
 CHUNK = 64 << 10
@@ -61,11 +61,6 @@ LABEL = {
 # The seed's Figure 7 (resume latency, s), as its text gives them: 41 MB
 # compressed memory image, lookaside on a USB keychain.
 SEED = {1e6: (317, 12), 10e6: (39, 12)}
-
-
-def parse_size(s):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s)
 
 
 def rate_bits(s):

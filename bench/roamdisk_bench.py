@@ -14,6 +14,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B = os.environ.get("ROAMDISK_BIN", os.path.join(ROOT, "target/release/roamdisk"))
 
 
+def parse_size(s):
+    """A size: 4096, 64K, 128M, 2G (powers of 1024; K/M/G in either case)."""
+    units = {"K": 10, "M": 20, "G": 30}
+    u = s[-1].upper()
+    return int(s[:-1]) << units[u] if u in units else int(s)
+
+
 def run(*args, **kw):
     """Run a command, fail on a non-zero exit, return its stdout."""
     return subprocess.run(args, check=True, capture_output=True, text=True, **kw).stdout

@@ -28,12 +28,7 @@ import subprocess
 import sys
 import tempfile
 
-from roamdisk_bench import ROOT, cpu_seconds, free_port, save_results, stop, wait_unix_listening
-
-
-def parse_size(s):
-    units = {"K": 10, "M": 20, "G": 30}
-    return int(s[:-1]) << units[s[-1].upper()] if s[-1].upper() in units else int(s)
+from roamdisk_bench import ROOT, cpu_seconds, free_port, save_results, stop, wait_unix_listening, parse_size
 
 
 def write_image(path, size):

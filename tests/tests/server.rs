@@ -11,13 +11,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::certs::{client_dir, make_ca, make_leaf, CLIENT_EXT, SERVER_EXT};
 use common::{
-    nbd_direct_write, path_str, psk_add, random_file, rd, rd_fail, require_tool, run, run_stdout,
-    tempdir, uid, write_server_config, ServerProc,
+    nbd_direct_write, output_text, path_str, psk_add, random_file, rd, rd_fail, require_tool, run,
+    run_stdout, tempdir, tool, uid, write_server_config, ServerProc,
 };
 
 const SIZE: u64 = 8 << 20;
@@ -215,46 +215,26 @@ view = ["desktop"]
     }
 }
 
-/// A client tool with a 20 s limit, whatever its status.
-fn tool(cmd: &str, args: &[&str]) -> Output {
-    require_tool(cmd);
-    Command::new("timeout")
-        .arg("20")
-        .arg(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd}: {e}"))
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 fn ok(cmd: &str, args: &[&str]) -> String {
-    let o = tool(cmd, args);
-    assert!(o.status.success(), "{cmd} {args:?}: {}", text(&o));
-    let all = text(&o).to_lowercase();
+    let o = tool(cmd, args, &[]);
+    assert!(o.status.success(), "{cmd} {args:?}: {}", output_text(&o));
+    let all = output_text(&o).to_lowercase();
     assert!(
         !all.contains("verification failed") && !all.contains("failed"),
         "{cmd} {args:?}: {}",
-        text(&o)
+        output_text(&o)
     );
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 fn fails(cmd: &str, args: &[&str], why: &str) {
-    let o = tool(cmd, args);
+    let o = tool(cmd, args, &[]);
     assert_ne!(o.status.code(), Some(124), "{cmd} {args:?} timed out");
-    let lower = text(&o).to_lowercase();
+    let lower = output_text(&o).to_lowercase();
     assert!(
         !o.status.success() || lower.contains("failed") || lower.contains("error"),
         "{cmd} {args:?} succeeded: {why}\n{}",
-        text(&o)
+        output_text(&o)
     );
 }
 
@@ -359,7 +339,7 @@ fn each_client_writes_and_reads_its_own_view_and_the_golden_image_is_unchanged()
     std::thread::sleep(Duration::from_millis(500));
     qemu_io_tls_ok(&srv, &a, "desktop", &["write -P 0xa5 4M 64k"]);
     let first = first.wait_with_output().unwrap();
-    let t = text(&first).to_lowercase();
+    let t = output_text(&first).to_lowercase();
     assert!(first.status.success() && !t.contains("failed"), "{t}");
     // Whole views: alice's has only her write, bob's only his, carol's none.
     let mut want_a = golden.clone();
@@ -430,8 +410,9 @@ fn every_refusal_is_refused_and_logged_with_the_identity() {
     let o = tool(
         "qemu-io",
         &strs(&qemu_io_tls(&srv, &a, "tools", &["write -P 1 0 4k"])),
+        &[],
     );
-    let t = text(&o).to_lowercase();
+    let t = output_text(&o).to_lowercase();
     assert!(
         t.contains("read-only") || t.contains("permission denied") || t.contains("failed"),
         "write to a read-only grant: {t}"
@@ -446,7 +427,7 @@ fn every_refusal_is_refused_and_logged_with_the_identity() {
     assert!(
         out.contains("REFUSED") && !out.contains("WROTE"),
         "{}",
-        text(&o)
+        output_text(&o)
     );
     srv.assert_logged(&[
         "refused: write to a read-only export",
@@ -460,11 +441,11 @@ fn every_refusal_is_refused_and_logged_with_the_identity() {
         "unknown client served",
     );
     srv.assert_logged(&["refused", "CN=dave", "unknown client", "export=desktop"]);
-    let list = tool("nbdinfo", &["--list", &srv.cert_uri("", &f.dave)]);
+    let list = tool("nbdinfo", &["--list", &srv.cert_uri("", &f.dave)], &[]);
     assert!(
         !String::from_utf8_lossy(&list.stdout).contains("desktop"),
         "{}",
-        text(&list)
+        output_text(&list)
     );
     srv.assert_logged(&["refused: LIST from an unknown client", "CN=dave"]);
     // A certificate from another CA, even with a known CN.

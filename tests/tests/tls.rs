@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
 use common::certs::{make_ca, make_leaf, CLIENT_EXT, SERVER_EXT};
-use common::{random_file, require_tool, run, tempdir};
+use common::{output_text, random_file, run, tempdir, tool};
 use nbdwire::*;
 
 /// `roamdisk serve ARGS... --listen 127.0.0.1:0`, its port read from the
@@ -103,32 +103,14 @@ impl Drop for TcpServer {
     }
 }
 
-/// Run a client tool with a 20 s limit; returns its output whatever the
-/// status.
-fn tool(cmd: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
-    require_tool(cmd);
-    Command::new("timeout")
-        .arg("20")
-        .arg(cmd)
-        .args(args)
-        .envs(env.iter().copied())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd}: {e}"))
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// `nbdinfo ARGS` must succeed; returns stdout.
 fn nbdinfo_ok(args: &[&str]) -> String {
     let o = tool("nbdinfo", args, &[]);
-    assert!(o.status.success(), "nbdinfo {args:?} failed: {}", text(&o));
+    assert!(
+        o.status.success(),
+        "nbdinfo {args:?} failed: {}",
+        output_text(&o)
+    );
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
@@ -404,7 +386,7 @@ fn tls_require_refuses_plain_clients_and_keeps_serving_tls() {
         "plain client served under --tls require",
     );
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("requires TLS"), "{}", text(&o));
+    assert!(err.contains("requires TLS"), "{}", output_text(&o));
 
     // On the wire: every option but STARTTLS and ABORT gets ERR_TLS_REQD.
     let mut t = srv.connect();

@@ -61,6 +61,29 @@ pub fn assert_success(out: &Output, what: &str) {
     );
 }
 
+/// Run a client tool (nbdinfo, qemu-io, ...) with a 20 s limit and extra
+/// environment; returns its output whatever the status (124: timed out).
+pub fn tool(cmd: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    require_tool(cmd);
+    Command::new("timeout")
+        .arg("20")
+        .arg(cmd)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd}: {e}"))
+}
+
+/// A finished command's status, stdout and stderr, for messages.
+pub fn output_text(o: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 /// A finished command's stdout as text.
 pub fn stdout_text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
