@@ -455,16 +455,19 @@ impl CacheDev {
     }
 
     /// Block `b`'s bytes once the read fetching it (ticket `filler`) is
-    /// done: its copy, or `None` when it could not keep one (a write
-    /// overlapped it, it failed, the block was evicted meanwhile) and the
-    /// caller must read NEXT itself.
-    fn wait_fill(&self, b: u64, filler: u64) -> Option<Arc<[u8]>> {
+    /// done: its copy (`served` bytes of it counted as from the cache), or
+    /// `None` when it could not keep one (a write overlapped it, it failed,
+    /// the block was evicted meanwhile) and the caller must read NEXT
+    /// itself.
+    fn wait_fill(&self, b: u64, filler: u64, served: u64) -> Option<Arc<[u8]>> {
         let (k, mut g) = self.lock(b);
         let cv = &self.cache.filled[self.shard(k)];
         loop {
             let slot = g.data.slots.get(&k)?;
             if slot.filling != Some(filler) {
-                return slot.data.clone();
+                let data = slot.data.clone()?;
+                g.data.dev(k).bytes_from_cache += served;
+                return Some(data);
             }
             // A fetch always ends by clearing its mark (install); the
             // timeout only bounds a wait on a filler that panicked.
@@ -657,18 +660,22 @@ impl BlockDev for CacheDev {
             let o = g.access(k);
             let d = &mut g.data;
             let recycled = d.admit(k, o);
-            let writing = d.writing.contains_key(&k);
             let slot = d.slots.get_mut(&k).expect("an accessed block has a slot");
-            match (&slot.data, slot.filling) {
-                (Some(data), _) => {
-                    let data = data.clone();
-                    d.dev(k).bytes_from_cache += hi - lo;
-                    drop(g);
-                    buf[(lo - off) as usize..(hi - off) as usize]
-                        .copy_from_slice(&data[(lo - start) as usize..(hi - start) as usize]);
-                }
-                (None, Some(filler)) if !writing => wait.push((b, filler)),
-                (None, _) => {
+            if let Some(data) = &slot.data {
+                let data = data.clone();
+                d.dev(k).bytes_from_cache += hi - lo;
+                drop(g);
+                buf[(lo - off) as usize..(hi - off) as usize]
+                    .copy_from_slice(&data[(lo - start) as usize..(hi - start) as usize]);
+                continue;
+            }
+            // Not here yet: wait for the read fetching it, or fetch it
+            // (and mark it, unless a write of it is in flight: this fetch
+            // could not install then, so nobody should wait for it).
+            let writing = d.writing.contains_key(&k);
+            match slot.filling {
+                Some(filler) if !writing => wait.push((b, filler)),
+                _ => {
                     if !writing {
                         slot.filling = Some(slot.gen);
                     }
@@ -692,11 +699,9 @@ impl BlockDev for CacheDev {
             let (start, end) = self.span(b);
             let (lo, hi) = (off.max(start), (off + len).min(end));
             let dst = &mut buf[(lo - off) as usize..(hi - off) as usize];
-            match self.wait_fill(b, filler) {
+            match self.wait_fill(b, filler, hi - lo) {
                 Some(data) => {
                     dst.copy_from_slice(&data[(lo - start) as usize..(hi - start) as usize]);
-                    let (k, mut g) = self.lock(b);
-                    g.data.dev(k).bytes_from_cache += hi - lo;
                 }
                 None => {
                     self.next.read_at(dst, lo)?;
