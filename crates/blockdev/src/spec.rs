@@ -131,6 +131,30 @@ pub struct LayerKind {
     pub open: OpenFn,
 }
 
+impl LayerKind {
+    /// `name[OPT=VALUE,...]:ARG:...:NEXT` (the options part when `options`
+    /// and the layer has some; an optional first argument in brackets with
+    /// its default).
+    pub fn usage(&self, options: bool) -> String {
+        let mut u = self.name.to_string();
+        if options && !self.options.is_empty() {
+            u.push_str("[OPT=VALUE,...]");
+        }
+        for (i, a) in self.args.iter().enumerate() {
+            match (&self.optional_first, i) {
+                (Some(o), 0) => {
+                    u.push_str(&format!(":[{}, default {}]", a.to_uppercase(), o.default))
+                }
+                _ => u.push_str(&format!(":{}", a.to_uppercase())),
+            }
+        }
+        if self.wraps {
+            u.push_str(":NEXT");
+        }
+        u
+    }
+}
+
 /// A first argument that may be left out, and its default.
 pub struct OptionalArg {
     pub default: &'static str,
@@ -268,21 +292,7 @@ impl Registry {
             }
             rest = &r[close + 1..];
         }
-        let usage = || {
-            let mut u = name.to_string();
-            for (i, a) in kind.args.iter().enumerate() {
-                if i == 0 && kind.optional_first.is_some() {
-                    u.push_str(&format!(":[{}]", a.to_uppercase()));
-                    continue;
-                }
-                u.push(':');
-                u.push_str(&a.to_uppercase());
-            }
-            if kind.wraps {
-                u.push_str(":NEXT");
-            }
-            u
-        };
+        let usage = || kind.usage(false);
         if kind.args.is_empty() && !kind.wraps {
             if !rest.is_empty() {
                 return Err(bad(format!("layer '{name}' takes no arguments")));
@@ -442,6 +452,37 @@ impl Registry {
     /// [`Registry::build_spec`]).
     pub fn open(&self, spec: &LayerSpec, access: Access) -> Result<Arc<dyn BlockDev>> {
         self.open_layer(spec, access.is_read_only())
+    }
+
+    /// Parse layers that wrap a device given later ([`Registry::open_over`]):
+    /// the string form without a bottom layer, `hdd[head=srv]` or
+    /// `throttle[rate=1G]:hdd`. Every layer must wrap another.
+    pub fn parse_over(&self, s: &str) -> Result<LayerSpec> {
+        let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "spec", m);
+        // The grammar wants a bottom layer: parse over a stand-in one,
+        // then cut it off.
+        let mut spec = self.parse(&format!("{s}:mem:1"))?;
+        let mut l = &mut spec;
+        loop {
+            let wraps = self.get(&l.kind).is_some_and(|k| k.wraps);
+            let inner = l.next.as_deref();
+            let stand_in = inner.is_some_and(|n| {
+                n.next.is_none()
+                    && n.kind == "mem"
+                    && n.params.get("size").map(String::as_str) == Some("1")
+            });
+            if !wraps || inner.is_none() {
+                return Err(bad(format!(
+                    "layer '{}' does not wrap another: only wrapping layers go over a device",
+                    l.kind
+                )));
+            }
+            if stand_in {
+                l.next = None;
+                return Ok(spec);
+            }
+            l = l.next.as_deref_mut().expect("checked above");
+        }
     }
 
     /// Open a stack of wrapping layers whose innermost layer names no
@@ -667,5 +708,29 @@ mod tests {
             r.from_toml(&t).unwrap(),
             r.parse("cow:/tmp/o.img:mem:1M").unwrap()
         );
+    }
+
+    #[test]
+    fn parse_over_takes_wrapping_layers_without_a_bottom() {
+        let r = Registry::with_builtin();
+        let spec = r.parse_over("throttle[rate=1G]:hdd[head=x]").unwrap();
+        assert_eq!(spec.kind, "throttle");
+        let inner = spec.next.as_deref().unwrap();
+        assert_eq!((inner.kind.as_str(), inner.next.is_none()), ("hdd", true));
+        for (s, want) in [
+            ("raw:x.img", "'raw' does not wrap"),
+            ("hdd:raw:x.img", "'raw' does not wrap"),
+        ] {
+            let e = r.parse_over(s).unwrap_err().to_string();
+            assert!(e.contains(want), "{s}: {e}");
+        }
+        let dev = r
+            .open_over(
+                &spec,
+                Access::ReadWrite,
+                Arc::new(crate::layers::mem::MemDev::new(4096)),
+            )
+            .unwrap();
+        assert_eq!((dev.layer(), dev.size()), ("throttle", 4096));
     }
 }

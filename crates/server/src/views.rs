@@ -125,33 +125,7 @@ impl Views {
         for im in &cfg.image {
             if let Some(v) = &im.view_layers {
                 let bad = |m: String| format!("image '{}' key 'view-layers': {m}", im.name);
-                // Parsed over a stand-in bottom layer, then cut off it.
-                let mut spec = reg
-                    .parse(&format!("{v}:mem:1"))
-                    .map_err(|e| bad(e.to_string()))?;
-                let mut l = &mut spec;
-                loop {
-                    if !reg.get(&l.kind).is_some_and(|k| k.wraps) {
-                        return Err(bad(format!(
-                            "layer '{}' does not wrap another: only wrapping layers go over a view (hdd[head=srv,charge=writes])",
-                            l.kind
-                        )));
-                    }
-                    let inner = l.next.as_ref().expect("a wrapping layer has a next");
-                    if inner.next.is_none() {
-                        let stand_in = inner.kind == "mem"
-                            && inner.params.get("size").map(String::as_str) == Some("1");
-                        if !stand_in {
-                            return Err(bad(format!(
-                                "layer '{}' does not wrap another: only wrapping layers go over a view (hdd[head=srv,charge=writes])",
-                                inner.kind
-                            )));
-                        }
-                        l.next = None;
-                        break;
-                    }
-                    l = l.next.as_mut().expect("just checked");
-                }
+                let spec = reg.parse_over(v).map_err(|e| bad(e.to_string()))?;
                 // Their options are checked when they open: open them
                 // once now, over a stand-in, so a mistake stops the start.
                 let stand_in = Arc::new(roamdisk_blockdev::layers::mem::MemDev::new(1 << 20));

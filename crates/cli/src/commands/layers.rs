@@ -32,24 +32,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     for k in reg.kinds() {
-        let mut usage = k.name.to_string();
-        if !k.options.is_empty() {
-            usage.push_str("[OPT=VALUE,...]");
-        }
-        for (i, arg) in k.args.iter().enumerate() {
-            match (&k.optional_first, i) {
-                (Some(o), 0) => {
-                    usage.push_str(&format!(":[{}, default {}]", arg.to_uppercase(), o.default));
-                }
-                _ => {
-                    usage.push(':');
-                    usage.push_str(&arg.to_uppercase());
-                }
-            }
-        }
-        if k.wraps {
-            usage.push_str(":NEXT");
-        }
+        let usage = k.usage(true);
         println!("{usage}\n    {}", k.summary);
         for (n, h) in k.options {
             println!("    {n}=VALUE  {h}");
