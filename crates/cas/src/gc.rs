@@ -148,6 +148,11 @@ pub fn gc<S: ChunkPrune + ?Sized>(
         if l.refreshed >= stale_before {
             report.live_leases += 1;
             cutoff = cutoff.min(l.started);
+        } else if l.ended {
+            // A finished commit's lease, kept until listings caught up.
+            if !opts.dry_run {
+                store.lease_end(&l.id)?;
+            }
         } else {
             report.stale_leases += 1;
             progress.note(&format!(
@@ -160,7 +165,7 @@ pub fn gc<S: ChunkPrune + ?Sized>(
         }
     }
     let cutoff = cutoff
-        .checked_sub(opts.margin)
+        .checked_sub(opts.margin.max(store.min_margin()))
         .unwrap_or(SystemTime::UNIX_EPOCH);
     let marked = mark(store, progress, &mut report)?;
     let mut candidates = Vec::new();

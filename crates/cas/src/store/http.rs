@@ -528,6 +528,7 @@ impl ChunkWrite for HttpStore {
             .map(wire::from_nanos)
             .ok_or_else(|| corrupt("lease answer is malformed"))?;
         Ok(Lease {
+            ended: false,
             id,
             started,
             refreshed: started,
@@ -577,6 +578,7 @@ impl ChunkPrune for HttpStore {
             if let [id, s, r] = p[..] {
                 if let (Ok(s), Ok(r)) = (s.parse(), r.parse()) {
                     out.push(Lease {
+                        ended: false,
                         id: id.to_string(),
                         started: wire::from_nanos(s),
                         refreshed: wire::from_nanos(r),

@@ -50,6 +50,9 @@ macro_rules! forward_prune_listings {
         fn recover(&self, cutoff: std::time::SystemTime) -> roamdisk_blockdev::Result<(u64, u64)> {
             self.inner.recover(cutoff)
         }
+        fn min_margin(&self) -> std::time::Duration {
+            self.inner.min_margin()
+        }
     };
 }
 
@@ -58,6 +61,7 @@ pub mod http;
 pub mod local;
 pub mod pack;
 pub mod quota;
+pub mod s3;
 pub mod throttle;
 pub mod wire;
 
@@ -93,6 +97,9 @@ pub struct Lease {
     pub started: SystemTime,
     /// When it was last refreshed, by the store's clock.
     pub refreshed: SystemTime,
+    /// Its commit has finished; the lease is kept a while only because
+    /// the store's listings may lag (S3 stores).
+    pub ended: bool,
 }
 
 /// One stored object, as listed for gc.
@@ -273,6 +280,11 @@ pub trait ChunkPrune: ChunkWrite {
     }
     /// Every registered lease.
     fn leases(&self) -> Result<Vec<Lease>>;
+    /// The least margin gc must leave before its cutoff with this store
+    /// (an S3 store: how much its listings may lag its writes).
+    fn min_margin(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
     /// Undo what a crashed gc left half done (objects moved aside are put
     /// back) and remove temporary files older than `cutoff`. Returns
     /// (objects restored, temporary files removed).
@@ -347,17 +359,27 @@ pub fn is_url(location: &str) -> bool {
     location.starts_with("http://") || location.starts_with("https://")
 }
 
-/// Open a store from a location: a directory path, or an `http://` or
-/// `https://` URL of a `roamdisk store serve`.
+/// Whether a store location is not a local folder (an HTTP chunk server
+/// or an S3 bucket).
+pub fn is_remote(location: &str) -> bool {
+    is_url(location) || s3::is_s3(location)
+}
+
+/// Open a store from a location: a directory path, an `http://` or
+/// `https://` URL of a `roamdisk store serve`, or `s3://BUCKET/PREFIX`.
 pub fn open(location: &str, opts: &OpenOptions) -> Result<DynStore> {
-    let store: DynStore = if is_url(location) {
+    let store: DynStore = if s3::is_s3(location) {
+        Arc::new(s3::S3Store::open(location)?)
+    } else if is_url(location) {
         Arc::new(http::HttpStore::connect(location, opts)?)
     } else {
         let path = std::path::Path::new(location);
         Arc::new(local::LocalStore::open(path, opts.create.as_ref())?)
     };
     match store.config().quota {
-        Some(q) if !is_url(location) => Ok(Arc::new(quota::QuotaStore::new(store, q)?) as DynStore),
+        Some(q) if !is_remote(location) => {
+            Ok(Arc::new(quota::QuotaStore::new(store, q)?) as DynStore)
+        }
         _ => Ok(store),
     }
 }

@@ -15,8 +15,10 @@ use roamdisk_cas::store::{self, DynStore, StoreConfig};
 /// Where the chunk store is, and the user's key.
 #[derive(ClapArgs, Clone, Debug)]
 pub struct StoreArgs {
-    /// Chunk store: a directory or the http:// or https:// URL of
-    /// `roamdisk store serve` (default: $ROAMDISK_STORE, else
+    /// Chunk store: a directory, the http:// or https:// URL of
+    /// `roamdisk store serve`, or an S3 bucket s3://BUCKET/PREFIX
+    /// (credentials and endpoint from the AWS_* environment variables;
+    /// docs/deploy.md) (default: $ROAMDISK_STORE, else
     /// ~/.local/share/roamdisk/store).
     #[arg(long, value_name = "DIR|URL")]
     pub store: Option<String>,

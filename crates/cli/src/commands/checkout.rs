@@ -74,7 +74,7 @@ pub struct Args {
 }
 
 fn absolute_location(loc: &str) -> String {
-    if roamdisk_cas::store::is_url(loc) {
+    if roamdisk_cas::store::is_remote(loc) {
         return loc.to_string();
     }
     absolute(Path::new(loc)).display().to_string()

@@ -45,10 +45,15 @@ pub enum Cmd {
     Keygen(KeygenArgs),
 }
 
-/// Create a chunk store in a directory.
+/// Create a chunk store in a directory, or in an S3 bucket
+/// (`s3://BUCKET/PREFIX`; the bucket must exist; endpoint, region and
+/// keys from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and
+/// AWS_SECRET_ACCESS_KEY, or `?endpoint=URL&region=R`). Manual:
+/// docs/deploy.md.
 ///
 /// Example:
 ///   roamdisk store init /srv/store --hash sha256 --quota 500G
+///   roamdisk store init s3://vm-images/team-a
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
 pub struct InitArgs {
@@ -67,7 +72,7 @@ pub struct InitArgs {
     quota: Option<String>,
 }
 
-/// Serve a store directory over HTTP or HTTPS (GET/HEAD/PUT of chunks
+/// Serve a store (a directory or an s3:// bucket) over HTTP or HTTPS (GET/HEAD/PUT of chunks
 /// by hash, batch queries, catalogs, leases, gc). Every uploaded chunk is
 /// verified before it is stored. With --users only the users of that file
 /// get in, each with a token, and each reads and writes only their own
@@ -161,7 +166,10 @@ pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
                 Some(q) => Some(parse_size(q).map_err(anyhow::Error::msg)?),
                 None => None,
             };
-            LocalStore::init(&i.dir, &cfg)?;
+            match i.dir.to_str().filter(|d| store::s3::is_s3(d)) {
+                Some(loc) => store::s3::S3Store::init(loc, &cfg)?,
+                None => LocalStore::init(&i.dir, &cfg)?,
+            }
             if !quiet {
                 println!(
                     "created chunk store {} ({}, {})",

@@ -880,6 +880,7 @@ impl ChunkWrite for LocalStore {
         let d = self.root.join("leases");
         sync_dir(&d).map_err(|e| io(Op::Flush, e, &d))?;
         Ok(Lease {
+            ended: false,
             id,
             started,
             refreshed: started,
@@ -972,6 +973,7 @@ impl ChunkPrune for LocalStore {
             };
             // An unreadable lease is treated as taken at its file time.
             out.push(Lease {
+                ended: false,
                 id,
                 started: started.unwrap_or(refreshed).min(refreshed),
                 refreshed,

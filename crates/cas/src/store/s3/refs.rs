@@ -1,0 +1,180 @@
+//! Catalogs in an S3 store: no object is ever overwritten. Each update of
+//! `USER/IMAGE` is a new object `refs/USER/IMAGE/GEN-RANDOM` (GEN: 16 hex
+//! digits, one more than the generation it was made from; RANDOM: 16 hex
+//! digits) holding the whole catalog, or nothing for a deletion. The
+//! catalog is the newest generation; two updates made from the same
+//! generation (two commits at once, or a reader whose listing lagged) are
+//! both kept and read as their union, so a commit's version is never lost.
+//! Layout and argument: `docs/formats/cas-s3.md`. Pure logic (no I/O).
+
+use std::time::SystemTime;
+
+use crate::catalog::{Catalog, Entry};
+use crate::error::context;
+use roamdisk_blockdev::Result;
+
+/// One stored update of a catalog.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefObject {
+    pub generation: u64,
+    /// `GEN-RANDOM`.
+    pub name: String,
+    pub size: u64,
+    pub modified: SystemTime,
+}
+
+/// `GEN-RANDOM` → its generation, if the name has that shape.
+pub fn parse_name(n: &str) -> Option<u64> {
+    let (g, r) = n.split_once('-')?;
+    let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());
+    if !hex(g, 16) || !hex(r, 16) {
+        return None;
+    }
+    u64::from_str_radix(g, 16).ok()
+}
+
+/// The name of a new update at `generation`.
+pub fn new_name(generation: u64, random: u64) -> String {
+    format!("{generation:016x}-{random:016x}")
+}
+
+/// The updates of the newest generation (several after concurrent
+/// updates), sorted by name; empty if there are none.
+pub fn heads(objects: &[RefObject]) -> Vec<&RefObject> {
+    let Some(top) = objects.iter().map(|o| o.generation).max() else {
+        return Vec::new();
+    };
+    let mut h: Vec<&RefObject> = objects.iter().filter(|o| o.generation == top).collect();
+    h.sort_by(|a, b| a.name.cmp(&b.name));
+    h
+}
+
+/// The catalog that the bodies of the newest generation's updates make
+/// (`None`: the catalog was deleted). One body is returned as it is;
+/// several are merged: every version any of them has (by id, in order of
+/// creation), a tag kept on the newest version that carries it, the
+/// generation the highest. An empty body (a deletion) merged with a
+/// catalog adds nothing: the catalog stays.
+pub fn merge(name: &str, bodies: &[Vec<u8>]) -> Result<Option<Vec<u8>>> {
+    let live: Vec<&Vec<u8>> = bodies.iter().filter(|b| !b.is_empty()).collect();
+    match live.len() {
+        0 => return Ok(None),
+        1 => return Ok(Some(live[0].clone())),
+        _ => {}
+    }
+    let mut merged = Catalog::default();
+    let mut all: Vec<Entry> = Vec::new();
+    for b in &live {
+        let c = Catalog::parse(b).map_err(|e| context(e, format!("catalog {name}")))?;
+        merged.generation = merged.generation.max(c.generation);
+        for e in c.entries {
+            match all.iter_mut().find(|x| x.version == e.version) {
+                Some(x) => {
+                    for t in e.tags {
+                        if !x.tags.contains(&t) {
+                            x.tags.push(t);
+                        }
+                    }
+                }
+                None => all.push(e),
+            }
+        }
+    }
+    all.sort_by_key(|e| (e.created, e.version));
+    // A tag names one version: the newest that carries it.
+    for i in (0..all.len()).rev() {
+        let tags = all[i].tags.clone();
+        for t in tags {
+            for x in all[..i].iter_mut() {
+                x.tags.retain(|y| *y != t);
+            }
+        }
+    }
+    merged.entries = all;
+    tracing::warn!(
+        catalog = name,
+        updates = live.len(),
+        "concurrent updates of a catalog were merged (every version of each is kept)"
+    );
+    Ok(Some(merged.encode()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::ChunkId;
+
+    fn entry(v: u8, created: i64, tags: &[&str]) -> Entry {
+        Entry {
+            version: ChunkId([v; 32]),
+            parent: None,
+            created,
+            disk_size: 1 << 20,
+            encrypted: false,
+            new_objects: 1,
+            reused_objects: 0,
+            uploaded_bytes: 1,
+            data_bytes: 1,
+            description: format!("v{v}"),
+            tags: tags.iter().map(|t| t.to_string()).collect(),
+        }
+    }
+
+    fn obj(g: u64, r: u64) -> RefObject {
+        RefObject {
+            generation: g,
+            name: new_name(g, r),
+            size: 1,
+            modified: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn names_parse_and_the_newest_generation_is_the_head() {
+        assert_eq!(parse_name(&new_name(42, 7)), Some(42));
+        for bad in [
+            "",
+            "x",
+            "0000000000000001",
+            "000000000000001-0000000000000007",
+            "000000000000000g-0000000000000007",
+        ] {
+            assert_eq!(parse_name(bad), None, "{bad}");
+        }
+        let objs = vec![obj(1, 5), obj(3, 9), obj(2, 1), obj(3, 2)];
+        let h: Vec<&str> = heads(&objs).iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(h, [new_name(3, 2), new_name(3, 9)]);
+        assert!(heads(&[]).is_empty());
+    }
+
+    #[test]
+    fn concurrent_updates_merge_into_a_union_and_a_deletion_does_not_hide_a_commit() {
+        let base = vec![entry(1, 10, &["stable"])];
+        let mut a = Catalog {
+            generation: 2,
+            entries: base.clone(),
+        };
+        a.entries.push(entry(2, 20, &[]));
+        let mut b = Catalog {
+            generation: 2,
+            entries: base,
+        };
+        b.entries.push(entry(3, 30, &["stable"]));
+        let m = merge("u/i", &[a.encode(), b.encode(), Vec::new()])
+            .unwrap()
+            .unwrap();
+        let m = Catalog::parse(&m).unwrap();
+        let ids: Vec<u8> = m.entries.iter().map(|e| e.version.0[0]).collect();
+        assert_eq!(ids, [1, 2, 3]);
+        assert_eq!(m.generation, 2);
+        // The tag stays on the newest version that has it.
+        assert!(m.entries[0].tags.is_empty());
+        assert_eq!(m.entries[2].tags, ["stable"]);
+        // One body is passed through; only deletions: gone.
+        assert_eq!(merge("u/i", &[a.encode()]).unwrap().unwrap(), a.encode());
+        assert_eq!(merge("u/i", &[Vec::new(), Vec::new()]).unwrap(), None);
+        // A damaged body stops the merge with its catalog's name.
+        let e = merge("u/i", &[a.encode(), b"junk".to_vec()]).unwrap_err();
+        assert!(e.to_string().contains("u/i"), "{e}");
+    }
+}
