@@ -338,6 +338,54 @@ pub fn cas_store_config() -> Seeds {
     ]
 }
 
+/// Seeds of `cas_s3_names`: a location, a catalog key, a lease body, and
+/// two concurrent catalog updates to merge.
+pub fn cas_s3_names() -> Seeds {
+    let sel = |k: u8, b: &[u8]| [&[k][..], b].concat();
+    let mut a = Catalog::default();
+    let mut b = Catalog::default();
+    for (c, v) in [(&mut a, 1u8), (&mut b, 2u8)] {
+        c.generation = 3;
+        c.entries.push(Entry {
+            version: ChunkId([v; 32]),
+            parent: None,
+            created: v as i64,
+            disk_size: 1 << 20,
+            encrypted: false,
+            new_objects: 1,
+            reused_objects: 0,
+            uploaded_bytes: 1,
+            data_bytes: 1,
+            description: format!("v{v}"),
+            tags: vec!["stable".into()],
+        });
+    }
+    let mut two = a.encode();
+    two.push(0xff);
+    two.extend(b.encode());
+    vec![
+        (
+            "location".into(),
+            sel(
+                0,
+                b"s3://vm-images/team-a?endpoint=http://127.0.0.1:3900&region=garage&gc-margin=60s",
+            ),
+        ),
+        (
+            "catalog-key".into(),
+            sel(1, b"0000000000000003-9f86d081884c7d65"),
+        ),
+        (
+            "lease".into(),
+            sel(
+                2,
+                b"roamdisk-lease 1\nstarted 1700000000000000000\nended 0\npid 42\n",
+            ),
+        ),
+        ("merge-two".into(), sel(3, &two)),
+    ]
+}
+
 /// The token of user `name` that the `cas_store_users` target tries: a
 /// fixed secret of zeroes, whose hash the seeds give some users.
 pub fn users_token(name: &str) -> Token {
@@ -812,6 +860,7 @@ pub fn all() -> Vec<(&'static str, Seeds)> {
         ("cas_pack", cas_pack()),
         ("cas_store_config", cas_store_config()),
         ("cas_store_users", cas_store_users()),
+        ("cas_s3_names", cas_s3_names()),
         ("workload_trace", workload_trace()),
         ("workload_blkparse", workload_blkparse()),
         ("workload_msr", workload_msr()),
@@ -872,6 +921,22 @@ mod tests {
                 wire::parse_get_answer(&b, 3).map(|g| g.len())
             };
             assert_eq!(got.unwrap_or_else(|e| panic!("{name}: {e}")), 3, "{name}");
+        }
+        for (name, s) in get("cas_s3_names") {
+            use roamdisk_cas::store::s3::{parse_lease, refs, S3Location};
+            let text = || std::str::from_utf8(&s[1..]).unwrap();
+            let ok = match s[0] {
+                0 => S3Location::parse(text()).is_ok(),
+                1 => refs::parse_name(text()) == Some(3),
+                2 => parse_lease(text()).is_some(),
+                _ => {
+                    let bodies: Vec<Vec<u8>> =
+                        s[1..].split(|b| *b == 0xff).map(<[u8]>::to_vec).collect();
+                    let m = refs::merge("u/i", &bodies).unwrap().unwrap();
+                    Catalog::parse(&m).unwrap().entries.len() == 2
+                }
+            };
+            assert!(ok, "{name}");
         }
         for (name, s) in get("cas_catalog") {
             let mut b = s[1..].to_vec();

@@ -1152,7 +1152,7 @@ impl ChunkWrite for S3Store {
 }
 
 /// `(started, ended)` from a lease body.
-fn parse_lease(text: &str) -> Option<(SystemTime, Option<SystemTime>)> {
+pub fn parse_lease(text: &str) -> Option<(SystemTime, Option<SystemTime>)> {
     let mut lines = text.lines();
     if lines.next()? != LEASE_MAGIC {
         return None;
