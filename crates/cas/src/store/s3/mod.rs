@@ -23,6 +23,7 @@ pub mod refs;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -145,6 +146,8 @@ pub struct S3Store {
     mine: Mutex<HashSet<String>>,
     /// Allowance for listings that lag writes (`gc-margin=`).
     margin: Duration,
+    /// Where pack indexes are kept between runs (packs never change).
+    index_cache: Option<PathBuf>,
 }
 
 impl Drop for S3Store {
@@ -175,6 +178,35 @@ fn random_u64() -> Result<u64> {
 
 fn is_not_found(e: &object_store::Error) -> bool {
     matches!(e, object_store::Error::NotFound { .. })
+}
+
+/// The entries of a pack of `size` bytes from its index followed by its
+/// trailer (`tail`). The header is not needed: the trailer's checksum
+/// covers the header a store using `hash` writes.
+fn parse_index_tail(hash: crate::hash::HashKind, size: u64, tail: &[u8]) -> Result<Vec<Entry>> {
+    let t_len = pack::TRAILER_SIZE;
+    if tail.len() < t_len {
+        return Err(corrupt("a pack index is truncated"));
+    }
+    let (index, t) = tail.split_at(tail.len() - t_len);
+    let trailer = pack::Trailer::parse(t, size)?;
+    trailer.parse_index(&pack::header(hash), index)
+}
+
+/// `$ROAMDISK_S3_INDEX_CACHE` (`off`: none), else
+/// `$XDG_CACHE_HOME/roamdisk/s3-index/KEY` (else under `~/.cache`), KEY
+/// naming the endpoint, bucket and prefix.
+fn index_cache_dir(endpoint: &str, loc: &S3Location) -> Option<PathBuf> {
+    let base = match std::env::var("ROAMDISK_S3_INDEX_CACHE") {
+        Ok(s) if s == "off" => return None,
+        Ok(s) if !s.is_empty() => PathBuf::from(s),
+        _ => std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?
+            .join("roamdisk/s3-index"),
+    };
+    let id = blake3::hash(format!("{endpoint}\n{}\n{}", loc.bucket, loc.prefix).as_bytes());
+    Some(base.join(&id.to_hex()[..32]))
 }
 
 fn is_pack_name(n: &str) -> bool {
@@ -286,6 +318,7 @@ impl S3Store {
             epoch: Mutex::new(Instant::now()),
             mine: Mutex::new(HashSet::new()),
             margin: loc.gc_margin,
+            index_cache: index_cache_dir(&endpoint, &loc),
             loc,
         })
     }
@@ -444,6 +477,35 @@ impl S3Store {
     /// Read a pack's index with one suffix GET (two if the index is
     /// larger than the probe).
     async fn load_index(&self, name: &str) -> Result<Vec<Entry>> {
+        if let Some(entries) = self.cached_index(name) {
+            return Ok(entries);
+        }
+        let (size, tail) = self.fetch_index(name).await?;
+        let entries = parse_index_tail(self.config.hash, size, &tail)?;
+        if let Some(dir) = &self.index_cache {
+            // Best effort: a cache that cannot be written is fetched again.
+            let _ = std::fs::create_dir_all(dir).and_then(|()| {
+                let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+                let mut b = size.to_le_bytes().to_vec();
+                b.extend_from_slice(&tail);
+                std::fs::write(&tmp, &b)?;
+                std::fs::rename(&tmp, dir.join(name))
+            });
+        }
+        Ok(entries)
+    }
+
+    /// A pack's index from the local cache, if there and intact (its
+    /// checksum is verified as when fetched).
+    fn cached_index(&self, name: &str) -> Option<Vec<Entry>> {
+        let b = std::fs::read(self.index_cache.as_ref()?.join(name)).ok()?;
+        let size = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
+        parse_index_tail(self.config.hash, size, &b[8..]).ok()
+    }
+
+    /// The size of pack `name` and its index and trailer: one suffix GET
+    /// (two if the index is larger than the probe).
+    async fn fetch_index(&self, name: &str) -> Result<(u64, Vec<u8>)> {
         let rel = format!("packs/{name}");
         let what = format!("pack {name}");
         let r = self
@@ -466,17 +528,20 @@ impl S3Store {
         }
         let trailer = pack::Trailer::parse(&tail[tail.len() - t_len..], size)?;
         let idx_end = size - t_len as u64;
-        let index = if trailer.index_offset >= start {
-            tail[(trailer.index_offset - start) as usize..(idx_end - start) as usize].to_vec()
-        } else {
-            self.os
-                .get_range(&self.key(&rel), trailer.index_offset..idx_end)
-                .await
-                .map_err(|e| self.fail(e, Op::Read, &what))?
-                .to_vec()
-        };
-        // The header is not fetched: the checksum covers what it must be.
-        trailer.parse_index(&pack::header(self.config.hash), &index)
+        if trailer.index_offset >= start {
+            return Ok((
+                size,
+                tail[(trailer.index_offset - start) as usize..].to_vec(),
+            ));
+        }
+        let mut index = self
+            .os
+            .get_range(&self.key(&rel), trailer.index_offset..idx_end)
+            .await
+            .map_err(|e| self.fail(e, Op::Read, &what))?
+            .to_vec();
+        index.extend_from_slice(&tail[tail.len() - t_len..]);
+        Ok((size, index))
     }
 
     /// List the packs and loose objects; load the indexes of packs not
@@ -676,6 +741,9 @@ impl S3Store {
                     .write()
                     .unwrap_or_else(|e| e.into_inner())
                     .forget_pack(n);
+                if let Some(d) = &self.index_cache {
+                    let _ = std::fs::remove_file(d.join(&name));
+                }
                 Ok(gone.iter().map(|e| (e.id, e.len as u64)).collect())
             }
             None => Ok(Vec::new()),
@@ -1398,6 +1466,36 @@ impl ChunkPrune for S3Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pack_index_is_read_from_its_tail_alone_and_checked() {
+        let hash = crate::hash::HashKind::Blake3;
+        let h = pack::header(hash);
+        let mut b = h.to_vec();
+        let mut entries = Vec::new();
+        for k in 0..3u8 {
+            let codec = StoreConfig::default().codec();
+            let s = codec.seal(&[k; 100], false);
+            entries.push(Entry {
+                id: s.id,
+                offset: b.len() as u64,
+                len: s.object.len() as u32,
+            });
+            b.extend_from_slice(&s.object);
+        }
+        let at = b.len();
+        b.extend(pack::encode_tail(&h, &mut entries, at as u64));
+        let size = b.len() as u64;
+        let got = parse_index_tail(hash, size, &b[at..]).unwrap();
+        assert_eq!(got, entries);
+        // A flipped index byte, a wrong size or another hash: refused.
+        let mut bad = b[at..].to_vec();
+        bad[5] ^= 1;
+        assert!(parse_index_tail(hash, size, &bad).is_err());
+        assert!(parse_index_tail(hash, size + 1, &b[at..]).is_err());
+        assert!(parse_index_tail(crate::hash::HashKind::Sha256, size, &b[at..]).is_err());
+        assert!(parse_index_tail(hash, size, &b[b.len() - 10..]).is_err());
+    }
 
     #[test]
     fn lease_bodies_parse() {
