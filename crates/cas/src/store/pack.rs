@@ -47,6 +47,14 @@ const _: () = assert!(TRAILER_SIZE == 56);
 /// Smallest object a pack may locate: an envelope header.
 const MIN_OBJECT: u32 = crate::chunk::HEADER_SIZE as u32;
 
+/// Length of a pack's name: 32 hex digits and `.pack`.
+const NAME_LEN: usize = 32 + 5;
+
+/// Whether a file or object name is a pack's (`<32 hex digits>.pack`).
+pub fn is_pack_name(n: &str) -> bool {
+    n.len() == NAME_LEN && n.ends_with(".pack") && n[..32].bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// Where one object lies in its pack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {

@@ -44,7 +44,8 @@ use super::{
 };
 use crate::error::{err, io, not_found};
 use crate::hash::ChunkId;
-use packs::{is_pack_name, PackGroup, PackTable};
+use crate::store::pack::is_pack_name;
+use packs::{PackGroup, PackTable};
 
 const LEASE_MAGIC: &str = "roamdisk-lease 1";
 

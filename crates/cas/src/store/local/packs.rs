@@ -31,16 +31,8 @@ use rustix::fs::{AtFlags, RenameFlags, CWD};
 use super::{open_dir, open_unnamed, pwrite_parts, touch_at, LocalStore, Unnamed, NAMING_TMP_DIR};
 use crate::error::{corrupt, err, io};
 use crate::hash::ChunkId;
-use crate::store::pack::{self, Entry, Trailer};
+use crate::store::pack::{self, is_pack_name, Entry, Trailer};
 use crate::store::{ObjectEntry, PutGroup, PutOutcome};
-
-/// Length of a pack's name: 32 hex digits and `.pack`.
-const NAME_LEN: usize = 32 + 5;
-
-/// Whether a file name is a pack's.
-pub(super) fn is_pack_name(n: &str) -> bool {
-    n.len() == NAME_LEN && n.ends_with(".pack") && n[..32].bytes().all(|b| b.is_ascii_hexdigit())
-}
 
 /// The names of the packs in `dir` (none if it does not exist).
 fn pack_names_in(dir: &Path) -> Result<Vec<String>> {

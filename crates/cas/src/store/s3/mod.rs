@@ -35,7 +35,7 @@ use roamdisk_blockdev::{ErrorKind, Op, Result};
 
 pub use location::{is_s3, S3Location};
 
-use super::pack::{self, Entry};
+use super::pack::{self, is_pack_name, Entry};
 use super::{
     check_ref_name, ChunkPrune, ChunkRead, ChunkWrite, Lease, ObjectEntry, PutGroup, PutOutcome,
     StoreConfig,
@@ -207,10 +207,6 @@ fn index_cache_dir(endpoint: &str, loc: &S3Location) -> Option<PathBuf> {
     };
     let id = blake3::hash(format!("{endpoint}\n{}\n{}", loc.bucket, loc.prefix).as_bytes());
     Some(base.join(&id.to_hex()[..32]))
-}
-
-fn is_pack_name(n: &str) -> bool {
-    n.len() == 37 && n.ends_with(".pack") && n[..32].bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 impl S3Store {
