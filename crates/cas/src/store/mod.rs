@@ -56,6 +56,7 @@ macro_rules! forward_prune_listings {
     };
 }
 
+pub mod cached;
 pub mod config;
 pub mod http;
 pub mod local;

@@ -86,6 +86,7 @@ pub struct InitArgs {
 ///   roamdisk store serve /srv/store --listen 0.0.0.0:8700 --users /srv/users.toml \
 ///       --tls-cert /etc/roamdisk/cert.pem --tls-key /etc/roamdisk/key.pem
 ///   roamdisk store serve /srv/store --listen 127.0.0.1:8700 --limit 1Mbit --latency 8ms
+///   roamdisk store serve s3://vm-images/team-a --listen 127.0.0.1:8700 --cache 2G
 #[derive(Parser)]
 #[command(verbatim_doc_comment)]
 pub struct ServeArgs {
@@ -115,6 +116,11 @@ pub struct ServeArgs {
     /// Emulate a distant store: add this latency to every request (8ms).
     #[arg(long, value_name = "DELAY")]
     latency: Option<String>,
+    /// Keep up to SIZE of the objects clients read in memory, so what many
+    /// clients read crosses the store once (default: 256M for an s3://
+    /// store, none for a directory, which the page cache already holds).
+    #[arg(long, value_name = "SIZE")]
+    cache: Option<String>,
     /// Answer batch gets (POST /v1/objects/get) as a server from before
     /// them did, so clients fetch object by object (tests, benchmarks).
     #[arg(long, hide = true)]
@@ -195,10 +201,16 @@ pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
 }
 
 fn serve(s: ServeArgs, quiet: bool) -> anyhow::Result<()> {
-    let mut st = store::open(
-        s.dir.to_str().context("store path is not UTF-8")?,
-        &Default::default(),
-    )?;
+    let loc = s.dir.to_str().context("store path is not UTF-8")?;
+    let mut st = store::open(loc, &Default::default())?;
+    let cache = match &s.cache {
+        Some(c) => parse_size(c).map_err(anyhow::Error::msg)?,
+        None if store::is_remote(loc) => 256 << 20,
+        None => 0,
+    };
+    if cache > 0 {
+        st = std::sync::Arc::new(roamdisk_cas::store::cached::CachedStore::new(st, cache));
+    }
     if s.limit.is_some() || s.latency.is_some() {
         use roamdisk_blockdev::throttle::{parse_duration, parse_rate, LinkSpec};
         let spec = LinkSpec {

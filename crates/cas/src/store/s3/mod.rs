@@ -24,7 +24,7 @@ pub mod refs;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
@@ -148,6 +148,35 @@ pub struct S3Store {
     margin: Duration,
     /// Where pack indexes are kept between runs (packs never change).
     index_cache: Option<PathBuf>,
+    /// Single objects put at once by several threads, gathered.
+    batcher: Batcher,
+}
+
+/// How long the first of several single puts waits for others to join
+/// its pack.
+const GATHER: Duration = Duration::from_millis(5);
+
+/// Single objects put at the same time from several threads (the uploads
+/// a chunk server receives) go up together as one pack, one request
+/// instead of one each: the first waits [`GATHER`] for others, uploads
+/// them, and wakes them; every put returns only once its pack is stored.
+#[derive(Default)]
+struct Batcher {
+    state: Mutex<Gathering>,
+    cv: Condvar,
+}
+
+/// Objects gathered, as (id, bytes).
+type Gathered = Vec<(ChunkId, Vec<u8>)>;
+
+#[derive(Default)]
+struct Gathering {
+    /// The batch open to newcomers: its number and objects.
+    open: Option<(u64, Gathered)>,
+    next: u64,
+    /// Uploaded batches whose waiters have not all seen the outcome:
+    /// number → (the error, if it failed; waiters left).
+    done: HashMap<u64, (Option<(ErrorKind, String)>, usize)>,
 }
 
 impl Drop for S3Store {
@@ -315,6 +344,7 @@ impl S3Store {
             mine: Mutex::new(HashSet::new()),
             margin: loc.gc_margin,
             index_cache: index_cache_dir(&endpoint, &loc),
+            batcher: Batcher::default(),
             loc,
         })
     }
@@ -813,6 +843,72 @@ impl S3Store {
     }
 }
 
+impl S3Store {
+    /// Store one object; gathered with others put at the same moment
+    /// ([`Batcher`]).
+    fn put_single(&self, id: ChunkId, bytes: &[u8]) -> Result<()> {
+        let b = &self.batcher;
+        let mut st = b.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (n, leader) = match &mut st.open {
+            Some((n, items)) => {
+                items.push((id, bytes.to_vec()));
+                (*n, false)
+            }
+            None => {
+                let n = st.next;
+                st.next += 1;
+                st.open = Some((n, vec![(id, bytes.to_vec())]));
+                (n, true)
+            }
+        };
+        if !leader {
+            loop {
+                if let Some(d) = st.done.get_mut(&n) {
+                    d.1 -= 1;
+                    let failed = d.0.clone();
+                    if d.1 == 0 {
+                        st.done.remove(&n);
+                    }
+                    return match failed {
+                        None => Ok(()),
+                        Some((kind, msg)) => Err(err(kind, Op::Write, msg)),
+                    };
+                }
+                st = b.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        drop(st);
+        std::thread::sleep(GATHER);
+        let items = {
+            let mut st = b.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.open.take().expect("the leader's batch").1
+        };
+        let r = if items.len() == 1 {
+            let (id, bytes) = &items[0];
+            self.block(self.put(&format!("objects/{}", id.to_hex()), bytes.clone()))
+                .map(|()| {
+                    let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
+                    t.objects.entry(*id).or_insert(Where::Loose {
+                        len: bytes.len() as u64,
+                    });
+                })
+        } else {
+            let mut g = S3Group::new(self);
+            for (id, bytes) in &items {
+                g.add(id, [bytes, &[]]);
+            }
+            self.block(g.upload()).map(|_| ())
+        };
+        let mut st = b.state.lock().unwrap_or_else(|e| e.into_inner());
+        if items.len() > 1 {
+            let failed = r.as_ref().err().map(|e| (e.kind(), e.to_string()));
+            st.done.insert(n, (failed, items.len() - 1));
+            b.cv.notify_all();
+        }
+        r
+    }
+}
+
 /// A pack being filled in memory ([`ChunkWrite::put_group`]).
 struct S3Group<'a> {
     store: &'a S3Store,
@@ -1077,12 +1173,7 @@ impl ChunkRead for S3Store {
 impl ChunkWrite for S3Store {
     fn put_many(&self, items: &[(ChunkId, &[u8])]) -> Result<Vec<PutOutcome>> {
         if items.len() == 1 {
-            let (id, bytes) = items[0];
-            self.block(self.put(&format!("objects/{}", id.to_hex()), bytes.to_vec()))?;
-            let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
-            t.objects.entry(id).or_insert(Where::Loose {
-                len: bytes.len() as u64,
-            });
+            self.put_single(items[0].0, items[0].1)?;
             return Ok(vec![PutOutcome::Stored]);
         }
         let mut g = S3Group::new(self);
