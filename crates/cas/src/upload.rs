@@ -252,8 +252,9 @@ impl<'a, S: ChunkWrite + ?Sized> Uploader<'a, S> {
     /// ([`ChunkWrite::cheap_lookups`]). Every `group_len` records form one
     /// group of puts (a pack in a local store); a group is made durable
     /// and named on its own thread while the workers go on with the next
-    /// one (so the disk writes while the CPUs hash), at most one group
-    /// behind. Returns when every group is stored.
+    /// one (so the disk writes while the CPUs hash), at most
+    /// [`ChunkWrite::groups_in_flight`] groups behind. Returns when every
+    /// group is stored.
     pub fn upload_each(
         &mut self,
         index: &mut Index,
@@ -269,14 +270,18 @@ impl<'a, S: ChunkWrite + ?Sized> Uploader<'a, S> {
             )
         };
         let store = self.store;
+        let limit = store.groups_in_flight().max(1);
         std::thread::scope(|scope| -> Result<()> {
-            // The group being sealed: its records, what became of each, and
-            // the thread making it durable and naming it.
+            // The groups being sealed, oldest first: their records, what
+            // became of each, the thread making the group durable and
+            // naming it, and the ids it claimed.
             type Sealing<'s> =
                 std::thread::ScopedJoinHandle<'s, Result<Vec<(ChunkId, PutOutcome)>>>;
-            let mut behind: Option<(&[usize], Vec<Each>, Sealing<'_>)> = None;
-            // Ids claimed by a chunk of the group being sealed: a duplicate
-            // in the next group is not written again (the store cannot
+            type Behind<'r, 's> = (&'r [usize], Vec<Each>, Sealing<'s>, HashSet<ChunkId>);
+            let mut behind: std::collections::VecDeque<Behind<'_, '_>> =
+                std::collections::VecDeque::new();
+            // Ids claimed by a chunk of a group being sealed: a duplicate
+            // in a later group is not written again (the store cannot
             // answer for a group it has not named yet).
             let mut sealing_ids: HashSet<ChunkId> = HashSet::new();
             for recs in records.chunks(group_len.max(1)) {
@@ -294,14 +299,19 @@ impl<'a, S: ChunkWrite + ?Sized> Uploader<'a, S> {
                         &claimed,
                     )
                     .map_err(stopped)?;
-                if let Some((recs, done, h)) = behind.take() {
+                while behind.len() >= limit {
+                    let (recs, done, h, ids) = behind.pop_front().expect("a group behind");
                     let outcomes = h.join().expect("sealing thread").map_err(stopped)?;
                     self.account(index, recs, &done, outcomes);
+                    for id in &ids {
+                        sealing_ids.remove(id);
+                    }
                 }
-                sealing_ids = claimed.into_inner().unwrap_or_else(|e| e.into_inner());
-                behind = Some((recs, done, scope.spawn(move || group.finish())));
+                let claimed = claimed.into_inner().unwrap_or_else(|e| e.into_inner());
+                sealing_ids.extend(claimed.iter().copied());
+                behind.push_back((recs, done, scope.spawn(move || group.finish()), claimed));
             }
-            if let Some((recs, done, h)) = behind.take() {
+            while let Some((recs, done, h, _)) = behind.pop_front() {
                 let outcomes = h.join().expect("sealing thread").map_err(stopped)?;
                 self.account(index, recs, &done, outcomes);
             }

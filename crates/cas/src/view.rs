@@ -837,16 +837,24 @@ impl BlockDev for VersionView {
     }
 }
 
+/// Batches of chunks fetched and written at once by [`materialise`]: a
+/// remote store's round trips overlap.
+const MATERIALISE_THREADS: usize = 4;
+
 /// Copy every non-zero sector of a version into `dst` (which must read
 /// as zeroes beforehand: a new sparse file or image). Chunks are gathered
-/// ([`VersionView::gather`]) in batches, verified in parallel. Returns the
-/// bytes written.
+/// ([`VersionView::gather`]) in batches, verified in parallel, several
+/// batches at once (each written where it belongs, in any order). Returns
+/// the bytes written.
 pub fn materialise(view: &VersionView, dst: &dyn BlockDev, progress: &dyn Progress) -> Result<u64> {
     let idx = &view.version.index;
     progress.phase("checking out", idx.disk_size);
     let batch = GATHER_BATCH;
-    let mut written = 0u64;
-    for first in (0..idx.records()).step_by(batch) {
+    let batches = idx.records().div_ceil(batch);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let one = |first: usize| -> Result<u64> {
+        let mut written = 0u64;
         let recs: Vec<usize> = (first..(first + batch).min(idx.records())).collect();
         let wanted: Vec<usize> = recs
             .iter()
@@ -888,6 +896,37 @@ pub fn materialise(view: &VersionView, dst: &dyn BlockDev, progress: &dyn Progre
         }
         let done: u64 = recs.iter().map(|&i| idx.chunk_len(i) as u64).sum();
         progress.advance(done);
+        Ok(written)
+    };
+    let results: Vec<Result<u64>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..MATERIALISE_THREADS.min(batches.max(1)))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut written = 0u64;
+                    loop {
+                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if k >= batches || failed.load(std::sync::atomic::Ordering::Relaxed) {
+                            return Ok(written);
+                        }
+                        match one(k * batch) {
+                            Ok(n) => written += n,
+                            Err(e) => {
+                                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                                return Err(e);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("a checkout worker panicked"))
+            .collect()
+    });
+    let mut written = 0u64;
+    for r in results {
+        written += r?;
     }
     dst.flush()?;
     Ok(written)

@@ -125,6 +125,38 @@ impl ChunkRead for CachedStore {
             .map(|r| r.expect("every object answered"))
             .collect()
     }
+    fn get_many_within(&self, ids: &[ChunkId], budget: u64) -> Vec<Option<Result<Vec<u8>>>> {
+        // Cached objects up to the first miss; the rest from the store
+        // within what is left of the budget.
+        let mut out: Vec<Option<Result<Vec<u8>>>> = Vec::with_capacity(ids.len());
+        let mut used = 0u64;
+        for id in ids {
+            match self.lookup(id) {
+                Some(b) if b.len() as u64 <= budget - used => {
+                    used += b.len() as u64;
+                    out.push(Some(Ok(b)));
+                }
+                Some(_) => {
+                    out.resize_with(ids.len(), || None);
+                    return out;
+                }
+                None => break,
+            }
+        }
+        let rest = &ids[out.len()..];
+        if !rest.is_empty() {
+            for (id, r) in rest
+                .iter()
+                .zip(self.inner.get_many_within(rest, budget - used))
+            {
+                if let Some(Ok(b)) = &r {
+                    self.keep(id, b);
+                }
+                out.push(r);
+            }
+        }
+        out
+    }
     fn has_many(&self, ids: &[ChunkId], touch: bool) -> Result<Vec<bool>> {
         self.inner.has_many(ids, touch)
     }
@@ -148,6 +180,9 @@ impl ChunkWrite for CachedStore {
     }
     fn cheap_lookups(&self) -> bool {
         self.inner.cheap_lookups()
+    }
+    fn groups_in_flight(&self) -> usize {
+        self.inner.groups_in_flight()
     }
     forward_sync_and_leases!();
     fn ref_update(

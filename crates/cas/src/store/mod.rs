@@ -208,6 +208,12 @@ pub trait ChunkWrite: ChunkRead {
     fn cheap_lookups(&self) -> bool {
         false
     }
+    /// How many groups a commit may have being stored at once while it
+    /// fills the next (a local store: one, the disk writes while the CPUs
+    /// hash; an object store: several uploads overlap their latency).
+    fn groups_in_flight(&self) -> usize {
+        1
+    }
     /// Make every earlier put durable (directory entries included).
     fn sync(&self) -> Result<()>;
     /// Compare-and-swap a ref: succeeds (true) only if its current content

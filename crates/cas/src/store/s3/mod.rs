@@ -1080,6 +1080,32 @@ impl ChunkRead for S3Store {
             .map(|r| r.expect("every object answered"))
             .collect()
     }
+    fn get_many_within(&self, ids: &[ChunkId], budget: u64) -> Vec<Option<Result<Vec<u8>>>> {
+        // The sizes are known from the indexes: one get_many of the prefix
+        // that fits (the default reads in growing groups, one round trip
+        // each).
+        if self.ensure_scanned().is_err() {
+            return self.get_many(ids).into_iter().map(Some).collect();
+        }
+        let mut used = 0u64;
+        let mut take = 0;
+        for id in ids {
+            let len = match self.locate(id) {
+                Some(Where::Packed { len, .. }) => len as u64,
+                Some(Where::Loose { len }) => len,
+                None => 0,
+            };
+            if len > budget - used {
+                break;
+            }
+            used += len;
+            take += 1;
+        }
+        let mut out: Vec<Option<Result<Vec<u8>>>> =
+            self.get_many(&ids[..take]).into_iter().map(Some).collect();
+        out.resize_with(ids.len(), || None);
+        out
+    }
     fn has_many(&self, ids: &[ChunkId], touch: bool) -> Result<Vec<bool>> {
         self.ensure_scanned()?;
         let mut have: Vec<bool> = Vec::with_capacity(ids.len());
@@ -1191,6 +1217,9 @@ impl ChunkWrite for S3Store {
     }
     fn cheap_lookups(&self) -> bool {
         true
+    }
+    fn groups_in_flight(&self) -> usize {
+        3
     }
     fn sync(&self) -> Result<()> {
         // An S3 PUT is durable when it is acknowledged.
