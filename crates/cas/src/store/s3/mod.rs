@@ -806,9 +806,7 @@ impl S3Store {
     async fn ref_head(&self, name: &str) -> Result<(Option<Vec<u8>>, u64)> {
         let (objs, removed) = self.ref_objects(name).await?;
         let heads = refs::heads(&objs);
-        let Some(generation) = heads.first().map(|h| h.generation) else {
-            return Ok((None, 0));
-        };
+        let mut generation = heads.first().map_or(0, |h| h.generation);
         let mut bodies = Vec::new();
         for h in heads {
             if h.size == 0 {
@@ -822,6 +820,27 @@ impl S3Store {
                 )
                 .await?,
             );
+        }
+        // A listing may miss the newest updates (a container replica that
+        // missed them): follow the per-generation copies by key, which a
+        // GET sees as soon as their PUT returned.
+        loop {
+            let at = format!("refs/{name}/at/{:016x}", generation + 1);
+            match self.os.get(&self.key(&at)).await {
+                Ok(r) => {
+                    let b = r
+                        .bytes()
+                        .await
+                        .map_err(|e| self.fail(e, Op::Read, &format!("catalog {name}")))?;
+                    generation += 1;
+                    bodies = vec![b.to_vec()];
+                }
+                Err(e) if is_not_found(&e) => break,
+                Err(e) => return Err(self.fail(e, Op::Read, &format!("catalog {name}"))),
+            }
+        }
+        if bodies.is_empty() {
+            return Ok((None, 0));
         }
         let merged = refs::merge(name, &bodies)?;
         let merged = match merged {
@@ -1263,7 +1282,12 @@ impl ChunkWrite for S3Store {
                 "refs/{name}/{}",
                 refs::new_name(generation + 1, random_u64()?)
             );
-            self.put(&rel, new.map(<[u8]>::to_vec).unwrap_or_default())
+            let body = new.map(<[u8]>::to_vec).unwrap_or_default();
+            self.put(&rel, body.clone()).await?;
+            // The same catalog under a key readers can find without a
+            // listing (overwritten if two updates race; the unique object
+            // above keeps both for the merge).
+            self.put(&format!("refs/{name}/at/{:016x}", generation + 1), body)
                 .await?;
             Ok(true)
         })
@@ -1544,8 +1568,18 @@ impl ChunkPrune for S3Store {
             }
             // Catalog updates superseded by one older than the cutoff.
             let mut by_name: HashMap<String, Vec<refs::RefObject>> = HashMap::new();
+            let mut at_copies: HashMap<String, Vec<(String, u64)>> = HashMap::new();
             for (rel, size, modified) in self.list("refs").await? {
                 let parts: Vec<&str> = rel.split('/').collect();
+                if parts.len() == 5 && parts[3] == "at" {
+                    if let Ok(g) = u64::from_str_radix(parts[4], 16) {
+                        at_copies
+                            .entry(format!("{}/{}", parts[1], parts[2]))
+                            .or_default()
+                            .push((rel.clone(), g));
+                    }
+                    continue;
+                }
                 if parts.len() != 4 {
                     continue;
                 }
@@ -1561,7 +1595,7 @@ impl ChunkPrune for S3Store {
                         });
                 }
             }
-            for (name, objs) in by_name {
+            for (name, objs) in &by_name {
                 let settled = objs
                     .iter()
                     .filter(|o| o.modified < cutoff)
@@ -1571,6 +1605,12 @@ impl ChunkPrune for S3Store {
                     for o in objs.iter().filter(|o| o.generation < g) {
                         self.delete(&format!("refs/{name}/{}", o.name)).await?;
                         removed += 1;
+                    }
+                    for (rel, at) in at_copies.get(name).into_iter().flatten() {
+                        if *at < g {
+                            self.delete(rel).await?;
+                            removed += 1;
+                        }
                     }
                 }
             }
