@@ -298,7 +298,8 @@ fn an_object_server_killed_mid_commit_loses_nothing() {
     commit_version(s, path_str(&v1), "u/vm", &["-m", "first"]);
     let v2 = cas.random_file("v2.img", 200 << 20, 2);
     let t0 = Instant::now();
-    let child = spawn(&[
+    // At most 50 MB/s: the commit takes 4 s or more.
+    let mut child = spawn(&[
         "commit",
         path_str(&v2),
         "--to",
@@ -306,8 +307,14 @@ fn an_object_server_killed_mid_commit_loses_nothing() {
         "--store",
         s,
         "--json",
+        "--limit-rate",
+        "50M",
     ]);
     std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the commit ended before the kill"
+    );
     swift.run(&["kill", "2"]);
     let out = finish(child);
     let took = t0.elapsed();
