@@ -30,7 +30,11 @@ struct Net {
 
 impl Net {
     fn start() -> Net {
-        let cas = Cas::new();
+        Net::start_in(Cas::new())
+    }
+
+    /// [`Net::start`] serving the store CAS.
+    fn start_in(cas: Cas) -> Net {
         let dir = cas.dir();
         let ca = dir.join("ca");
         make_ca(&ca, "roamdisk-test-ca");
@@ -54,7 +58,7 @@ impl Net {
             "the users file keeps hashes, not tokens:\n{text}"
         );
         let srv = ChunkServer::start(
-            &cas.store,
+            cas.s(),
             &[
                 "--users",
                 path_str(&users),
@@ -381,7 +385,8 @@ fn alice_reads_and_writes_bobs_catalogs_only_as_shared() {
 
 #[test]
 fn a_chunk_whose_bytes_do_not_match_its_name_is_refused() {
-    let net = Net::start();
+    // Local: looks for the refused chunk's file in the store.
+    let net = Net::start_in(Cas::local());
     let body = net.cas.random_file("chunk.bin", 4096, 9);
     let id = "ab".repeat(32);
     let path = format!("/v1/objects/{id}");

@@ -28,10 +28,11 @@ use cas_common::{
 };
 use common::{bin, path_str, run};
 
-/// A store without compression (object sizes are the data's), with more
-/// `store init` options.
-fn uncompressed(more: &[&str]) -> Cas {
-    Cas::with(&[&["--compression", "none"], more].concat())
+/// A local store without compression (object sizes are the data's), with
+/// more `store init` options. Local even in S3 mode: these tests read or
+/// edit the store's files (cas_s3 has the S3 variants).
+fn uncompressed_local(more: &[&str]) -> Cas {
+    Cas::local_with(&[&["--compression", "none"], more].concat())
 }
 
 /// A new image NAME of SIZE random bytes (SEED) committed to TO with
@@ -77,7 +78,8 @@ fn age_objects(store: &Path) {
 
 #[test]
 fn damaged_and_missing_objects_are_named() {
-    let cas = uncompressed(&[]);
+    // Local: damages pack and package files (cas_s3 does it in S3).
+    let cas = uncompressed_local(&[]);
     let (dir, s) = (cas.dir(), cas.s());
     let (img, v) = random_version(&cas, ("a.img", 4 << 20, 1), "u/a", &[]);
     let store = &cas.store;
@@ -123,7 +125,8 @@ fn damaged_and_missing_objects_are_named() {
 
 #[test]
 fn a_full_store_fails_the_commit_and_keeps_the_previous_version() {
-    let cas = uncompressed(&["--quota", "3M"]);
+    // Local: --quota is for local stores (S3 refuses it; buckets have their own quotas).
+    let cas = uncompressed_local(&["--quota", "3M"]);
     let (dir, s) = (cas.dir(), cas.s());
     let (small, _) = random_version(&cas, ("small.img", 2 << 20, 2), "u/vm", &[]);
     let big = dir.join("big.img");
@@ -141,7 +144,8 @@ fn a_full_store_fails_the_commit_and_keeps_the_previous_version() {
 
 #[test]
 fn kill_9_mid_commit_keeps_the_previous_version_and_gc_collects_the_rest() {
-    let cas = uncompressed(&[]);
+    // Local: counts the store's objects (object_count).
+    let cas = uncompressed_local(&[]);
     let (dir, s) = (cas.dir(), cas.s());
     let (v1, _) = random_version(&cas, ("v1.img", 8 << 20, 4), "u/vm", &["-m", "first"]);
     // Big enough that the killed commit has named a pack or two (32 MiB
@@ -192,7 +196,8 @@ fn kill_9_mid_commit_keeps_the_previous_version_and_gc_collects_the_rest() {
 
 #[test]
 fn gc_during_a_commit_never_removes_what_the_commit_uses() {
-    let cas = uncompressed(&[]);
+    // Local: ages the store's files (cas_s3 has an S3 variant).
+    let cas = uncompressed_local(&[]);
     let (dir, s) = (cas.dir(), cas.s());
     let (a, _) = random_version(&cas, ("a.img", 64 << 20, 6), "u/a", &[]);
     // B shares its first 20 MiB with A, then has 12 MiB of its own.
@@ -255,7 +260,8 @@ fn gc_during_a_commit_never_removes_what_the_commit_uses() {
 
 #[test]
 fn kill_9_mid_gc_loses_nothing_referenced() {
-    let cas = uncompressed(&[]);
+    // Local: moves a package into the store's trash folder by hand.
+    let cas = uncompressed_local(&[]);
     let (dir, s) = (cas.dir(), cas.s());
     let (keep, _) = random_version(&cas, ("keep.img", 4 << 20, 8), "u/keep", &[]);
     let (_junk, _) = random_version(

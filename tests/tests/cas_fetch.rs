@@ -78,7 +78,7 @@ fn setup(extra: &[&str]) -> (Cas, std::path::PathBuf, ChunkServer) {
     let cas = Cas::new();
     let src = cas.random_file("disk.raw", SIZE, 21);
     commit_version(cas.s(), path_str(&src), "u/vm", &[]);
-    let srv = ChunkServer::start(&cas.store, &[&["-vv"], extra].concat());
+    let srv = ChunkServer::start(cas.s(), &[&["-vv"], extra].concat());
     (cas, src, srv)
 }
 
@@ -175,7 +175,7 @@ fn a_server_without_batch_gets_is_asked_object_by_object() {
     same_bytes(&src, &co);
     assert!(n.gets > CHUNKS && n.refused_batches >= 1, "{n:?}");
     // The same checkout from a server with batch gets: a few requests.
-    let fast = ChunkServer::start(&cas.store, &["-vv"]);
+    let fast = ChunkServer::start(cas.s(), &["-vv"]);
     let co2 = dir.join("checkout2.raw");
     let n = during(&fast, || {
         checkout(&fast.url, "u/vm", &co2, &[]);

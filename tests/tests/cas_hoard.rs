@@ -105,7 +105,7 @@ fn a_hoarded_version_stays_while_other_images_stream_through_until_released() {
     let o = cas.random_file("other.raw", 32 * CHUNK, 2);
     commit_version(cas.s(), path_str(&h), "u/h", &[]);
     commit_version(cas.s(), path_str(&o), "u/o", &[]);
-    let chunk_server = ChunkServer::start(&cas.store, &[]);
+    let chunk_server = ChunkServer::start(cas.s(), &[]);
     let url = chunk_server.url.clone();
     let sess = |name: &str, image: &str| {
         let s = dir.join(name);
@@ -147,7 +147,7 @@ fn a_hoarded_version_stays_while_other_images_stream_through_until_released() {
     assert!(rel.contains("released u/h@"), "{rel}");
     let none = rd_fail(&["hoard", "--release", "u/h", "--shared-cache", sc]);
     assert!(none.contains("is not hoarded"), "{none}");
-    let chunk_server = ChunkServer::start(&cas.store, &[]);
+    let chunk_server = ChunkServer::start(cas.s(), &[]);
     let opts2 = format!("{opts},store={}", chunk_server.url);
     assert!(read_all(dir, &s_o2, &opts2, &got));
     qemu_img_compare(path_str(&o), path_str(&got));
@@ -164,7 +164,7 @@ fn a_hoard_killed_9_leaves_a_whole_cache_and_the_next_one_fetches_the_rest() {
     let src = cas.random_file("disk.raw", 8 << 20, 3);
     commit_version(cas.s(), path_str(&src), "u/vm", &[]);
     // 16 Mbit/s: the 128 chunks take about 4 s to come.
-    let slow = ChunkServer::start(&cas.store, &["--limit", "16Mbit"]);
+    let slow = ChunkServer::start(cas.s(), &["--limit", "16Mbit"]);
     let cache = dir.join("shared");
     let sc = path_str(&cache);
     let mut hoard = Command::new(bin())

@@ -14,9 +14,10 @@ use common::{path_str, qemu_img_compare, qemu_img_convert, qemu_io};
 
 #[test]
 fn commit_session_checkout_and_gc_through_the_chunk_server() {
-    let cas = Cas::with(&["--hash", "sha256"]);
+    // Local: damages a chunk file of the store (cas_s3 serves S3).
+    let cas = Cas::local_with(&["--hash", "sha256"]);
     let dir = cas.dir();
-    let srv = ChunkServer::start(&cas.store, &[]);
+    let srv = ChunkServer::start(cas.s(), &[]);
     let url = srv.url.clone();
     let raw = cas.random_file("disk.raw", 12 << 20, 21);
     qemu_io(path_str(&raw), &["write -z 4M 2M".into()]);

@@ -37,7 +37,7 @@ fn suspended() -> Suspended {
     let dir = cas.dir().to_path_buf();
     let src = cas.random_file("disk.raw", SIZE, 21);
     commit_version(cas.s(), path_str(&src), "u/vm", &[]);
-    let server = ChunkServer::start(&cas.store, &[]);
+    let server = ChunkServer::start(cas.s(), &[]);
     let s1 = dir.join("s1");
     open_session(&server.url, "u/vm", &s1, &[]);
     let srv = Server::start(

@@ -47,10 +47,22 @@ fn setup(
     ChunkServer,
     Vec<std::path::PathBuf>,
 ) {
-    let cas = Cas::new();
+    setup_in(Cas::new(), sessions)
+}
+
+/// [`setup`] in the store CAS.
+fn setup_in(
+    cas: Cas,
+    sessions: usize,
+) -> (
+    Cas,
+    std::path::PathBuf,
+    ChunkServer,
+    Vec<std::path::PathBuf>,
+) {
     let src = cas.random_file("disk.raw", SIZE, 11);
     commit_version(cas.s(), path_str(&src), "u/vm", &[]);
-    let srv = ChunkServer::start(&cas.store, &[]);
+    let srv = ChunkServer::start(cas.s(), &[]);
     let sess = (1..=sessions)
         .map(|i| {
             let s = cas.dir().join(format!("s{i}"));
@@ -97,7 +109,8 @@ fn what_one_session_fetched_is_never_fetched_again_even_after_kill_9() {
 
 #[test]
 fn lookaside_media_serve_chunks_and_wrong_or_damaged_ones_cost_only_time() {
-    let (cas, src, chunk_server, s) = setup(5);
+    // Local: a chunk-store folder serves as a lookaside medium below.
+    let (cas, src, chunk_server, s) = setup_in(Cas::local(), 5);
     let dir = cas.dir();
     let url = chunk_server.url.clone();
     let out = dir.join("out.raw");
@@ -156,7 +169,7 @@ fn throttle_holds_reads_to_its_rate_and_store_serve_limits_too() {
     srv.stop();
     // A chunk server limited to 16 Mbit/s serves 4 MiB in at least 2 s.
     commit_version(cas.s(), path_str(&src), "u/vm", &[]);
-    let slow = ChunkServer::start(&cas.store, &["--limit", "16Mbit", "--latency", "8ms"]);
+    let slow = ChunkServer::start(cas.s(), &["--limit", "16Mbit", "--latency", "8ms"]);
     let t0 = Instant::now();
     let out = dir.join("checked-out.raw");
     let o = roamdisk(&[

@@ -145,7 +145,7 @@ fn a_full_shared_cache_keeps_what_running_sessions_need_and_the_rest_stays_priva
     let b = cas.random_file("b.raw", SIZE, 42);
     commit_version(cas.s(), path_str(&a), "u/a", &[]);
     commit_version(cas.s(), path_str(&b), "u/b", &[]);
-    let chunks = ChunkServer::start(&cas.store, &[]);
+    let chunks = ChunkServer::start(cas.s(), &[]);
     let url = chunks.url.clone();
     // The shared cache holds 10 MiB: image a (8 MiB) and a quarter of b.
     let shared = dir.join("shared");

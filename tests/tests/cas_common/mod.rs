@@ -25,10 +25,38 @@ pub fn init_store(dir: &Path) -> PathBuf {
     store
 }
 
-/// A test's temporary folder holding a new chunk store, `store`.
+/// A test's temporary folder and a new chunk store: a local one in
+/// `store`, or, when `ROAMDISK_TEST_S3` is set (`s3://BUCKET[/PREFIX]`),
+/// one under a unique prefix of that bucket (endpoint and keys from the
+/// `AWS_*` variables; `gc-margin=2s` so gc tests need not wait a minute).
 pub struct Cas {
     tmp: TempDir,
+    /// The local store's folder (in S3 mode a path nothing is in).
     pub store: PathBuf,
+    spec: String,
+}
+
+/// The bucket (and prefix) of the S3 mode, if on.
+pub fn s3_base() -> Option<String> {
+    std::env::var("ROAMDISK_TEST_S3")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .map(|s| s.trim_end_matches('/').to_string())
+}
+
+/// A prefix no other store of any test process uses.
+fn unique_prefix() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos();
+    format!(
+        "t{nanos:x}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 impl Cas {
@@ -37,12 +65,34 @@ impl Cas {
         Cas::with(&[])
     }
 
-    /// A store made by `roamdisk store init STORE INIT...`.
+    /// A store made by `roamdisk store init STORE INIT...`: in the S3
+    /// bucket in S3 mode, else local.
     pub fn with(init: &[&str]) -> Cas {
+        match s3_base() {
+            Some(base) => {
+                let tmp = tempdir();
+                let store = tmp.path().join("store");
+                let spec = format!("{base}/{}?gc-margin=2s", unique_prefix());
+                rd(&[&["store", "init", &spec], init].concat());
+                Cas { tmp, store, spec }
+            }
+            None => Cas::local_with(init),
+        }
+    }
+
+    /// A local store (`dir/store`) whatever the mode: for tests that read
+    /// or edit the store's files.
+    pub fn local() -> Cas {
+        Cas::local_with(&[])
+    }
+
+    /// [`Cas::local`] with `store init` options.
+    pub fn local_with(init: &[&str]) -> Cas {
         let tmp = tempdir();
         let store = tmp.path().join("store");
         rd(&[&["store", "init", path_str(&store)], init].concat());
-        Cas { tmp, store }
+        let spec = path_str(&store).to_string();
+        Cas { tmp, store, spec }
     }
 
     /// The temporary folder.
@@ -57,9 +107,9 @@ impl Cas {
         path
     }
 
-    /// The store as a `--store` argument.
+    /// The store as a `--store` argument (a path or an `s3://` URL).
     pub fn s(&self) -> &str {
-        path_str(&self.store)
+        &self.spec
     }
 }
 
@@ -312,14 +362,17 @@ pub struct ChunkServer {
 }
 
 impl ChunkServer {
-    pub fn start(store: &Path, extra: &[&str]) -> ChunkServer {
+    /// STORE: a local store's folder or an `s3://` URL (`cas.s()`).
+    pub fn start(store: impl AsRef<std::ffi::OsStr>, extra: &[&str]) -> ChunkServer {
         let log = tempfile::Builder::new()
             .prefix("roamdisk-store-serve-")
             .suffix(".log")
             .tempfile()
             .expect("log file");
         let child = Command::new(bin())
-            .args(["store", "serve", path_str(store), "--listen", "127.0.0.1:0"])
+            .args(["store", "serve"])
+            .arg(store)
+            .args(["--listen", "127.0.0.1:0"])
             .args(extra)
             .stdout(Stdio::null())
             .stderr(log.reopen().expect("log file"))

@@ -355,8 +355,22 @@ impl S3Store {
         self.margin
     }
 
-    fn block<F: Future>(&self, f: F) -> F::Output {
-        self.rt.as_ref().expect("runtime").block_on(f)
+    fn block<F: Future + Send>(&self, f: F) -> F::Output
+    where
+        F::Output: Send,
+    {
+        let rt = self.rt.as_ref().expect("runtime");
+        if tokio::runtime::Handle::try_current().is_err() {
+            return rt.block_on(f);
+        }
+        // Called from a task of another runtime (the NBD server reads a
+        // session's chunks there), where block_on panics ("Cannot start a
+        // runtime from within a runtime"): wait from a thread outside it.
+        std::thread::scope(|s| {
+            s.spawn(|| rt.block_on(f))
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
     }
 
     fn key(&self, rel: &str) -> Key {
