@@ -109,6 +109,8 @@ fn damaged_and_missing_objects_are_named() {
     let e = checkout_fail(s, "u/a", &out, &[]);
     let named = chunks.iter().find(|c| c.pack == *gone && e.contains(&c.id));
     assert!(named.is_some() && e.contains("missing"), "{e}");
+    let e = rd_fail(&["store", "verify", "--store", s]);
+    assert!(e.contains("1 of 1 versions miss objects"), "{e}");
     std::fs::write(gone, &saved).unwrap();
     // 3. A truncated version package (its index).
     let pkg = object_file(store, &v);

@@ -440,8 +440,9 @@ fn damaged_and_missing_objects_are_named() {
     let e = checkout_fail(s, "u/a", &out, &[]);
     let named = chunks.iter().find(|c| c.key == gone && e.contains(&c.id));
     assert!(named.is_some() && e.contains("missing"), "{e}");
-    // (`store verify` checks the objects there against their names, not
-    // what versions refer to: a missing object is for checkout and gc.)
+    // `store verify` names the version whose objects are gone.
+    let e = rd_fail(&["store", "verify", "--store", s]);
+    assert!(e.contains("1 of 1 versions miss objects"), "{e}");
     swift.python(&["put", BUCKET, &gone, path_str(&saved)]);
     // 3. A truncated version package (its index).
     let whole = dir.join("pkg");
@@ -460,6 +461,8 @@ fn damaged_and_missing_objects_are_named() {
     assert!(e.contains(&v) && e.contains("version"), "{e}");
     let e = rd_fail(&["gc", "--store", s]);
     assert!(e.contains("nothing was removed"), "{e}");
+    let e = rd_fail(&["store", "verify", "--store", s]);
+    assert!(e.contains("1 of 1 versions miss objects"), "{e}");
     swift.python(&["put", BUCKET, &pkg, path_str(&whole)]);
     rd(&["store", "verify", "--store", s]);
     checkout_same(s, "u/a", &img, &out);

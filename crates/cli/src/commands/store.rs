@@ -448,13 +448,48 @@ fn verify(v: VerifyArgs, quiet: bool) -> anyhow::Result<()> {
             out
         })
         .collect();
+    // Every version's package, and every object it references, must be
+    // in the store.
+    let present: HashSet<ChunkId> = ids.iter().copied().collect();
+    let mut missing: Vec<String> = Vec::new();
+    let mut versions = 0u64;
+    for name in st.ref_list()? {
+        let (cat, _) = read_catalog(&*st, &name)?;
+        for e in &cat.entries {
+            versions += 1;
+            let at = format!("version {} of {name}", e.version.short());
+            if !present.contains(&e.version) {
+                missing.push(format!("{at}: its package {} is missing", e.version));
+                continue;
+            }
+            let refs =
+                store::fetch(&*st, &e.version, None).and_then(|pkg| Version::references_of(&pkg));
+            // A damaged package is already in `bad`.
+            if let Ok(refs) = refs {
+                let gone: Vec<&ChunkId> = refs.iter().filter(|r| !present.contains(r)).collect();
+                if let Some(first) = gone.first() {
+                    missing.push(format!(
+                        "{at}: {} of its {} objects are missing (first: {first})",
+                        gone.len(),
+                        refs.len()
+                    ));
+                }
+            }
+        }
+    }
     progress.finish();
     if v.st.json {
-        println!("{}", serde_json::json!({"objects": ids.len(), "bad": bad}));
+        println!(
+            "{}",
+            serde_json::json!({"objects": ids.len(), "bad": bad, "versions": versions, "missing": missing})
+        );
     }
-    if bad.is_empty() {
+    if bad.is_empty() && missing.is_empty() {
         if !quiet && !v.st.json {
-            println!("ok: all {} objects match their names", ids.len());
+            println!(
+                "ok: all {} objects match their names; every object of the {versions} versions is there",
+                ids.len()
+            );
         }
         return Ok(());
     }
@@ -462,10 +497,16 @@ fn verify(v: VerifyArgs, quiet: bool) -> anyhow::Result<()> {
         for b in &bad {
             println!("bad object {b}");
         }
+        for m in &missing {
+            println!("missing: {m}");
+        }
     }
-    bail!(
-        "{} of {} objects are damaged or unreadable",
-        bad.len(),
-        ids.len()
-    )
+    match (bad.len(), missing.len()) {
+        (0, m) => bail!("{m} of {versions} versions miss objects"),
+        (b, 0) => bail!("{b} of {} objects are damaged or unreadable", ids.len()),
+        (b, m) => bail!(
+            "{b} of {} objects are damaged or unreadable, and {m} of {versions} versions miss objects",
+            ids.len()
+        ),
+    }
 }

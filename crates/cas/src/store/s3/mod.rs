@@ -150,6 +150,8 @@ pub struct S3Store {
     index_cache: Option<PathBuf>,
     /// Single objects put at once by several threads, gathered.
     batcher: Batcher,
+    /// When an object was last found missing after every retry.
+    last_missing: Mutex<Option<Instant>>,
 }
 
 /// How long the first of several single puts waits for others to join
@@ -345,6 +347,7 @@ impl S3Store {
             margin: loc.gc_margin,
             index_cache: index_cache_dir(&endpoint, &loc),
             batcher: Batcher::default(),
+            last_missing: Mutex::new(None),
             loc,
         })
     }
@@ -402,7 +405,21 @@ impl S3Store {
                 ),
             ),
             _ => {
-                let text = e.to_string();
+                // The first line, without the XML body some servers add.
+                let full = e.to_string();
+                let mut text: String = full.lines().next().unwrap_or_default().to_string();
+                if let Some(i) = text.find("<?xml") {
+                    text.truncate(i);
+                }
+                if text.len() > 400 {
+                    let mut cut = 400;
+                    while !text.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    text.truncate(cut);
+                    text.push('…');
+                }
+                let text = text.trim_end().to_string();
                 let hint = if text.contains("403") || text.contains("SignatureDoesNotMatch") || text.contains("InvalidAccessKeyId") || text.contains("AccessDenied") {
                     return err(
                         ErrorKind::PermissionDenied,
@@ -1028,7 +1045,16 @@ impl ChunkRead for S3Store {
     }
     fn get(&self, id: &ChunkId) -> Result<Vec<u8>> {
         self.ensure_scanned()?;
-        for attempt in 0..=RESCANS {
+        // After an object was found missing, others are given one more
+        // listing, not the patient retries: a checkout of a version whose
+        // pack is gone fails at once, not after seconds per chunk.
+        let patient = self
+            .last_missing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none_or(|t| t.elapsed() > Duration::from_secs(30));
+        let rescans = if patient { RESCANS } else { 1 };
+        for attempt in 0..=rescans {
             if let Some(w) = self.locate(id) {
                 match self.block(self.read_where(id, w)) {
                     Ok(b) => return Ok(b),
@@ -1036,13 +1062,14 @@ impl ChunkRead for S3Store {
                     Err(e) => return Err(e),
                 }
             }
-            if attempt < RESCANS {
+            if attempt < rescans {
                 if attempt > 0 {
                     std::thread::sleep(Duration::from_millis(250 << attempt));
                 }
                 self.block(self.scan())?;
             }
         }
+        *self.last_missing.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         Err(not_found(format!(
             "object {id} is missing from store {}",
             self.loc.describe()
