@@ -139,7 +139,9 @@ pub struct InfoArgs {
     st: StoreArgs,
 }
 
-/// Read every object and check it against its name; list the bad ones.
+/// Read every object and check it against its name; then check that
+/// every version of every catalog has its package and every object it
+/// references. Lists the bad objects and the versions that miss some.
 ///
 /// Example:
 ///   roamdisk store verify --store /srv/store
