@@ -4,7 +4,7 @@
 //!
 //! Usage: write_amplification [--blocks N] [--block-size 1024|4096]
 //!        [--overprovision 112] [--writes W] [--pattern uniform|hotcold|working-set|sequential] [--ws-pct 10]
-//!        [--prefill] [--seed S]
+//!        [--hot-pct 10] [--hot-writes-pct 90] [--prefill] [--seed S]
 //! Prints one JSON line.
 
 use std::sync::Arc;
@@ -71,7 +71,11 @@ fn main() {
     }
     let before = lbs.stats();
     let mut r = Rng::new(seed);
-    let hot = (blocks / 5).max(1);
+    // hotcold: `--hot-writes-pct` of the writes go to `--hot-pct` of the
+    // blocks (default 90% to 10%).
+    let hot_pct: u64 = arg(&args, "--hot-pct", 10);
+    let hot_writes: u64 = arg(&args, "--hot-writes-pct", 90);
+    let hot = (blocks * hot_pct / 100).max(1);
     let ws_pct: u64 = arg(&args, "--ws-pct", 10);
     let ws = (blocks * ws_pct / 100).max(1);
     let ws_start = r.below(blocks - ws + 1);
@@ -81,9 +85,8 @@ fn main() {
             // All writes inside a working set of `--ws-pct` of the disk (a
             // database rewriting its own region, as in the seed's traces).
             "working-set" => ws_start + r.below(ws),
-            // 80% of the writes go to 20% of the blocks.
             "hotcold" => {
-                if r.chance(4, 5) {
+                if r.chance(hot_writes, 100) {
                     r.below(hot)
                 } else {
                     hot + r.below(blocks - hot)
@@ -103,7 +106,7 @@ fn main() {
     let written = after.physical_blocks - before.physical_blocks;
     let moved = after.gc_moved - before.gc_moved;
     println!(
-        "{{\"pattern\":\"{pattern}\",\"prefill\":{prefill},\"blocks\":{blocks},\"block_size\":{bs},\"overprovision_pct\":{op},\"requested\":{requested},\"written\":{written},\"gc_moved\":{moved},\"gc_clusters\":{},\"write_amplification_pct\":{:.2}}}",
+        "{{\"pattern\":\"{pattern}\",\"hot_pct\":{hot_pct},\"hot_writes_pct\":{hot_writes},\"prefill\":{prefill},\"blocks\":{blocks},\"block_size\":{bs},\"overprovision_pct\":{op},\"requested\":{requested},\"written\":{written},\"gc_moved\":{moved},\"gc_clusters\":{},\"write_amplification_pct\":{:.2}}}",
         after.gc_clusters - before.gc_clusters,
         (written as f64 / requested as f64 - 1.0) * 100.0
     );
