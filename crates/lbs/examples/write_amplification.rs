@@ -4,7 +4,7 @@
 //!
 //! Usage: write_amplification [--blocks N] [--block-size 1024|4096]
 //!        [--overprovision 112] [--writes W] [--pattern uniform|hotcold|working-set|sequential] [--ws-pct 10]
-//!        [--hot-pct 10] [--hot-writes-pct 90] [--prefill] [--seed S]
+//!        [--hot-pct 10] [--hot-writes-pct 90] [--prefill] [--greedy] [--seed S]
 //! Prints one JSON line.
 
 use std::sync::Arc;
@@ -46,8 +46,11 @@ fn main() {
     data.write_at(&ds.encode(), 0, WriteFlags::default())
         .unwrap();
     let log = CrashLog::new(header.encode(), Countdown::unarmed());
+    let mut policy = roamdisk_lbs::gc::GcPolicy::for_clusters(header.geometry.clusters);
+    policy.cost_benefit = !args.iter().any(|a| a == "--greedy");
     let opts = LbsOptions {
         background_gc: false,
+        gc: Some(policy),
         ..LbsOptions::default()
     };
     let lbs = Lbs::open(

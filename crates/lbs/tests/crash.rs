@@ -86,6 +86,7 @@ fn lbs_opts() -> LbsOptions {
             high: 4,
             weights: Weights::default(),
             emptiness_dominates_below: Some(0.25),
+            cost_benefit: true,
         }),
         compact_limit: 6 * 1024,
     }

@@ -7,7 +7,7 @@ impl Inner {
     /// Rewrite the log as the current (durable) state plus one barrier,
     /// atomically, under a new generation.
     pub(super) fn compact(&self, st: &mut State) -> Result<()> {
-        debug_assert!(st.buf.lbns.is_empty());
+        debug_assert!(st.streams.iter().all(|w| w.buf.lbns.is_empty()));
         let mut header = self.header.clone();
         header.generation = st.generation + 1;
         let w = self.width;

@@ -18,9 +18,22 @@ impl Inner {
             .zip(&st.quarantined)
             .map(|(s, q)| if *q { ClusterState::Active } else { *s })
             .collect();
-        let Some(v) = pick_victim(&eligible, &st.live, self.bpc, st.active, &self.policy) else {
+        let ages: Vec<u64> = st
+            .birth
+            .iter()
+            .map(|b| st.clock.saturating_sub(*b))
+            .collect();
+        let Some(v) = pick_victim(
+            &eligible,
+            &st.live,
+            &ages,
+            self.bpc,
+            st.streams[CLIENT].active,
+            &self.policy,
+        ) else {
             return Ok(false);
         };
+        let born = st.birth[v];
         let lo = v as u64 * self.bpc;
         let mut moves: Vec<(u64, u64)> = st
             .l2p
@@ -56,6 +69,11 @@ impl Inner {
                 }
                 let copy = blk.to_vec();
                 self.insert(st, lbn, &copy, true)?;
+                // A cluster of moved blocks is as old as the youngest
+                // data moved into it.
+                if let Some(a) = st.streams[MOVED].active {
+                    st.birth[a] = st.birth[a].max(born);
+                }
                 self.stats.gc_moved.fetch_add(1, Ordering::Relaxed);
             }
         }

@@ -118,6 +118,34 @@ struct WriteBuf {
     index: HashMap<u64, usize>,
 }
 
+/// A write position: its active cluster and the buffer mapping to the
+/// next PBNs of it. Clients' writes and the collector's moves have one
+/// each, so data the collector moves (cold: it outlived its cluster) is
+/// not mixed with fresh writes (hot until proven otherwise).
+struct Stream {
+    active: Option<usize>,
+    buf: WriteBuf,
+}
+
+/// The stream of clients' writes.
+const CLIENT: usize = 0;
+/// The stream of the garbage collector's moves.
+const MOVED: usize = 1;
+
+impl Stream {
+    fn new() -> Stream {
+        Stream {
+            active: None,
+            buf: WriteBuf {
+                base: 0,
+                lbns: Vec::new(),
+                data: Vec::new(),
+                index: HashMap::new(),
+            },
+        }
+    }
+}
+
 struct State {
     l2p: Vec<u32>,
     sums: Vec<u8>,
@@ -127,8 +155,11 @@ struct State {
     quarantined: Vec<bool>,
     pending: Vec<usize>,
     free: u64,
-    active: Option<usize>,
-    buf: WriteBuf,
+    streams: [Stream; 2],
+    /// When each cluster was last activated, on `clock` (the number of
+    /// activations so far): its data's age for the cost-benefit score.
+    birth: Vec<u64>,
+    clock: u64,
     log: Box<dyn LogStore>,
     seq: u64,
     barrier_no: u64,
@@ -303,6 +334,15 @@ impl Inner {
             header.checksum.name(),
             if encrypted { ", xts-aes-256" } else { "" }
         );
+        // Ages survive a reopen only as an order: clusters holding data
+        // are born in the order of their epochs.
+        let mut order: Vec<usize> = (0..live.len()).filter(|&c| live[c] > 0).collect();
+        order.sort_by_key(|&c| r.map.epochs[c]);
+        let mut birth = vec![0u64; live.len()];
+        for (k, &c) in order.iter().enumerate() {
+            birth[c] = k as u64;
+        }
+        let clock = order.len() as u64;
         let st = State {
             l2p: r.map.l2p,
             sums: r.map.sums,
@@ -312,13 +352,9 @@ impl Inner {
             cstate,
             pending: Vec::new(),
             free,
-            active: None,
-            buf: WriteBuf {
-                base: 0,
-                lbns: Vec::new(),
-                data: Vec::new(),
-                index: HashMap::new(),
-            },
+            streams: [Stream::new(), Stream::new()],
+            birth,
+            clock,
             log,
             seq: r.next_seq,
             barrier_no: r.barriers,

@@ -68,8 +68,12 @@ impl Inner {
                     continue;
                 }
                 let p = p as u64;
-                if let Some(&slot) = st.buf.index.get(&lbn) {
-                    dst.copy_from_slice(&st.buf.data[slot * self.bs..(slot + 1) * self.bs]);
+                if let Some((b, &slot)) = st
+                    .streams
+                    .iter()
+                    .find_map(|w| w.buf.index.get(&lbn).map(|x| (&w.buf, x)))
+                {
+                    dst.copy_from_slice(&b.data[slot * self.bs..(slot + 1) * self.bs]);
                     continue;
                 }
                 let mut s = [0u8; 16];

@@ -35,26 +35,31 @@ impl Inner {
         (self.opts.buffer_size / self.bs).max(1)
     }
 
-    pub(super) fn room(&self, st: &State) -> usize {
-        let Some(a) = st.active else { return 0 };
+    /// Room left in stream `s`'s buffer and active cluster.
+    pub(super) fn room(&self, st: &State, s: usize) -> usize {
+        let w = &st.streams[s];
+        let Some(a) = w.active else { return 0 };
         let end = (a as u64 + 1) * self.bpc;
-        let next = st.buf.base + st.buf.lbns.len() as u64;
-        (self.buf_cap() - st.buf.lbns.len().min(self.buf_cap())).min((end - next) as usize)
+        let next = w.buf.base + w.buf.lbns.len() as u64;
+        (self.buf_cap() - w.buf.lbns.len().min(self.buf_cap())).min((end - next) as usize)
     }
 
-    /// Encrypt and write the buffer, then log its MAP entries.
-    pub(super) fn flush_buffer(&self, st: &mut State) -> Result<()> {
-        let n = st.buf.lbns.len();
+    /// Encrypt and write stream `s`'s buffer, then log its MAP entries.
+    pub(super) fn flush_buffer(&self, st: &mut State, s: usize) -> Result<()> {
+        let n = st.streams[s].buf.lbns.len();
         if n == 0 {
             return Ok(());
         }
-        let a = st.active.expect("a buffered block has an active cluster");
+        let a = st.streams[s]
+            .active
+            .expect("a buffered block has an active cluster");
         let epoch = st.epochs[a];
-        let base = st.buf.base;
+        let base = st.streams[s].buf.base;
         let mut out = AlignedBuf::new(n * self.bs);
         let (bs, w) = (self.bs, self.width);
         {
-            let State { buf, sums, .. } = &mut *st;
+            let State { streams, sums, .. } = &mut *st;
+            let buf = &streams[s].buf;
             let o = out.as_mut_slice();
             for i in 0..n {
                 let plain = &buf.data[i * bs..(i + 1) * bs];
@@ -82,17 +87,18 @@ impl Inner {
         self.stats
             .physical_blocks
             .fetch_add(n as u64, Ordering::Relaxed);
+        let lbns = std::mem::take(&mut st.streams[s].buf.lbns);
         let mut i = 0;
         while i < n {
-            if st.buf.lbns[i] == DEAD {
+            if lbns[i] == DEAD {
                 i += 1;
                 continue;
             }
             let mut j = i + 1;
-            while j < n && st.buf.lbns[j] != DEAD && st.buf.lbns[j] == st.buf.lbns[j - 1] + 1 {
+            while j < n && lbns[j] != DEAD && lbns[j] == lbns[j - 1] + 1 {
                 j += 1;
             }
-            let lbn = st.buf.lbns[i];
+            let lbn = lbns[i];
             let sums = st.sums[lbn as usize * w..(lbn as usize + (j - i)) * w].to_vec();
             self.append_entry(
                 st,
@@ -106,23 +112,28 @@ impl Inner {
             )?;
             i = j;
         }
-        st.buf.base += n as u64;
-        st.buf.lbns.clear();
-        st.buf.data.clear();
-        st.buf.index.clear();
+        let buf = &mut st.streams[s].buf;
+        buf.base += n as u64;
+        buf.lbns = lbns;
+        buf.lbns.clear();
+        buf.data.clear();
+        buf.index.clear();
         Ok(())
     }
 
     /// Make everything so far durable: data, then a barrier entry, then the
     /// log; clusters emptied since the previous barrier become free.
     pub(super) fn barrier(&self, st: &mut State) -> Result<()> {
-        if !st.dirty && st.buf.lbns.is_empty() {
+        if !st.dirty && st.streams.iter().all(|w| w.buf.lbns.is_empty()) {
             // Nothing new since the last barrier: every release behind the
             // pending clusters is already durable.
             self.free_pending(st);
             return Ok(());
         }
-        self.flush_buffer(st)?;
+        // Both streams: a victim's moved blocks must be durable before the
+        // victim is freed.
+        self.flush_buffer(st, CLIENT)?;
+        self.flush_buffer(st, MOVED)?;
         let r = self.data.flush();
         self.poison(st, r)?;
         let e = Entry::Barrier {
@@ -157,14 +168,14 @@ impl Inner {
         }
     }
 
-    /// Hand the next free cluster to the write position.
-    pub(super) fn take_cluster(&self, st: &mut State, for_gc: bool) -> Result<bool> {
-        let reserve = if for_gc { 0 } else { GC_RESERVE };
+    /// Hand the next free cluster to stream `s`'s write position.
+    pub(super) fn take_cluster(&self, st: &mut State, s: usize) -> Result<bool> {
+        let reserve = if s == MOVED { 0 } else { GC_RESERVE };
         if st.free <= reserve {
             return Ok(false);
         }
         let n = st.cstate.len();
-        let start = st.active.map_or(0, |a| a + 1);
+        let start = st.streams[s].active.map_or(0, |a| a + 1);
         let Some(c) = (0..n)
             .map(|i| (start + i) % n)
             .find(|&c| st.cstate[c] == ClusterState::Free)
@@ -172,7 +183,7 @@ impl Inner {
             return Ok(false);
         };
         let _w = self.reuse.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(a) = st.active {
+        if let Some(a) = st.streams[s].active {
             if st.live[a] == 0 {
                 st.cstate[a] = ClusterState::PendingFree;
                 st.pending.push(a);
@@ -187,32 +198,36 @@ impl Inner {
         st.epochs[c] = (st.generation << 32) | st.epoch_counter as u64;
         st.cstate[c] = ClusterState::Active;
         st.free -= 1;
-        st.active = Some(c);
-        st.buf.base = c as u64 * self.bpc;
+        // Moved data's age is that of the clusters it comes from (set as
+        // blocks arrive); fresh data is born now.
+        st.birth[c] = if s == MOVED { 0 } else { st.clock };
+        st.clock += 1;
+        st.streams[s].active = Some(c);
+        st.streams[s].buf.base = c as u64 * self.bpc;
         if st.free < self.policy.low {
             self.gc_wake.notify_all();
         }
         Ok(true)
     }
 
-    /// Make room for one more block in the buffer.
-    pub(super) fn ensure_room(&self, st: &mut State, for_gc: bool) -> Result<()> {
+    /// Make room for one more block in stream `s`'s buffer.
+    pub(super) fn ensure_room(&self, st: &mut State, s: usize) -> Result<()> {
         loop {
-            if self.room(st) > 0 {
+            if self.room(st, s) > 0 {
                 return Ok(());
             }
-            if !st.buf.lbns.is_empty() {
-                self.flush_buffer(st)?;
+            if !st.streams[s].buf.lbns.is_empty() {
+                self.flush_buffer(st, s)?;
                 continue;
             }
-            if self.take_cluster(st, for_gc)? {
+            if self.take_cluster(st, s)? {
                 continue;
             }
             if !st.pending.is_empty() {
                 self.barrier(st)?;
                 continue;
             }
-            if !for_gc && self.collect_to(st, GC_RESERVE + 2)? > 0 {
+            if s == CLIENT && self.collect_to(st, GC_RESERVE + 2)? > 0 {
                 continue;
             }
             return Err(err(
@@ -231,20 +246,29 @@ impl Inner {
         block: &[u8],
         for_gc: bool,
     ) -> Result<()> {
-        if let Some(&slot) = st.buf.index.get(&lbn) {
-            st.buf.data[slot * self.bs..(slot + 1) * self.bs].copy_from_slice(block);
+        let s = if for_gc { MOVED } else { CLIENT };
+        if let Some(&slot) = st.streams[s].buf.index.get(&lbn) {
+            st.streams[s].buf.data[slot * self.bs..(slot + 1) * self.bs].copy_from_slice(block);
             self.stats.absorbed.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
-        self.ensure_room(st, for_gc)?;
-        let slot = st.buf.lbns.len();
-        let pbn = st.buf.base + slot as u64;
-        st.buf.lbns.push(lbn);
-        st.buf.data.extend_from_slice(block);
-        st.buf.index.insert(lbn, slot);
+        self.ensure_room(st, s)?;
+        // A copy buffered in the other stream is superseded: written to
+        // disk but never mapped.
+        if let Some(slot) = st.streams[1 - s].buf.index.remove(&lbn) {
+            st.streams[1 - s].buf.lbns[slot] = DEAD;
+        }
+        let buf = &mut st.streams[s].buf;
+        let slot = buf.lbns.len();
+        let pbn = buf.base + slot as u64;
+        buf.lbns.push(lbn);
+        buf.data.extend_from_slice(block);
+        buf.index.insert(lbn, slot);
         self.release(st, lbn as usize);
         st.l2p[lbn as usize] = pbn as u32;
-        let a = st.active.expect("ensure_room set an active cluster");
+        let a = st.streams[s]
+            .active
+            .expect("ensure_room set an active cluster");
         st.live[a] += 1;
         st.dirty = true;
         Ok(())
@@ -253,8 +277,10 @@ impl Inner {
     /// Unmap or zero whole blocks `[first, first+count)`.
     pub(super) fn unmap(&self, st: &mut State, first: u64, count: u64, zero: bool) -> Result<()> {
         for lbn in first..first + count {
-            if let Some(slot) = st.buf.index.remove(&lbn) {
-                st.buf.lbns[slot] = DEAD;
+            for w in st.streams.iter_mut() {
+                if let Some(slot) = w.buf.index.remove(&lbn) {
+                    w.buf.lbns[slot] = DEAD;
+                }
             }
             self.release(st, lbn as usize);
             st.l2p[lbn as usize] = if zero { ZERO } else { UNMAPPED };
