@@ -1227,25 +1227,7 @@ impl ChunkRead for S3Store {
         Ok(self.block(self.ref_head(name))?.0)
     }
     fn ref_list(&self) -> Result<Vec<String>> {
-        let all = self.block(self.list("refs"))?;
-        let mut by_name: HashMap<String, Vec<refs::RefObject>> = HashMap::new();
-        for (rel, size, modified) in all {
-            let parts: Vec<&str> = rel.split('/').collect();
-            if parts.len() != 4 || parts[0] != "refs" {
-                continue;
-            }
-            if let Some(generation) = refs::parse_name(parts[3]) {
-                by_name
-                    .entry(format!("{}/{}", parts[1], parts[2]))
-                    .or_default()
-                    .push(refs::RefObject {
-                        generation,
-                        name: parts[3].to_string(),
-                        size,
-                        modified,
-                    });
-            }
-        }
+        let (by_name, _) = refs::group(self.block(self.list("refs"))?);
         let mut names: Vec<String> = by_name
             .into_iter()
             .filter(|(_, objs)| refs::heads(objs).iter().any(|h| h.size > 0))
@@ -1608,34 +1590,7 @@ impl ChunkPrune for S3Store {
                 }
             }
             // Catalog updates superseded by one older than the cutoff.
-            let mut by_name: HashMap<String, Vec<refs::RefObject>> = HashMap::new();
-            let mut at_copies: HashMap<String, Vec<(String, u64)>> = HashMap::new();
-            for (rel, size, modified) in self.list("refs").await? {
-                let parts: Vec<&str> = rel.split('/').collect();
-                if parts.len() == 5 && parts[3] == "at" {
-                    if let Ok(g) = u64::from_str_radix(parts[4], 16) {
-                        at_copies
-                            .entry(format!("{}/{}", parts[1], parts[2]))
-                            .or_default()
-                            .push((rel.clone(), g));
-                    }
-                    continue;
-                }
-                if parts.len() != 4 {
-                    continue;
-                }
-                if let Some(generation) = refs::parse_name(parts[3]) {
-                    by_name
-                        .entry(format!("{}/{}", parts[1], parts[2]))
-                        .or_default()
-                        .push(refs::RefObject {
-                            generation,
-                            name: parts[3].to_string(),
-                            size,
-                            modified,
-                        });
-                }
-            }
+            let (by_name, at_copies) = refs::group(self.list("refs").await?);
             for (name, objs) in &by_name {
                 let settled = objs
                     .iter()

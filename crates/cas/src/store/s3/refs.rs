@@ -38,6 +38,42 @@ pub fn new_name(generation: u64, random: u64) -> String {
     format!("{generation:016x}-{random:016x}")
 }
 
+/// The updates of every catalog, by `USER/IMAGE`, and the `at/GEN`
+/// copies (key, generation), from a listing of `refs/` (relative keys,
+/// sizes, times). Other keys (`removed/` tombstones) are left out.
+#[allow(clippy::type_complexity)]
+pub fn group(
+    listing: Vec<(String, u64, SystemTime)>,
+) -> (
+    std::collections::HashMap<String, Vec<RefObject>>,
+    std::collections::HashMap<String, Vec<(String, u64)>>,
+) {
+    let mut updates: std::collections::HashMap<String, Vec<RefObject>> = Default::default();
+    let mut copies: std::collections::HashMap<String, Vec<(String, u64)>> = Default::default();
+    for (rel, size, modified) in listing {
+        let parts: Vec<&str> = rel.split('/').collect();
+        if parts.first() != Some(&"refs") {
+            continue;
+        }
+        let name = || format!("{}/{}", parts[1], parts[2]);
+        if parts.len() == 5 && parts[3] == "at" {
+            if let Ok(g) = u64::from_str_radix(parts[4], 16) {
+                copies.entry(name()).or_default().push((rel.clone(), g));
+            }
+        } else if parts.len() == 4 {
+            if let Some(generation) = parse_name(parts[3]) {
+                updates.entry(name()).or_default().push(RefObject {
+                    generation,
+                    name: parts[3].to_string(),
+                    size,
+                    modified,
+                });
+            }
+        }
+    }
+    (updates, copies)
+}
+
 /// The updates of the newest generation (several after concurrent
 /// updates), sorted by name; empty if there are none.
 pub fn heads(objects: &[RefObject]) -> Vec<&RefObject> {
@@ -145,6 +181,28 @@ mod tests {
         let h: Vec<&str> = heads(&objs).iter().map(|o| o.name.as_str()).collect();
         assert_eq!(h, [new_name(3, 2), new_name(3, 9)]);
         assert!(heads(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_listing_is_grouped_by_catalog() {
+        let t = SystemTime::UNIX_EPOCH;
+        let l = |k: &str| (k.to_string(), 5u64, t);
+        let (u, c) = group(vec![
+            l(&format!("refs/a/vm/{}", new_name(1, 2))),
+            l(&format!("refs/a/vm/{}", new_name(2, 3))),
+            l("refs/a/vm/at/0000000000000002"),
+            l("refs/a/vm/removed/00"),
+            l(&format!("refs/b/x/{}", new_name(7, 1))),
+            l("refs/a/vm/junk"),
+            l("packs/x"),
+        ]);
+        assert_eq!(u["a/vm"].len(), 2);
+        assert_eq!(u["b/x"][0].generation, 7);
+        assert_eq!(u.len(), 2);
+        assert_eq!(
+            c["a/vm"],
+            [("refs/a/vm/at/0000000000000002".to_string(), 2)]
+        );
     }
 
     #[test]
