@@ -8,6 +8,9 @@
 //!   mutations reach replay's semantic checks (ranges, epochs, cluster
 //!   reuse) instead of dying at a checksum.
 //!
+//! Bit 7 of the mode byte selects a version-1 header (whose logs may not
+//! hold MOVED entries).
+//!
 //! Replay must never panic. When it succeeds, the map must be consistent:
 //! every mapped PBN inside the data file and owned by a cluster whose epoch
 //! is set, `valid_len + discarded` the input length, and replaying just the
@@ -17,7 +20,7 @@
 use libfuzzer_sys::fuzz_target;
 use roamdisk_lbs::checksum::ChecksumKind;
 use roamdisk_lbs::format::{encode_entry, Entry, Geometry, MetaHeader, META_HEADER_SIZE};
-use roamdisk_lbs::replay::{replay, ZERO};
+use roamdisk_lbs::replay::{replay, IN_PLACE, ZERO};
 
 fn header(sum: ChecksumKind) -> MetaHeader {
     let geometry = Geometry {
@@ -38,7 +41,7 @@ fn generated(h: &MetaHeader, data: &[u8]) -> Vec<u8> {
     let mut barriers = 0u64;
     for g in data.chunks(6) {
         let b = |i: usize| *g.get(i).unwrap_or(&0) as u64;
-        let e = match b(0) % 5 {
+        let e = match b(0) % 6 {
             0 | 1 => {
                 let count = 1 + b(3) % 4;
                 Entry::Map {
@@ -57,6 +60,18 @@ fn generated(h: &MetaHeader, data: &[u8]) -> Vec<u8> {
                 lbn: b(1) % 70,
                 count: 1 + b(3) % 8,
             },
+            5 => {
+                let count = 1 + b(3) % 4;
+                Entry::Moved {
+                    lbn: b(1) % 70,
+                    pbn: b(2) % 100,
+                    count,
+                    epoch: 1 + b(4) % 4,
+                    seal_pbn: b(5) % 100,
+                    seal_epoch: 1 + b(5) % 3,
+                    sums: vec![b(5) as u8; count as usize * w],
+                }
+            }
             _ => {
                 barriers += 1;
                 // Occasionally a wrong number or checksum.
@@ -86,7 +101,10 @@ fuzz_target!(|data: &[u8]| {
         ChecksumKind::Blake3,
         ChecksumKind::None,
     ][(mode as usize / 4) % 3];
-    let h0 = header(sum);
+    let mut h0 = header(sum);
+    if mode & 0x80 != 0 {
+        h0.version = 1;
+    }
     let file = match mode % 4 {
         0 => rest.to_vec(),
         1 => {
@@ -118,7 +136,13 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(r.valid_len + r.discarded, file.len());
     assert!(r.valid_len >= META_HEADER_SIZE.min(file.len()));
     let bpc = h.geometry.blocks_per_cluster();
-    for &p in &r.map.l2p {
+    for (l, &p) in r.map.l2p.iter().enumerate() {
+        if r.map.seal_pbn[l] != IN_PLACE {
+            assert!(p < ZERO, "a seal on an unmapped block");
+            assert!(h.version >= 2, "a moved block in a version-1 log");
+            assert!((r.map.seal_pbn[l] as u64) < h.geometry.physical_blocks());
+            assert_ne!(r.map.seal_epoch[l], 0);
+        }
         if p < ZERO {
             assert!(
                 (p as u64) < h.geometry.physical_blocks(),

@@ -11,8 +11,15 @@ use crate::checksum::ChecksumKind;
 pub const DATA_MAGIC: [u8; 8] = *b"RDLBSDAT";
 /// Metadata-file magic.
 pub const META_MAGIC: [u8; 8] = *b"RDLBSMET";
-/// Format version of both files.
-pub const VERSION: u32 = 1;
+/// Format version of the metadata file this build writes. Version 1 logs
+/// (no MOVED entries) are still read; a writable open rewrites them as
+/// version 2 at its first compaction.
+pub const VERSION: u32 = 2;
+/// Oldest metadata version this build reads.
+pub const OLDEST_VERSION: u32 = 1;
+/// Format version of the data file's superblock (unchanged by metadata
+/// version 2: the data file's layout is the same).
+pub const DATA_VERSION: u32 = 1;
 
 /// Bytes reserved for the data-file superblock (the data area starts at a
 /// cluster boundary at or after this).
@@ -33,7 +40,7 @@ const D_CRC: usize = 124;
 const _: () = assert!(D_END <= D_CRC);
 const DATA_FRAME: Frame = Frame {
     magic: DATA_MAGIC,
-    version: VERSION,
+    version: DATA_VERSION,
     crc_at: D_CRC,
 };
 
@@ -63,6 +70,11 @@ const META_FRAME: Frame = Frame {
     crc_at: M_CRC,
 };
 const _: () = assert!(META_FRAME.size() == META_HEADER_SIZE);
+/// The frame of a version-1 metadata header (same layout).
+const META_FRAME_V1: Frame = Frame {
+    version: 1,
+    ..META_FRAME
+};
 
 /// Entry header size (kind, reserved, length, seq).
 pub const ENTRY_HEADER: usize = 16;
@@ -76,6 +88,8 @@ pub const KIND_MAP: u8 = 1;
 pub const KIND_ZERO: u8 = 2;
 pub const KIND_TRIM: u8 = 3;
 pub const KIND_BARRIER: u8 = 4;
+/// Since version 2.
+pub const KIND_MOVED: u8 = 5;
 
 /// Accepted block sizes.
 pub const BLOCK_SIZES: [u32; 2] = [1024, 4096];
@@ -84,8 +98,9 @@ pub const BLOCK_SIZES: [u32; 2] = [1024, 4096];
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cipher {
     None = 0,
-    /// XTS-AES-256 per block; tweak = PBN (low 64 bits) and write epoch
-    /// (high 64 bits).
+    /// XTS-AES-256 per block; tweak = the block's seal: the PBN (low 64
+    /// bits) and write epoch (high 64 bits) it was first written at, which
+    /// a garbage-collection move keeps.
     Aes256Xts = 1,
 }
 
@@ -106,7 +121,7 @@ pub enum FormatError {
     Truncated(usize, usize),
     #[error("bad magic: not an LBS {0} file")]
     BadMagic(&'static str),
-    #[error("unsupported version {0} (this build reads version {VERSION})")]
+    #[error("unsupported version {0} (this build reads versions {OLDEST_VERSION} to {VERSION})")]
     BadVersion(u32),
     #[error("header checksum mismatch: the header is damaged")]
     BadCrc,
@@ -218,6 +233,9 @@ impl DataSuper {
 /// The metadata file's header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MetaHeader {
+    /// Format version: [`VERSION`] for new images, 1 for old ones until
+    /// their first compaction.
+    pub version: u32,
     pub uuid: [u8; 16],
     pub logical_size: u64,
     pub geometry: Geometry,
@@ -242,6 +260,7 @@ impl MetaHeader {
         checksum: ChecksumKind,
     ) -> MetaHeader {
         MetaHeader {
+            version: VERSION,
             uuid,
             logical_size,
             geometry,
@@ -276,14 +295,26 @@ impl MetaHeader {
         b[M_SALT..M_SALT + 32].copy_from_slice(&self.salt);
         b[M_KEY_CHECK..M_KEY_CHECK + 16].copy_from_slice(&self.key_check);
         put_u64(&mut b, M_GENERATION, self.generation);
-        META_FRAME.seal(&mut b);
+        let frame = if self.version == 1 {
+            META_FRAME_V1
+        } else {
+            META_FRAME
+        };
+        frame.seal(&mut b);
         b
     }
 
     pub fn parse(b: &[u8]) -> Result<MetaHeader, FormatError> {
-        META_FRAME
-            .check(b)
-            .map_err(|e| FormatError::frame(e, &META_FRAME, "metadata (.lbsm)"))?;
+        let version = match META_FRAME.check(b) {
+            Ok(()) => VERSION,
+            Err(FrameError::BadVersion(1)) => {
+                META_FRAME_V1
+                    .check(b)
+                    .map_err(|e| FormatError::frame(e, &META_FRAME_V1, "metadata (.lbsm)"))?;
+                1
+            }
+            Err(e) => return Err(FormatError::frame(e, &META_FRAME, "metadata (.lbsm)")),
+        };
         if u32_at(b, M_HEADER_SIZE) as usize != META_HEADER_SIZE {
             return Err(FormatError::BadField("header size"));
         }
@@ -328,6 +359,7 @@ impl MetaHeader {
         let mut key_check = [0u8; 16];
         key_check.copy_from_slice(&b[M_KEY_CHECK..M_KEY_CHECK + 16]);
         Ok(MetaHeader {
+            version,
             uuid,
             logical_size,
             geometry,
@@ -358,6 +390,20 @@ pub enum Entry {
         epoch: u64,
         sums: Vec<u8>,
     },
+    /// LBNs `lbn..lbn+count` live at PBNs `pbn..pbn+count` of a cluster
+    /// in epoch `epoch`, as copies (moved by the garbage collector, bytes
+    /// unchanged) of blocks sealed — encrypted and checksummed — at PBNs
+    /// `seal_pbn..seal_pbn+count` in epoch `seal_epoch`; one checksum per
+    /// block, as it was sealed. Since version 2.
+    Moved {
+        lbn: u64,
+        pbn: u64,
+        count: u64,
+        epoch: u64,
+        seal_pbn: u64,
+        seal_epoch: u64,
+        sums: Vec<u8>,
+    },
     /// LBNs `lbn..lbn+count` read as zeroes and use no data block.
     Zero { lbn: u64, count: u64 },
     /// LBNs `lbn..lbn+count` are unmapped (trimmed); they read as zeroes.
@@ -368,14 +414,16 @@ pub enum Entry {
 }
 
 const MAP_FIXED: usize = 8 + 8 + 4 + 4 + 8;
+const MOVED_FIXED: usize = MAP_FIXED + 8 + 8;
 
 impl Entry {
     /// Number of blocks an entry maps, zeroes or trims.
     pub fn count(&self) -> u64 {
         match self {
-            Entry::Map { count, .. } | Entry::Zero { count, .. } | Entry::Trim { count, .. } => {
-                *count
-            }
+            Entry::Map { count, .. }
+            | Entry::Moved { count, .. }
+            | Entry::Zero { count, .. }
+            | Entry::Trim { count, .. } => *count,
             Entry::Barrier { .. } => 0,
         }
     }
@@ -400,6 +448,26 @@ pub fn encode_entry(e: &Entry, seq: u64, sum_width: usize) -> Vec<u8> {
             body.extend_from_slice(&epoch.to_le_bytes());
             body.extend_from_slice(sums);
             KIND_MAP
+        }
+        Entry::Moved {
+            lbn,
+            pbn,
+            count,
+            epoch,
+            seal_pbn,
+            seal_epoch,
+            sums,
+        } => {
+            debug_assert_eq!(sums.len(), *count as usize * sum_width);
+            body.extend_from_slice(&lbn.to_le_bytes());
+            body.extend_from_slice(&pbn.to_le_bytes());
+            body.extend_from_slice(&(*count as u32).to_le_bytes());
+            body.extend_from_slice(&0u32.to_le_bytes());
+            body.extend_from_slice(&epoch.to_le_bytes());
+            body.extend_from_slice(&seal_pbn.to_le_bytes());
+            body.extend_from_slice(&seal_epoch.to_le_bytes());
+            body.extend_from_slice(sums);
+            KIND_MOVED
         }
         Entry::Zero { lbn, count } | Entry::Trim { lbn, count } => {
             body.extend_from_slice(&lbn.to_le_bytes());
@@ -477,8 +545,10 @@ pub fn parse_entry(
         count > 0 && start.checked_add(count).is_some_and(|e| e <= limit)
     };
     let e = match b[0] {
-        KIND_MAP => {
-            if body.len() < MAP_FIXED {
+        KIND_MAP | KIND_MOVED => {
+            let moved = b[0] == KIND_MOVED;
+            let fixed = if moved { MOVED_FIXED } else { MAP_FIXED };
+            if body.len() < fixed {
                 return Err(TailError::BadEntry("short MAP"));
             }
             let lbn = u64_at(body, 0);
@@ -487,9 +557,9 @@ pub fn parse_entry(
             let epoch = u64_at(body, 24);
             let sums_len = count as usize * sum_width;
             if u32_at(body, 20) != 0
-                || body.len() < MAP_FIXED + sums_len
-                || body[MAP_FIXED + sums_len..].iter().any(|&x| x != 0)
-                || body.len() - MAP_FIXED - sums_len >= 4
+                || body.len() < fixed + sums_len
+                || body[fixed + sums_len..].iter().any(|&x| x != 0)
+                || body.len() - fixed - sums_len >= 4
             {
                 return Err(TailError::BadEntry("MAP layout"));
             }
@@ -502,12 +572,35 @@ pub fn parse_entry(
             if epoch == 0 {
                 return Err(TailError::BadEntry("MAP epoch 0"));
             }
-            Entry::Map {
-                lbn,
-                pbn,
-                count,
-                epoch,
-                sums: body[MAP_FIXED..MAP_FIXED + sums_len].to_vec(),
+            let sums = body[fixed..fixed + sums_len].to_vec();
+            if moved {
+                let seal_pbn = u64_at(body, 32);
+                let seal_epoch = u64_at(body, 40);
+                if !in_range(seal_pbn, count, pblocks)
+                    || seal_pbn / bpc != (seal_pbn + count - 1) / bpc
+                {
+                    return Err(TailError::BadEntry("MOVED seal range"));
+                }
+                if seal_epoch == 0 {
+                    return Err(TailError::BadEntry("MOVED seal epoch 0"));
+                }
+                Entry::Moved {
+                    lbn,
+                    pbn,
+                    count,
+                    epoch,
+                    seal_pbn,
+                    seal_epoch,
+                    sums,
+                }
+            } else {
+                Entry::Map {
+                    lbn,
+                    pbn,
+                    count,
+                    epoch,
+                    sums,
+                }
             }
         }
         KIND_ZERO | KIND_TRIM => {
@@ -572,6 +665,24 @@ mod tests {
     }
 
     #[test]
+    fn version_1_headers_are_read_and_others_refused() {
+        let h1 = MetaHeader {
+            version: 1,
+            ..header()
+        };
+        let b = h1.encode();
+        assert_eq!(u32_at(&b, 8), 1);
+        assert_eq!(MetaHeader::parse(&b).unwrap(), h1);
+        for v in [0, 3, 99] {
+            let mut b = header().encode();
+            put_u32(&mut b, 8, v);
+            let crc = crc32c::crc32c(&b[..M_CRC]);
+            put_u32(&mut b, M_CRC, crc);
+            assert_eq!(MetaHeader::parse(&b), Err(FormatError::BadVersion(v)));
+        }
+    }
+
+    #[test]
     fn entries_round_trip() {
         let es = [
             Entry::Map {
@@ -580,6 +691,15 @@ mod tests {
                 count: 2,
                 epoch: 9,
                 sums: vec![1, 2, 3, 4, 5, 6, 7, 8],
+            },
+            Entry::Moved {
+                lbn: 40,
+                pbn: 33,
+                count: 3,
+                epoch: 12,
+                seal_pbn: 2,
+                seal_epoch: 7,
+                sums: vec![9; 12],
             },
             Entry::Zero { lbn: 0, count: 5 },
             Entry::Trim {
@@ -635,5 +755,31 @@ mod tests {
             parse_entry(&b, 4, 256, 320, 16),
             Err(TailError::BadEntry("MAP run crosses a cluster"))
         );
+        let moved = |seal_pbn, seal_epoch| {
+            encode_entry(
+                &Entry::Moved {
+                    lbn: 0,
+                    pbn: 16,
+                    count: 2,
+                    epoch: 3,
+                    seal_pbn,
+                    seal_epoch,
+                    sums: vec![0; 8],
+                },
+                1,
+                4,
+            )
+        };
+        assert!(parse_entry(&moved(30, 1), 4, 256, 320, 16).is_ok());
+        for (p, e, why) in [
+            (15, 1, "MOVED seal range"),
+            (319, 1, "MOVED seal range"),
+            (30, 0, "MOVED seal epoch 0"),
+        ] {
+            assert_eq!(
+                parse_entry(&moved(p, e), 4, 256, 320, 16),
+                Err(TailError::BadEntry(why))
+            );
+        }
     }
 }

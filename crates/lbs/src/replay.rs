@@ -10,6 +10,9 @@ use crate::format::{parse_entry, Entry, MetaHeader, TailError, META_HEADER_SIZE}
 /// Sentinel PBNs in the LBN→PBN map.
 pub const UNMAPPED: u32 = u32::MAX;
 pub const ZERO: u32 = u32::MAX - 1;
+/// Sentinel seal PBN: the block is sealed where it lies (in its cluster's
+/// epoch); it was written there, never moved.
+pub const IN_PLACE: u32 = u32::MAX;
 
 /// The map state a log describes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,6 +23,11 @@ pub struct MapState {
     pub sums: Vec<u8>,
     /// Write epoch of each cluster's current use (0 = never written).
     pub epochs: Vec<u64>,
+    /// Where each LBN's block was sealed (encrypted and checksummed), when
+    /// it was moved since: the PBN, or [`IN_PLACE`]...
+    pub seal_pbn: Vec<u32>,
+    /// ...and the epoch (meaningful where `seal_pbn` is not `IN_PLACE`).
+    pub seal_epoch: Vec<u64>,
 }
 
 /// What replay found.
@@ -56,6 +64,8 @@ impl MapState {
             l2p: vec![UNMAPPED; lb],
             sums: vec![0u8; lb * h.checksum.width()],
             epochs: vec![0u64; h.geometry.clusters as usize],
+            seal_pbn: vec![IN_PLACE; lb],
+            seal_epoch: vec![0u64; lb],
         }
     }
 
@@ -90,6 +100,14 @@ impl MapState {
                 count,
                 epoch,
                 sums,
+            }
+            | Entry::Moved {
+                lbn,
+                pbn,
+                count,
+                epoch,
+                sums,
+                ..
             } => {
                 let c = (*pbn / bpc) as usize;
                 if self.epochs[c] != *epoch {
@@ -101,6 +119,14 @@ impl MapState {
                     }
                     self.epochs[c] = *epoch;
                 }
+                let seal = match e {
+                    Entry::Moved {
+                        seal_pbn,
+                        seal_epoch,
+                        ..
+                    } => Some((*seal_pbn, *seal_epoch)),
+                    _ => None,
+                };
                 let n = *count as usize;
                 for i in 0..n {
                     let l = *lbn as usize + i;
@@ -109,6 +135,13 @@ impl MapState {
                     live[c] += 1;
                     self.sums[l * width..(l + 1) * width]
                         .copy_from_slice(&sums[i * width..(i + 1) * width]);
+                    match seal {
+                        Some((sp, se)) => {
+                            self.seal_pbn[l] = (sp + i as u64) as u32;
+                            self.seal_epoch[l] = se;
+                        }
+                        None => self.seal_pbn[l] = IN_PLACE,
+                    }
                 }
             }
             Entry::Zero { lbn, count } | Entry::Trim { lbn, count } => {
@@ -120,6 +153,7 @@ impl MapState {
                 for l in *lbn as usize..(*lbn + *count) as usize {
                     release(&mut self.l2p, live, l);
                     self.l2p[l] = v;
+                    self.seal_pbn[l] = IN_PLACE;
                 }
             }
             Entry::Barrier { .. } => {}
@@ -153,6 +187,10 @@ pub fn replay(bytes: &[u8], h: &MetaHeader) -> Result<Replayed, Inconsistent> {
                 break;
             }
         };
+        if h.version < 2 && matches!(e, Entry::Moved { .. }) {
+            stop = Some(TailError::BadEntry("MOVED entry in a version-1 log"));
+            break;
+        }
         if s != seq {
             stop = Some(TailError::BadSequence {
                 expected: seq,
@@ -290,6 +328,54 @@ mod tests {
                 "flip at {i} must roll back the second barrier"
             );
         }
+    }
+
+    #[test]
+    fn moved_blocks_keep_their_seal_until_rewritten() {
+        let h = header();
+        let mut l = LogBuilder::new(&h);
+        l.map(0, 0, 3, 1);
+        l.push(Entry::Moved {
+            lbn: 1,
+            pbn: 20,
+            count: 2,
+            epoch: 2,
+            seal_pbn: 1,
+            seal_epoch: 1,
+            sums: vec![2; 8],
+        });
+        l.barrier();
+        let r = replay(&l.bytes, &h).unwrap();
+        assert_eq!(&r.map.l2p[..3], &[0, 20, 21]);
+        assert_eq!(&r.map.seal_pbn[..3], &[IN_PLACE, 1, 2]);
+        assert_eq!(&r.map.seal_epoch[1..3], &[1, 1]);
+        assert_eq!(&r.map.sums[4..12], &[2; 8]);
+        assert_eq!(r.map.live_counts(16)[..2], [1, 2]);
+        // Rewriting and trimming put the seal back in place.
+        l.map(1, 3, 1, 1);
+        l.push(Entry::Trim { lbn: 2, count: 1 });
+        l.barrier();
+        let r = replay(&l.bytes, &h).unwrap();
+        assert_eq!(&r.map.seal_pbn[..3], &[IN_PLACE; 3]);
+        // A version-1 log cannot hold MOVED entries: replay stops there.
+        let h1 = MetaHeader { version: 1, ..h };
+        let mut l = LogBuilder::new(&h1);
+        l.map(0, 0, 3, 1);
+        l.barrier();
+        let good = l.bytes.len();
+        l.push(Entry::Moved {
+            lbn: 1,
+            pbn: 20,
+            count: 1,
+            epoch: 2,
+            seal_pbn: 1,
+            seal_epoch: 1,
+            sums: vec![2; 4],
+        });
+        l.barrier();
+        let r = replay(&l.bytes, &h1).unwrap();
+        assert_eq!(r.valid_len, good);
+        assert_eq!(r.map.l2p[1], 1);
     }
 
     #[test]

@@ -245,3 +245,143 @@ fn replayed_older_encrypted_block_is_detected() {
         "a replayed block must not verify"
     );
 }
+
+/// Options whose collector, when asked, takes every cluster with a dead
+/// block (high watermark = every cluster).
+fn collect_all() -> LbsOptions {
+    LbsOptions {
+        gc: Some(roamdisk_lbs::gc::GcPolicy {
+            low: 1,
+            high: 1 << 20,
+            ..roamdisk_lbs::gc::GcPolicy::for_clusters(18)
+        }),
+        ..lopts()
+    }
+}
+
+#[test]
+fn moves_copy_ciphertext_and_damage_is_still_caught_after_moves() {
+    // Encrypted, so a block's bytes on disk say nothing about its place:
+    // a move must copy them unchanged (the seal travels in the log).
+    let img = mem_image(true, ChecksumKind::Crc32c);
+    let blocks: Vec<Vec<u8>> = (0..16).map(|i| pattern(i as u8 + 1, 4096)).collect();
+    {
+        let d = img.open(collect_all()).unwrap();
+        for (i, b) in blocks.iter().enumerate() {
+            d.write_at(b, i as u64 * 4096, WriteFlags::default())
+                .unwrap();
+        }
+        d.flush().unwrap();
+    }
+    // LBNs 0..16 filled the first cluster (PBN 0..16, after the 64 KiB
+    // superblock area). Damage LBN 3's ciphertext; remember LBN 5's.
+    let base = 64 * 1024;
+    let raw = img.data_bytes();
+    let five = raw[base + 5 * 4096..base + 6 * 4096].to_vec();
+    img.data
+        .write_at(
+            &[0x42; 16],
+            (base + 3 * 4096 + 100) as u64,
+            WriteFlags::default(),
+        )
+        .unwrap();
+    let check = |d: &roamdisk_lbs::Lbs| {
+        let mut x = vec![0u8; 4096];
+        for (i, b) in blocks.iter().enumerate() {
+            let r = d.read_at(&mut x, i as u64 * 4096);
+            if i == 3 {
+                let e = r.unwrap_err();
+                assert_eq!(e.kind(), ErrorKind::Corrupt);
+                assert!(e.to_string().contains("LBN 3"), "{e}");
+            } else if i > 2 {
+                r.unwrap();
+                assert_eq!(&x, b, "LBN {i}");
+            }
+        }
+    };
+    let d = img.open(collect_all()).unwrap();
+    // Two dead blocks make the cluster a victim; its 14 live blocks move,
+    // the damaged one with them.
+    d.write_at(&pattern(99, 8192), 0, WriteFlags::default())
+        .unwrap();
+    d.flush().unwrap();
+    assert!(d.gc_now().unwrap() >= 1);
+    let s = d.stats();
+    assert!(s.gc_moved >= 14, "{s:?}");
+    check(&d);
+    // LBN 5's ciphertext now lies elsewhere too, byte for byte.
+    let raw = img.data_bytes();
+    let copies: Vec<usize> = (base..raw.len())
+        .step_by(4096)
+        .filter(|&o| raw[o..o + 4096] == five[..])
+        .collect();
+    assert!(
+        copies.iter().any(|&o| o != base + 5 * 4096),
+        "moved block not copied as it was: {copies:?}"
+    );
+    // Across a reopen (MOVED entries replayed, then compacted), then moved
+    // again (a hole in the cluster they moved to, no longer active).
+    drop(d);
+    let d = img.open(collect_all()).unwrap();
+    check(&d);
+    d.write_at(&pattern(98, 4096), 2 * 4096, WriteFlags::default())
+        .unwrap();
+    d.flush().unwrap();
+    d.gc_now().unwrap();
+    assert!(d.stats().gc_moved >= 12, "{:?}", d.stats());
+    check(&d);
+    drop(d);
+    let d = img
+        .open(LbsOptions {
+            read_only: true,
+            ..lopts()
+        })
+        .unwrap();
+    check(&d);
+}
+
+#[test]
+fn version_1_images_open_and_are_upgraded_by_a_writable_open() {
+    use roamdisk_lbs::format::{MetaHeader, VERSION};
+    use roamdisk_lbs::storage::LogStore;
+    let img = mem_image(true, ChecksumKind::Blake3);
+    let data = pattern(7, 256 * 1024);
+    {
+        let d = img.open(lopts()).unwrap();
+        d.write_at(&data, 4096, WriteFlags::default()).unwrap();
+        d.flush().unwrap();
+    }
+    // A version-1 log: the same entries (MAP, ZERO, TRIM, BARRIER) under a
+    // version-1 header, as an older roamdisk wrote it.
+    let mut log = img.log.live();
+    let h = MetaHeader::parse(&log).unwrap();
+    assert_eq!(h.version, VERSION);
+    let v1 = MetaHeader { version: 1, ..h }.encode();
+    log[..v1.len()].copy_from_slice(&v1);
+    img.log.clone().replace(&log).unwrap();
+    let mut x = vec![0u8; data.len()];
+    {
+        let d = img
+            .open(LbsOptions {
+                read_only: true,
+                ..lopts()
+            })
+            .unwrap();
+        assert_eq!(d.header().version, 1);
+        d.read_at(&mut x, 4096).unwrap();
+        assert_eq!(x, data);
+    }
+    assert_eq!(MetaHeader::parse(&img.log.live()).unwrap().version, 1);
+    let d = img.open(collect_all()).unwrap();
+    assert_eq!(d.header().version, VERSION);
+    assert_eq!(MetaHeader::parse(&img.log.live()).unwrap().version, VERSION);
+    d.write_at(&pattern(8, 8192), 4096, WriteFlags::default())
+        .unwrap();
+    d.flush().unwrap();
+    d.gc_now().unwrap();
+    assert!(d.stats().gc_moved > 0);
+    d.read_at(&mut x[..8192], 4096).unwrap();
+    assert_eq!(&x[..8192], &pattern(8, 8192)[..]);
+    d.read_at(&mut x[8192..], 4096 + 8192).unwrap();
+    assert_eq!(&x[8192..], &data[8192..]);
+}

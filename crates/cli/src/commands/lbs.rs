@@ -314,6 +314,12 @@ fn info(i: &InfoArgs) -> anyhow::Result<()> {
     let bpc = h.geometry.blocks_per_cluster();
     let live = r.map.live_counts(bpc);
     let mapped: u64 = live.iter().map(|&l| l as u64).sum();
+    let moved = r
+        .map
+        .seal_pbn
+        .iter()
+        .filter(|&&p| p != roamdisk_lbs::replay::IN_PLACE)
+        .count();
     let zero = r
         .map
         .l2p
@@ -325,7 +331,7 @@ fn info(i: &InfoArgs) -> anyhow::Result<()> {
         .map(|d| d.is_direct())
         .unwrap_or(false);
     let bs = h.geometry.block_size as u64;
-    let per_block = 4 + h.checksum.width() as u64;
+    let per_block = roamdisk_lbs::image::map_bytes_per_block(h.checksum.width()) as u64;
     let mem_per_gib = per_block as f64 * (1u64 << 30) as f64 / bs as f64 / 1e6;
     let enc = match h.cipher {
         roamdisk_lbs::format::Cipher::None => "none".to_string(),
@@ -347,6 +353,7 @@ fn info(i: &InfoArgs) -> anyhow::Result<()> {
             "mapped_blocks": mapped, "zero_blocks": zero, "used_clusters": used,
             "log_bytes": bytes.len(), "log_discarded_bytes": r.discarded, "barriers": r.barriers,
             "generation": h.generation, "map_memory_mb_per_gib": mem_per_gib,
+            "format_version": h.version, "moved_blocks": moved,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -366,6 +373,7 @@ fn info(i: &InfoArgs) -> anyhow::Result<()> {
         format_size(h.geometry.physical_blocks() * bs),
         h.geometry.physical_blocks() * 100 / h.logical_blocks()
     );
+    println!("format:         version {}", h.version);
     println!("checksum:       {}", h.checksum.name());
     println!("encryption:     {enc}");
     println!(
@@ -382,6 +390,7 @@ fn info(i: &InfoArgs) -> anyhow::Result<()> {
         format_size(mapped * bs),
         zero
     );
+    println!("moved:          {moved} blocks copied by the garbage collector (still sealed where first written)");
     println!(
         "clusters:       {used} holding live data, {} free",
         h.geometry.clusters - used

@@ -8,6 +8,8 @@ impl Inner {
     /// atomically, under a new generation.
     pub(super) fn compact(&self, st: &mut State) -> Result<()> {
         debug_assert!(st.streams.iter().all(|w| w.buf.lbns.is_empty()));
+        // `self.header` carries the current version (an older log is
+        // upgraded here, at the compaction of a writable open).
         let mut header = self.header.clone();
         header.generation = st.generation + 1;
         let w = self.width;
@@ -28,31 +30,47 @@ impl Inner {
             .map(|(l, &p)| (p, l as u32))
             .collect();
         mapped.sort_unstable();
+        // A block's seal, or None where it was written in place.
+        let seal = |l: u32| match st.seal_pbn[l as usize] {
+            IN_PLACE => None,
+            sp => Some((sp as u64, st.seal_epoch[l as usize])),
+        };
         let mut i = 0;
         while i < mapped.len() {
             let (p0, l0) = mapped[i];
             let c = p0 as u64 / self.bpc;
+            let s0 = seal(l0);
             let mut j = i + 1;
             while j < mapped.len()
                 && mapped[j].0 == p0 + (j - i) as u32
                 && mapped[j].1 == l0 + (j - i) as u32
                 && mapped[j].0 as u64 / self.bpc == c
+                && seal(mapped[j].1) == s0.map(|(sp, se)| (sp + (j - i) as u64, se))
             {
                 j += 1;
             }
             let sums = st.sums[l0 as usize * w..(l0 as usize + (j - i)) * w].to_vec();
-            push(
-                &mut out,
-                &Entry::Map {
-                    lbn: l0 as u64,
-                    pbn: p0 as u64,
-                    count: (j - i) as u64,
-                    epoch: st.epochs[c as usize],
+            let (lbn, pbn, count, epoch) =
+                (l0 as u64, p0 as u64, (j - i) as u64, st.epochs[c as usize]);
+            let e = match s0 {
+                None => Entry::Map {
+                    lbn,
+                    pbn,
+                    count,
+                    epoch,
                     sums,
                 },
-                &mut seq,
-                &mut running,
-            );
+                Some((seal_pbn, seal_epoch)) => Entry::Moved {
+                    lbn,
+                    pbn,
+                    count,
+                    epoch,
+                    seal_pbn,
+                    seal_epoch,
+                    sums,
+                },
+            };
+            push(&mut out, &e, &mut seq, &mut running);
             i = j;
         }
         let mut l = 0;

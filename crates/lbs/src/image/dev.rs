@@ -61,13 +61,13 @@ impl BlockDev for Inner {
             let hi = end.min(bstart + bs);
             let src = &buf[(lo - off) as usize..(hi - off) as usize];
             if hi - lo == bs {
-                self.insert(&mut st, lbn, src, false)?;
+                self.insert(&mut st, lbn, src)?;
             } else {
                 let mut b = if lbn == first { head.take() } else { None }
                     .or_else(|| tail.take())
                     .expect("edge block was read");
                 b[(lo - bstart) as usize..(hi - bstart) as usize].copy_from_slice(src);
-                self.insert(&mut st, lbn, &b, false)?;
+                self.insert(&mut st, lbn, &b)?;
             }
             self.stats.client_blocks.fetch_add(1, Ordering::Relaxed);
         }

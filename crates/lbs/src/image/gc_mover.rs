@@ -12,19 +12,13 @@ impl Inner {
     /// Move the live blocks of the best victim cluster and free it.
     /// Returns false when no cluster is worth collecting.
     pub(super) fn collect_one(&self, st: &mut State) -> Result<bool> {
-        let eligible: Vec<ClusterState> = st
-            .cstate
-            .iter()
-            .zip(&st.quarantined)
-            .map(|(s, q)| if *q { ClusterState::Active } else { *s })
-            .collect();
         let ages: Vec<u64> = st
             .birth
             .iter()
             .map(|b| st.clock.saturating_sub(*b))
             .collect();
         let Some(v) = pick_victim(
-            &eligible,
+            &st.cstate,
             &st.live,
             &ages,
             self.bpc,
@@ -44,31 +38,22 @@ impl Inner {
             .collect();
         moves.sort_unstable();
         if let (Some(&(first, _)), Some(&(last, _))) = (moves.first(), moves.last()) {
-            // One read for the span of live blocks, then verify each.
+            // One read for the span of live blocks; each moves as it is on
+            // disk, keeping its seal and checksum (verified when read).
             let n = (last - first + 1) as usize;
             let mut span = AlignedBuf::new(n * self.bs);
             self.data.read_at(
                 span.as_mut_slice(),
                 self.geo.data_offset() + first * self.bs as u64,
             )?;
-            let epoch = st.epochs[v];
             for &(pbn, lbn) in &moves {
                 if st.l2p[lbn as usize] as u64 != pbn {
                     continue;
                 }
                 let i = (pbn - first) as usize;
-                let blk = &mut span.as_mut_slice()[i * self.bs..(i + 1) * self.bs];
-                let mut want = [0u8; 16];
-                want[..self.width].copy_from_slice(
-                    &st.sums[lbn as usize * self.width..(lbn as usize + 1) * self.width],
-                );
-                if let Err(e) = self.decrypt_verify(lbn, pbn, epoch, &want, blk) {
-                    tracing::error!(cluster = v, lbn, error = %e, "cannot move a corrupt block; the cluster is quarantined");
-                    st.quarantined[v] = true;
-                    return Ok(true);
-                }
-                let copy = blk.to_vec();
-                self.insert(st, lbn, &copy, true)?;
+                let raw = &span.as_slice()[i * self.bs..(i + 1) * self.bs];
+                let seal = self.seal_of(st, lbn, pbn);
+                self.insert_moved(st, lbn, raw, seal)?;
                 // A cluster of moved blocks is as old as the youngest
                 // data moved into it.
                 if let Some(a) = st.streams[MOVED].active {

@@ -35,7 +35,7 @@ use roamdisk_blockdev::{
 use crate::checksum::ChecksumKind;
 use crate::format::{encode_entry, DataSuper, Entry, Geometry, MetaHeader, SUPERBLOCK_SIZE};
 use crate::gc::{pick_victim, ClusterState, GcPolicy};
-use crate::replay::{replay, UNMAPPED, ZERO};
+use crate::replay::{replay, IN_PLACE, UNMAPPED, ZERO};
 use crate::storage::LogStore;
 use roamdisk_crypto::Xts;
 
@@ -109,11 +109,19 @@ pub struct StatsSnapshot {
     pub log_bytes: u64,
 }
 
+/// Where a block was sealed (encrypted and checksummed): PBN and epoch.
+/// Its XTS tweak and its checksum's epoch; a move keeps it.
+type Seal = (u64, u64);
+
 struct WriteBuf {
     /// PBN of slot 0.
     base: u64,
     lbns: Vec<u64>,
-    /// Plaintext, `lbns.len() * block_size` bytes.
+    /// Per slot: `None` for a client's block (plaintext, sealed at this
+    /// slot when the buffer is written), or the seal of a moved block
+    /// (its bytes as on disk: ciphertext, written as they are).
+    seals: Vec<Option<Seal>>,
+    /// `lbns.len() * block_size` bytes.
     data: Vec<u8>,
     index: HashMap<u64, usize>,
 }
@@ -139,6 +147,7 @@ impl Stream {
             buf: WriteBuf {
                 base: 0,
                 lbns: Vec::new(),
+                seals: Vec::new(),
                 data: Vec::new(),
                 index: HashMap::new(),
             },
@@ -150,9 +159,12 @@ struct State {
     l2p: Vec<u32>,
     sums: Vec<u8>,
     epochs: Vec<u64>,
+    /// Each LBN's seal when it was moved ([`IN_PLACE`]: sealed where it
+    /// lies, in its cluster's epoch).
+    seal_pbn: Vec<u32>,
+    seal_epoch: Vec<u64>,
     live: Vec<u32>,
     cstate: Vec<ClusterState>,
-    quarantined: Vec<bool>,
     pending: Vec<usize>,
     free: u64,
     streams: [Stream; 2],
@@ -191,8 +203,8 @@ pub struct Inner {
     describe: String,
 }
 
-/// A block to read: (lbn, pbn, epoch, checksum).
-type BlockRef = (u64, u64, u64, [u8; 16]);
+/// A block to read: (lbn, pbn, seal, checksum).
+type BlockRef = (u64, u64, Seal, [u8; 16]);
 
 /// A buffer whose start is aligned for O_DIRECT.
 pub struct AlignedBuf {
@@ -236,7 +248,7 @@ impl Inner {
         opts: LbsOptions,
     ) -> Result<Arc<Inner>> {
         let bytes = log.read_all().map_err(|e| log_err(Op::Open, e))?;
-        let header = MetaHeader::parse(&bytes).map_err(|e| {
+        let mut header = MetaHeader::parse(&bytes).map_err(|e| {
             err(
                 ErrorKind::Corrupt,
                 Op::Open,
@@ -308,6 +320,17 @@ impl Inner {
                 "rolled back the metadata log to its last valid barrier (writes after the last flush are discarded)"
             );
         }
+        if !opts.read_only && header.version < crate::format::VERSION {
+            // The compaction below rewrites the log in the current
+            // version (a version-1 log is a valid version-2 log).
+            tracing::info!(
+                log = %log.describe(),
+                from = header.version,
+                to = crate::format::VERSION,
+                "upgrading the metadata log's format version"
+            );
+            header.version = crate::format::VERSION;
+        }
         let geo = header.geometry;
         let bpc = geo.blocks_per_cluster();
         let live = r.map.live_counts(bpc);
@@ -347,8 +370,9 @@ impl Inner {
             l2p: r.map.l2p,
             sums: r.map.sums,
             epochs: r.map.epochs,
+            seal_pbn: r.map.seal_pbn,
+            seal_epoch: r.map.seal_epoch,
             live,
-            quarantined: vec![false; cstate.len()],
             cstate,
             pending: Vec::new(),
             free,
@@ -432,7 +456,7 @@ impl Inner {
     /// Bytes of memory the map uses per GiB of logical space (the seed's
     /// figure: 12 MB).
     pub fn map_bytes_per_gib(&self) -> f64 {
-        let per_block = 4.0 + self.width as f64;
+        let per_block = map_bytes_per_block(self.width) as f64;
         let per_cluster = 8.0 + 4.0 + 1.0 + 1.0;
         let blocks_per_gib = (1u64 << 30) as f64 / self.bs as f64;
         let clusters_per_gib = blocks_per_gib / self.bpc as f64
@@ -456,6 +480,20 @@ impl Inner {
         }
         r
     }
+
+    /// The seal of `lbn`, which lies at `pbn`.
+    fn seal_of(&self, st: &State, lbn: u64, pbn: u64) -> Seal {
+        match st.seal_pbn[lbn as usize] {
+            IN_PLACE => (pbn, st.epochs[(pbn / self.bpc) as usize]),
+            sp => (sp as u64, st.seal_epoch[lbn as usize]),
+        }
+    }
+}
+
+/// Bytes of the in-memory map per logical block with `width`-byte
+/// checksums: PBN, checksum, seal PBN and seal epoch.
+pub fn map_bytes_per_block(width: usize) -> usize {
+    4 + width + 4 + 8
 }
 
 /// An open LBS image. Dropping the last handle stops the collector and

@@ -6,30 +6,31 @@ use super::*;
 
 impl Inner {
     /// Read and verify blocks already on disk. `plan` holds (lbn, pbn,
-    /// epoch, checksum) of consecutive PBNs; returns their plaintext.
+    /// seal, checksum) of consecutive PBNs; returns their plaintext.
     pub(super) fn read_blocks(&self, plan: &[BlockRef]) -> Result<AlignedBuf> {
         let n = plan.len();
         let mut b = AlignedBuf::new(n * self.bs);
         let off = self.geo.data_offset() + plan[0].1 * self.bs as u64;
         self.data.read_at(b.as_mut_slice(), off)?;
-        for (i, &(lbn, pbn, epoch, want)) in plan.iter().enumerate() {
+        for (i, &(lbn, pbn, seal, want)) in plan.iter().enumerate() {
             let blk = &mut b.as_mut_slice()[i * self.bs..(i + 1) * self.bs];
-            self.decrypt_verify(lbn, pbn, epoch, &want, blk)?;
+            self.decrypt_verify(lbn, pbn, seal, &want, blk)?;
         }
         Ok(b)
     }
 
-    /// Decrypt one block in place and check its checksum.
+    /// Decrypt one block (at `pbn`, sealed at `seal`) in place and check
+    /// its checksum.
     pub(super) fn decrypt_verify(
         &self,
         lbn: u64,
         pbn: u64,
-        epoch: u64,
+        (seal_pbn, epoch): Seal,
         want: &[u8; 16],
         blk: &mut [u8],
     ) -> Result<()> {
         if let Some(x) = &self.cipher {
-            x.decrypt(pbn, epoch, blk);
+            x.decrypt(seal_pbn, epoch, blk);
         }
         let mut sum = [0u8; 16];
         self.header
@@ -68,19 +69,25 @@ impl Inner {
                     continue;
                 }
                 let p = p as u64;
+                let mut s = [0u8; 16];
+                s[..self.width].copy_from_slice(
+                    &st.sums[lbn as usize * self.width..(lbn as usize + 1) * self.width],
+                );
+                let seal = self.seal_of(&st, lbn, p);
                 if let Some((b, &slot)) = st
                     .streams
                     .iter()
                     .find_map(|w| w.buf.index.get(&lbn).map(|x| (&w.buf, x)))
                 {
                     dst.copy_from_slice(&b.data[slot * self.bs..(slot + 1) * self.bs]);
+                    if b.seals[slot].is_some() {
+                        // A moved block waiting in the collector's buffer:
+                        // the bytes read from its old place, unverified.
+                        self.decrypt_verify(lbn, p, seal, &s, dst)?;
+                    }
                     continue;
                 }
-                let mut s = [0u8; 16];
-                s[..self.width].copy_from_slice(
-                    &st.sums[lbn as usize * self.width..(lbn as usize + 1) * self.width],
-                );
-                plan.push((i, (lbn, p, st.epochs[(p / self.bpc) as usize], s)));
+                plan.push((i, (lbn, p, seal, s)));
             }
             _reuse = self.reuse.read().unwrap_or_else(|p| p.into_inner());
         }

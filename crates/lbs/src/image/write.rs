@@ -44,7 +44,10 @@ impl Inner {
         (self.buf_cap() - w.buf.lbns.len().min(self.buf_cap())).min((end - next) as usize)
     }
 
-    /// Encrypt and write stream `s`'s buffer, then log its MAP entries.
+    /// Seal (checksum and encrypt) the clients' blocks of stream `s`'s
+    /// buffer, write it, then log its MAP runs and its moved blocks'
+    /// MOVED runs (moved blocks are written as they are, still sealed where
+    /// they were first written).
     pub(super) fn flush_buffer(&self, st: &mut State, s: usize) -> Result<()> {
         let n = st.streams[s].buf.lbns.len();
         if n == 0 {
@@ -64,6 +67,10 @@ impl Inner {
             for i in 0..n {
                 let plain = &buf.data[i * bs..(i + 1) * bs];
                 let lbn = buf.lbns[i];
+                if buf.seals[i].is_some() {
+                    o[i * bs..(i + 1) * bs].copy_from_slice(plain);
+                    continue;
+                }
                 if lbn != DEAD {
                     self.header.checksum.compute(
                         lbn,
@@ -88,6 +95,14 @@ impl Inner {
             .physical_blocks
             .fetch_add(n as u64, Ordering::Relaxed);
         let lbns = std::mem::take(&mut st.streams[s].buf.lbns);
+        let seals = std::mem::take(&mut st.streams[s].buf.seals);
+        // Runs of consecutive LBNs, sealed here (MAP) or moved with seals
+        // at consecutive PBNs of one epoch (MOVED).
+        let follows = |j: usize| match (seals[j - 1], seals[j]) {
+            (None, None) => true,
+            (Some((p0, e0)), Some((p1, e1))) => e1 == e0 && p1 == p0 + 1,
+            _ => false,
+        };
         let mut i = 0;
         while i < n {
             if lbns[i] == DEAD {
@@ -95,27 +110,39 @@ impl Inner {
                 continue;
             }
             let mut j = i + 1;
-            while j < n && lbns[j] != DEAD && lbns[j] == lbns[j - 1] + 1 {
+            while j < n && lbns[j] != DEAD && lbns[j] == lbns[j - 1] + 1 && follows(j) {
                 j += 1;
             }
             let lbn = lbns[i];
             let sums = st.sums[lbn as usize * w..(lbn as usize + (j - i)) * w].to_vec();
-            self.append_entry(
-                st,
-                &Entry::Map {
+            let (pbn, count) = (base + i as u64, (j - i) as u64);
+            let e = match seals[i] {
+                None => Entry::Map {
                     lbn,
-                    pbn: base + i as u64,
-                    count: (j - i) as u64,
+                    pbn,
+                    count,
                     epoch,
                     sums,
                 },
-            )?;
+                Some((seal_pbn, seal_epoch)) => Entry::Moved {
+                    lbn,
+                    pbn,
+                    count,
+                    epoch,
+                    seal_pbn,
+                    seal_epoch,
+                    sums,
+                },
+            };
+            self.append_entry(st, &e)?;
             i = j;
         }
         let buf = &mut st.streams[s].buf;
         buf.base += n as u64;
         buf.lbns = lbns;
         buf.lbns.clear();
+        buf.seals = seals;
+        buf.seals.clear();
         buf.data.clear();
         buf.index.clear();
         Ok(())
@@ -238,20 +265,38 @@ impl Inner {
         }
     }
 
-    /// Put one block in the buffer as the new content of `lbn`.
-    pub(super) fn insert(
-        &self,
-        st: &mut State,
-        lbn: u64,
-        block: &[u8],
-        for_gc: bool,
-    ) -> Result<()> {
-        let s = if for_gc { MOVED } else { CLIENT };
-        if let Some(&slot) = st.streams[s].buf.index.get(&lbn) {
-            st.streams[s].buf.data[slot * self.bs..(slot + 1) * self.bs].copy_from_slice(block);
+    /// Put a client's block in the buffer as the new content of `lbn`.
+    pub(super) fn insert(&self, st: &mut State, lbn: u64, block: &[u8]) -> Result<()> {
+        if let Some(&slot) = st.streams[CLIENT].buf.index.get(&lbn) {
+            st.streams[CLIENT].buf.data[slot * self.bs..(slot + 1) * self.bs]
+                .copy_from_slice(block);
             self.stats.absorbed.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
+        self.put(st, CLIENT, lbn, block, None)
+    }
+
+    /// Put a block the collector moves, `raw` as read from disk (sealed at
+    /// `seal`), in the collector's buffer as the new place of `lbn`.
+    pub(super) fn insert_moved(
+        &self,
+        st: &mut State,
+        lbn: u64,
+        raw: &[u8],
+        seal: Seal,
+    ) -> Result<()> {
+        self.put(st, MOVED, lbn, raw, Some(seal))
+    }
+
+    /// Append `lbn`'s block to stream `s`'s buffer and map it there.
+    fn put(
+        &self,
+        st: &mut State,
+        s: usize,
+        lbn: u64,
+        block: &[u8],
+        seal: Option<Seal>,
+    ) -> Result<()> {
         self.ensure_room(st, s)?;
         // A copy buffered in the other stream is superseded: written to
         // disk but never mapped.
@@ -262,10 +307,18 @@ impl Inner {
         let slot = buf.lbns.len();
         let pbn = buf.base + slot as u64;
         buf.lbns.push(lbn);
+        buf.seals.push(seal);
         buf.data.extend_from_slice(block);
         buf.index.insert(lbn, slot);
         self.release(st, lbn as usize);
         st.l2p[lbn as usize] = pbn as u32;
+        match seal {
+            Some((sp, se)) => {
+                st.seal_pbn[lbn as usize] = sp as u32;
+                st.seal_epoch[lbn as usize] = se;
+            }
+            None => st.seal_pbn[lbn as usize] = IN_PLACE,
+        }
         let a = st.streams[s]
             .active
             .expect("ensure_room set an active cluster");
@@ -284,6 +337,7 @@ impl Inner {
             }
             self.release(st, lbn as usize);
             st.l2p[lbn as usize] = if zero { ZERO } else { UNMAPPED };
+            st.seal_pbn[lbn as usize] = IN_PLACE;
         }
         let e = if zero {
             Entry::Zero { lbn: first, count }
