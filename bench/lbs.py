@@ -41,6 +41,18 @@ ROWS = [
     ("seqread-1m", "1 MiB sequential read, QD 8", "MB/s", dict(rw="read", bs="1m", iodepth=8), "full"),
     ("randwrite-full-flush", "4 KiB random write, QD 16, FLUSH/64 (full image)", "IOPS",
      dict(rw="randwrite", bs="4k", iodepth=16, fsync=64), "full"),
+    # "steady" rows: on the full image, first the same writes untimed for
+    # --precondition times the image size, so LBS's cleaner has reached its
+    # steady state for that distribution, then measured.
+    ("steady-zipf", "4 KiB random write, QD 16, FLUSH/64, zipf:1.1 (full image, steady state)", "IOPS",
+     dict(rw="randwrite", bs="4k", iodepth=16, fsync=64, random_distribution="zipf:1.1", norandommap=1),
+     "steady"),
+    ("steady-hotcold", "4 KiB random write, QD 16, FLUSH/64, 90% to 10% of the disk (full image, steady state)",
+     "IOPS",
+     dict(rw="randwrite", bs="4k", iodepth=16, fsync=64, random_distribution="zoned:90/10:10/90",
+          norandommap=1), "steady"),
+    ("steady-uniform", "4 KiB random write, QD 16, FLUSH/64, uniform (full image, steady state)", "IOPS",
+     dict(rw="randwrite", bs="4k", iodepth=16, fsync=64, norandommap=1), "steady"),
 ]
 
 # name -> (kind, options)
@@ -149,11 +161,13 @@ class Server:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def fio(uri, size, runtime, params, name="job", time_based=True):
+def fio(uri, size, runtime, params, name="job", time_based=True, io_size=None):
     cmd = ["fio", "--output-format=json", f"--name={name}", "--ioengine=nbd", f"--uri={uri}",
            f"--size={size}", "--direct=1", "--randrepeat=0"]
     if time_based:
         cmd += ["--time_based", f"--runtime={runtime}", "--ramp_time=1"]
+    if io_size:
+        cmd.append(f"--io_size={io_size}")
     for k, v in params.items():
         cmd.append(f"--{k}={v}")
     out = run(cmd).stdout
@@ -165,15 +179,17 @@ def fio(uri, size, runtime, params, name="job", time_based=True):
     return side
 
 
-def measure(server, size, runtime):
+def measure(server, size, runtime, rows, precondition):
     uri = server.uri()
     res = {}
     filled = False
-    for rid, _label, unit, params, phase in ROWS:
-        if phase == "full" and not filled:
+    for rid, _label, unit, params, phase in rows:
+        if phase in ("full", "steady") and not filled:
             # Fill once, so reads read data and writes overwrite.
             fio(uri, size, runtime, dict(rw="write", bs="1m", iodepth=8), time_based=False)
             filled = True
+        if phase == "steady" and precondition > 0:
+            fio(uri, size, runtime, params, time_based=False, io_size=int(size * precondition))
         side = fio(uri, size, runtime, params)
         res[rid] = side["bw_bytes"] / 1e6 if unit == "MB/s" else side["iops"]
     return res
@@ -185,6 +201,10 @@ def main():
     ap.add_argument("--size", default="4G", help="image size (default 4G: fresh-image rows never fill it)")
     ap.add_argument("--runtime", type=int, default=8, help="seconds per fio row (default 8)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
+    ap.add_argument("--rows", default=",".join(r[0] for r in ROWS),
+                    help="comma-separated subset of rows: " + ", ".join(r[0] for r in ROWS))
+    ap.add_argument("--precondition", type=float, default=1.0,
+                    help="untimed writes before each steady-state row, in image sizes (default 1)")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results"))
     ap.add_argument("--also", action="append", default=[], metavar="TAG=BIN",
                     help="another roamdisk binary (A/B runs): add lbs configurations as NAME@TAG to --configs")
@@ -208,15 +228,19 @@ def main():
         base, _, tag = n.partition("@")
         if base not in CONFIGS or (tag and (tag not in ALSO or CONFIGS[base][0] != "lbs")):
             die(f"unknown configuration {n} (NAME@TAG needs an lbs NAME and --also TAG=BIN)")
+    want = [r for r in a.rows.split(",") if r]
+    rows = [r for r in ROWS if r[0] in want]
+    if len(rows) != len(want):
+        die(f"unknown row in --rows {a.rows}")
     work = tempfile.mkdtemp(prefix="roamdisk-bench-lbs-", dir=os.environ.get("BENCH_DIR", "/var/tmp"))
-    results = {n: {r[0]: [] for r in ROWS} for n in names}
+    results = {n: {r[0]: [] for r in rows} for n in names}
     try:
         for p in range(a.passes):
             order = names[p % len(names):] + names[:p % len(names)]
             for n in order:
                 s = Server(n, work, size, roamdisk).start()
                 try:
-                    r = measure(s, size, a.runtime)
+                    r = measure(s, size, a.runtime, rows, a.precondition)
                 finally:
                     s.stop()
                 for k, v in r.items():
@@ -229,7 +253,7 @@ def main():
     head = "| row | unit | " + " | ".join(names) + (f" | {MAIN} / {BASELINE} |" if MAIN in names and BASELINE in names else " |")
     lines.append(head)
     lines.append("|" + " --- |" * (head.count("|") - 1))
-    for rid, label, unit, _params, _phase in ROWS:
+    for rid, label, unit, _params, _phase in rows:
         cells = [f"{med[n][rid]:.0f}" for n in names]
         ratio = ""
         if MAIN in names and BASELINE in names:
@@ -242,7 +266,7 @@ def main():
         others = [n for n in names if n.startswith("lbs-") and n != "lbs-plain"]
         lines.append("| row | " + " | ".join(others) + " |")
         lines.append("|" + " --- |" * (len(others) + 1))
-        for rid, label, unit, _params, _phase in ROWS:
+        for rid, label, unit, _params, _phase in rows:
             base = med["lbs-plain"][rid]
             lines.append(f"| {label} | " + " | ".join(f"{(1 - med[n][rid] / base) * 100:+.1f}%" for n in others) + " |")
     table = "\n".join(lines)
@@ -250,7 +274,8 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     with open(os.path.join(a.out, f"lbs-{stamp}.json"), "w") as f:
-        json.dump({"size": size, "runtime": a.runtime, "passes": a.passes, "results": results, "medians": med}, f, indent=1)
+        json.dump({"size": size, "runtime": a.runtime, "passes": a.passes, "precondition": a.precondition,
+                   "rows": [r[0] for r in rows], "results": results, "medians": med}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -331,8 +331,7 @@ fn info(i: &InfoArgs) -> anyhow::Result<()> {
         .map(|d| d.is_direct())
         .unwrap_or(false);
     let bs = h.geometry.block_size as u64;
-    let per_block = roamdisk_lbs::image::map_bytes_per_block(h.checksum.width()) as u64;
-    let mem_per_gib = per_block as f64 * (1u64 << 30) as f64 / bs as f64 / 1e6;
+    let mem_per_gib = roamdisk_lbs::image::map_bytes_per_gib(&h) / 1e6;
     let enc = match h.cipher {
         roamdisk_lbs::format::Cipher::None => "none".to_string(),
         _ => format!(

@@ -29,14 +29,14 @@ impl Inner {
         };
         let born = st.birth[v];
         let lo = v as u64 * self.bpc;
-        let mut moves: Vec<(u64, u64)> = st
-            .l2p
-            .iter()
-            .enumerate()
-            .filter(|(_, &p)| p < ZERO && (p as u64) >= lo && (p as u64) < lo + self.bpc)
-            .map(|(l, &p)| (p as u64, l as u64))
+        // (pbn, lbn) of the live blocks, in PBN order.
+        let moves: Vec<(u64, u64)> = (lo..lo + self.bpc)
+            .filter_map(|p| match st.p2l[p as usize] {
+                NO_LBN => None,
+                l => Some((p, l as u64)),
+            })
             .collect();
-        moves.sort_unstable();
+        debug_assert_eq!(moves.len(), st.live[v] as usize);
         if let (Some(&(first, _)), Some(&(last, _))) = (moves.first(), moves.last()) {
             // One read for the span of live blocks; each moves as it is on
             // disk, keeping its seal and checksum (verified when read).

@@ -42,6 +42,8 @@ use roamdisk_crypto::Xts;
 /// A slot in the write buffer whose block was zeroed or trimmed after it
 /// was buffered: written to disk but never mapped.
 const DEAD: u64 = u64::MAX;
+/// A PBN holding no live block, in the reverse map.
+const NO_LBN: u32 = u32::MAX;
 /// Clusters kept for the garbage collector's own moves.
 const GC_RESERVE: u64 = 1;
 
@@ -163,6 +165,10 @@ struct State {
     /// lies, in its cluster's epoch).
     seal_pbn: Vec<u32>,
     seal_epoch: Vec<u64>,
+    /// The reverse map: the LBN each PBN holds, or [`NO_LBN`] (derived
+    /// at open; lets the collector find a victim's live blocks without
+    /// scanning the whole map).
+    p2l: Vec<u32>,
     live: Vec<u32>,
     cstate: Vec<ClusterState>,
     pending: Vec<usize>,
@@ -366,7 +372,14 @@ impl Inner {
             birth[c] = k as u64;
         }
         let clock = order.len() as u64;
+        let mut p2l = vec![NO_LBN; geo.physical_blocks() as usize];
+        for (l, &p) in r.map.l2p.iter().enumerate() {
+            if p < ZERO {
+                p2l[p as usize] = l as u32;
+            }
+        }
         let st = State {
+            p2l,
             l2p: r.map.l2p,
             sums: r.map.sums,
             epochs: r.map.epochs,
@@ -456,12 +469,7 @@ impl Inner {
     /// Bytes of memory the map uses per GiB of logical space (the seed's
     /// figure: 12 MB).
     pub fn map_bytes_per_gib(&self) -> f64 {
-        let per_block = map_bytes_per_block(self.width) as f64;
-        let per_cluster = 8.0 + 4.0 + 1.0 + 1.0;
-        let blocks_per_gib = (1u64 << 30) as f64 / self.bs as f64;
-        let clusters_per_gib = blocks_per_gib / self.bpc as f64
-            * (self.geo.physical_blocks() as f64 / self.header.logical_blocks() as f64);
-        per_block * blocks_per_gib + per_cluster * clusters_per_gib
+        map_bytes_per_gib(&self.header)
     }
 
     fn check_writable(&self, st: &State, op: Op) -> Result<()> {
@@ -490,10 +498,19 @@ impl Inner {
     }
 }
 
-/// Bytes of the in-memory map per logical block with `width`-byte
-/// checksums: PBN, checksum, seal PBN and seal epoch.
-pub fn map_bytes_per_block(width: usize) -> usize {
-    4 + width + 4 + 8
+/// Bytes of memory the map of an image with header `h` uses per GiB of
+/// logical space: per logical block its PBN, checksum, seal PBN and seal
+/// epoch; per physical block its LBN (the reverse map); per cluster its
+/// epoch, live count, state and age.
+pub fn map_bytes_per_gib(h: &MetaHeader) -> f64 {
+    let per_block = (4 + h.checksum.width() + 4 + 8) as f64;
+    let per_pblock = 4.0;
+    let per_cluster = 8.0 + 4.0 + 1.0 + 8.0;
+    let geo = h.geometry;
+    let blocks_per_gib = (1u64 << 30) as f64 / geo.block_size as f64;
+    let phys = geo.physical_blocks() as f64 / h.logical_blocks() as f64;
+    blocks_per_gib
+        * (per_block + phys * (per_pblock + per_cluster / geo.blocks_per_cluster() as f64))
 }
 
 /// An open LBS image. Dropping the last handle stops the collector and

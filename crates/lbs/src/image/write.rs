@@ -22,6 +22,7 @@ impl Inner {
     pub(super) fn release(&self, st: &mut State, lbn: usize) {
         let old = st.l2p[lbn];
         if old < ZERO {
+            st.p2l[old as usize] = NO_LBN;
             let c = (old as u64 / self.bpc) as usize;
             st.live[c] -= 1;
             if st.live[c] == 0 && st.cstate[c] == ClusterState::Used {
@@ -312,6 +313,7 @@ impl Inner {
         buf.index.insert(lbn, slot);
         self.release(st, lbn as usize);
         st.l2p[lbn as usize] = pbn as u32;
+        st.p2l[pbn as usize] = lbn as u32;
         match seal {
             Some((sp, se)) => {
                 st.seal_pbn[lbn as usize] = sp as u32;
