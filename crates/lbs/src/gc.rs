@@ -112,15 +112,14 @@ pub fn terms(
     };
     let lo = c.saturating_sub(2);
     let hi = (c + 2).min(states.len() - 1);
-    let neigh: Vec<f64> = (lo..=hi)
-        .filter(|&n| n != c)
-        .map(|n| emptiness_of(states[n], live[n], bpc))
-        .collect();
-    let mean = if neigh.is_empty() {
-        0.0
-    } else {
-        neigh.iter().sum::<f64>() / neigh.len() as f64
-    };
+    // Mean emptiness of up to two neighbours on each side (no allocation:
+    // this runs for every candidate at every victim choice).
+    let (mut sum, mut n) = (0.0, 0u32);
+    for k in (lo..=hi).filter(|&k| k != c) {
+        sum += emptiness_of(states[k], live[k], bpc);
+        n += 1;
+    }
+    let mean = if n == 0 { 0.0 } else { sum / n as f64 };
     // An unusually full cluster among mostly empty ones is scored as if it
     // were almost as empty as its surroundings.
     let outlier = if mean >= 0.5 && mean - e > 0.25 {
