@@ -48,7 +48,7 @@ use roamdisk_lbs::create::{create, plan, CreateOptions, Paths};
 use roamdisk_lbs::storage::FileLog;
 use roamdisk_lbs::{ChecksumKind, Lbs, LbsOptions, StatsSnapshot};
 use roamdisk_trace::format::{Format, Reader, TraceOp, Writer};
-use roamdisk_trace::synth::{self, android, Kind, SynthOptions};
+use roamdisk_trace::synth::android;
 use roamdisk_workload::flashsim::{parse_params, FlashParams, FlashSimDev, FlashSimOptions};
 use roamdisk_workload::replay::{self, Grouping, ReplayError, ReplayOptions, Targets};
 
@@ -206,22 +206,19 @@ fn parse_args() -> Res<Args> {
     Ok(a)
 }
 
-/// Generate `name` scaled to `kib` 1 KiB writes, writable partitions only.
-fn generate(name: &str, kib: u64, seed: u64, out: &Path) -> Res<f64> {
-    let i = android::TRACES
-        .iter()
-        .position(|t| t.name == name)
-        .ok_or_else(|| format!("unknown Android trace {name}"))?;
-    let scale = android::scale_for_write_kib(&android::TRACES[i], kib);
+/// Generate `name` scaled to `kib` 1 KiB writes, writable partitions
+/// only, placed in partitions of `sizes`.
+fn generate(name: &str, kib: u64, seed: u64, sizes: &BTreeMap<u32, u64>, out: &Path) -> Res<f64> {
+    let t = android::trace(name).ok_or_else(|| format!("unknown Android trace {name}"))?;
+    let scale = android::scale_for_write_kib(t, kib);
+    let mut part = android::PARTITIONS.map(|(_, s)| s);
+    for (&d, &s) in sizes {
+        part[d as usize] = s;
+    }
     let mut w = Writer::create(out, Format::Binary)?;
-    let gen = synth::generate(
-        Kind::Android(i),
-        &SynthOptions {
-            seed,
-            scale,
-            ..SynthOptions::default()
-        },
-    )?;
+    // The generator `roamdisk trace synth android-NAME --scale S --seed N`
+    // runs (one client), with the partition sizes given.
+    let gen = android::Generator::new(t, scale, seed, 0).with_partition_sizes(part);
     for r in gen.filter(|r| is_writable(r.device)) {
         w.write(&r)?;
     }
@@ -498,7 +495,7 @@ fn main() -> Res<()> {
             None => return Err(format!("{name} has no Table 5 row: give --kib").into()),
         };
         let path = dir.join(format!("{name}.rdtrace"));
-        let scale = generate(name, kib, a.seed, &path)?;
+        let scale = generate(name, kib, a.seed, &sizes, &path)?;
         jobs.push((name.clone(), path, format!("{scale:.6}")));
     }
     println!(

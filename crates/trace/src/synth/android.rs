@@ -344,6 +344,8 @@ pub struct Generator {
     client: u32,
     state: Vec<[StreamState; 2]>,
     buf: std::collections::VecDeque<Record>,
+    /// Partition sizes by device id ([`PARTITIONS`] unless changed).
+    sizes: [u64; 5],
 }
 
 impl Generator {
@@ -356,7 +358,16 @@ impl Generator {
             client,
             state: vec![[StreamState::default(); 2]; target.partitions.len()],
             buf: Default::default(),
+            sizes: PARTITIONS.map(|(_, s)| s),
         }
+    }
+
+    /// Place requests in partitions of these sizes (by device id) instead
+    /// of [`PARTITIONS`]' (for what-if runs on other partition sizes; the
+    /// default sizes give the same trace as before).
+    pub fn with_partition_sizes(mut self, sizes: [u64; 5]) -> Self {
+        self.sizes = sizes;
+        self
     }
 
     /// Generate the next repetition (`f` ≤ 1 of the published trace).
@@ -366,7 +377,7 @@ impl Generator {
         let mut recs: Vec<Record> = Vec::new();
         let rng = &mut self.rng;
         for (pi, p) in self.target.partitions.iter().enumerate() {
-            let size = PARTITIONS[p.device as usize].1;
+            let size = self.sizes[p.device as usize];
             let mut writes = Vec::new();
             for (is_write, t) in [(false, &p.read), (true, &p.write)] {
                 let reqs = stream(
