@@ -35,6 +35,9 @@
 //!   --no-gc-run      skip the run with 100% spare (Table 5's column 2)
 //!   --dir D          where image files go (default: a temporary directory)
 //!   --json           one JSON line per run as well
+//!   --background-gc  the collector in its thread between its watermarks
+//!                    (as the `lbs:` layer runs it; timing-dependent, so
+//!                    not repeatable to the block)
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -134,6 +137,7 @@ struct Args {
     no_gc_run: bool,
     dir: Option<PathBuf>,
     json: bool,
+    background_gc: bool,
 }
 
 fn parse_size(s: &str) -> Res<u64> {
@@ -160,6 +164,7 @@ fn parse_args() -> Res<Args> {
         no_gc_run: true,
         dir: None,
         json: false,
+        background_gc: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
@@ -193,6 +198,7 @@ fn parse_args() -> Res<Args> {
             "--no-gc-run" => a.no_gc_run = false,
             "--dir" => a.dir = Some(val()?.into()),
             "--json" => a.json = true,
+            "--background-gc" => a.background_gc = true,
             s if s.starts_with('-') => return Err(format!("unknown option {s}").into()),
             s => a.traces.push(s.to_string()),
         }
@@ -277,6 +283,7 @@ fn open_image(
     spare: u32,
     medium: Medium,
     card: &FlashParams,
+    background_gc: bool,
 ) -> Res<Image> {
     let paths = Paths::resolve(&dir.join(tag), None);
     let o = CreateOptions {
@@ -318,7 +325,7 @@ fn open_image(
         Box::new(log),
         None,
         LbsOptions {
-            background_gc: false,
+            background_gc,
             ..LbsOptions::default()
         },
     )?;
@@ -400,6 +407,7 @@ fn run(
     fill: u32,
     medium: Medium,
     card: &FlashParams,
+    background_gc: bool,
 ) -> Res<Row> {
     let mut images = BTreeMap::new();
     let mut row = Row::default();
@@ -412,6 +420,7 @@ fn run(
             spare,
             medium,
             card,
+            background_gc,
         )?;
         prefill(&img.lbs, fill)?;
         images.insert(d, img);
@@ -499,8 +508,16 @@ fn main() -> Res<()> {
         jobs.push((name.clone(), path, format!("{scale:.6}")));
     }
     println!(
-        "LBS Table 5 at full size: 1 KiB blocks, 256 KiB clusters, {}% spare, partitions {}% filled first, seed {}, card {}",
-        a.spare, a.fill, a.seed, a.card
+        "LBS Table 5 at full size: 1 KiB blocks, 256 KiB clusters, {}% spare, partitions {}% filled first, seed {}, card {}, {} GC",
+        a.spare,
+        a.fill,
+        a.seed,
+        a.card,
+        if a.background_gc {
+            "background"
+        } else {
+            "foreground"
+        }
     );
     for (name, path, scale) in &jobs {
         let ws = working_sets(path, &sizes)?;
@@ -543,6 +560,7 @@ fn main() -> Res<()> {
                 0,
                 Medium::Card,
                 &card,
+                false,
             )?)
         } else {
             None
@@ -554,7 +572,17 @@ fn main() -> Res<()> {
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         );
         for &m in &a.media {
-            let row = run(dir, name, &loaded, &sizes, a.spare, a.fill, m, &card)?;
+            let row = run(
+                dir,
+                name,
+                &loaded,
+                &sizes,
+                a.spare,
+                a.fill,
+                m,
+                &card,
+                a.background_gc,
+            )?;
             let amp = (row.written as f64 / requested as f64 - 1.0) * 100.0;
             let ng = no_gc.map_or("-".into(), |n| {
                 format!("{} blocks, {} clusters", n.written, n.clusters)
