@@ -24,7 +24,8 @@
 //!   TRACE            contacts, email (default both), or any Android trace
 //!                    name with --kib
 //!   --kib N          1 KiB writes to scale to (default: Table 5's count)
-//!   --trace-file F   replay this trace file instead of generating one
+//!   --trace-file F   replay this trace file as well (devices numbered as
+//!                    Table 2; requested = its write KiB)
 //!   --seed S         generator seed (default 1)
 //!   --spare PCT      spare space for GC, % of the logical size (default 12)
 //!   --fill PCT       share of each partition written before the trace,
@@ -259,7 +260,16 @@ fn working_sets(trace: &Path, sizes: &BTreeMap<u32, u64>) -> Res<BTreeMap<u32, W
         let ws = out.entry(r.device).or_default();
         ws.write_bytes += r.len as u64;
         ws.writes += 1;
-        let size = sizes[&r.device];
+        let size = *sizes
+            .get(&r.device)
+            .ok_or_else(|| format!("device {} is not a Table 2 partition", r.device))?;
+        if r.offset + r.len as u64 > size {
+            return Err(format!(
+                "a write at {} of {} bytes is beyond device {}'s {size} bytes (--size)",
+                r.offset, r.len, r.device
+            )
+            .into());
+        }
         let h = hits
             .entry(r.device)
             .or_insert_with(|| vec![0u8; size.div_ceil(BLOCK) as usize]);
