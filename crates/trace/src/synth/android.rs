@@ -150,6 +150,67 @@ pub fn trace(name: &str) -> Option<&'static TraceTarget> {
     TRACES.iter().find(|t| t.name == name)
 }
 
+/// LBS Table 5's "requested writes": 1 KiB writes the guest asked for,
+/// over all partitions, in the two traces that made the collector run.
+pub const TABLE5_REQUESTED_KIB: [(&str, u64); 2] = [("contacts", 219_124), ("email", 216_057)];
+
+/// The Table 5 request count of trace `name`, if it has one.
+pub fn table5_requested_kib(name: &str) -> Option<u64> {
+    TABLE5_REQUESTED_KIB
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|&(_, k)| k)
+}
+
+/// KiB written by one repetition of `t` (all partitions, as Table 3).
+pub fn write_kib(t: &TraceTarget) -> u64 {
+    t.partitions.iter().map(|p| p.write.kib).sum()
+}
+
+/// KiB written at fraction `f` ≤ 1 of one repetition (each partition's
+/// total is rounded on its own, as the generator does).
+fn write_kib_at(t: &TraceTarget, f: f64) -> u64 {
+    t.partitions.iter().map(|p| scaled(p.write.kib, f)).sum()
+}
+
+/// The `scale` at which [`Generator`] writes exactly `kib` KiB over all
+/// partitions: whole repetitions, then a fraction chosen in the middle of
+/// the interval where the per-partition rounding gives the remainder (so
+/// floating-point error in the generator cannot change it). Where no
+/// fraction gives the remainder exactly (two partitions' roundings move
+/// together), the nearest count above it is used. Table 5's traces are
+/// about 4 repetitions of Table 3's (contacts 3.96, email 4.14).
+pub fn scale_for_write_kib(t: &TraceTarget, kib: u64) -> f64 {
+    let w = write_kib(t);
+    assert!(w > 0, "{} writes nothing", t.name);
+    let whole = kib / w;
+    let rem = kib - whole * w;
+    if rem == 0 {
+        return whole as f64;
+    }
+    // Smallest f in (0, 1] with write_kib_at(f) >= want (monotone in f).
+    let first_at_least = |want: u64| -> f64 {
+        let (mut lo, mut hi) = (0.0f64, 1.0f64);
+        for _ in 0..100 {
+            let mid = (lo + hi) / 2.0;
+            if write_kib_at(t, mid) >= want {
+                hi = mid
+            } else {
+                lo = mid
+            }
+        }
+        hi
+    };
+    let lo = first_at_least(rem);
+    let got = write_kib_at(t, lo);
+    let hi = if got < w {
+        first_at_least(got + 1)
+    } else {
+        1.0
+    };
+    whole as f64 + (lo + hi) / 2.0
+}
+
 /// Writes land in this hot region of their partition with probability
 /// [`HOT_SHARE`].
 const HOT_BYTES: u64 = 16 << 20;
@@ -283,6 +344,8 @@ pub struct Generator {
     client: u32,
     state: Vec<[StreamState; 2]>,
     buf: std::collections::VecDeque<Record>,
+    /// Partition sizes by device id ([`PARTITIONS`] unless changed).
+    sizes: [u64; 5],
 }
 
 impl Generator {
@@ -295,7 +358,16 @@ impl Generator {
             client,
             state: vec![[StreamState::default(); 2]; target.partitions.len()],
             buf: Default::default(),
+            sizes: PARTITIONS.map(|(_, s)| s),
         }
+    }
+
+    /// Place requests in partitions of these sizes (by device id) instead
+    /// of [`PARTITIONS`]' (for what-if runs on other partition sizes; the
+    /// default sizes give the same trace as before).
+    pub fn with_partition_sizes(mut self, sizes: [u64; 5]) -> Self {
+        self.sizes = sizes;
+        self
     }
 
     /// Generate the next repetition (`f` ≤ 1 of the published trace).
@@ -305,7 +377,7 @@ impl Generator {
         let mut recs: Vec<Record> = Vec::new();
         let rng = &mut self.rng;
         for (pi, p) in self.target.partitions.iter().enumerate() {
-            let size = PARTITIONS[p.device as usize].1;
+            let size = self.sizes[p.device as usize];
             let mut writes = Vec::new();
             for (is_write, t) in [(false, &p.read), (true, &p.write)] {
                 let reqs = stream(
@@ -469,6 +541,22 @@ mod tests {
     #[test]
     fn longer_traces_keep_the_statistics() {
         check(5.0, 7);
+    }
+
+    /// Table 5's request counts are met exactly: the scale's whole
+    /// repetitions plus a fraction write the published 1 KiB blocks.
+    #[test]
+    fn table5_scales_write_table5_request_counts() {
+        for (name, kib) in TABLE5_REQUESTED_KIB {
+            let t = trace(name).unwrap();
+            let scale = scale_for_write_kib(t, kib);
+            assert!((3.9..4.2).contains(&scale), "{name}: scale {scale}");
+            let bytes: u64 = Generator::new(t, scale, 1, 0)
+                .filter(|r| r.op == TraceOp::Write)
+                .map(|r| r.len as u64)
+                .sum();
+            assert_eq!(bytes, kib * 1024, "{name} at scale {scale}");
+        }
     }
 
     #[test]
