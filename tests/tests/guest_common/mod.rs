@@ -101,6 +101,18 @@ impl Guest {
         self
     }
 
+    /// Let the last disk added pass the guest's discards (TRIM, `fstrim`)
+    /// on to its NBD server: qemu drops them unless the node says
+    /// `discard=unmap`.
+    pub fn discard(mut self) -> Guest {
+        let last = self
+            .disks
+            .last_mut()
+            .expect("Guest::discard follows Guest::nbd_disk");
+        last.push_str(",discard=unmap");
+        self
+    }
+
     pub fn memory_mib(mut self, mib: u32) -> Guest {
         self.memory_mib = mib;
         self

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Parser;
 use roamdisk_blockdev::{Access, BlockDev, LayerSpec};
+use roamdisk_lbs::Lbs;
 use roamdisk_nbd::config::ServeConfig;
 use roamdisk_nbd::{
     serve_until, signalled, Export, Listen, ServeOptions, TlsAcceptor, TlsMode, TlsOptions,
@@ -15,6 +16,8 @@ use roamdisk_nbd::{
 
 /// Serve a stack (or several, from a TOML file) over NBD until SIGINT or
 /// SIGTERM; then finish in-flight requests, flush, and remove the socket.
+/// Stopping prints the counters of each LBS image served (blocks clients
+/// wrote, blocks the garbage collector moved...) as a JSON line.
 ///
 /// Any NBD client can connect: qemu (-drive file=nbd:unix:SOCK or
 /// file.driver=nbd), qemu-img, qemu-io, nbdinfo, nbdcopy, fio's nbd engine,
@@ -194,6 +197,13 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             }
         })
         .collect();
+    // The LBS images of the stacks, for their counters at the end.
+    let lbs_images: Vec<(String, Arc<dyn BlockDev>)> = exports
+        .iter()
+        .zip(&names)
+        .filter(|(e, _)| !roamdisk_blockdev::find_layers::<Lbs>(e.dev.as_ref()).is_empty())
+        .map(|(e, n)| (n.clone(), e.dev.clone()))
+        .collect();
     let opts = ServeOptions {
         tls: acceptor,
         tls_mode: mode,
@@ -213,6 +223,33 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     })?;
     if !quiet {
         eprintln!("roamdisk: stopped cleanly (exports flushed)");
+        for (name, dev) in &lbs_images {
+            for lbs in roamdisk_blockdev::find_layers::<Lbs>(dev.as_ref()) {
+                eprintln!("roamdisk: lbs counters of {name}: {}", lbs_counters(lbs));
+            }
+        }
     }
     Ok(())
+}
+
+/// An LBS image's counters since it was opened, and its space, as one
+/// JSON object: what the collector did (`gc_moved`, `gc_clusters`) next to
+/// what clients wrote (`client_blocks`) and what reached the data file
+/// (`physical_blocks`).
+fn lbs_counters(lbs: &Lbs) -> serde_json::Value {
+    let s = lbs.stats();
+    serde_json::json!({
+        "client_blocks": s.client_blocks,
+        "absorbed": s.absorbed,
+        "physical_blocks": s.physical_blocks,
+        "gc_moved": s.gc_moved,
+        "gc_clusters": s.gc_clusters,
+        "barriers": s.barriers,
+        "compactions": s.compactions,
+        "integrity_errors": s.integrity_errors,
+        "free_clusters": s.free_clusters,
+        "used_clusters": s.used_clusters,
+        "mapped_blocks": s.mapped_blocks,
+        "zero_blocks": s.zero_blocks,
+    })
 }
