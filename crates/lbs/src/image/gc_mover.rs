@@ -8,28 +8,35 @@ use std::time::Duration;
 
 use super::*;
 
+/// A victim and its live blocks at the time it was chosen.
+pub(super) struct Victim {
+    cluster: usize,
+    /// The cluster's epoch then: if it changed, the cluster was freed and
+    /// reused meanwhile, and what was read of it is not its blocks.
+    epoch: u64,
+    born: u64,
+    /// (pbn, lbn) of the live blocks, in PBN order.
+    moves: Vec<(u64, u64)>,
+}
+
 impl Inner {
-    /// Move the live blocks of the best victim cluster and free it.
-    /// Returns false when no cluster is worth collecting.
-    pub(super) fn collect_one(&self, st: &mut State) -> Result<bool> {
+    /// Choose the best victim cluster by the policy's score; None when no
+    /// cluster is worth collecting.
+    pub(super) fn choose_victim(&self, st: &State) -> Option<Victim> {
         let ages: Vec<u64> = st
             .birth
             .iter()
             .map(|b| st.clock.saturating_sub(*b))
             .collect();
-        let Some(v) = pick_victim(
+        let v = pick_victim(
             &st.cstate,
             &st.live,
             &ages,
             self.bpc,
             st.streams[CLIENT].active,
             &self.policy,
-        ) else {
-            return Ok(false);
-        };
-        let born = st.birth[v];
+        )?;
         let lo = v as u64 * self.bpc;
-        // (pbn, lbn) of the live blocks, in PBN order.
         let moves: Vec<(u64, u64)> = (lo..lo + self.bpc)
             .filter_map(|p| match st.p2l[p as usize] {
                 NO_LBN => None,
@@ -37,16 +44,47 @@ impl Inner {
             })
             .collect();
         debug_assert_eq!(moves.len(), st.live[v] as usize);
-        if let (Some(&(first, _)), Some(&(last, _))) = (moves.first(), moves.last()) {
-            // One read for the span of live blocks; each moves as it is on
-            // disk, keeping its seal and checksum (verified when read).
-            let n = (last - first + 1) as usize;
-            let mut span = AlignedBuf::new(n * self.bs);
-            self.data.read_at(
-                span.as_mut_slice(),
-                self.geo.data_offset() + first * self.bs as u64,
-            )?;
-            for &(pbn, lbn) in &moves {
+        Some(Victim {
+            cluster: v,
+            epoch: st.epochs[v],
+            born: st.birth[v],
+            moves,
+        })
+    }
+
+    /// Read the span of a victim's live blocks in one I/O (None when it
+    /// has none). Needs no lock on the state, but the caller must hold
+    /// the `reuse` read lock or the state lock, so the cluster cannot be
+    /// handed to a write position while it is read.
+    pub(super) fn read_victim(&self, v: &Victim) -> Result<Option<AlignedBuf>> {
+        let (Some(&(first, _)), Some(&(last, _))) = (v.moves.first(), v.moves.last()) else {
+            return Ok(None);
+        };
+        let mut span = AlignedBuf::new((last - first + 1) as usize * self.bs);
+        self.data.read_at(
+            span.as_mut_slice(),
+            self.geo.data_offset() + first * self.bs as u64,
+        )?;
+        Ok(Some(span))
+    }
+
+    /// Move the victim's blocks that are still live where they were, each
+    /// as it lies on disk (it keeps its seal and checksum and is verified
+    /// when read), into the collector's stream. The victim is free after
+    /// the next barrier (see `barrier`).
+    pub(super) fn move_victim(
+        &self,
+        st: &mut State,
+        v: &Victim,
+        span: Option<&AlignedBuf>,
+    ) -> Result<()> {
+        if st.epochs[v.cluster] != v.epoch {
+            // Freed and reused while it was read: nothing of it is live.
+            return Ok(());
+        }
+        if let Some(span) = span {
+            let first = v.moves[0].0;
+            for &(pbn, lbn) in &v.moves {
                 if st.l2p[lbn as usize] as u64 != pbn {
                     continue;
                 }
@@ -57,14 +95,51 @@ impl Inner {
                 // A cluster of moved blocks is as old as the youngest
                 // data moved into it.
                 if let Some(a) = st.streams[MOVED].active {
-                    st.birth[a] = st.birth[a].max(born);
+                    st.birth[a] = st.birth[a].max(v.born);
                 }
                 self.stats.gc_moved.fetch_add(1, Ordering::Relaxed);
             }
         }
         self.stats.gc_clusters.fetch_add(1, Ordering::Relaxed);
-        // The victim is free after the next barrier (see `barrier`).
+        Ok(())
+    }
+
+    /// Move the live blocks of the best victim cluster and free it, all
+    /// under the state lock (the collector in the foreground). Returns
+    /// false when no cluster is worth collecting.
+    pub(super) fn collect_one(&self, st: &mut State) -> Result<bool> {
+        let Some(v) = self.choose_victim(st) else {
+            return Ok(false);
+        };
+        let span = self.read_victim(&v)?;
+        self.move_victim(st, &v, span.as_ref())?;
         Ok(true)
+    }
+
+    /// The background collector's step: choose a victim under the lock,
+    /// read its blocks without it (clients' writes go on meanwhile), move
+    /// them under it again. Returns the re-taken guard and false when no
+    /// cluster is worth collecting.
+    fn collect_one_unlocked<'a>(
+        &'a self,
+        st: MutexGuard<'a, State>,
+    ) -> (MutexGuard<'a, State>, Result<bool>) {
+        let Some(v) = self.choose_victim(&st) else {
+            return (st, Ok(false));
+        };
+        let reuse = self.reuse.read().unwrap_or_else(|p| p.into_inner());
+        drop(st);
+        let span = self.read_victim(&v);
+        drop(reuse);
+        let mut st = self.lock();
+        if st.poisoned.is_some() || self.stop.load(Ordering::SeqCst) {
+            return (st, Ok(false));
+        }
+        let r = match span {
+            Ok(span) => self.move_victim(&mut st, &v, span.as_ref()).map(|_| true),
+            Err(e) => Err(e),
+        };
+        (st, r)
     }
 
     /// Collect victims until free plus pending clusters reach `target`,
@@ -106,7 +181,9 @@ pub(super) fn gc_thread(lbs: Arc<Inner>) {
             while !lbs.stop.load(Ordering::SeqCst)
                 && st.free + (st.pending.len() as u64) < lbs.policy.high
             {
-                match lbs.collect_one(&mut st) {
+                let (g, r) = lbs.collect_one_unlocked(st);
+                st = g;
+                match r {
                     Ok(true) => progressed = true,
                     Ok(false) => break,
                     Err(e) => {
