@@ -450,7 +450,7 @@ fn background_collector_and_concurrent_clients_lose_nothing() {
                     x ^= x << 17;
                     let lbn = (x % (blocks / threads)) * threads + t;
                     let v = (i % 250) as u8 + 2;
-                    if x % 41 == 0 {
+                    if x.is_multiple_of(41) {
                         d.trim(lbn * 4096, 4096, WriteFlags::default()).unwrap();
                         last[lbn as usize] = 0;
                     } else {
@@ -461,7 +461,7 @@ fn background_collector_and_concurrent_clients_lose_nothing() {
                     if i % 64 == 0 {
                         d.flush().unwrap();
                     }
-                    if x % 7 == 0 {
+                    if x.is_multiple_of(7) {
                         let l = (x >> 20) % (blocks / threads) * threads + t;
                         d.read_at(&mut buf, l * 4096).unwrap();
                         assert!(buf.iter().all(|&b| b == last[l as usize]), "LBN {l}");
