@@ -12,10 +12,12 @@
 //!
 //! The small geometry (1 KiB blocks, 16-block clusters, 4-block buffer, a
 //! tiny log-compaction limit) makes garbage collection and log compaction
-//! run many times, so crashes land inside both.
+//! run many times, so crashes land inside both, and every write stream
+//! (clients' warm and hot writes, the collector's cold and hot moves) is
+//! used.
 //!
 //! `ROAMDISK_CRASH_LONG=1` checks every crash point of 40 workloads (over
-//! 10,000 points); the default checks a subset.
+//! 20,000 points); the default checks a subset.
 
 use roamdisk_blockdev::testkit::{Countdown, Rng};
 use roamdisk_blockdev::{BlockDev, WriteFlags, ZeroFlags};
@@ -247,11 +249,15 @@ fn every_crash_point_recovers_to_a_consistent_image() {
     let mut points = 0u64;
     let mut gc_runs = 0u64;
     let mut compactions = 0u64;
+    let mut streams = [0u64; roamdisk_lbs::gc::STREAMS];
     for seed in 0..seeds {
         let (img, m, total, stats) = run(seed, Countdown::unarmed());
         let s = stats.expect("a clean run opens");
         gc_runs += s.gc_clusters;
         compactions += s.compactions;
+        for (t, n) in streams.iter_mut().zip(s.stream_blocks) {
+            *t += n;
+        }
         // A clean run must read back its final state exactly.
         {
             let dev = img.open(lbs_opts()).unwrap();
@@ -272,13 +278,17 @@ fn every_crash_point_recovers_to_a_consistent_image() {
             n += step;
         }
     }
-    eprintln!("crash points checked: {points} over {seeds} workloads (GC runs in clean workloads {gc_runs}, compactions {compactions})");
+    eprintln!("crash points checked: {points} over {seeds} workloads (GC runs in clean workloads {gc_runs}, compactions {compactions}, blocks per stream {streams:?})");
     if long {
         assert!(
-            points >= 10_000,
-            "long mode must check at least 10,000 crash points, checked {points}"
+            points >= 20_000,
+            "long mode must check at least 20,000 crash points, checked {points}"
         );
     }
+    assert!(
+        streams.iter().all(|&n| n > 0),
+        "the workload must use every write stream: {streams:?}"
+    );
     assert!(
         gc_runs > 0 && compactions > seeds,
         "the workload must exercise GC ({gc_runs}) and compaction ({compactions})"

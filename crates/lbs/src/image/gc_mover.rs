@@ -19,21 +19,27 @@ impl Inner {
             .map(|(s, q)| if *q { ClusterState::Active } else { *s })
             .collect();
         let ages: Vec<u64> = st
-            .birth
+            .activated
             .iter()
-            .map(|b| st.clock.saturating_sub(*b))
+            .map(|a| st.clock.saturating_sub(*a))
+            .collect();
+        let per_stream =
+            crate::gc::stream_lifetimes(&st.cstate, &st.stream_of, &ages, &st.written, &st.live);
+        let lifetimes: Vec<f64> = st
+            .stream_of
+            .iter()
+            .map(|&s| per_stream[s as usize])
             .collect();
         let Some(v) = pick_victim(
             &eligible,
             &st.live,
-            &ages,
+            &lifetimes,
             self.bpc,
-            st.streams[CLIENT].active,
+            st.streams[HOT].active,
             &self.policy,
         ) else {
             return Ok(false);
         };
-        let born = st.birth[v];
         let lo = v as u64 * self.bpc;
         let mut moves: Vec<(u64, u64)> = st
             .l2p
@@ -69,11 +75,6 @@ impl Inner {
                 }
                 let copy = blk.to_vec();
                 self.insert(st, lbn, &copy, true)?;
-                // A cluster of moved blocks is as old as the youngest
-                // data moved into it.
-                if let Some(a) = st.streams[MOVED].active {
-                    st.birth[a] = st.birth[a].max(born);
-                }
                 self.stats.gc_moved.fetch_add(1, Ordering::Relaxed);
             }
         }

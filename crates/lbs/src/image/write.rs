@@ -130,10 +130,11 @@ impl Inner {
             self.free_pending(st);
             return Ok(());
         }
-        // Both streams: a victim's moved blocks must be durable before the
+        // Every stream: a victim's moved blocks must be durable before the
         // victim is freed.
-        self.flush_buffer(st, CLIENT)?;
-        self.flush_buffer(st, MOVED)?;
+        for s in 0..STREAMS {
+            self.flush_buffer(st, s)?;
+        }
         let r = self.data.flush();
         self.poison(st, r)?;
         let e = Entry::Barrier {
@@ -168,9 +169,10 @@ impl Inner {
         }
     }
 
-    /// Hand the next free cluster to stream `s`'s write position.
+    /// Hand the next free cluster to stream `s`'s write position (clients'
+    /// streams leave [`GC_RESERVE`] for the collector's).
     pub(super) fn take_cluster(&self, st: &mut State, s: usize) -> Result<bool> {
-        let reserve = if s == MOVED { 0 } else { GC_RESERVE };
+        let reserve = if is_moved(s) { 0 } else { GC_RESERVE };
         if st.free <= reserve {
             return Ok(false);
         }
@@ -198,9 +200,9 @@ impl Inner {
         st.epochs[c] = (st.generation << 32) | st.epoch_counter as u64;
         st.cstate[c] = ClusterState::Active;
         st.free -= 1;
-        // Moved data's age is that of the clusters it comes from (set as
-        // blocks arrive); fresh data is born now.
-        st.birth[c] = if s == MOVED { 0 } else { st.clock };
+        st.stream_of[c] = s as u8;
+        st.activated[c] = st.clock;
+        st.written[c] = 0;
         st.clock += 1;
         st.streams[s].active = Some(c);
         st.streams[s].buf.base = c as u64 * self.bpc;
@@ -210,11 +212,21 @@ impl Inner {
         Ok(true)
     }
 
-    /// Make room for one more block in stream `s`'s buffer.
-    pub(super) fn ensure_room(&self, st: &mut State, s: usize) -> Result<()> {
+    /// Make room for one more block in stream `s`'s buffer or, when no
+    /// cluster can be had, in another stream of the same kind (clients' or
+    /// the collector's) that has room: the temperature is only a hint.
+    /// Returns the stream.
+    ///
+    /// No deadlock: a client's stream takes a cluster only while more than
+    /// [`GC_RESERVE`] (1) are free, else runs the collector; the collector
+    /// moves one victim (fewer than a cluster's blocks) at a time, and
+    /// once one of its streams took the reserved cluster that stream has
+    /// room for the rest of the victim; the victim is free after the next
+    /// barrier.
+    pub(super) fn ensure_room(&self, st: &mut State, s: usize) -> Result<usize> {
         loop {
             if self.room(st, s) > 0 {
-                return Ok(());
+                return Ok(s);
             }
             if !st.streams[s].buf.lbns.is_empty() {
                 self.flush_buffer(st, s)?;
@@ -227,8 +239,13 @@ impl Inner {
                 self.barrier(st)?;
                 continue;
             }
-            if s == CLIENT && self.collect_to(st, GC_RESERVE + 2)? > 0 {
+            if !is_moved(s) && self.collect_to(st, GC_RESERVE + 1)? > 0 {
                 continue;
+            }
+            if let Some(o) =
+                (0..STREAMS).find(|&o| is_moved(o) == is_moved(s) && self.room(st, o) > 0)
+            {
+                return Ok(o);
             }
             return Err(err(
                 ErrorKind::NoSpace,
@@ -246,17 +263,26 @@ impl Inner {
         block: &[u8],
         for_gc: bool,
     ) -> Result<()> {
-        let s = if for_gc { MOVED } else { CLIENT };
-        if let Some(&slot) = st.streams[s].buf.index.get(&lbn) {
-            st.streams[s].buf.data[slot * self.bs..(slot + 1) * self.bs].copy_from_slice(block);
-            self.stats.absorbed.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
+        if !for_gc {
+            // A client's write still in a client's buffer is overwritten
+            // there.
+            let hit = (0..STREAMS)
+                .filter(|&s| !is_moved(s))
+                .find_map(|s| st.streams[s].buf.index.get(&lbn).map(|&i| (s, i)));
+            if let Some((s, slot)) = hit {
+                st.streams[s].buf.data[slot * self.bs..(slot + 1) * self.bs].copy_from_slice(block);
+                self.stats.absorbed.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
         }
-        self.ensure_room(st, s)?;
-        // A copy buffered in the other stream is superseded: written to
-        // disk but never mapped.
-        if let Some(slot) = st.streams[1 - s].buf.index.remove(&lbn) {
-            st.streams[1 - s].buf.lbns[slot] = DEAD;
+        let want = self.stream_for(st, lbn, for_gc);
+        let s = self.ensure_room(st, want)?;
+        // A copy buffered in another stream is superseded: written to disk
+        // but never mapped.
+        for o in 0..STREAMS {
+            if let Some(slot) = st.streams[o].buf.index.remove(&lbn) {
+                st.streams[o].buf.lbns[slot] = DEAD;
+            }
         }
         let buf = &mut st.streams[s].buf;
         let slot = buf.lbns.len();
@@ -270,13 +296,37 @@ impl Inner {
             .active
             .expect("ensure_room set an active cluster");
         st.live[a] += 1;
+        st.written[a] += 1;
         st.dirty = true;
+        self.stats.stream_blocks[s].fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The stream `lbn`'s new copy should go to (`crate::gc::client_stream`,
+    /// `crate::gc::moved_stream`); a client's write also stamps the block.
+    fn stream_for(&self, st: &mut State, lbn: u64, for_gc: bool) -> usize {
+        let now = crate::gc::stamp_now(st.clock, st.stamp_unit);
+        let stamp = st.stamps[lbn as usize];
+        let old = st.l2p[lbn as usize];
+        let c = (old < ZERO).then(|| (old as u64 / self.bpc) as usize);
+        if for_gc {
+            let victim = c.map_or(crate::gc::WARM, |c| st.stream_of[c] as usize);
+            return crate::gc::moved_stream(stamp, now, st.stamp_pass, victim);
+        }
+        let passes = st.cstate.len() as f64;
+        let old_lifetime = c.map(|c| {
+            let age = st.clock.saturating_sub(st.activated[c]);
+            crate::gc::lifetime(age, st.written[c], st.live[c]) / passes
+        });
+        let (s, new) = crate::gc::client_stream(stamp, now, st.stamp_pass, old_lifetime);
+        st.stamps[lbn as usize] = new;
+        s
     }
 
     /// Unmap or zero whole blocks `[first, first+count)`.
     pub(super) fn unmap(&self, st: &mut State, first: u64, count: u64, zero: bool) -> Result<()> {
         for lbn in first..first + count {
+            st.stamps[lbn as usize] = 0;
             for w in st.streams.iter_mut() {
                 if let Some(slot) = w.buf.index.remove(&lbn) {
                     w.buf.lbns[slot] = DEAD;
