@@ -313,10 +313,11 @@ impl Inner {
             let victim = c.map_or(crate::gc::WARM, |c| st.stream_of[c] as usize);
             return crate::gc::moved_stream(stamp, now, st.stamp_pass, victim);
         }
-        let passes = st.cstate.len() as f64;
+        // A pass: as many activations as there are clusters.
+        let pass = st.cstate.len() as f64;
         let old_lifetime = c.map(|c| {
             let age = st.clock.saturating_sub(st.activated[c]);
-            crate::gc::lifetime(age, st.written[c], st.live[c]) / passes
+            crate::gc::lifetime(age, st.written[c], st.live[c]) / pass
         });
         let (s, new) = crate::gc::client_stream(stamp, now, st.stamp_pass, old_lifetime);
         st.stamps[lbn as usize] = new;
