@@ -222,8 +222,12 @@ impl Inner {
     /// moves one victim (fewer than a cluster's blocks) at a time, and
     /// once one of its streams took the reserved cluster that stream has
     /// room for the rest of the victim; the victim is free after the next
-    /// barrier.
+    /// barrier. When the collector finds no victim because the spare
+    /// space sits in the streams' active clusters (unwritten or dead
+    /// slots), a client's write retires them all ([`Self::retire_actives`])
+    /// and tries again: then any spare beyond the reserve is in victims.
     pub(super) fn ensure_room(&self, st: &mut State, s: usize) -> Result<usize> {
+        let mut retired = false;
         loop {
             if self.room(st, s) > 0 {
                 return Ok(s);
@@ -247,12 +251,39 @@ impl Inner {
             {
                 return Ok(o);
             }
+            if !is_moved(s) && !retired {
+                // Last resort: the slack may sit in other streams' active
+                // clusters, which are no victims. Retire them all.
+                retired = true;
+                self.retire_actives(st)?;
+                continue;
+            }
             return Err(err(
                 ErrorKind::NoSpace,
                 Op::Write,
                 "no free cluster: the physical space is full of live data (create the image with more overprovisioning)",
             ));
         }
+    }
+
+    /// Flush every stream and take its active cluster away from it, as
+    /// `take_cluster` does when it hands the stream a new one: the
+    /// cluster's unwritten slots then count as free space for the
+    /// collector. For when the image is out of clusters only: the slots
+    /// stay unused until the cluster is collected.
+    fn retire_actives(&self, st: &mut State) -> Result<()> {
+        for o in 0..STREAMS {
+            self.flush_buffer(st, o)?;
+            if let Some(a) = st.streams[o].active.take() {
+                if st.live[a] == 0 {
+                    st.cstate[a] = ClusterState::PendingFree;
+                    st.pending.push(a);
+                } else {
+                    st.cstate[a] = ClusterState::Used;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Put one block in the buffer as the new content of `lbn`.
