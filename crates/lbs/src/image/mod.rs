@@ -91,6 +91,9 @@ pub struct Stats {
     pub integrity_errors: AtomicU64,
     /// Blocks put into each write stream (`crate::gc::WARM` ..).
     pub stream_blocks: [AtomicU64; STREAMS],
+    /// Times a client's write found no cluster and retired every stream's
+    /// active cluster to let the collector at their free slots.
+    pub retires: AtomicU64,
 }
 
 /// A snapshot of [`Stats`] plus space figures.
@@ -106,6 +109,7 @@ pub struct StatsSnapshot {
     pub integrity_errors: u64,
     /// Blocks put into each write stream (`crate::gc::WARM` ..).
     pub stream_blocks: [u64; STREAMS],
+    pub retires: u64,
     pub free_clusters: u64,
     pub used_clusters: u64,
     pub mapped_blocks: u64,
@@ -437,6 +441,7 @@ impl Inner {
             compactions: s.compactions.load(Ordering::Relaxed),
             integrity_errors: s.integrity_errors.load(Ordering::Relaxed),
             stream_blocks: std::array::from_fn(|i| s.stream_blocks[i].load(Ordering::Relaxed)),
+            retires: s.retires.load(Ordering::Relaxed),
             free_clusters: st.free,
             used_clusters: st
                 .cstate

@@ -44,6 +44,14 @@ impl Inner {
         (self.buf_cap() - w.buf.lbns.len().min(self.buf_cap())).min((end - next) as usize)
     }
 
+    /// Slots left in stream `s`'s active cluster, buffered or not.
+    pub(super) fn cluster_room(&self, st: &State, s: usize) -> usize {
+        let w = &st.streams[s];
+        let Some(a) = w.active else { return 0 };
+        let end = (a as u64 + 1) * self.bpc;
+        (end - (w.buf.base + w.buf.lbns.len() as u64)) as usize
+    }
+
     /// Encrypt and write stream `s`'s buffer, then log its MAP entries.
     pub(super) fn flush_buffer(&self, st: &mut State, s: usize) -> Result<()> {
         let n = st.streams[s].buf.lbns.len();
@@ -247,14 +255,19 @@ impl Inner {
                 continue;
             }
             if let Some(o) =
-                (0..STREAMS).find(|&o| is_moved(o) == is_moved(s) && self.room(st, o) > 0)
+                (0..STREAMS).find(|&o| is_moved(o) == is_moved(s) && self.cluster_room(st, o) > 0)
             {
+                if self.room(st, o) == 0 {
+                    // Its buffer is full, its cluster is not.
+                    self.flush_buffer(st, o)?;
+                }
                 return Ok(o);
             }
             if !is_moved(s) && !retired {
                 // Last resort: the slack may sit in other streams' active
                 // clusters, which are no victims. Retire them all.
                 retired = true;
+                self.stats.retires.fetch_add(1, Ordering::Relaxed);
                 self.retire_actives(st)?;
                 continue;
             }
