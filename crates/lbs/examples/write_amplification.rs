@@ -3,8 +3,15 @@
 //! blocks written to the data file per block requested.
 //!
 //! Usage: write_amplification [--blocks N] [--block-size 1024|4096]
-//!        [--overprovision 112] [--writes W] [--pattern uniform|hotcold|working-set|sequential] [--ws-pct 10]
-//!        [--hot-pct 10] [--hot-writes-pct 90] [--prefill] [--greedy] [--seed S]
+//!        [--overprovision 112] [--writes W] [--pattern uniform|hotcold|zipf|working-set|sequential]
+//!        [--ws-pct 10] [--hot-pct 10] [--hot-writes-pct 90] [--theta 1.1] [--prefill] [--greedy]
+//!        [--background-gc [--gc-low N] [--gc-high N]] [--seed S]
+//!
+//! `zipf`: block ranks drawn with probability ∝ rank^-theta (fio's
+//! `random_distribution=zipf:THETA`), ranks scattered over the disk by a
+//! fixed random permutation. `--background-gc`: the collector's thread
+//! runs (between the watermarks, in clusters) besides the foreground
+//! collection; results then vary from run to run with thread timing.
 //! Prints one JSON line.
 
 use std::sync::Arc;
@@ -48,8 +55,10 @@ fn main() {
     let log = CrashLog::new(header.encode(), Countdown::unarmed());
     let mut policy = roamdisk_lbs::gc::GcPolicy::for_clusters(header.geometry.clusters);
     policy.cost_benefit = !args.iter().any(|a| a == "--greedy");
+    policy.low = arg(&args, "--gc-low", policy.low);
+    policy.high = arg(&args, "--gc-high", policy.high);
     let opts = LbsOptions {
-        background_gc: false,
+        background_gc: args.iter().any(|a| a == "--background-gc"),
         gc: Some(policy),
         ..LbsOptions::default()
     };
@@ -82,12 +91,33 @@ fn main() {
     let ws_pct: u64 = arg(&args, "--ws-pct", 10);
     let ws = (blocks * ws_pct / 100).max(1);
     let ws_start = r.below(blocks - ws + 1);
+    let theta: f64 = arg(&args, "--theta", 1.1);
+    let (zipf_cdf, zipf_perm) = if pattern == "zipf" {
+        let mut cdf = Vec::with_capacity(blocks as usize);
+        let mut sum = 0.0;
+        for k in 1..=blocks {
+            sum += (k as f64).powf(-theta);
+            cdf.push(sum);
+        }
+        let mut perm: Vec<u64> = (0..blocks).collect();
+        for i in (1..perm.len()).rev() {
+            perm.swap(i, r.below(i as u64 + 1) as usize);
+        }
+        (cdf, perm)
+    } else {
+        (Vec::new(), Vec::new())
+    };
     for i in 0..writes {
         let lbn = match pattern.as_str() {
             "sequential" => i % blocks,
             // All writes inside a working set of `--ws-pct` of the disk (a
             // database rewriting its own region, as in the seed's traces).
             "working-set" => ws_start + r.below(ws),
+            "zipf" => {
+                let total = zipf_cdf[zipf_cdf.len() - 1];
+                let x = r.below(1 << 53) as f64 / (1u64 << 53) as f64 * total;
+                zipf_perm[zipf_cdf.partition_point(|&c| c < x).min(zipf_cdf.len() - 1)]
+            }
             "hotcold" => {
                 if r.chance(hot_writes, 100) {
                     r.below(hot)
@@ -109,7 +139,7 @@ fn main() {
     let written = after.physical_blocks - before.physical_blocks;
     let moved = after.gc_moved - before.gc_moved;
     println!(
-        "{{\"pattern\":\"{pattern}\",\"hot_pct\":{hot_pct},\"hot_writes_pct\":{hot_writes},\"prefill\":{prefill},\"blocks\":{blocks},\"block_size\":{bs},\"overprovision_pct\":{op},\"requested\":{requested},\"written\":{written},\"gc_moved\":{moved},\"gc_clusters\":{},\"write_amplification_pct\":{:.2}}}",
+        "{{\"pattern\":\"{pattern}\",\"hot_pct\":{hot_pct},\"hot_writes_pct\":{hot_writes},\"theta\":{theta},\"prefill\":{prefill},\"blocks\":{blocks},\"block_size\":{bs},\"overprovision_pct\":{op},\"requested\":{requested},\"written\":{written},\"gc_moved\":{moved},\"gc_clusters\":{},\"write_amplification_pct\":{:.2}}}",
         after.gc_clusters - before.gc_clusters,
         (written as f64 / requested as f64 - 1.0) * 100.0
     );

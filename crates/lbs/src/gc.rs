@@ -1,6 +1,8 @@
-//! Garbage-collection policy: watermarks and the seed's four-term victim
-//! score (section 4.4). Pure functions over the cluster table, so the
-//! policy is tested apart from the I/O that moves blocks.
+//! Garbage-collection policy: watermarks, the seed's four-term victim
+//! score (section 4.4) with a cost-benefit EMPTINESS, and the temperature
+//! of write streams (which stream a written or moved block goes to). Pure
+//! functions over the cluster table, so the policy is tested apart from
+//! the I/O that moves blocks.
 
 /// Life-cycle of a physical cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,28 +55,29 @@ pub struct GcPolicy {
     /// other terms are scaled down by 10x so EMPTINESS dominates (the seed's
     /// remark: below about 25% free). `None` disables it.
     pub emptiness_dominates_below: Option<f64>,
-    /// Weigh age with free space (LFS's cost-benefit, `(1 − u) · √age /
-    /// (1 + u)`, in place of plain EMPTINESS): a cluster of old data is
-    /// collected at a higher utilisation than one of young data, which
-    /// is likely to die on its own soon.
+    /// Weigh free space with how long the cluster's data lives
+    /// ([`cost_benefit`], in place of plain EMPTINESS): a cluster of
+    /// long-lived (cold) data is collected at a higher utilisation than one
+    /// of short-lived (hot) data, which is likely to die on its own soon.
     pub cost_benefit: bool,
 }
 
 impl GcPolicy {
-    /// Defaults for `clusters` physical clusters: low 0.5% (3 to 1024
-    /// clusters), high 1% (at least low + 2, at most 2048), emptiness
-    /// dominating below 25% free.
-    ///
-    /// Clusters the background collector keeps free are spare space the
-    /// data cannot use, so the watermarks are as low as lets writes find a
-    /// free cluster while it works. Measured with the seed's Contacts and
-    /// Email traces at Table 5 size on a full image with 12% spare
-    /// (`bench/lbs-table5.sh --background-gc`), the former 3%/6% gave 51%
-    /// and 73% write amplification; 1%/2% 20%; 0.5%/1% 16%; the
-    /// collector in the foreground only, 14%.
+    /// Defaults for `clusters` physical clusters: low 0.25% (3 to 1024
+    /// clusters), high 0.5% (at least low + 2, at most 2048), emptiness
+    /// dominating below 25% free. Free clusters the background collector
+    /// keeps are spare space the data cannot use, so the watermarks are as
+    /// low as lets writes find a free cluster while it works. On a full
+    /// image (12% spare, 1,149 clusters, 90/10 hot/cold,
+    /// `write_amplification --background-gc`) the former 3%/6% (34/68
+    /// clusters) gave 189% write amplification, 5/11 clusters 104%, 3/5
+    /// 100% (98% with the foreground collector alone); with the seed's
+    /// Contacts and Email traces at Table 5 size (`bench/lbs-table5.sh
+    /// --background-gc`, 4,590 clusters), 3%/6% gave 51% and 73%, 1%/2%
+    /// 20%, 0.5%/1% 16%, the foreground collector alone 14%.
     pub fn for_clusters(clusters: u64) -> GcPolicy {
-        let low = (clusters / 200).clamp(3, 1024);
-        let high = (clusters / 100).clamp(low + 2, 2048);
+        let low = (clusters / 400).clamp(3, 1024);
+        let high = (clusters / 200).clamp(low + 2, 2048);
         GcPolicy {
             low,
             high,
@@ -148,30 +151,80 @@ pub fn terms(
     }
 }
 
-/// How much age counts in [`cost_benefit`]: `age ^ AGE_EXPONENT`. LFS
-/// uses the age itself (1.0); measured on a full image with 12% spare
-/// (`examples/write_amplification.rs`, 65,536 blocks, 3 writes per
-/// block), 1.0 gives hot/cold 174% and uniform 385% (worse than greedy's
-/// 359%), 0.5 gives 179% and 355%, 0.25 gives 211% and 344%.
-pub const AGE_EXPONENT: f64 = 0.5;
+/// How much a cluster's expected data lifetime counts in
+/// [`cost_benefit`]: `lifetime ^ LIFETIME_EXPONENT`. With greedy cleaning
+/// inside each temperature, the spare space that minimises moves is shared
+/// in proportion to `1/√lifetime` of each temperature, and the victim's
+/// `(1 − u)/u` then goes as `1/√lifetime` too: 0.5 is the exponent that
+/// makes equal scores mean equal marginal cost. Measured write
+/// amplification (`examples/write_amplification.rs`, full image, 12%
+/// spare, 90/10 hot/cold | zipf 1.1): 0.4 106% | 81%, 0.45 101% | 79%,
+/// 0.5 98% | 80%, 0.55 98% | 83%, 0.6 101% | 87%, 0.7 113% | 102%.
+pub const LIFETIME_EXPONENT: f64 = 0.5;
 
-/// The cost-benefit ratio of a cluster `age` activations old with `live`
-/// of `bpc` blocks live: space freed times age (damped by
-/// [`AGE_EXPONENT`]), over the cost of reading the cluster and writing
-/// its live blocks (LFS).
-pub fn cost_benefit(live: u32, bpc: u64, age: u64) -> f64 {
-    let u = live as f64 / bpc as f64;
-    (1.0 - u) * (age as f64).powf(AGE_EXPONENT) / (1.0 + u)
+/// The cost-benefit ratio of a cluster with `live` of `bpc` blocks live
+/// whose blocks are expected to live `lifetime` (any unit): space freed
+/// over blocks moved, times the damped lifetime (LFS's cost-benefit with
+/// the cost counted in moves, `u`, rather than in I/O, `1 + u`, and the
+/// age replaced by the measured lifetime of the cluster's stream).
+pub fn cost_benefit(live: u32, bpc: u64, lifetime: f64) -> f64 {
+    let u = (live as f64 / bpc as f64).max(0.5 / bpc as f64);
+    (1.0 - u) / u * lifetime.max(0.0).powf(LIFETIME_EXPONENT)
+}
+
+/// The expected lifetime of the blocks of a cluster activated `age`
+/// activations ago into which `written` blocks were written, `live` of
+/// them still live: blocks dying at a constant rate leave `written ·
+/// e^(−age/lifetime)` live. Infinite while none died.
+pub fn lifetime(age: u64, written: u32, live: u32) -> f64 {
+    let d = (written.max(live) as f64 / (live as f64).max(0.5)).ln();
+    if d <= 0.0 {
+        f64::INFINITY
+    } else {
+        (age as f64 + 1.0) / d
+    }
+}
+
+/// The lifetime of each stream's data, pooled over its `Used` clusters
+/// (sum of ages over sum of decays: one estimate per temperature, so
+/// clusters of one temperature are compared by free space alone, i.e.
+/// greedily). `stream[c]`: the stream that wrote cluster `c`; `ages[c]`:
+/// activations since it was activated; `written[c]`: blocks written into it
+/// since.
+pub fn stream_lifetimes(
+    states: &[ClusterState],
+    stream: &[u8],
+    ages: &[u64],
+    written: &[u32],
+    live: &[u32],
+) -> [f64; STREAMS] {
+    let mut num = [0f64; STREAMS];
+    let mut den = [0f64; STREAMS];
+    for c in 0..states.len() {
+        if states[c] != ClusterState::Used {
+            continue;
+        }
+        let s = stream[c] as usize;
+        num[s] += ages[c] as f64 + 1.0;
+        den[s] += (written[c].max(live[c]) as f64 / (live[c] as f64).max(0.5)).ln();
+    }
+    let mut out = [0f64; STREAMS];
+    for s in 0..STREAMS {
+        // A stream none of whose blocks died yet counts as very cold
+        // (1000 times the sum of its clusters' ages).
+        out[s] = num[s] / den[s].max(1e-3);
+    }
+    out
 }
 
 /// The best victim: the `Used` cluster with the highest score that has at
 /// least one free block (moving a full cluster frees nothing). Ties go to
-/// the lowest index. `ages[c]`: how many cluster activations ago cluster
-/// `c`'s data was written (used with `policy.cost_benefit`).
+/// the lowest index. `lifetimes[c]`: how long cluster `c`'s blocks are
+/// expected to live (used with `policy.cost_benefit`).
 pub fn pick_victim(
     states: &[ClusterState],
     live: &[u32],
-    ages: &[u64],
+    lifetimes: &[f64],
     bpc: u64,
     active: Option<usize>,
     policy: &GcPolicy,
@@ -193,7 +246,8 @@ pub fn pick_victim(
     let top = if policy.cost_benefit {
         (0..states.len())
             .filter(|&c| candidate(c))
-            .map(|c| cost_benefit(live[c], bpc, ages[c]))
+            .map(|c| cost_benefit(live[c], bpc, lifetimes[c]))
+            .filter(|x| x.is_finite())
             .fold(0.0f64, f64::max)
     } else {
         0.0
@@ -205,7 +259,7 @@ pub fn pick_victim(
         }
         let mut t = terms(c, states, live, bpc, active);
         if top > 0.0 {
-            t.emptiness = cost_benefit(live[c], bpc, ages[c]) / top;
+            t.emptiness = (cost_benefit(live[c], bpc, lifetimes[c]) / top).min(1.0);
         }
         let s = w.emptiness * t.emptiness
             + w.left_empty * t.left_empty
@@ -216,6 +270,90 @@ pub fn pick_victim(
         }
     }
     best.map(|(_, c)| c)
+}
+
+/// Write streams: each has its own active cluster and buffer, so data of
+/// one temperature fills clusters of its own (hot clusters then empty
+/// almost entirely before they are collected, cold ones stay full). Clients'
+/// writes and the collector's moves never share a stream.
+pub const STREAMS: usize = 4;
+/// Clients' writes of blocks not known to be hot.
+pub const WARM: usize = 0;
+/// Clients' writes of hot blocks.
+pub const HOT: usize = 1;
+/// Moves of cold blocks.
+pub const MOVED_COLD: usize = 2;
+/// Moves of hot blocks that outlived their cluster (hot data dies at
+/// random: the survivors of a hot cluster are as hot as the rest).
+pub const MOVED_HOT: usize = 3;
+
+/// Whether stream `s` holds the collector's moves.
+pub fn is_moved(s: usize) -> bool {
+    s == MOVED_COLD || s == MOVED_HOT
+}
+
+/// Per-LBN write stamps: when each block was last written by a client, on
+/// the cluster-activation clock, in units of 1/256 of a pass over the
+/// physical space (a pass: as many activations as there are clusters), 15
+/// bits, wrapping (after 128 passes an old block may look recent: it is
+/// then misfiled once); bit 15 is set when that write came soon after the
+/// previous one. 0 = unknown (after open). Kept in memory only.
+pub const STAMP_FLAG: u16 = 0x8000;
+/// Stamp units per pass (for images of at least 256 clusters).
+pub const STAMP_UNITS_PER_PASS: u64 = 256;
+
+/// A rewrite within this many passes of the previous write is "soon".
+/// Measured (90/10 hot/cold, as for [`LIFETIME_EXPONENT`]): 1 pass 98.6%,
+/// 1.25 98.4%, 1.5 98.9%, 2 100.6%, 3 102.5%.
+pub const HOT_PASSES: f64 = 1.25;
+/// A moved block last written within this many passes stays hot.
+/// Measured: 1.5 passes 98.5%, 2 98.4%, 2.5 99.1%, 3 99.3%.
+pub const MOVED_HOT_PASSES: f64 = 2.0;
+/// A block whose old copy sits in a cluster whose data lives less than
+/// this many passes ([`lifetime`]) is hot even on its first rewrite.
+/// Measured: off 104.1%, 1.5 passes 99.0%, 2.5 98.4%, 3.5 98.4%, 5
+/// 98.8% (zipf 1.1: 79.6%, 80.0%, 80.4%, 81.3%, 83.0%).
+pub const HOT_CLUSTER_PASSES: f64 = 2.5;
+
+/// The stamp clock: activation `clock` in units of `unit` activations,
+/// 15 bits, never 0.
+pub fn stamp_now(clock: u64, unit: u64) -> u16 {
+    (((clock / unit.max(1)) & 0x7fff) as u16).max(1)
+}
+
+/// Stamp units since `stamp` was taken (`None`: unknown).
+pub fn stamp_age(now: u16, stamp: u16) -> Option<u64> {
+    let t = stamp & !STAMP_FLAG;
+    (t != 0).then(|| (now.wrapping_sub(t) & 0x7fff) as u64)
+}
+
+/// The stream of a client's write of a block last stamped `stamp`, at
+/// stamp time `now` with `pass` stamp units per pass; `old_lifetime`: the
+/// [`lifetime`] of the cluster holding its previous copy, in passes.
+/// Returns the stream and the block's new stamp.
+///
+/// A block is hot when its last two writes each came within
+/// [`HOT_PASSES`] of the one before (one short interval is weak evidence:
+/// right after the disk was filled every block has one), or when its old
+/// copy is in a cluster whose data dies within [`HOT_CLUSTER_PASSES`].
+pub fn client_stream(stamp: u16, now: u16, pass: u64, old_lifetime: Option<f64>) -> (usize, u16) {
+    let soon = stamp_age(now, stamp).is_some_and(|a| (a as f64) < HOT_PASSES * pass as f64);
+    let hot =
+        (soon && stamp & STAMP_FLAG != 0) || old_lifetime.is_some_and(|l| l < HOT_CLUSTER_PASSES);
+    let new = now | if soon { STAMP_FLAG } else { 0 };
+    (if hot { HOT } else { WARM }, new)
+}
+
+/// The stream of a block the collector moves out of a cluster written by
+/// stream `victim`: hot data that outlived its cluster stays hot while its
+/// last write is within [`MOVED_HOT_PASSES`]; everything else is cold.
+pub fn moved_stream(stamp: u16, now: u16, pass: u64, victim: usize) -> usize {
+    let recent = stamp_age(now, stamp).is_some_and(|a| (a as f64) < MOVED_HOT_PASSES * pass as f64);
+    if recent && (victim == HOT || victim == MOVED_HOT) {
+        MOVED_HOT
+    } else {
+        MOVED_COLD
+    }
 }
 
 #[cfg(test)]
@@ -234,7 +372,10 @@ mod tests {
             emptiness_dominates_below: None,
             cost_benefit: false,
         };
-        assert_eq!(pick_victim(&states, &live, &[0; 8], 16, None, &p), Some(1));
+        assert_eq!(
+            pick_victim(&states, &live, &[0.0; 8], 16, None, &p),
+            Some(1)
+        );
     }
 
     #[test]
@@ -249,12 +390,15 @@ mod tests {
         let states = [Used, Free, Used, Used, Used];
         let live = [8, 0, 8, 8, 8];
         // Cluster 2 has a free left neighbour.
-        assert_eq!(pick_victim(&states, &live, &[0; 8], 16, None, &p), Some(2));
+        assert_eq!(
+            pick_victim(&states, &live, &[0.0; 8], 16, None, &p),
+            Some(2)
+        );
         // Cluster 3 is next to the write position.
         let states = [Used, Used, Active, Used, Used];
         let live = [8, 8, 3, 8, 8];
         assert_eq!(
-            pick_victim(&states, &live, &[0; 8], 16, Some(2), &p),
+            pick_victim(&states, &live, &[0.0; 8], 16, Some(2), &p),
             Some(3)
         );
     }
@@ -292,23 +436,23 @@ mod tests {
             cost_benefit: false,
         };
         assert_eq!(
-            pick_victim(&states, &live, &[0; 8], 16, Some(0), &p),
+            pick_victim(&states, &live, &[0.0; 8], 16, Some(0), &p),
             Some(1)
         );
         p.emptiness_dominates_below = Some(0.25);
         assert_eq!(
-            pick_victim(&states, &live, &[0; 8], 16, Some(0), &p),
+            pick_victim(&states, &live, &[0.0; 8], 16, Some(0), &p),
             Some(2)
         );
     }
 
     #[test]
-    fn cost_benefit_prefers_old_data_to_a_little_more_free_space() {
+    fn cost_benefit_prefers_long_lived_data_to_a_little_more_free_space() {
         let states = [Used, Used, Used];
-        // Cluster 0: half empty but its data was just written; cluster 1:
-        // a quarter empty and old; cluster 2: full.
+        // Cluster 0: half empty but its data dies fast; cluster 1: a
+        // quarter empty and its data lives long; cluster 2: full.
         let live = [8, 12, 16];
-        let ages = [1, 100, 500];
+        let lifetimes = [1.0, 100.0, 500.0];
         let mut p = GcPolicy {
             low: 1,
             high: 2,
@@ -316,18 +460,84 @@ mod tests {
             emptiness_dominates_below: None,
             cost_benefit: false,
         };
-        assert_eq!(pick_victim(&states, &live, &ages, 16, None, &p), Some(0));
+        assert_eq!(
+            pick_victim(&states, &live, &lifetimes, 16, None, &p),
+            Some(0)
+        );
         p.cost_benefit = true;
-        assert_eq!(pick_victim(&states, &live, &ages, 16, None, &p), Some(1));
-        assert!(cost_benefit(8, 16, 1) < cost_benefit(12, 16, 100));
-        assert_eq!(cost_benefit(16, 16, 1000), 0.0);
+        assert_eq!(
+            pick_victim(&states, &live, &lifetimes, 16, None, &p),
+            Some(1)
+        );
+        assert!(cost_benefit(8, 16, 1.0) < cost_benefit(12, 16, 100.0));
+        assert_eq!(cost_benefit(16, 16, 1000.0), 0.0);
+        // Same lifetime: greedy.
+        assert!(cost_benefit(4, 16, 9.0) > cost_benefit(5, 16, 9.0));
+    }
+
+    #[test]
+    fn lifetimes_are_measured_per_stream() {
+        // Half the blocks of a cluster died within 10 activations: its
+        // blocks live 10 / ln 2.
+        assert!((lifetime(9, 16, 8) - 10.0 / 2f64.ln()).abs() < 1e-9);
+        assert_eq!(lifetime(9, 16, 16), f64::INFINITY);
+        let states = [Used, Used, Used, Free];
+        let stream = [HOT as u8, HOT as u8, MOVED_COLD as u8, WARM as u8];
+        let t = stream_lifetimes(
+            &states,
+            &stream,
+            &[9, 19, 99, 0],
+            &[16, 16, 16, 16],
+            &[8, 4, 15, 0],
+        );
+        // Pooled: (10 + 20) / (ln 2 + ln 4).
+        assert!((t[HOT] - 30.0 / 8f64.ln()).abs() < 1e-9);
+        assert!(t[MOVED_COLD] > 100.0 * t[HOT]);
+    }
+
+    #[test]
+    fn blocks_rewritten_soon_twice_are_hot() {
+        let pass = 256;
+        // Unknown history: warm, stamped.
+        let (s, st) = client_stream(0, 1000, pass, None);
+        assert_eq!((s, st), (WARM, 1000));
+        // One rewrite soon after: still warm, flagged.
+        let (s, st) = client_stream(st, 1100, pass, None);
+        assert_eq!((s, st), (WARM, 1100 | STAMP_FLAG));
+        // The second one: hot.
+        let (s, st) = client_stream(st, 1200, pass, None);
+        assert_eq!((s, st), (HOT, 1200 | STAMP_FLAG));
+        // A long pause: warm again, flag cleared.
+        let (s, st) = client_stream(st, 1200 + 2 * pass as u16, pass, None);
+        assert_eq!((s, st & STAMP_FLAG), (WARM, 0));
+        // An old copy in a cluster whose data dies fast: hot at once.
+        assert_eq!(client_stream(0, 1000, pass, Some(0.5)).0, HOT);
+        assert_eq!(client_stream(0, 1000, pass, Some(10.0)).0, WARM);
+        // The stamp clock wraps in 15 bits and never reads 0.
+        assert_eq!(stamp_now(0, 4), 1);
+        assert_eq!(stamp_age(3, 0x7ffe | STAMP_FLAG), Some(5));
+        assert_eq!(stamp_age(3, 0), None);
+    }
+
+    #[test]
+    fn only_recently_written_survivors_of_hot_clusters_stay_hot() {
+        let pass = 256;
+        assert_eq!(moved_stream(1000, 1100, pass, HOT), MOVED_HOT);
+        assert_eq!(moved_stream(1000, 1100, pass, MOVED_HOT), MOVED_HOT);
+        assert_eq!(moved_stream(1000, 1100, pass, WARM), MOVED_COLD);
+        assert_eq!(
+            moved_stream(1000, 1000 + 3 * pass as u16, pass, HOT),
+            MOVED_COLD
+        );
+        assert_eq!(moved_stream(0, 1100, pass, HOT), MOVED_COLD);
+        assert!(is_moved(MOVED_HOT) && is_moved(MOVED_COLD) && !is_moved(HOT) && !is_moved(WARM));
     }
 
     #[test]
     fn full_clusters_are_never_victims() {
         let p = GcPolicy::for_clusters(4);
         assert_eq!(
-            pick_victim(&[Used, Used], &[16, 16], &[0; 8], 16, None, &p),
+            pick_victim(&[Used, Used], &[16, 16], &[0.0; 8], 16, None, &p),
             None
         );
     }

@@ -146,7 +146,10 @@ impl LogStore for CrashLog {
             return Err(power_off());
         }
         let mut st = self.lock();
-        st.durable = st.live.clone();
+        // `durable` is always a prefix of `live` (appends extend `live`,
+        // `replace` sets both): copy only the new tail.
+        let CrashLogState { durable, live } = &mut *st;
+        durable.extend_from_slice(&live[durable.len()..]);
         Ok(())
     }
     fn replace(&mut self, bytes: &[u8]) -> std::io::Result<()> {

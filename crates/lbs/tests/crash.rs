@@ -12,10 +12,15 @@
 //!
 //! The small geometry (1 KiB blocks, 16-block clusters, 4-block buffer, a
 //! tiny log-compaction limit) makes garbage collection and log compaction
-//! run many times, so crashes land inside both.
+//! run many times, so crashes land inside both, and every write stream
+//! (clients' warm and hot writes, the collector's cold and hot moves) is
+//! used. *Tight* workloads (seeds from [`TIGHT`] on) fill the disk first,
+//! then only write, on an image with the least spare space there is (101%
+//! overprovisioning: 3 spare clusters for 4 write streams), so writes also
+//! run out of clusters and retire the streams' active clusters.
 //!
-//! `ROAMDISK_CRASH_LONG=1` checks every crash point of 40 workloads (over
-//! 10,000 points); the default checks a subset.
+//! `ROAMDISK_CRASH_LONG=1` checks every crash point of 40 workloads and 4
+//! tight ones (over 20,000 points); the default checks a subset.
 
 use roamdisk_blockdev::testkit::{Countdown, Rng};
 use roamdisk_blockdev::{BlockDev, WriteFlags, ZeroFlags};
@@ -27,6 +32,8 @@ use roamdisk_lbs::{ChecksumKind, LbsOptions};
 const BS: usize = 1024;
 const BLOCKS: u64 = 96;
 const OPS: usize = 220;
+/// Seeds from here on are tight workloads.
+const TIGHT: u64 = 1000;
 
 #[derive(Debug, Clone, Copy)]
 enum Op {
@@ -38,19 +45,25 @@ enum Op {
 
 fn workload(seed: u64) -> Vec<Op> {
     let mut r = Rng::new(seed);
-    (0..OPS)
-        .map(|_| {
-            let lbn = r.below(BLOCKS);
-            let n = 1 + r.below(4.min(BLOCKS - lbn));
-            match r.below(20) {
-                0..=12 => Op::Write { lbn, n, fua: false },
-                13 => Op::Write { lbn, n, fua: true },
-                14 | 15 => Op::Zero { lbn, n },
-                16 => Op::Trim { lbn, n },
-                _ => Op::Flush,
-            }
-        })
-        .collect()
+    let tight = seed >= TIGHT;
+    let fill = (0..BLOCKS / 4).filter(|_| tight).map(|i| Op::Write {
+        lbn: i * 4,
+        n: 4,
+        fua: false,
+    });
+    fill.chain((0..OPS).map(|_| {
+        let lbn = r.below(BLOCKS);
+        let n = 1 + r.below(4.min(BLOCKS - lbn));
+        match r.below(20) {
+            0..=12 => Op::Write { lbn, n, fua: false },
+            13 => Op::Write { lbn, n, fua: true },
+            14..=16 if tight => Op::Write { lbn, n, fua: false },
+            14 | 15 => Op::Zero { lbn, n },
+            16 => Op::Trim { lbn, n },
+            _ => Op::Flush,
+        }
+    }))
+    .collect()
 }
 
 fn create_opts(seed: u64) -> CreateOptions {
@@ -58,7 +71,7 @@ fn create_opts(seed: u64) -> CreateOptions {
         size: BLOCKS * BS as u64,
         block_size: BS as u32,
         cluster_size: 16 * BS as u32,
-        overprovision_pct: 130,
+        overprovision_pct: if seed >= TIGHT { 101 } else { 130 },
         checksum: ChecksumKind::ALL[(seed % 4) as usize],
         encryption: if seed % 2 == 1 {
             Encryption::RawKey(
@@ -243,15 +256,27 @@ fn verify(seed: u64, n: u64, img: &MemImage, m: &Model) {
 #[test]
 fn every_crash_point_recovers_to_a_consistent_image() {
     let long = std::env::var("ROAMDISK_CRASH_LONG").is_ok_and(|v| v == "1");
-    let (seeds, step) = if long { (40u64, 1u64) } else { (4u64, 5u64) };
+    // (seed, step between crash points)
+    let runs: Vec<(u64, u64)> = if long {
+        (0..40).chain(TIGHT..TIGHT + 4).map(|s| (s, 1)).collect()
+    } else {
+        (0..4).map(|s| (s, 5)).chain([(TIGHT, 29)]).collect()
+    };
+    let seeds = runs.len() as u64;
     let mut points = 0u64;
     let mut gc_runs = 0u64;
     let mut compactions = 0u64;
-    for seed in 0..seeds {
+    let mut streams = [0u64; roamdisk_lbs::gc::STREAMS];
+    let mut retires = 0u64;
+    for (seed, step) in runs {
         let (img, m, total, stats) = run(seed, Countdown::unarmed());
         let s = stats.expect("a clean run opens");
         gc_runs += s.gc_clusters;
         compactions += s.compactions;
+        for (t, n) in streams.iter_mut().zip(s.stream_blocks) {
+            *t += n;
+        }
+        retires += s.retires;
         // A clean run must read back its final state exactly.
         {
             let dev = img.open(lbs_opts()).unwrap();
@@ -272,13 +297,17 @@ fn every_crash_point_recovers_to_a_consistent_image() {
             n += step;
         }
     }
-    eprintln!("crash points checked: {points} over {seeds} workloads (GC runs in clean workloads {gc_runs}, compactions {compactions})");
+    eprintln!("crash points checked: {points} over {seeds} workloads (GC runs in clean workloads {gc_runs}, compactions {compactions}, blocks per stream {streams:?}, retires {retires})");
     if long {
         assert!(
-            points >= 10_000,
-            "long mode must check at least 10,000 crash points, checked {points}"
+            points >= 20_000,
+            "long mode must check at least 20,000 crash points, checked {points}"
         );
     }
+    assert!(
+        streams.iter().all(|&n| n > 0) && retires > 0,
+        "the workload must use every write stream ({streams:?}) and run out of clusters ({retires})"
+    );
     assert!(
         gc_runs > 0 && compactions > seeds,
         "the workload must exercise GC ({gc_runs}) and compaction ({compactions})"

@@ -491,3 +491,49 @@ fn background_collector_and_concurrent_clients_lose_nothing() {
     drop(d);
     check(&open(o));
 }
+
+#[test]
+fn a_full_image_with_little_spare_keeps_taking_overwrites_in_every_stream() {
+    // 4 MiB in 64 KiB clusters with the least spare there is (101%: the
+    // 2 clusters `create` adds plus under one), hot and cold overwrites
+    // of the full disk: the four write streams and the collector's
+    // reserve must never run out of clusters.
+    let mut o = opts(4 << 20, false, ChecksumKind::Crc32c);
+    o.overprovision_pct = 101;
+    let img = MemImage::new(&o, Countdown::unarmed());
+    let dev = img.open(lopts()).unwrap();
+    let blocks = (4u64 << 20) / 4096;
+    for lbn in 0..blocks {
+        dev.write_at(&pattern(lbn as u8, 4096), lbn * 4096, WriteFlags::default())
+            .unwrap();
+    }
+    let mut r = roamdisk_blockdev::testkit::Rng::new(7);
+    let mut last = vec![0u8; blocks as usize];
+    for (lbn, v) in last.iter_mut().enumerate() {
+        *v = lbn as u8;
+    }
+    for i in 0..20 * blocks {
+        let lbn = if r.chance(9, 10) {
+            r.below(blocks / 10)
+        } else {
+            r.below(blocks)
+        };
+        let v = (i % 251) as u8;
+        dev.write_at(&pattern(v, 4096), lbn * 4096, WriteFlags::default())
+            .unwrap_or_else(|e| panic!("write {i} of block {lbn}: {e}"));
+        last[lbn as usize] = v;
+        if i % 16 == 15 {
+            dev.flush().unwrap();
+        }
+    }
+    let s = dev.stats();
+    assert!(s.gc_clusters > 0, "{s:?}");
+    assert!(s.stream_blocks.iter().all(|&n| n > 0), "{s:?}");
+    drop(dev);
+    let dev = img.open(lopts()).unwrap();
+    let mut b = vec![0u8; 4096];
+    for lbn in 0..blocks {
+        dev.read_at(&mut b, lbn * 4096).unwrap();
+        assert_eq!(b, pattern(last[lbn as usize], 4096), "block {lbn}");
+    }
+}

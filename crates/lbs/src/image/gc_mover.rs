@@ -14,7 +14,6 @@ pub(super) struct Victim {
     /// The cluster's epoch then: if it changed, the cluster was freed and
     /// reused meanwhile, and what was read of it is not its blocks.
     epoch: u64,
-    born: u64,
     /// (pbn, lbn) of the live blocks, in PBN order.
     moves: Vec<(u64, u64)>,
 }
@@ -24,16 +23,23 @@ impl Inner {
     /// cluster is worth collecting.
     pub(super) fn choose_victim(&self, st: &State) -> Option<Victim> {
         let ages: Vec<u64> = st
-            .birth
+            .activated
             .iter()
-            .map(|b| st.clock.saturating_sub(*b))
+            .map(|a| st.clock.saturating_sub(*a))
+            .collect();
+        let per_stream =
+            crate::gc::stream_lifetimes(&st.cstate, &st.stream_of, &ages, &st.written, &st.live);
+        let lifetimes: Vec<f64> = st
+            .stream_of
+            .iter()
+            .map(|&s| per_stream[s as usize])
             .collect();
         let v = pick_victim(
             &st.cstate,
             &st.live,
-            &ages,
+            &lifetimes,
             self.bpc,
-            st.streams[CLIENT].active,
+            st.streams[HOT].active,
             &self.policy,
         )?;
         let lo = v as u64 * self.bpc;
@@ -47,7 +53,6 @@ impl Inner {
         Some(Victim {
             cluster: v,
             epoch: st.epochs[v],
-            born: st.birth[v],
             moves,
         })
     }
@@ -92,11 +97,6 @@ impl Inner {
                 let raw = &span.as_slice()[i * self.bs..(i + 1) * self.bs];
                 let seal = self.seal_of(st, lbn, pbn);
                 self.insert_moved(st, lbn, raw, seal)?;
-                // A cluster of moved blocks is as old as the youngest
-                // data moved into it.
-                if let Some(a) = st.streams[MOVED].active {
-                    st.birth[a] = st.birth[a].max(v.born);
-                }
                 self.stats.gc_moved.fetch_add(1, Ordering::Relaxed);
             }
         }

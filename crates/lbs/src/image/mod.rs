@@ -34,7 +34,7 @@ use roamdisk_blockdev::{
 
 use crate::checksum::ChecksumKind;
 use crate::format::{encode_entry, DataSuper, Entry, Geometry, MetaHeader, SUPERBLOCK_SIZE};
-use crate::gc::{pick_victim, ClusterState, GcPolicy};
+use crate::gc::{is_moved, pick_victim, ClusterState, GcPolicy, HOT, STREAMS};
 use crate::replay::{replay, IN_PLACE, UNMAPPED, ZERO};
 use crate::storage::LogStore;
 use roamdisk_crypto::Xts;
@@ -91,6 +91,11 @@ pub struct Stats {
     pub compactions: AtomicU64,
     /// Checksum failures seen on read.
     pub integrity_errors: AtomicU64,
+    /// Blocks put into each write stream (`crate::gc::WARM` ..).
+    pub stream_blocks: [AtomicU64; STREAMS],
+    /// Times a client's write found no cluster and retired every stream's
+    /// active cluster to let the collector at their free slots.
+    pub retires: AtomicU64,
 }
 
 /// A snapshot of [`Stats`] plus space figures.
@@ -104,6 +109,9 @@ pub struct StatsSnapshot {
     pub barriers: u64,
     pub compactions: u64,
     pub integrity_errors: u64,
+    /// Blocks put into each write stream (`crate::gc::WARM` ..).
+    pub stream_blocks: [u64; STREAMS],
+    pub retires: u64,
     pub free_clusters: u64,
     pub used_clusters: u64,
     pub mapped_blocks: u64,
@@ -129,18 +137,13 @@ struct WriteBuf {
 }
 
 /// A write position: its active cluster and the buffer mapping to the
-/// next PBNs of it. Clients' writes and the collector's moves have one
-/// each, so data the collector moves (cold: it outlived its cluster) is
-/// not mixed with fresh writes (hot until proven otherwise).
+/// next PBNs of it. There is one per temperature (`crate::gc::STREAMS`:
+/// clients' warm and hot writes, the collector's cold and hot moves), so
+/// data of one temperature fills clusters of its own.
 struct Stream {
     active: Option<usize>,
     buf: WriteBuf,
 }
-
-/// The stream of clients' writes.
-const CLIENT: usize = 0;
-/// The stream of the garbage collector's moves.
-const MOVED: usize = 1;
 
 impl Stream {
     fn new() -> Stream {
@@ -173,11 +176,21 @@ struct State {
     cstate: Vec<ClusterState>,
     pending: Vec<usize>,
     free: u64,
-    streams: [Stream; 2],
-    /// When each cluster was last activated, on `clock` (the number of
-    /// activations so far): its data's age for the cost-benefit score.
-    birth: Vec<u64>,
+    streams: [Stream; STREAMS],
+    /// Per cluster: the stream that last wrote it, when it was activated
+    /// on `clock` (the number of activations so far) and how many blocks
+    /// were written into it since: how fast its data dies, for the victim
+    /// score and to spot hot blocks.
+    stream_of: Vec<u8>,
+    activated: Vec<u64>,
+    written: Vec<u32>,
     clock: u64,
+    /// Per LBN: its last client write on `clock` (`crate::gc::STAMP_FLAG`);
+    /// in memory only.
+    stamps: Vec<u16>,
+    /// Activations per stamp unit, and stamp units per pass.
+    stamp_unit: u64,
+    stamp_pass: u64,
     log: Box<dyn LogStore>,
     seq: u64,
     barrier_no: u64,
@@ -364,12 +377,13 @@ impl Inner {
             if encrypted { ", xts-aes-256" } else { "" }
         );
         // Ages survive a reopen only as an order: clusters holding data
-        // are born in the order of their epochs.
+        // were activated in the order of their epochs. How fast their data
+        // dies is measured afresh (written = live), and it counts as warm.
         let mut order: Vec<usize> = (0..live.len()).filter(|&c| live[c] > 0).collect();
         order.sort_by_key(|&c| r.map.epochs[c]);
-        let mut birth = vec![0u64; live.len()];
+        let mut activated = vec![0u64; live.len()];
         for (k, &c) in order.iter().enumerate() {
-            birth[c] = k as u64;
+            activated[c] = k as u64;
         }
         let clock = order.len() as u64;
         let mut p2l = vec![NO_LBN; geo.physical_blocks() as usize];
@@ -378,6 +392,10 @@ impl Inner {
                 p2l[p as usize] = l as u32;
             }
         }
+        let clusters = live.len() as u64;
+        let stamp_unit = (clusters / crate::gc::STAMP_UNITS_PER_PASS).max(1);
+        let stream_of = vec![crate::gc::WARM as u8; live.len()];
+        let written = live.clone();
         let st = State {
             p2l,
             l2p: r.map.l2p,
@@ -389,9 +407,14 @@ impl Inner {
             cstate,
             pending: Vec::new(),
             free,
-            streams: [Stream::new(), Stream::new()],
-            birth,
+            streams: std::array::from_fn(|_| Stream::new()),
+            stream_of,
+            activated,
+            written,
             clock,
+            stamps: vec![0; header.logical_blocks() as usize],
+            stamp_unit,
+            stamp_pass: (clusters / stamp_unit).max(1),
             log,
             seq: r.next_seq,
             barrier_no: r.barriers,
@@ -454,6 +477,8 @@ impl Inner {
             barriers: s.barriers.load(Ordering::Relaxed),
             compactions: s.compactions.load(Ordering::Relaxed),
             integrity_errors: s.integrity_errors.load(Ordering::Relaxed),
+            stream_blocks: std::array::from_fn(|i| s.stream_blocks[i].load(Ordering::Relaxed)),
+            retires: s.retires.load(Ordering::Relaxed),
             free_clusters: st.free,
             used_clusters: st
                 .cstate
@@ -467,7 +492,7 @@ impl Inner {
     }
 
     /// Bytes of memory the map uses per GiB of logical space (the seed's
-    /// figure: 12 MB).
+    /// figure: 12 MB): see [`map_bytes_per_gib`].
     pub fn map_bytes_per_gib(&self) -> f64 {
         map_bytes_per_gib(&self.header)
     }
@@ -499,13 +524,14 @@ impl Inner {
 }
 
 /// Bytes of memory the map of an image with header `h` uses per GiB of
-/// logical space: per logical block its PBN, checksum, seal PBN and seal
-/// epoch; per physical block its LBN (the reverse map); per cluster its
-/// epoch, live count, state and age.
+/// logical space: per logical block its PBN, checksum, seal PBN, seal
+/// epoch and write stamp; per physical block its LBN (the reverse map); per
+/// cluster its epoch, live count, state, stream, activation and blocks
+/// written.
 pub fn map_bytes_per_gib(h: &MetaHeader) -> f64 {
-    let per_block = (4 + h.checksum.width() + 4 + 8) as f64;
+    let per_block = (4 + h.checksum.width() + 4 + 8 + 2) as f64;
     let per_pblock = 4.0;
-    let per_cluster = 8.0 + 4.0 + 1.0 + 8.0;
+    let per_cluster = 8.0 + 4.0 + 1.0 + 1.0 + 8.0 + 4.0;
     let geo = h.geometry;
     let blocks_per_gib = (1u64 << 30) as f64 / geo.block_size as f64;
     let phys = geo.physical_blocks() as f64 / h.logical_blocks() as f64;

@@ -45,6 +45,14 @@ impl Inner {
         (self.buf_cap() - w.buf.lbns.len().min(self.buf_cap())).min((end - next) as usize)
     }
 
+    /// Slots left in stream `s`'s active cluster, buffered or not.
+    pub(super) fn cluster_room(&self, st: &State, s: usize) -> usize {
+        let w = &st.streams[s];
+        let Some(a) = w.active else { return 0 };
+        let end = (a as u64 + 1) * self.bpc;
+        (end - (w.buf.base + w.buf.lbns.len() as u64)) as usize
+    }
+
     /// Seal (checksum and encrypt) the clients' blocks of stream `s`'s
     /// buffer, write it, then log its MAP runs and its moved blocks'
     /// MOVED runs (moved blocks are written as they are, still sealed where
@@ -158,10 +166,11 @@ impl Inner {
             self.free_pending(st);
             return Ok(());
         }
-        // Both streams: a victim's moved blocks must be durable before the
+        // Every stream: a victim's moved blocks must be durable before the
         // victim is freed.
-        self.flush_buffer(st, CLIENT)?;
-        self.flush_buffer(st, MOVED)?;
+        for s in 0..STREAMS {
+            self.flush_buffer(st, s)?;
+        }
         let r = self.data.flush();
         self.poison(st, r)?;
         let e = Entry::Barrier {
@@ -196,9 +205,10 @@ impl Inner {
         }
     }
 
-    /// Hand the next free cluster to stream `s`'s write position.
+    /// Hand the next free cluster to stream `s`'s write position (clients'
+    /// streams leave [`GC_RESERVE`] for the collector's).
     pub(super) fn take_cluster(&self, st: &mut State, s: usize) -> Result<bool> {
-        let reserve = if s == MOVED { 0 } else { GC_RESERVE };
+        let reserve = if is_moved(s) { 0 } else { GC_RESERVE };
         if st.free <= reserve {
             return Ok(false);
         }
@@ -226,9 +236,9 @@ impl Inner {
         st.epochs[c] = (st.generation << 32) | st.epoch_counter as u64;
         st.cstate[c] = ClusterState::Active;
         st.free -= 1;
-        // Moved data's age is that of the clusters it comes from (set as
-        // blocks arrive); fresh data is born now.
-        st.birth[c] = if s == MOVED { 0 } else { st.clock };
+        st.stream_of[c] = s as u8;
+        st.activated[c] = st.clock;
+        st.written[c] = 0;
         st.clock += 1;
         st.streams[s].active = Some(c);
         st.streams[s].buf.base = c as u64 * self.bpc;
@@ -238,11 +248,25 @@ impl Inner {
         Ok(true)
     }
 
-    /// Make room for one more block in stream `s`'s buffer.
-    pub(super) fn ensure_room(&self, st: &mut State, s: usize) -> Result<()> {
+    /// Make room for one more block in stream `s`'s buffer or, when no
+    /// cluster can be had, in another stream of the same kind (clients' or
+    /// the collector's) that has room: the temperature is only a hint.
+    /// Returns the stream.
+    ///
+    /// No deadlock: a client's stream takes a cluster only while more than
+    /// [`GC_RESERVE`] (1) are free, else runs the collector; the collector
+    /// moves one victim (fewer than a cluster's blocks) at a time, and
+    /// once one of its streams took the reserved cluster that stream has
+    /// room for the rest of the victim; the victim is free after the next
+    /// barrier. When the collector finds no victim because the spare
+    /// space sits in the streams' active clusters (unwritten or dead
+    /// slots), a client's write retires them all ([`Self::retire_actives`])
+    /// and tries again: then any spare beyond the reserve is in victims.
+    pub(super) fn ensure_room(&self, st: &mut State, s: usize) -> Result<usize> {
+        let mut retired = false;
         loop {
             if self.room(st, s) > 0 {
-                return Ok(());
+                return Ok(s);
             }
             if !st.streams[s].buf.lbns.is_empty() {
                 self.flush_buffer(st, s)?;
@@ -255,7 +279,24 @@ impl Inner {
                 self.barrier(st)?;
                 continue;
             }
-            if s == CLIENT && self.collect_to(st, GC_RESERVE + 2)? > 0 {
+            if !is_moved(s) && self.collect_to(st, GC_RESERVE + 1)? > 0 {
+                continue;
+            }
+            if let Some(o) =
+                (0..STREAMS).find(|&o| is_moved(o) == is_moved(s) && self.cluster_room(st, o) > 0)
+            {
+                if self.room(st, o) == 0 {
+                    // Its buffer is full, its cluster is not.
+                    self.flush_buffer(st, o)?;
+                }
+                return Ok(o);
+            }
+            if !is_moved(s) && !retired {
+                // Last resort: the slack may sit in other streams' active
+                // clusters, which are no victims. Retire them all.
+                retired = true;
+                self.stats.retires.fetch_add(1, Ordering::Relaxed);
+                self.retire_actives(st)?;
                 continue;
             }
             return Err(err(
@@ -266,19 +307,48 @@ impl Inner {
         }
     }
 
+    /// Flush every stream and take its active cluster away from it, as
+    /// `take_cluster` does when it hands the stream a new one: the
+    /// cluster's unwritten slots then count as free space for the
+    /// collector. For when the image is out of clusters only: the slots
+    /// stay unused until the cluster is collected.
+    fn retire_actives(&self, st: &mut State) -> Result<()> {
+        for o in 0..STREAMS {
+            self.flush_buffer(st, o)?;
+            if let Some(a) = st.streams[o].active.take() {
+                if st.live[a] == 0 {
+                    st.cstate[a] = ClusterState::PendingFree;
+                    st.pending.push(a);
+                } else {
+                    st.cstate[a] = ClusterState::Used;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Put a client's block in the buffer as the new content of `lbn`.
     pub(super) fn insert(&self, st: &mut State, lbn: u64, block: &[u8]) -> Result<()> {
-        if let Some(&slot) = st.streams[CLIENT].buf.index.get(&lbn) {
-            st.streams[CLIENT].buf.data[slot * self.bs..(slot + 1) * self.bs]
-                .copy_from_slice(block);
+        // A client's write still in a client's buffer is overwritten there.
+        let hit = (0..STREAMS)
+            .filter(|&s| !is_moved(s))
+            .find_map(|s| st.streams[s].buf.index.get(&lbn).map(|&i| (s, i)));
+        if let Some((s, slot)) = hit {
+            let buf = &mut st.streams[s].buf;
+            buf.data[slot * self.bs..(slot + 1) * self.bs].copy_from_slice(block);
+            // Plaintext now, sealed at this slot when written (even if a
+            // moved copy sat here).
+            buf.seals[slot] = None;
+            st.seal_pbn[lbn as usize] = IN_PLACE;
             self.stats.absorbed.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
-        self.put(st, CLIENT, lbn, block, None)
+        self.put(st, lbn, block, None)
     }
 
     /// Put a block the collector moves, `raw` as read from disk (sealed at
-    /// `seal`), in the collector's buffer as the new place of `lbn`.
+    /// `seal`), in a buffer of the collector's streams as the new place of
+    /// `lbn`.
     pub(super) fn insert_moved(
         &self,
         st: &mut State,
@@ -286,23 +356,20 @@ impl Inner {
         raw: &[u8],
         seal: Seal,
     ) -> Result<()> {
-        self.put(st, MOVED, lbn, raw, Some(seal))
+        self.put(st, lbn, raw, Some(seal))
     }
 
-    /// Append `lbn`'s block to stream `s`'s buffer and map it there.
-    fn put(
-        &self,
-        st: &mut State,
-        s: usize,
-        lbn: u64,
-        block: &[u8],
-        seal: Option<Seal>,
-    ) -> Result<()> {
-        self.ensure_room(st, s)?;
-        // A copy buffered in the other stream is superseded: written to
-        // disk but never mapped.
-        if let Some(slot) = st.streams[1 - s].buf.index.remove(&lbn) {
-            st.streams[1 - s].buf.lbns[slot] = DEAD;
+    /// Append `lbn`'s block to the buffer of the stream it belongs in
+    /// (a moved block when `seal` is set) and map it there.
+    fn put(&self, st: &mut State, lbn: u64, block: &[u8], seal: Option<Seal>) -> Result<()> {
+        let want = self.stream_for(st, lbn, seal.is_some());
+        let s = self.ensure_room(st, want)?;
+        // A copy buffered in another stream is superseded: written to disk
+        // but never mapped.
+        for o in 0..STREAMS {
+            if let Some(slot) = st.streams[o].buf.index.remove(&lbn) {
+                st.streams[o].buf.lbns[slot] = DEAD;
+            }
         }
         let buf = &mut st.streams[s].buf;
         let slot = buf.lbns.len();
@@ -325,13 +392,38 @@ impl Inner {
             .active
             .expect("ensure_room set an active cluster");
         st.live[a] += 1;
+        st.written[a] += 1;
         st.dirty = true;
+        self.stats.stream_blocks[s].fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The stream `lbn`'s new copy should go to (`crate::gc::client_stream`,
+    /// `crate::gc::moved_stream`); a client's write also stamps the block.
+    fn stream_for(&self, st: &mut State, lbn: u64, for_gc: bool) -> usize {
+        let now = crate::gc::stamp_now(st.clock, st.stamp_unit);
+        let stamp = st.stamps[lbn as usize];
+        let old = st.l2p[lbn as usize];
+        let c = (old < ZERO).then(|| (old as u64 / self.bpc) as usize);
+        if for_gc {
+            let victim = c.map_or(crate::gc::WARM, |c| st.stream_of[c] as usize);
+            return crate::gc::moved_stream(stamp, now, st.stamp_pass, victim);
+        }
+        // A pass: as many activations as there are clusters.
+        let pass = st.cstate.len() as f64;
+        let old_lifetime = c.map(|c| {
+            let age = st.clock.saturating_sub(st.activated[c]);
+            crate::gc::lifetime(age, st.written[c], st.live[c]) / pass
+        });
+        let (s, new) = crate::gc::client_stream(stamp, now, st.stamp_pass, old_lifetime);
+        st.stamps[lbn as usize] = new;
+        s
     }
 
     /// Unmap or zero whole blocks `[first, first+count)`.
     pub(super) fn unmap(&self, st: &mut State, first: u64, count: u64, zero: bool) -> Result<()> {
         for lbn in first..first + count {
+            st.stamps[lbn as usize] = 0;
             for w in st.streams.iter_mut() {
                 if let Some(slot) = w.buf.index.remove(&lbn) {
                     w.buf.lbns[slot] = DEAD;
