@@ -388,9 +388,9 @@ fn version_1_images_open_and_are_upgraded_by_a_writable_open() {
 
 #[test]
 fn background_collector_and_concurrent_clients_lose_nothing() {
-    // The background collector reads victims without the state lock while
-    // clients write, read and trim: every block must read back as its
-    // last write, before and after a reopen.
+    // The background collector moves blocks while clients write, read and
+    // trim from four threads: every block must read back as its last
+    // write, before and after a reopen.
     use std::sync::Arc;
     let img = MemImage::new(
         &opts(2 << 20, true, ChecksumKind::Crc32c),
