@@ -417,6 +417,37 @@ const MAP_FIXED: usize = 8 + 8 + 4 + 4 + 8;
 const MOVED_FIXED: usize = MAP_FIXED + 8 + 8;
 
 impl Entry {
+    /// The entry placing LBNs `lbn..lbn+count` at PBNs `pbn..` of a
+    /// cluster in `epoch`: MAP when they are sealed there (`seal` None),
+    /// MOVED when they are copies of blocks sealed at `seal` (PBN, epoch).
+    pub fn placing(
+        lbn: u64,
+        pbn: u64,
+        count: u64,
+        epoch: u64,
+        seal: Option<(u64, u64)>,
+        sums: Vec<u8>,
+    ) -> Entry {
+        match seal {
+            None => Entry::Map {
+                lbn,
+                pbn,
+                count,
+                epoch,
+                sums,
+            },
+            Some((seal_pbn, seal_epoch)) => Entry::Moved {
+                lbn,
+                pbn,
+                count,
+                epoch,
+                seal_pbn,
+                seal_epoch,
+                sums,
+            },
+        }
+    }
+
     /// Number of blocks an entry maps, zeroes or trims.
     pub fn count(&self) -> u64 {
         match self {
@@ -439,24 +470,14 @@ pub fn encode_entry(e: &Entry, seq: u64, sum_width: usize) -> Vec<u8> {
             count,
             epoch,
             sums,
-        } => {
-            debug_assert_eq!(sums.len(), *count as usize * sum_width);
-            body.extend_from_slice(&lbn.to_le_bytes());
-            body.extend_from_slice(&pbn.to_le_bytes());
-            body.extend_from_slice(&(*count as u32).to_le_bytes());
-            body.extend_from_slice(&0u32.to_le_bytes());
-            body.extend_from_slice(&epoch.to_le_bytes());
-            body.extend_from_slice(sums);
-            KIND_MAP
         }
-        Entry::Moved {
+        | Entry::Moved {
             lbn,
             pbn,
             count,
             epoch,
-            seal_pbn,
-            seal_epoch,
             sums,
+            ..
         } => {
             debug_assert_eq!(sums.len(), *count as usize * sum_width);
             body.extend_from_slice(&lbn.to_le_bytes());
@@ -464,10 +485,21 @@ pub fn encode_entry(e: &Entry, seq: u64, sum_width: usize) -> Vec<u8> {
             body.extend_from_slice(&(*count as u32).to_le_bytes());
             body.extend_from_slice(&0u32.to_le_bytes());
             body.extend_from_slice(&epoch.to_le_bytes());
-            body.extend_from_slice(&seal_pbn.to_le_bytes());
-            body.extend_from_slice(&seal_epoch.to_le_bytes());
+            if let Entry::Moved {
+                seal_pbn,
+                seal_epoch,
+                ..
+            } = e
+            {
+                body.extend_from_slice(&seal_pbn.to_le_bytes());
+                body.extend_from_slice(&seal_epoch.to_le_bytes());
+            }
             body.extend_from_slice(sums);
-            KIND_MOVED
+            if matches!(e, Entry::Moved { .. }) {
+                KIND_MOVED
+            } else {
+                KIND_MAP
+            }
         }
         Entry::Zero { lbn, count } | Entry::Trim { lbn, count } => {
             body.extend_from_slice(&lbn.to_le_bytes());

@@ -52,24 +52,7 @@ impl Inner {
             let sums = st.sums[l0 as usize * w..(l0 as usize + (j - i)) * w].to_vec();
             let (lbn, pbn, count, epoch) =
                 (l0 as u64, p0 as u64, (j - i) as u64, st.epochs[c as usize]);
-            let e = match s0 {
-                None => Entry::Map {
-                    lbn,
-                    pbn,
-                    count,
-                    epoch,
-                    sums,
-                },
-                Some((seal_pbn, seal_epoch)) => Entry::Moved {
-                    lbn,
-                    pbn,
-                    count,
-                    epoch,
-                    seal_pbn,
-                    seal_epoch,
-                    sums,
-                },
-            };
+            let e = Entry::placing(lbn, pbn, count, epoch, s0, sums);
             push(&mut out, &e, &mut seq, &mut running);
             i = j;
         }

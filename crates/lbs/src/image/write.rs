@@ -125,24 +125,7 @@ impl Inner {
             let lbn = lbns[i];
             let sums = st.sums[lbn as usize * w..(lbn as usize + (j - i)) * w].to_vec();
             let (pbn, count) = (base + i as u64, (j - i) as u64);
-            let e = match seals[i] {
-                None => Entry::Map {
-                    lbn,
-                    pbn,
-                    count,
-                    epoch,
-                    sums,
-                },
-                Some((seal_pbn, seal_epoch)) => Entry::Moved {
-                    lbn,
-                    pbn,
-                    count,
-                    epoch,
-                    seal_pbn,
-                    seal_epoch,
-                    sums,
-                },
-            };
+            let e = Entry::placing(lbn, pbn, count, epoch, seals[i], sums);
             self.append_entry(st, &e)?;
             i = j;
         }
