@@ -605,7 +605,7 @@ pub fn parse_entry(
                 return Err(TailError::BadEntry("MAP epoch 0"));
             }
             let sums = body[fixed..fixed + sums_len].to_vec();
-            if moved {
+            let seal = if moved {
                 let seal_pbn = u64_at(body, 32);
                 let seal_epoch = u64_at(body, 40);
                 if !in_range(seal_pbn, count, pblocks)
@@ -616,24 +616,11 @@ pub fn parse_entry(
                 if seal_epoch == 0 {
                     return Err(TailError::BadEntry("MOVED seal epoch 0"));
                 }
-                Entry::Moved {
-                    lbn,
-                    pbn,
-                    count,
-                    epoch,
-                    seal_pbn,
-                    seal_epoch,
-                    sums,
-                }
+                Some((seal_pbn, seal_epoch))
             } else {
-                Entry::Map {
-                    lbn,
-                    pbn,
-                    count,
-                    epoch,
-                    sums,
-                }
-            }
+                None
+            };
+            Entry::placing(lbn, pbn, count, epoch, seal, sums)
         }
         KIND_ZERO | KIND_TRIM => {
             if body.len() != 16 {
