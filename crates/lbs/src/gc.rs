@@ -242,25 +242,46 @@ pub fn pick_victim(
         }
     }
     let candidate = |c: usize| states[c] == ClusterState::Used && (live[c] as u64) < bpc;
-    // Cost-benefit, scaled to 0..1 over the candidates like EMPTINESS.
-    let top = if policy.cost_benefit {
+    // Cost-benefit of each candidate (NaN for the others), scaled to 0..1
+    // over the candidates like EMPTINESS.
+    let cb: Vec<f64> = if policy.cost_benefit {
         (0..states.len())
-            .filter(|&c| candidate(c))
-            .map(|c| cost_benefit(live[c], bpc, lifetimes[c]))
-            .filter(|x| x.is_finite())
-            .fold(0.0f64, f64::max)
+            .map(|c| {
+                if candidate(c) {
+                    cost_benefit(live[c], bpc, lifetimes[c])
+                } else {
+                    f64::NAN
+                }
+            })
+            .collect()
     } else {
-        0.0
+        Vec::new()
     };
+    let top = cb
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(0.0f64, |a, &b| a.max(b));
+    // The other three terms are at most 1 each: a candidate whose
+    // EMPTINESS alone cannot reach the best score needs no neighbours
+    // looked at (this runs over every cluster at every victim choice).
+    let others = w.left_empty.max(0.0) + w.outlier.max(0.0) + w.write_position.max(0.0);
     let mut best: Option<(f64, usize)> = None;
     for c in 0..states.len() {
         if !candidate(c) {
             continue;
         }
-        let mut t = terms(c, states, live, bpc, active);
-        if top > 0.0 {
-            t.emptiness = (cost_benefit(live[c], bpc, lifetimes[c]) / top).min(1.0);
+        let e = if top > 0.0 {
+            (cb[c] / top).min(1.0)
+        } else {
+            emptiness_of(states[c], live[c], bpc)
+        };
+        if let Some((b, _)) = best {
+            if w.emptiness * e + others < b {
+                continue;
+            }
         }
+        let mut t = terms(c, states, live, bpc, active);
+        t.emptiness = e;
         let s = w.emptiness * t.emptiness
             + w.left_empty * t.left_empty
             + w.outlier * t.outlier
