@@ -44,6 +44,9 @@ use roamdisk_crypto::Xts;
 const DEAD: u64 = u64::MAX;
 /// A PBN holding no live block, in the reverse map.
 const NO_LBN: u32 = u32::MAX;
+/// Clusters in front of another stream's active cluster that a stream
+/// does not take while it finds others (at most an eighth of the image).
+const STREAM_GAP: u64 = 32;
 /// Clusters kept for the garbage collector's own moves.
 const GC_RESERVE: u64 = 1;
 
@@ -142,13 +145,17 @@ struct WriteBuf {
 /// data of one temperature fills clusters of its own.
 struct Stream {
     active: Option<usize>,
+    /// Where the search for this stream's next cluster starts: after its
+    /// last one (kept when an active cluster is retired).
+    next: usize,
     buf: WriteBuf,
 }
 
 impl Stream {
-    fn new() -> Stream {
+    fn new(next: usize) -> Stream {
         Stream {
             active: None,
+            next,
             buf: WriteBuf {
                 base: 0,
                 lbns: Vec::new(),
@@ -407,7 +414,9 @@ impl Inner {
             cstate,
             pending: Vec::new(),
             free,
-            streams: std::array::from_fn(|_| Stream::new()),
+            // Each stream starts its sweep of the data file at its own
+            // place, so streams write apart (see `take_cluster`).
+            streams: std::array::from_fn(|s| Stream::new(s * geo.clusters as usize / STREAMS)),
             stream_of,
             activated,
             written,

@@ -196,10 +196,27 @@ impl Inner {
             return Ok(false);
         }
         let n = st.cstate.len();
-        let start = st.streams[s].active.map_or(0, |a| a + 1);
+        let start = st.streams[s].next % n;
+        // The next free cluster after this stream's last one, but not just
+        // in front of another stream's active cluster: streams that write
+        // into the same stretch of the data file interleave, which flash
+        // media (SD cards' allocation units) pay for. Any free cluster if
+        // there is no other.
+        let actives: Vec<usize> = (0..STREAMS)
+            .filter(|&o| o != s)
+            .filter_map(|o| st.streams[o].active)
+            .collect();
+        let ahead = |c: usize| {
+            actives
+                .iter()
+                .any(|&a| (c + n - a) % n <= STREAM_GAP.min(n as u64 / 8) as usize)
+        };
+        let free = |c: &usize| st.cstate[*c] == ClusterState::Free;
         let Some(c) = (0..n)
             .map(|i| (start + i) % n)
-            .find(|&c| st.cstate[c] == ClusterState::Free)
+            .filter(free)
+            .find(|&c| !ahead(c))
+            .or_else(|| (0..n).map(|i| (start + i) % n).find(free))
         else {
             return Ok(false);
         };
@@ -224,6 +241,7 @@ impl Inner {
         st.written[c] = 0;
         st.clock += 1;
         st.streams[s].active = Some(c);
+        st.streams[s].next = c + 1;
         st.streams[s].buf.base = c as u64 * self.bpc;
         if st.free < self.policy.low {
             self.gc_wake.notify_all();
