@@ -177,12 +177,18 @@ pub fn cost_benefit(live: u32, bpc: u64, lifetime: f64) -> f64 {
 /// them still live: blocks dying at a constant rate leave `written ·
 /// e^(−age/lifetime)` live. Infinite while none died.
 pub fn lifetime(age: u64, written: u32, live: u32) -> f64 {
-    let d = (written.max(live) as f64 / (live as f64).max(0.5)).ln();
+    let d = decay(written, live);
     if d <= 0.0 {
         f64::INFINITY
     } else {
         (age as f64 + 1.0) / d
     }
+}
+
+/// How many lifetimes a cluster's blocks have lived: `ln(written / live)`
+/// (a cluster with no live block counts as half a block live).
+fn decay(written: u32, live: u32) -> f64 {
+    (written.max(live) as f64 / (live as f64).max(0.5)).ln()
 }
 
 /// The lifetime of each stream's data, pooled over its `Used` clusters
@@ -206,7 +212,7 @@ pub fn stream_lifetimes(
         }
         let s = stream[c] as usize;
         num[s] += ages[c] as f64 + 1.0;
-        den[s] += (written[c].max(live[c]) as f64 / (live[c] as f64).max(0.5)).ln();
+        den[s] += decay(written[c], live[c]);
     }
     let mut out = [0f64; STREAMS];
     for s in 0..STREAMS {

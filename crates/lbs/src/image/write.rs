@@ -336,11 +336,10 @@ impl Inner {
             .find_map(|s| st.streams[s].buf.index.get(&lbn).map(|&i| (s, i)));
         if let Some((s, slot)) = hit {
             let buf = &mut st.streams[s].buf;
+            // Clients' streams hold clients' blocks only (plaintext, sealed
+            // at their slot when written): moves go to the collector's.
+            debug_assert!(buf.seals[slot].is_none());
             buf.data[slot * self.bs..(slot + 1) * self.bs].copy_from_slice(block);
-            // Plaintext now, sealed at this slot when written (even if a
-            // moved copy sat here).
-            buf.seals[slot] = None;
-            st.seal_pbn[lbn as usize] = IN_PLACE;
             self.stats.absorbed.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
