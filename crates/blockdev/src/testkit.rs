@@ -5,8 +5,9 @@
 //! Several crash devices (and other crash-simulating stores) can share one
 //! [`Countdown`], so "the N-th I/O" counts across all of a layer's files.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::dev::{push_extent, Alloc, BlockDev, Caps, Extent, WriteFlags, ZeroFlags};
 use crate::error::{Error, ErrorKind, Op, Result};
@@ -161,10 +162,6 @@ impl CrashDev {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, CrashState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn power(&self, op: Op) -> Result<()> {
         if self.countdown.spend() {
             Ok(())
@@ -180,14 +177,14 @@ impl CrashDev {
 
     /// The live image (what a reader sees before a crash).
     pub fn live(&self) -> Vec<u8> {
-        self.lock().live.clone()
+        self.state.lock().live.clone()
     }
 
     /// The image a reboot would find: the durable image plus a random
     /// subset of the unflushed writes, applied in random order, each torn
     /// at sector granularity with some probability.
     pub fn crash_image(&self, rng: &mut Rng) -> Vec<u8> {
-        let st = self.lock();
+        let st = self.state.lock();
         let mut img = st.durable.clone();
         let mut order: Vec<usize> = (0..st.unsynced.len()).collect();
         for i in (1..order.len()).rev() {
@@ -221,7 +218,7 @@ impl BlockDev for CrashDev {
         "crash"
     }
     fn size(&self) -> u64 {
-        self.lock().live.len() as u64
+        self.state.lock().live.len() as u64
     }
     fn caps(&self) -> Caps {
         Caps {
@@ -238,14 +235,14 @@ impl BlockDev for CrashDev {
                 "simulated power loss",
             ));
         }
-        let st = self.lock();
+        let st = self.state.lock();
         buf.copy_from_slice(&st.live[off as usize..off as usize + buf.len()]);
         Ok(())
     }
     fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
         self.power(Op::Write)?;
         {
-            let mut st = self.lock();
+            let mut st = self.state.lock();
             st.live[off as usize..off as usize + buf.len()].copy_from_slice(buf);
             st.unsynced.push((off, buf.to_vec()));
         }
@@ -256,7 +253,7 @@ impl BlockDev for CrashDev {
     }
     fn flush(&self) -> Result<()> {
         self.power(Op::Flush)?;
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         st.durable = st.live.clone();
         st.unsynced.clear();
         Ok(())

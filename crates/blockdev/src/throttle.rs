@@ -12,7 +12,7 @@
 //! not hold the link: many requests in flight overlap their latencies,
 //! as on a real network.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 /// A link's settings.
@@ -59,7 +59,7 @@ impl Link {
         let mut d = self.spec.latency;
         if self.spec.rate > 0 && bytes > 0 {
             let per = |n: u64| Duration::from_secs_f64(n as f64 / self.spec.rate as f64);
-            let mut tat = self.tat.lock().unwrap_or_else(|e| e.into_inner());
+            let mut tat = self.tat.lock();
             let start = tat.map_or(now, |t| t.max(now));
             let end = start + per(bytes);
             *tat = Some(end);

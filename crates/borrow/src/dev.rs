@@ -11,9 +11,10 @@
 //! what a zero-scrub must clear) and `dirty` (modified by the guest since
 //! the VM state was copied in: what goes back to the portable medium).
 
+use parking_lot::RwLock;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use roamdisk_blockdev::layers::raw::RawDev;
 use roamdisk_blockdev::{
@@ -337,10 +338,10 @@ impl BorrowDev {
     fn write_any(&self, buf: &[u8], off: u64, fua: bool, mark_dirty: bool) -> Result<()> {
         let len = buf.len() as u64;
         if off.is_multiple_of(UNIT) && len.is_multiple_of(UNIT) {
-            let _g = self.rmw.read().unwrap_or_else(|p| p.into_inner());
+            let _g = self.rmw.read();
             return self.write_aligned(buf, off, fua, mark_dirty);
         }
-        let _g = self.rmw.write().unwrap_or_else(|p| p.into_inner());
+        let _g = self.rmw.write();
         let a = off / UNIT * UNIT;
         let b = (off + len).next_multiple_of(UNIT);
         let mut tmp = vec![0u8; (b - a) as usize];
@@ -385,7 +386,7 @@ impl BorrowDev {
     /// End the session: flush, and with `scrub` write zeroes over every
     /// host range ever written. Later I/O fails. Returns bytes scrubbed.
     pub fn release(&self, scrub: bool, progress: &dyn Progress) -> Result<u64> {
-        let _g = self.rmw.write().unwrap_or_else(|p| p.into_inner());
+        let _g = self.rmw.write();
         if self.released.swap(true, Ordering::AcqRel) {
             return Ok(0);
         }
@@ -536,7 +537,7 @@ impl BlockDev for BorrowDev {
             end / UNIT * UNIT
         };
         if a < b {
-            let _g = self.rmw.read().unwrap_or_else(|p| p.into_inner());
+            let _g = self.rmw.read();
             let (u0, u1) = (a / UNIT, b / UNIT);
             self.data.put_range(u0, u1, false);
             self.dirty.put_range(u0, u1, true);

@@ -7,7 +7,8 @@
 //! lock, so a fetch never lands over a guest write and a reader never
 //! sees a unit half-way through.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 use roamdisk_blockdev::{Alloc, BlockDev, Caps, Extent, Result, WriteFlags, ZeroFlags};
 
@@ -93,7 +94,7 @@ impl FetchDev {
         if len == 0 || self.all_fetched(off, len) {
             return f();
         }
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self.lock.lock();
         let (a, b) = self.units(off, len);
         let end = off + len;
         let whole = |u: u64| {
@@ -124,7 +125,7 @@ impl BlockDev for FetchDev {
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
         if !self.all_fetched(off, buf.len() as u64) {
-            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            let _g = self.lock.lock();
             let (a, b) = self.units(off, buf.len() as u64);
             self.fetch(a, b, |_| false)?;
         }

@@ -40,8 +40,9 @@
 //! - a trim forgets the block after NEXT trimmed it: any fetch that
 //!   overlapped the trim finds no slot and installs nothing.
 
+use parking_lot::Condvar;
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar};
+use std::sync::Arc;
 use std::time::Duration;
 
 use roamdisk_blockdev::{
@@ -423,7 +424,7 @@ impl CacheDev {
         b: u64,
     ) -> (
         u64,
-        std::sync::MutexGuard<'_, crate::sharded::Shard<u64, Slots>>,
+        parking_lot::MutexGuard<'_, crate::sharded::Shard<u64, Slots>>,
     ) {
         let k = self.key(b);
         (k, self.cache.engine.lock(self.shard(k)))
@@ -471,10 +472,7 @@ impl CacheDev {
             }
             // A fetch always ends by clearing its mark (install); the
             // timeout only bounds a wait on a filler that panicked.
-            let (ng, t) = cv
-                .wait_timeout(g, Duration::from_secs(1))
-                .unwrap_or_else(|e| e.into_inner());
-            g = ng;
+            let t = cv.wait_for(&mut g, Duration::from_secs(1));
             if t.timed_out() && g.data.slots.get(&k).and_then(|s| s.filling) == Some(filler) {
                 return None;
             }

@@ -16,7 +16,7 @@
 //! block → bytes; the simulator: nothing). A single-threaded owner (the
 //! simulator) reaches the shards through `&mut self` and never locks.
 
-use std::sync::{Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::index::KeyIndex;
 use crate::policy::{Outcome, Policy, PolicySpec};
@@ -181,15 +181,13 @@ impl<K, S> ShardedCache<K, S> {
     /// over rather than spread.
     #[inline]
     pub fn lock(&self, shard: usize) -> MutexGuard<'_, Shard<K, S>> {
-        self.shards[shard].lock().unwrap_or_else(|p| p.into_inner())
+        self.shards[shard].lock()
     }
 
     /// A shard, without locking (single-threaded owners).
     #[inline]
     pub fn shard_mut(&mut self, shard: usize) -> &mut Shard<K, S> {
-        self.shards[shard]
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
+        self.shards[shard].get_mut()
     }
 
     /// Reference `key`, whose address hashes to `hint`, without locking.

@@ -11,8 +11,8 @@
 //! running at the same time keeps them all (`docs/formats/cas-store.md`,
 //! "gc and commits").
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
@@ -121,7 +121,7 @@ impl<'a, S: ChunkWrite + ?Sized> Uploader<'a, S> {
     }
 
     fn refresh(&self) -> Result<()> {
-        let mut last = self.last_refresh.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = self.last_refresh.lock();
         if last.elapsed() > LEASE_REFRESH {
             self.store.lease_refresh(&self.lease.id)?;
             *last = Instant::now();
@@ -307,7 +307,7 @@ impl<'a, S: ChunkWrite + ?Sized> Uploader<'a, S> {
                         sealing_ids.remove(id);
                     }
                 }
-                let claimed = claimed.into_inner().unwrap_or_else(|e| e.into_inner());
+                let claimed = claimed.into_inner();
                 sealing_ids.extend(claimed.iter().copied());
                 behind.push_back((recs, done, scope.spawn(move || group.finish()), claimed));
             }
@@ -371,9 +371,7 @@ impl<'a, S: ChunkWrite + ?Sized> Uploader<'a, S> {
                         found: false,
                         written: None,
                     };
-                    if sealing.contains(&id)
-                        || !claimed.lock().unwrap_or_else(|e| e.into_inner()).insert(id)
-                    {
+                    if sealing.contains(&id) || !claimed.lock().insert(id) {
                         return Ok(each);
                     }
                     if store.has_many(&[id], true)?[0] {

@@ -6,9 +6,10 @@
 //! Every chunk is verified against its name when fetched; a bad chunk is
 //! an error naming it, never data.
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 
 use rayon::prelude::*;
 use roamdisk_blockdev::{push_extent, Alloc, BlockDev, Caps, Extent, Op, Result, WriteFlags};
@@ -414,7 +415,7 @@ impl VersionView {
         let idx = &self.version.index;
         let mut ids = std::collections::HashSet::new();
         let mut todo: Vec<usize> = {
-            let c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            let c = self.cache.lock();
             chunks
                 .iter()
                 .copied()
@@ -439,7 +440,7 @@ impl VersionView {
         let mut landing = Landing {
             view: self,
             flights: {
-                let mut m = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+                let mut m = self.inflight.lock();
                 let mut mine = Vec::with_capacity(todo.len());
                 for i in todo {
                     match m.entry(i) {
@@ -487,9 +488,9 @@ impl VersionView {
             // The read needs these too: wait for them here rather than
             // find them gone from the in-memory cache and fetch them again.
             for (i, f) in others {
-                let mut d = f.done.lock().unwrap_or_else(|e| e.into_inner());
+                let mut d = f.done.lock();
                 while d.is_none() {
-                    d = f.cv.wait(d).unwrap_or_else(|e| e.into_inner());
+                    f.cv.wait(&mut d);
                 }
                 if let Some(Some(data)) = d.as_ref() {
                     out.push((i, data.clone()));
@@ -501,7 +502,7 @@ impl VersionView {
 
     /// Keep chunk `i` in the in-memory cache.
     fn remember(&self, i: usize, data: Arc<Vec<u8>>) {
-        let mut c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut c = self.cache.lock();
         if !c.iter().any(|(k, _)| *k == i) {
             c.insert(0, (i, data));
             c.truncate(CACHE_CHUNKS);
@@ -511,12 +512,9 @@ impl VersionView {
     /// A fetch of chunk `i` is over: hand its readers the chunk (`None`:
     /// it failed, each fetches for itself and gets its own error).
     fn land(&self, i: usize, flight: &Flight, data: Option<Arc<Vec<u8>>>) {
-        *flight.done.lock().unwrap_or_else(|e| e.into_inner()) = Some(data);
+        *flight.done.lock() = Some(data);
         flight.cv.notify_all();
-        self.inflight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&i);
+        self.inflight.lock().remove(&i);
     }
 
     /// The decoded content of chunk `i` (all zeroes for no chunk).
@@ -526,7 +524,7 @@ impl VersionView {
             return Ok(Arc::new(vec![0u8; idx.chunk_len(i)]));
         }
         {
-            let mut c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            let mut c = self.cache.lock();
             if let Some(p) = c.iter().position(|(k, _)| *k == i) {
                 let e = c.remove(p);
                 let data = e.1.clone();
@@ -543,7 +541,7 @@ impl VersionView {
     /// the same time, and hand it to the shared cache.
     fn fetch_once(&self, i: usize) -> Result<Arc<Vec<u8>>> {
         let (flight, leader) = {
-            let mut m = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+            let mut m = self.inflight.lock();
             match m.get(&i) {
                 Some(f) => (f.clone(), false),
                 None => {
@@ -554,9 +552,9 @@ impl VersionView {
             }
         };
         if !leader {
-            let mut d = flight.done.lock().unwrap_or_else(|e| e.into_inner());
+            let mut d = flight.done.lock();
             while d.is_none() {
-                d = flight.cv.wait(d).unwrap_or_else(|e| e.into_inner());
+                flight.cv.wait(&mut d);
             }
             if let Some(Some(data)) = d.as_ref() {
                 return Ok(data.clone());

@@ -3,8 +3,8 @@
 //! terminal bar (indicatif) when stderr is a terminal, a plain line every
 //! 5 seconds when it is not, JSON lines with `--json`, nothing with `-q`.
 
+use parking_lot::Mutex;
 use std::io::IsTerminal;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -90,10 +90,6 @@ impl Reporter {
         self.end();
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn json_line(s: &State) {
         eprintln!(
             "{}",
@@ -137,7 +133,7 @@ impl Reporter {
 impl Progress for Reporter {
     fn start(&self, name: &'static str, total: u64, unit: Unit) {
         self.end();
-        let mut s = self.lock();
+        let mut s = self.state.lock();
         s.phase = name;
         s.unit = unit;
         s.total = total;
@@ -166,19 +162,19 @@ impl Progress for Reporter {
     }
 
     fn advance(&self, n: u64) {
-        let mut s = self.lock();
+        let mut s = self.state.lock();
         s.done += n;
         self.show(&mut s);
     }
 
     fn set(&self, done: u64) {
-        let mut s = self.lock();
+        let mut s = self.state.lock();
         s.done = done;
         self.show(&mut s);
     }
 
     fn end(&self) {
-        let mut s = self.lock();
+        let mut s = self.state.lock();
         if let Some(b) = s.bar.take() {
             b.finish_and_clear();
         }
@@ -192,7 +188,7 @@ impl Progress for Reporter {
         match self.mode {
             Mode::Quiet => {}
             Mode::Json => eprintln!("{}", serde_json::json!({ "note": msg })),
-            Mode::Bar => match &self.lock().bar {
+            Mode::Bar => match &self.state.lock().bar {
                 Some(b) => b.println(format!("roamdisk: {msg}")),
                 None => eprintln!("roamdisk: {msg}"),
             },

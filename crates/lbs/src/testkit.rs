@@ -1,7 +1,8 @@
 //! In-memory images on crash-simulating storage, for tests and fuzzing:
 //! the crash-simulating log ([`CrashLog`]) beside blockdev's `CrashDev`.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 use roamdisk_blockdev::testkit::{Countdown, CrashDev, Rng, SECTOR};
 use roamdisk_blockdev::{BlockDev, Result};
@@ -94,15 +95,11 @@ impl CrashLog {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, CrashLogState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// What a reboot finds: the durable prefix plus some of the unsynced
     /// tail, possibly torn at sector granularity (sectors of the tail may be
     /// missing or, past the first missing one, hold old garbage).
     pub fn crash_image(&self, rng: &mut Rng) -> Vec<u8> {
-        let st = self.lock();
+        let st = self.state.lock();
         let mut img = st.durable.clone();
         let tail = &st.live[st.durable.len().min(st.live.len())..];
         if tail.is_empty() || st.live.len() < st.durable.len() {
@@ -123,7 +120,7 @@ impl CrashLog {
 
     /// The content a reader sees now.
     pub fn live(&self) -> Vec<u8> {
-        self.lock().live.clone()
+        self.state.lock().live.clone()
     }
 }
 
@@ -132,20 +129,20 @@ impl LogStore for CrashLog {
         if self.countdown.crashed() {
             return Err(power_off());
         }
-        Ok(self.lock().live.clone())
+        Ok(self.state.lock().live.clone())
     }
     fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         if !self.countdown.spend() {
             return Err(power_off());
         }
-        self.lock().live.extend_from_slice(bytes);
+        self.state.lock().live.extend_from_slice(bytes);
         Ok(())
     }
     fn sync(&mut self) -> std::io::Result<()> {
         if !self.countdown.spend() {
             return Err(power_off());
         }
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         // `durable` is always a prefix of `live` (appends extend `live`,
         // `replace` sets both): copy only the new tail.
         let CrashLogState { durable, live } = &mut *st;
@@ -156,13 +153,13 @@ impl LogStore for CrashLog {
         if !self.countdown.spend() {
             return Err(power_off());
         }
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         st.live = bytes.to_vec();
         st.durable = bytes.to_vec();
         Ok(())
     }
     fn len(&self) -> u64 {
-        self.lock().live.len() as u64
+        self.state.lock().live.len() as u64
     }
     fn describe(&self) -> String {
         "crash-log".into()

@@ -10,12 +10,13 @@
 //! path). The cache's counters live in the cache ([`BlockCache`]) and are
 //! read when a document is asked for; so are the overlays' sizes.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
 use roamdisk_blockdev::layers::cow::CowDev;
@@ -267,12 +268,7 @@ impl Metrics {
     }
 
     pub fn refused(&self, kind: &'static str) {
-        *self
-            .refusals
-            .lock()
-            .expect("refusals lock")
-            .entry(kind)
-            .or_default() += 1;
+        *self.refusals.lock().entry(kind).or_default() += 1;
     }
 
     /// The status document.
@@ -356,7 +352,6 @@ impl Metrics {
         let refusals = self
             .refusals
             .lock()
-            .expect("refusals lock")
             .iter()
             .map(|(k, v)| (k.to_string(), *v))
             .collect();

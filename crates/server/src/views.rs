@@ -11,9 +11,10 @@
 //! export device is wrapped in a [`Metered`] layer counting into its own
 //! counters.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use roamdisk_blockdev::layers::cow::{CowDev, CowOptions};
 use roamdisk_blockdev::{Access, BlockDev, Checked, LayerSpec, Registry};
@@ -198,7 +199,7 @@ impl Views {
     /// `client`'s view of `image`, opened (and its overlay created) on
     /// first use.
     fn view(&self, client: &str, image: &str) -> Result<Arc<Export>, String> {
-        let mut views = self.views.lock().expect("views lock");
+        let mut views = self.views.lock();
         let key = (client.to_string(), image.to_string());
         if let Some(v) = views.get(&key) {
             return Ok(v.export.clone());
@@ -304,7 +305,6 @@ impl ExportResolver for Views {
     fn opened(&self) -> Vec<Arc<Export>> {
         self.views
             .lock()
-            .expect("views lock")
             .values()
             .map(|v| v.plain.clone())
             .collect()

@@ -15,9 +15,10 @@
 //! failure to write the trace is logged once and stops the recording; it
 //! never fails the guest's I/O.
 
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use roamdisk_blockdev::context;
@@ -93,7 +94,7 @@ impl TraceDev {
             .client
             .or_else(|| context::current().client)
             .unwrap_or(0);
-        let mut guard = self.sink.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.sink.lock();
         let Some(sink) = guard.as_mut() else { return };
         let time_ns = self.start.elapsed().as_nanos() as u64;
         // A request longer than a record can hold is split into fragments,
@@ -140,11 +141,7 @@ impl TraceDev {
 
 impl Drop for TraceDev {
     fn drop(&mut self) {
-        let sink = self
-            .sink
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let sink = self.sink.get_mut().take();
         if let Some(s) = sink {
             let n = s.trace.count();
             let r = s

@@ -40,9 +40,10 @@
 //!                    (as the `lbs:` layer runs it; timing-dependent, so
 //!                    not repeatable to the block)
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use roamdisk_blockdev::layers::mem::MemDev;
@@ -89,7 +90,7 @@ impl BlockDev for ClusterCount {
             let start = off - self.data_offset;
             let end = start + buf.len() as u64;
             let mut c = start.div_ceil(CLUSTER);
-            let mut st = self.st.lock().unwrap();
+            let mut st = self.st.lock();
             while c * CLUSTER < end {
                 st.clusters += 1;
                 if c > 0 && st.last == Some(c - 1) {
@@ -439,7 +440,7 @@ fn run(
     let before: BTreeMap<u32, (StatsSnapshot, u64)> = images
         .iter()
         .map(|(&d, i)| {
-            *i.count.st.lock().unwrap() = Opened::default();
+            *i.count.st.lock() = Opened::default();
             let ns = i.card.as_ref().map_or(0, |c| c.stats().elapsed_ns);
             (d, (i.lbs.stats(), ns))
         })
@@ -462,7 +463,7 @@ fn run(
     for (d, i) in &images {
         let (s0, ns0) = before[d];
         let r = delta(&s0, &i.lbs.stats());
-        let o = *i.count.st.lock().unwrap();
+        let o = *i.count.st.lock();
         row.client_blocks += r.client_blocks;
         row.absorbed += r.absorbed;
         row.written += r.written;

@@ -7,10 +7,11 @@
 //! or at their recorded times. The trace is loaded before the clock starts
 //! (about 40 bytes per record), so reading it is not measured.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier, Mutex, OnceLock};
+use std::sync::{Arc, Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -270,7 +271,7 @@ impl TargetMap {
         let s = tmpl
             .replace("{client}", &client.to_string())
             .replace("{device}", &device.to_string());
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open = self.open.lock();
         if let Some(t) = open.get(&s) {
             return Ok(Arc::clone(t));
         }
@@ -285,7 +286,7 @@ impl Targets for TargetMap {
         Ok(self.target(client, device)?.connect()?)
     }
     fn simulated_ns(&self) -> Option<u64> {
-        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let open = self.open.lock();
         let v: Vec<u64> = open.values().filter_map(|t| t.simulated_ns()).collect();
         (!v.is_empty()).then(|| v.iter().sum())
     }

@@ -2,8 +2,9 @@
 //! or block device opened with O_DIRECT (so the page cache does not hide
 //! the device, as blksim and sperf do in the seed).
 
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use roamdisk_blockdev::layers::raw::RawDev;
 use roamdisk_blockdev::Access;
@@ -135,7 +136,7 @@ impl BlockDev for DirectFile {
         let mut b = AlignedBuf::new(n);
         let s = (off - a) as usize;
         let whole = s == 0 && n == buf.len();
-        let _g = self.rmw.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self.rmw.lock();
         if !whole {
             self.check_tail(a, n, Op::Write, off)?;
             self.next.read_at(b.get_mut(n), a)?;

@@ -27,10 +27,11 @@
 //! disk writes through). Block status says "data" everywhere: a disk has
 //! no holes, and NEXT is usually a sparse file standing in for it.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crate::dev::{Alloc, BlockDev, Extent, WriteFlags, ZeroFlags};
@@ -137,10 +138,7 @@ impl Disk {
     /// error (one spindle has one set of parameters).
     pub fn named(name: &str, spec: HddSpec) -> std::result::Result<Arc<Disk>, String> {
         static DISKS: OnceLock<Mutex<HashMap<String, Weak<Disk>>>> = OnceLock::new();
-        let mut disks = DISKS
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut disks = DISKS.get_or_init(Default::default).lock();
         disks.retain(|_, d| d.strong_count() > 0);
         if let Some(d) = disks.get(name).and_then(Weak::upgrade) {
             if d.spec != spec {
@@ -195,7 +193,7 @@ impl HddDev {
     /// it completes on the emulated disk.
     fn schedule(&self, off: u64, len: u64, now: Instant) -> Instant {
         let d = &*self.disk;
-        let mut h = d.head.lock().unwrap_or_else(|e| e.into_inner());
+        let mut h = d.head.lock();
         let near = off >= h.pos && off - h.pos < d.spec.near;
         let mut service = d.spec.transfer(len);
         if !near {

@@ -2,8 +2,8 @@
 //! process. Pages are allocated on first write; trimmed or zeroed whole
 //! pages are freed, so allocation status is exact at page granularity.
 
+use parking_lot::RwLock;
 use std::collections::HashMap;
-use std::sync::RwLock;
 
 use crate::dev::{push_extent, Alloc, BlockDev, Caps, Extent, WriteFlags, ZeroFlags};
 use crate::error::Result;
@@ -48,15 +48,12 @@ impl MemDev {
 
     /// Number of pages holding data (for tests and `info`).
     pub fn allocated_pages(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.read().unwrap_or_else(|p| p.into_inner()).len())
-            .sum()
+        self.shards.iter().map(|s| s.read().len()).sum()
     }
 
     fn zero(&self, off: u64, len: u64) {
         Self::each_page(off, len, |page, in_page, n, _| {
-            let mut shard = self.shard(page).write().unwrap_or_else(|p| p.into_inner());
+            let mut shard = self.shard(page).write();
             if n == PAGE as usize {
                 shard.remove(&page);
             } else if let Some(p) = shard.get_mut(&page) {
@@ -84,7 +81,7 @@ impl BlockDev for MemDev {
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
         Self::each_page(off, buf.len() as u64, |page, in_page, n, pos| {
-            let shard = self.shard(page).read().unwrap_or_else(|p| p.into_inner());
+            let shard = self.shard(page).read();
             match shard.get(&page) {
                 Some(p) => buf[pos..pos + n].copy_from_slice(&p[in_page..in_page + n]),
                 None => buf[pos..pos + n].fill(0),
@@ -94,7 +91,7 @@ impl BlockDev for MemDev {
     }
     fn write_at(&self, buf: &[u8], off: u64, _flags: WriteFlags) -> Result<()> {
         Self::each_page(off, buf.len() as u64, |page, in_page, n, pos| {
-            let mut shard = self.shard(page).write().unwrap_or_else(|p| p.into_inner());
+            let mut shard = self.shard(page).write();
             let p = shard
                 .entry(page)
                 .or_insert_with(|| vec![0u8; PAGE as usize].into_boxed_slice());
@@ -116,11 +113,7 @@ impl BlockDev for MemDev {
     fn block_status(&self, off: u64, len: u64) -> Result<Vec<Extent>> {
         let mut out = Vec::new();
         Self::each_page(off, len, |page, _, n, _| {
-            let present = self
-                .shard(page)
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains_key(&page);
+            let present = self.shard(page).read().contains_key(&page);
             let state = if present { Alloc::Data } else { Alloc::Hole };
             push_extent(
                 &mut out,

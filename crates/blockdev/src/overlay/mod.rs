@@ -20,11 +20,11 @@
 
 pub mod log;
 
+use parking_lot::{Mutex, MutexGuard};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
 use crate::error::{Error, ErrorKind, Op, Result};
 pub use log::{MapError, MapHeader, Run};
@@ -36,10 +36,6 @@ pub const COMPACT_RECORDS: u64 = 1 << 20;
 
 /// A run's length is a `u32` in the log.
 const MAX_RUN: u64 = u32::MAX as u64;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// 2-bit states of `units` units, packed in atomics.
 pub struct StateTable {
@@ -248,7 +244,7 @@ impl<H: MapHeader> OverlayMap<H> {
 
     /// The current header.
     pub fn header(&self) -> H {
-        lock(&self.header).clone()
+        self.header.lock().clone()
     }
 
     /// The in-memory states.
@@ -270,14 +266,14 @@ impl<H: MapHeader> OverlayMap<H> {
             return;
         }
         self.states.set(a, b, v);
-        push_runs(&mut lock(&self.pending), a, b, v);
+        push_runs(&mut self.pending.lock(), a, b, v);
     }
 
     /// The lock stripe of `key` (callers choose the key: a cluster, a
     /// group of sectors), for a read-modify-write that must not interleave
     /// with another on the same unit.
     pub fn stripe(&self, key: u64) -> MutexGuard<'_, ()> {
-        lock(&self.stripes[(key % LOCK_STRIPES as u64) as usize])
+        self.stripes[(key % LOCK_STRIPES as u64) as usize].lock()
     }
 
     /// The flush: take the changes recorded so far, call `sync_data` (the
@@ -287,11 +283,11 @@ impl<H: MapHeader> OverlayMap<H> {
     /// instead (calling `sync_data` again: the compacted map holds every
     /// current state, also those recorded after the changes were taken).
     pub fn commit(&self, sync_data: impl Fn() -> Result<()>) -> Result<()> {
-        let mut log = lock(&self.log);
-        let changes = std::mem::take(&mut *lock(&self.pending));
+        let mut log = self.log.lock();
+        let changes = std::mem::take(&mut *self.pending.lock());
         if let Err(e) = sync_data() {
             // Nothing was logged: keep the changes for the next flush.
-            let mut p = lock(&self.pending);
+            let mut p = self.pending.lock();
             let later = std::mem::replace(&mut *p, changes);
             p.extend(later);
             return Err(e);
@@ -324,7 +320,7 @@ impl<H: MapHeader> OverlayMap<H> {
         update: impl FnOnce(&mut H),
         sync_data: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
-        let mut log = lock(&self.log);
+        let mut log = self.log.lock();
         self.compact_locked(&mut log, update, sync_data)
     }
 
@@ -338,11 +334,11 @@ impl<H: MapHeader> OverlayMap<H> {
         update: impl FnOnce(&mut H),
         sync_data: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
-        let mut log = lock(&self.log);
+        let mut log = self.log.lock();
         for &(a, b, v) in changes {
             self.states.set(a, b, v);
         }
-        lock(&self.pending).clear();
+        self.pending.lock().clear();
         self.compact_locked(&mut log, update, sync_data)
     }
 
@@ -374,7 +370,7 @@ impl<H: MapHeader> OverlayMap<H> {
         log.chain = chain;
         log.seq = 1;
         log.records = runs.len() as u64 + 1;
-        *lock(&self.header) = header;
+        *self.header.lock() = header;
         Ok(())
     }
 }

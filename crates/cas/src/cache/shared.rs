@@ -24,13 +24,14 @@
 //! dropped), so after `kill -9` or a power cut the cache holds exactly
 //! what it can serve, and never a partial chunk.
 
+use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -271,17 +272,12 @@ impl Inner {
     /// `len` bytes long: not the chunk the index describes, never served).
     fn open_chunk(&self, id: &ChunkId, len: usize) -> Result<Opened> {
         let me = self;
-        let f = me
-            .fds
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(id)
-            .cloned();
+        let f = me.fds.read().get(id).cloned();
         match f {
             Some((_, flen)) if flen != len as u64 => Ok(Opened::Absent),
             Some((f, _)) => Ok(Opened::File(f)),
             None => {
-                if let Some(d) = me.pending.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
+                if let Some(d) = me.pending.lock().get(id) {
                     return Ok(Opened::Pending(d.clone()));
                 }
                 let p = me.chunk_path(id);
@@ -297,7 +293,7 @@ impl Inner {
                     return Ok(Opened::Absent);
                 }
                 let f = Arc::new(f);
-                let mut fds = me.fds.write().unwrap_or_else(|e| e.into_inner());
+                let mut fds = me.fds.write();
                 if fds.len() >= me.fd_cap {
                     fds.clear();
                 }
@@ -335,8 +331,8 @@ impl Inner {
     }
 
     /// The hoard marks' chunks, up to date (the caller holds the lock).
-    fn hoarded(&self) -> Result<std::sync::MutexGuard<'_, Protected>> {
-        let mut h = self.hoards.lock().unwrap_or_else(|e| e.into_inner());
+    fn hoarded(&self) -> Result<parking_lot::MutexGuard<'_, Protected>> {
+        let mut h = self.hoards.lock();
         h.refresh(&self.hoards_dir())?;
         Ok(h)
     }
@@ -344,7 +340,7 @@ impl Inner {
     /// Run `f` holding this process's state and the directory's lock,
     /// with the state caught up with the journal.
     fn locked<T>(&self, f: impl FnOnce(&Inner, &mut State) -> Result<T>) -> Result<T> {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.state.lock();
         rustix::fs::flock(&self.lock, rustix::fs::FlockOperation::LockExclusive)
             .map_err(|e| io(Op::Write, e.into(), &self.dir.join("lock")))?;
         let out = self.catch_up(&mut st).and_then(|()| f(self, &mut st));
@@ -427,12 +423,7 @@ impl Inner {
     /// Journal the references seen since the last batch (resident chunks
     /// only: a reference to a chunk already gone changes nothing).
     fn touches_into(&self, b: &mut Batch<'_>) {
-        let ids: Vec<ChunkId> = self
-            .touches
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain()
-            .collect();
+        let ids: Vec<ChunkId> = self.touches.lock().drain().collect();
         for id in ids {
             if b.state.resident.contains_key(&id) {
                 b.emit(Kind::Touch, id);
@@ -441,12 +432,7 @@ impl Inner {
     }
 
     fn flush_touches(&self) -> Result<()> {
-        if self
-            .touches
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
-        {
+        if self.touches.lock().is_empty() {
             return Ok(());
         }
         self.locked(|me, st| {
@@ -575,7 +561,7 @@ impl Inner {
                 return Err(e);
             }
             {
-                let mut fds = me.fds.write().unwrap_or_else(|e| e.into_inner());
+                let mut fds = me.fds.write();
                 for v in &victims {
                     fds.remove(v);
                 }
@@ -913,7 +899,7 @@ impl SharedCache {
     /// ignored, nothing counts as a hit, and requests past a full queue
     /// are dropped.
     pub fn will_need(&self, id: &ChunkId, len: usize) {
-        if let Some((tx, _)) = &*self.advisor.lock().unwrap_or_else(|e| e.into_inner()) {
+        if let Some((tx, _)) = &*self.advisor.lock() {
             let _ = tx.try_send((*id, len));
         }
     }
@@ -936,17 +922,14 @@ impl SharedCache {
                 // Cut short since we opened it: `cache verify` truncates a
                 // damaged chunk before removing it, so that processes
                 // holding it open stop serving it too.
-                me.fds.write().unwrap_or_else(|e| e.into_inner()).remove(id);
+                me.fds.write().remove(id);
                 return Ok(false);
             }
             Err(e) => return Err(io(Op::Read, e, &me.chunk_path(id))),
         }
         me.hits.fetch_add(1, Ordering::Relaxed);
         me.hit_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
-        me.touches
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(*id);
+        me.touches.lock().insert(*id);
         Ok(true)
     }
 
@@ -955,7 +938,7 @@ impl SharedCache {
     pub fn insert(&self, id: ChunkId, data: Arc<Vec<u8>>) {
         let me = &*self.inner;
         {
-            let mut p = me.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let mut p = me.pending.lock();
             // Past this, chunks arrive faster than the disk takes them:
             // leave them out rather than hold them all in memory.
             if p.contains_key(&id) || p.len() >= MAX_PENDING {
@@ -966,15 +949,11 @@ impl SharedCache {
         let sent = self
             .worker
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .as_ref()
             .map(|(tx, _)| tx.send(id).is_ok())
             .unwrap_or(false);
         if !sent {
-            me.pending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id);
+            me.pending.lock().remove(&id);
         }
     }
 
@@ -999,7 +978,7 @@ impl SharedCache {
     /// those `wanted` picks (a session takes those of its own version, to
     /// keep them in its private cache); they are forgotten here.
     pub fn take_refused(&self, wanted: &dyn Fn(&ChunkId) -> bool) -> Vec<(ChunkId, Arc<Vec<u8>>)> {
-        let mut r = self.inner.refused.lock().unwrap_or_else(|e| e.into_inner());
+        let mut r = self.inner.refused.lock();
         let ids: Vec<ChunkId> = r.keys().filter(|id| wanted(id)).copied().collect();
         let out = ids
             .into_iter()
@@ -1028,9 +1007,9 @@ impl SharedCache {
     /// or refused.
     pub fn drain(&self) {
         let me = &*self.inner;
-        let mut p = me.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = me.pending.lock();
         while !p.is_empty() {
-            p = me.drained.wait(p).unwrap_or_else(|e| e.into_inner());
+            me.drained.wait(&mut p);
         }
     }
 
@@ -1040,7 +1019,7 @@ impl SharedCache {
     pub fn may_refuse_pending(&self) -> bool {
         let me = &*self.inner;
         let pending: u64 = {
-            let p = me.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let p = me.pending.lock();
             p.values().map(|d| d.len() as u64).sum()
         };
         if pending == 0 {
@@ -1215,7 +1194,7 @@ impl SharedCache {
             b.emit(Kind::Evict, *id);
             let bytes = std::mem::take(&mut b.bytes);
             me.commit(st, &bytes)?;
-            me.fds.write().unwrap_or_else(|e| e.into_inner()).remove(id);
+            me.fds.write().remove(id);
             let _ = std::fs::remove_file(&path);
             me.evicted.fetch_add(1, Ordering::Relaxed);
             Ok(true)
@@ -1276,7 +1255,7 @@ impl SharedCache {
             let bytes = std::mem::take(&mut b.bytes);
             me.commit(st, &bytes)?;
             {
-                let mut fds = me.fds.write().unwrap_or_else(|e| e.into_inner());
+                let mut fds = me.fds.write();
                 for v in &victims {
                     fds.remove(v);
                 }
@@ -1311,7 +1290,7 @@ impl Inner {
             Admission::Admitted => self.inserted.fetch_add(1, Ordering::Relaxed),
             Admission::Refused => {
                 if let Some(data) = keep {
-                    let mut r = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut r = self.refused.lock();
                     // Beyond this nobody is taking them: the session
                     // fetches such a chunk again when it reads it.
                     if r.len() < MAX_PENDING {
@@ -1350,7 +1329,7 @@ fn writer(me: &Inner, rx: mpsc::Receiver<ChunkId>) {
             }
         }
         let items: Vec<(ChunkId, Arc<Vec<u8>>)> = {
-            let p = me.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let p = me.pending.lock();
             ids.iter()
                 .filter_map(|id| p.get(id).map(|d| (*id, d.clone())))
                 .collect()
@@ -1361,7 +1340,7 @@ fn writer(me: &Inner, rx: mpsc::Receiver<ChunkId>) {
                 Err(e) => tracing::warn!("shared cache: chunk {} not stored: {e}", id.short()),
             }
         }
-        let mut p = me.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = me.pending.lock();
         for id in &ids {
             p.remove(id);
         }
@@ -1373,16 +1352,11 @@ fn writer(me: &Inner, rx: mpsc::Receiver<ChunkId>) {
 
 impl Drop for SharedCache {
     fn drop(&mut self) {
-        if let Some((tx, handle)) = self
-            .advisor
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        if let Some((tx, handle)) = self.advisor.lock().take() {
             drop(tx);
             let _ = handle.join();
         }
-        if let Some((tx, handle)) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some((tx, handle)) = self.worker.lock().take() {
             drop(tx);
             let _ = handle.join();
         }
@@ -1409,7 +1383,7 @@ pub fn default_dir() -> Option<PathBuf> {
 /// files).
 pub fn host(dir: &Path) -> Result<Arc<SharedCache>> {
     static OPEN: Mutex<Vec<(PathBuf, std::sync::Weak<SharedCache>)>> = Mutex::new(Vec::new());
-    let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+    let mut open = OPEN.lock();
     open.retain(|(_, w)| w.strong_count() > 0);
     if let Some(c) = open
         .iter()

@@ -14,11 +14,12 @@
 //! (503 to everyone) until it is fixed: a broken edit never keeps a revoked
 //! token working.
 
+use parking_lot::Mutex;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
@@ -107,7 +108,7 @@ impl UsersWatch {
     /// The users as the file says now; an error if it does not parse.
     pub fn current(&self) -> std::result::Result<Arc<Users>, String> {
         let stamp = Stamp::of(&self.path);
-        let mut l = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        let mut l = self.loaded.lock();
         if self.force.swap(false, Ordering::SeqCst) || stamp != l.stamp {
             l.stamp = stamp;
             l.users = match Users::load(&self.path) {

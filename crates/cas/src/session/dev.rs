@@ -12,11 +12,12 @@
 //! EMPTY sectors in sequence, the chunks that come next
 //! ([`CasDev::start_readahead`], `readahead.rs`).
 
+use parking_lot::{Mutex, RwLock};
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock, RwLock};
+use std::sync::{mpsc, Arc, OnceLock};
 
 use roamdisk_blockdev::overlay::OverlayMap;
 use roamdisk_blockdev::Access;
@@ -341,7 +342,7 @@ impl CasDev {
         self.user_key.as_ref()
     }
     pub fn base(&self) -> Arc<VersionView> {
-        self.base.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.base.read().clone()
     }
     pub fn cache_dev(&self) -> &Arc<dyn BlockDev> {
         &self.cache
@@ -385,8 +386,8 @@ impl CasDev {
         let pins = pin_base(&view)?;
         self.map
             .replace(&changes, |h| h.base = id, || self.cache.flush())?;
-        *self.base.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(view);
-        *self.pins.lock().unwrap_or_else(|e| e.into_inner()) = pins;
+        *self.base.write() = Arc::new(view);
+        *self.pins.lock() = pins;
         Ok(())
     }
 
@@ -423,7 +424,7 @@ impl CasDev {
     }
 
     /// Lock the stripes of sectors `[s0, s1)`, in order.
-    fn lock_stripes(&self, s0: u64, s1: u64) -> Vec<std::sync::MutexGuard<'_, ()>> {
+    fn lock_stripes(&self, s0: u64, s1: u64) -> Vec<parking_lot::MutexGuard<'_, ()>> {
         let stripes = roamdisk_blockdev::overlay::LOCK_STRIPES as u64;
         let (k0, k1) = (s0 / STRIPE_SECTORS, s1.max(s0 + 1).div_ceil(STRIPE_SECTORS));
         let n = (k1 - k0).min(stripes);
@@ -551,7 +552,7 @@ impl CasDev {
         let spawned = std::thread::Builder::new()
             .name("cas-prefetch".into())
             .spawn(move || {
-                let lock = || st.lock().unwrap_or_else(|e| e.into_inner());
+                let lock = || st.lock();
                 let mut filled = false;
                 for batch in list.chunks(PREFETCH_BATCH) {
                     let Some(dev) = weak.upgrade() else { break };
@@ -592,7 +593,7 @@ impl CasDev {
             });
         if let Err(e) = spawned {
             tracing::warn!("cannot start the working-set prefetch: {e}");
-            status.lock().unwrap_or_else(|e| e.into_inner()).done = true;
+            status.lock().done = true;
         }
         status
     }
@@ -741,11 +742,7 @@ impl CasDev {
                 w.fetch_or(1 << (c % 64), Ordering::Relaxed);
             }
         }
-        let next = self
-            .ahead
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .on_read(c0, c1, idx.records());
+        let next = self.ahead.lock().on_read(c0, c1, idx.records());
         if let Some(chunks) = next {
             let _ = tx.send(Ahead {
                 base: base.id,

@@ -10,9 +10,9 @@
 //! fsync: it is a hint, and a damaged or lost file costs speed only (it
 //! is then ignored, and recording starts again).
 
+use parking_lot::Mutex;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 use crate::bytes::{Reader, Writer};
 use crate::error::io;
@@ -77,16 +77,13 @@ impl Recorder {
             return;
         }
         if word.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
-            self.order
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(c as u32);
+            self.order.lock().push(c as u32);
         }
     }
 
     /// The recorded chunks, first touch first.
     pub fn order(&self) -> Vec<u32> {
-        self.order.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.order.lock().clone()
     }
 
     /// [`Recorder::save`], unless the file was written less than
@@ -95,7 +92,7 @@ impl Recorder {
     /// Closing the session saves it whatever the time.
     pub fn save_due(&self, dir: &Path) -> Result<()> {
         {
-            let last = self.last_save.lock().unwrap_or_else(|e| e.into_inner());
+            let last = self.last_save.lock();
             if last.is_some_and(|t| t.elapsed() < SAVE_EVERY) {
                 return Ok(());
             }
@@ -108,7 +105,7 @@ impl Recorder {
         // Checked and encoded under the lock: no copy of the list on the
         // flushes that found nothing new.
         let (bytes, len) = {
-            let order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+            let order = self.order.lock();
             if order.len() == self.saved.load(Ordering::Relaxed) {
                 return Ok(());
             }
@@ -120,7 +117,7 @@ impl Recorder {
             .and_then(|()| std::fs::rename(&tmp, &p))
             .map_err(|e| io(Op::Write, e, &p))?;
         self.saved.store(len, Ordering::Relaxed);
-        *self.last_save.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
+        *self.last_save.lock() = Some(std::time::Instant::now());
         Ok(())
     }
 }

@@ -5,8 +5,9 @@
 //! stale; only objects that verify against their name are kept, and gc's
 //! removals drop them. Everything but reads passes through.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::{
@@ -54,7 +55,7 @@ impl CachedStore {
     }
 
     fn lookup(&self, id: &ChunkId) -> Option<Vec<u8>> {
-        let mut l = self.lru.lock().unwrap_or_else(|e| e.into_inner());
+        let mut l = self.lru.lock();
         let hit = l.map.get(id).map(|b| b.to_vec());
         drop(l);
         let c = if hit.is_some() {
@@ -71,7 +72,7 @@ impl CachedStore {
         if len > self.capacity / 4 || self.inner.config().codec().verify(id, bytes).is_err() {
             return;
         }
-        let mut l = self.lru.lock().unwrap_or_else(|e| e.into_inner());
+        let mut l = self.lru.lock();
         if l.map.contains(id) {
             return;
         }
@@ -86,7 +87,7 @@ impl CachedStore {
     }
 
     fn drop_cached(&self, id: &ChunkId) {
-        let mut l = self.lru.lock().unwrap_or_else(|e| e.into_inner());
+        let mut l = self.lru.lock();
         if let Some(b) = l.map.pop(id) {
             l.bytes -= b.len() as u64;
         }

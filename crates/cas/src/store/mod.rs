@@ -199,7 +199,7 @@ pub trait ChunkWrite: ChunkRead {
     fn put_group(&self) -> Box<dyn PutGroup + '_> {
         Box::new(CollectGroup {
             store: self,
-            items: std::sync::Mutex::new(Vec::new()),
+            items: parking_lot::Mutex::new(Vec::new()),
         })
     }
     /// Whether asking about one object (`has_many` of one id) is cheap — a
@@ -242,20 +242,17 @@ pub trait PutGroup: Send + Sync {
 /// The default [`PutGroup`]: copies, stored by one `put_many` at the end.
 struct CollectGroup<'a, S: ChunkWrite + ?Sized> {
     store: &'a S,
-    items: std::sync::Mutex<Vec<(ChunkId, Vec<u8>)>>,
+    items: parking_lot::Mutex<Vec<(ChunkId, Vec<u8>)>>,
 }
 
 impl<S: ChunkWrite + ?Sized> PutGroup for CollectGroup<'_, S> {
     fn write(&self, id: &ChunkId, parts: [&[u8]; 2]) -> Result<()> {
         let bytes = parts.concat();
-        self.items
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((*id, bytes));
+        self.items.lock().push((*id, bytes));
         Ok(())
     }
     fn finish(self: Box<Self>) -> Result<Vec<(ChunkId, PutOutcome)>> {
-        let items = self.items.into_inner().unwrap_or_else(|e| e.into_inner());
+        let items = self.items.into_inner();
         let refs: Vec<(ChunkId, &[u8])> = items.iter().map(|(id, b)| (*id, &b[..])).collect();
         let out = self.store.put_many(&refs)?;
         Ok(items.iter().map(|(id, _)| *id).zip(out).collect())

@@ -1,10 +1,11 @@
 //! `roamdisk borrow`: a transient disk made of a host's free blocks
 //! (TransPart): scan, plans, device-mapper tables, the session workflow.
 
+use parking_lot::Mutex;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitStatus;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -494,16 +495,16 @@ fn serve(
             match child {
                 Some(Ok(mut child)) => {
                     tokio::select! {
-                        r = child.wait() => { *st2.lock().expect("status") = Some(r); }
+                        r = child.wait() => { *st2.lock() = Some(r); }
                         _ = signalled() => { let _ = child.kill().await; }
                     }
                 }
-                Some(Err(e)) => *st2.lock().expect("status") = Some(Err(e)),
+                Some(Err(e)) => *st2.lock() = Some(Err(e)),
                 None => signalled().await,
             }
         }
     })?;
-    let st = status.lock().expect("status").take();
+    let st = status.lock().take();
     match st {
         Some(Err(e)) => Err(anyhow::Error::new(e).context(format!(
             "cannot run --exec command '{}'",

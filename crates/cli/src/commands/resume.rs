@@ -3,9 +3,10 @@
 //! working set first — from the host's shared cache, lookaside media
 //! (the resume set `roamdisk suspend --to-media` wrote), then the store.
 
+use parking_lot::Mutex;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -103,7 +104,7 @@ struct Report {
 
 /// Show the working-set fetch until it is done.
 fn wait(status: &Mutex<PrefetchStatus>, progress: &dyn Progress) -> PrefetchStatus {
-    let now = || status.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let now = || status.lock().clone();
     progress.phase("fetching the working set", now().bytes);
     loop {
         let s = now();

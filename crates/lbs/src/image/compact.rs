@@ -100,7 +100,7 @@ impl Inner {
 
     /// Compact the metadata log now (after a barrier).
     pub fn compact_now(&self) -> Result<()> {
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         self.check_writable(&st, Op::Flush)?;
         self.barrier(&mut st)?;
         self.compact(&mut st)

@@ -53,7 +53,7 @@ impl BlockDev for Inner {
             self.read_whole(last - 1, &mut b)?;
             tail = Some(b);
         }
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         self.check_writable(&st, Op::Write)?;
         for lbn in first..last {
             let bstart = lbn * bs;
@@ -77,7 +77,7 @@ impl BlockDev for Inner {
         Ok(())
     }
     fn flush(&self) -> Result<()> {
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         if self.opts.read_only {
             return Ok(());
         }
@@ -94,7 +94,7 @@ impl BlockDev for Inner {
         let bs = self.bs as u64;
         let first = off.div_ceil(bs);
         let last = (off + len) / bs;
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         self.check_writable(&st, Op::Trim)?;
         if first < last {
             self.unmap(&mut st, first, last - first, false)?;
@@ -126,7 +126,7 @@ impl BlockDev for Inner {
                 WriteFlags::default(),
             )?;
         }
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         self.check_writable(&st, Op::WriteZeroes)?;
         self.unmap(&mut st, first, last - first, !flags.may_trim)?;
         if flags.fua {
@@ -136,7 +136,7 @@ impl BlockDev for Inner {
     }
     fn block_status(&self, off: u64, len: u64) -> Result<Vec<Extent>> {
         let bs = self.bs as u64;
-        let st = self.lock();
+        let st = self.state.lock();
         let mut out = Vec::new();
         let end = off + len;
         let mut pos = off;

@@ -122,7 +122,7 @@ impl Inner {
     /// Run the garbage collector until the high watermark (or nothing is
     /// left to collect). Returns clusters reclaimed.
     pub fn gc_now(&self) -> Result<u64> {
-        let mut st = self.lock();
+        let mut st = self.state.lock();
         self.check_writable(&st, Op::Write)?;
         self.collect_to(&mut st, self.policy.high)
     }
@@ -134,7 +134,7 @@ pub(super) fn gc_thread(lbs: Arc<Inner>) {
         if lbs.stop.load(Ordering::SeqCst) {
             return;
         }
-        let mut st = lbs.lock();
+        let mut st = lbs.state.lock();
         let mut progressed = false;
         if st.free < lbs.policy.low && st.poisoned.is_none() {
             // One victim per lock hold, up to the high watermark counting
@@ -152,7 +152,7 @@ pub(super) fn gc_thread(lbs: Arc<Inner>) {
                 }
                 drop(st);
                 std::thread::yield_now();
-                st = lbs.lock();
+                st = lbs.state.lock();
             }
             if !st.pending.is_empty() {
                 if let Err(e) = lbs.barrier(&mut st) {
@@ -161,11 +161,8 @@ pub(super) fn gc_thread(lbs: Arc<Inner>) {
             }
         }
         if !progressed {
-            let (g, _) = lbs
-                .gc_wake
-                .wait_timeout(st, idle)
-                .unwrap_or_else(|p| p.into_inner());
-            drop(g);
+            lbs.gc_wake.wait_for(&mut st, idle);
+            drop(st);
         }
     }
 }

@@ -23,9 +23,10 @@ mod gc_mover;
 mod read;
 mod write;
 
+use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use roamdisk_blockdev::{
@@ -451,16 +452,12 @@ impl Inner {
             opts,
         });
         if !lbs.opts.read_only {
-            let mut st = lbs.lock();
+            let mut st = lbs.state.lock();
             // A fresh generation: write epochs of this session can never
             // repeat one used before the crash or close.
             lbs.compact(&mut st)?;
         }
         Ok(lbs)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The image's header (geometry, algorithms).
@@ -475,7 +472,7 @@ impl Inner {
 
     /// Counters and space figures.
     pub fn stats(&self) -> StatsSnapshot {
-        let st = self.lock();
+        let st = self.state.lock();
         let s = &self.stats;
         StatsSnapshot {
             client_blocks: s.client_blocks.load(Ordering::Relaxed),
@@ -592,7 +589,7 @@ impl Lbs {
     fn stop_gc(&self) {
         self.inner.stop.store(true, Ordering::SeqCst);
         self.inner.gc_wake.notify_all();
-        let h = self.gc.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let h = self.gc.lock().take();
         if let Some(h) = h {
             let _ = h.join();
         }
@@ -604,7 +601,7 @@ impl Lbs {
         if self.inner.opts.read_only {
             return Ok(());
         }
-        let mut st = self.inner.lock();
+        let mut st = self.inner.state.lock();
         if st.poisoned.is_some() {
             return Ok(());
         }

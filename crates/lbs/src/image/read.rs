@@ -59,7 +59,7 @@ impl Inner {
         let mut plan: Vec<(usize, BlockRef)> = Vec::new();
         let _reuse;
         {
-            let st = self.lock();
+            let st = self.state.lock();
             for i in 0..n {
                 let lbn = first + i as u64;
                 let dst = &mut out[i * self.bs..(i + 1) * self.bs];
@@ -89,7 +89,7 @@ impl Inner {
                 }
                 plan.push((i, (lbn, p, seal, s)));
             }
-            _reuse = self.reuse.read().unwrap_or_else(|p| p.into_inner());
+            _reuse = self.reuse.read();
         }
         let mut k = 0;
         while k < plan.len() {

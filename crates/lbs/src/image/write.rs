@@ -220,7 +220,7 @@ impl Inner {
         else {
             return Ok(false);
         };
-        let _w = self.reuse.write().unwrap_or_else(|p| p.into_inner());
+        let _w = self.reuse.write();
         if let Some(a) = st.streams[s].active {
             if st.live[a] == 0 {
                 st.cstate[a] = ClusterState::PendingFree;

@@ -1,8 +1,9 @@
 //! The `nbd:` layer: an NBD export as a [`BlockDev`], reconnecting when
 //! the connection drops.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use roamdisk_blockdev::{
@@ -124,13 +125,13 @@ impl NbdDev {
     }
 
     fn current(&self) -> Arc<Pipeline> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.conn.lock().clone()
     }
 
     /// Replace `old` by a new connection, unless another thread already
     /// did.
     fn reconnect(&self, old: &Arc<Pipeline>, op: Op, why: &str) -> Result<()> {
-        let mut cur = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cur = self.conn.lock();
         if !Arc::ptr_eq(&cur, old) {
             return Ok(());
         }

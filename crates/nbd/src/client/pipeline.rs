@@ -8,11 +8,12 @@
 //! [`Failed::Gone`], and so does every later one: the layer then opens a
 //! new connection.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::conn::{read_array, Negotiated, Sock};
@@ -65,14 +66,10 @@ struct State {
 
 type Shared = Arc<Mutex<State>>;
 
-fn lock(s: &Shared) -> std::sync::MutexGuard<'_, State> {
-    s.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Mark the connection broken and fail every waiting request.
 fn kill(state: &Shared, why: String) {
     let slots = {
-        let mut st = lock(state);
+        let mut st = state.lock();
         if st.dead.is_none() {
             st.dead = Some(why.clone());
         }
@@ -145,7 +142,7 @@ impl Pipeline {
             Vec::new()
         };
         {
-            let mut st = lock(&self.state);
+            let mut st = self.state.lock();
             if let Some(why) = &st.dead {
                 return Err(Failed::Gone(why.clone()));
             }
@@ -166,7 +163,7 @@ impl Pipeline {
         }
         let h = header(cmd, flags, handle, offset, len);
         let sent = {
-            let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let mut w = self.writer.lock();
             w.write_all(&h)
                 .and_then(|()| payload.map_or(Ok(()), |p| w.write_all(p)))
         };
@@ -174,10 +171,7 @@ impl Pipeline {
             // The reader sees the shutdown too; our own slot fails with
             // the rest.
             kill(&self.state, format!("cannot send a request: {e}"));
-            self.writer
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .shutdown();
+            self.writer.lock().shutdown();
         }
         Ok(Pending(rx))
     }
@@ -186,8 +180,8 @@ impl Pipeline {
 impl Drop for Pipeline {
     fn drop(&mut self) {
         {
-            let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-            if lock(&self.state).dead.is_none() {
+            let mut w = self.writer.lock();
+            if self.state.lock().dead.is_none() {
                 let _ = w.write_all(&header(CMD_DISC, 0, 0, 0, 0));
             }
             w.shutdown();
@@ -245,7 +239,7 @@ fn read_replies(rd: &mut Sock, state: &Shared) -> Result<(), String> {
                 if h.flags & REPLY_FLAG_DONE != 0 {
                     slot.finish();
                 } else {
-                    let mut st = lock(state);
+                    let mut st = state.lock();
                     if st.dead.is_none() {
                         st.slots.insert(h.handle, slot);
                     }
@@ -257,7 +251,8 @@ fn read_replies(rd: &mut Sock, state: &Shared) -> Result<(), String> {
 }
 
 fn take(state: &Shared, handle: u64) -> Result<Slot, String> {
-    lock(state)
+    state
+        .lock()
         .slots
         .remove(&handle)
         .ok_or_else(|| format!("a reply to request {handle}, which is not in flight"))

@@ -1,6 +1,6 @@
 //! Per-connection buffers for READ data and WRITE payloads.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 
 /// Buffers smaller than this are not worth keeping.
 const POOL_MIN_BUFFER: usize = 4096;
@@ -28,7 +28,7 @@ struct FreeList {
 impl Buffers {
     /// A buffer of at least `len` bytes, contents unspecified.
     pub(super) fn take(&self, len: usize) -> Vec<u8> {
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let mut free = self.free.lock();
         let best = free
             .bufs
             .iter()
@@ -54,7 +54,7 @@ impl Buffers {
         if !(POOL_MIN_BUFFER..=POOL_MAX_BUFFER).contains(&buf.len()) {
             return;
         }
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let mut free = self.free.lock();
         if free.bytes + buf.len() <= POOL_MAX_BYTES {
             free.bytes += buf.len();
             free.bufs.push(buf);
@@ -78,7 +78,7 @@ mod tests {
         for _ in 0..64 {
             b.give(vec![0u8; POOL_MAX_BUFFER]);
         }
-        let free = b.free.lock().unwrap();
+        let free = b.free.lock();
         assert!(free.bytes <= POOL_MAX_BYTES);
         assert_eq!(free.bytes, free.bufs.iter().map(Vec::len).sum::<usize>());
     }

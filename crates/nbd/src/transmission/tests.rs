@@ -2,7 +2,8 @@
 //! on the blocking pool and in the settle at disconnect (by default a
 //! flush, which is what the witness layer sees).
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 use roamdisk_blockdev::context;
 use roamdisk_blockdev::Access;
@@ -30,15 +31,12 @@ impl BlockDev for Witness {
     }
     fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
         let who = context::current().client;
-        self.seen
-            .lock()
-            .unwrap()
-            .push(("write", buf.len() as u32, who));
+        self.seen.lock().push(("write", buf.len() as u32, who));
         self.next.write_at(buf, off, flags)
     }
     fn flush(&self) -> Result<()> {
         let who = context::current().client;
-        self.seen.lock().unwrap().push(("flush", 0, who));
+        self.seen.lock().push(("flush", 0, who));
         self.next.flush()
     }
 }
@@ -108,7 +106,7 @@ async fn every_request_runs_in_its_connections_context() {
     let big = super::INLINE_MAX_LEN * 2;
     session(&shared, client_bytes(&[512, big])).await;
     session(&shared, client_bytes(&[1024])).await;
-    let seen = witness.seen.lock().unwrap().clone();
+    let seen = witness.seen.lock().clone();
     assert_eq!(
         seen,
         vec![

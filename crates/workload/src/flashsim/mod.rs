@@ -7,8 +7,9 @@
 
 pub mod model;
 
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use roamdisk_blockdev::{
@@ -52,20 +53,16 @@ impl FlashSimDev {
 
     /// Statistics so far, the simulated elapsed time among them.
     pub fn stats(&self) -> FlashStats {
-        self.lock().stats().clone()
+        self.model.lock().stats().clone()
     }
 
     /// The card's parameters.
     pub fn params(&self) -> FlashParams {
-        self.lock().params().clone()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, FlashModel> {
-        self.model.lock().unwrap_or_else(|p| p.into_inner())
+        self.model.lock().params().clone()
     }
 
     fn charge(&self, f: impl FnOnce(&mut FlashModel) -> u64) {
-        let ns = f(&mut self.lock());
+        let ns = f(&mut self.model.lock());
         if self.opts.sleep && ns > 0 {
             std::thread::sleep(Duration::from_nanos(ns));
         }

@@ -170,7 +170,7 @@ impl CowDev {
         self.map.set(c, c + 1, s as u8);
     }
 
-    fn lock(&self, c: u64) -> std::sync::MutexGuard<'_, ()> {
+    fn lock(&self, c: u64) -> parking_lot::MutexGuard<'_, ()> {
         self.map.stripe(c)
     }
 

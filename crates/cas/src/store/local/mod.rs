@@ -23,6 +23,7 @@
 
 mod packs;
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind as IoKind, IoSlice, Read, Seek, Write};
@@ -30,7 +31,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rayon::prelude::*;
@@ -256,7 +257,7 @@ impl LocalStore {
         if self.layout.load(Ordering::Acquire) >= config::VERSION {
             return Ok(());
         }
-        let _held = self.layout_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _held = self.layout_lock.lock();
         if self.layout.load(Ordering::Acquire) >= config::VERSION {
             return Ok(());
         }
@@ -274,10 +275,7 @@ impl LocalStore {
 
     /// Remember that `dir` received a name (fsynced by the next `sync`).
     fn mark_dirty(&self, dir: PathBuf) {
-        self.dirty_dirs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(dir);
+        self.dirty_dirs.lock().insert(dir);
     }
 
     /// Create a new, empty store. Fails if `root` already holds one.
@@ -351,10 +349,7 @@ impl LocalStore {
         if r == Renamed::Moved || p.exists() {
             let _ = touch(&p);
             if let Some(dir) = p.parent() {
-                self.dirty_dirs
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(dir.to_path_buf());
+                self.dirty_dirs.lock().insert(dir.to_path_buf());
             }
             return Ok(p.exists());
         }
@@ -372,7 +367,7 @@ impl LocalStore {
             // may have made it since; a commit then stores a second copy).
             return Err(std::io::Error::from(IoKind::NotFound));
         }
-        let mut fans = self.fans.lock().unwrap_or_else(|e| e.into_inner());
+        let mut fans = self.fans.lock();
         if let Some(fd) = &fans[fan] {
             return Ok(fd.clone());
         }
@@ -384,10 +379,7 @@ impl LocalStore {
             }
             Err(e) if e.kind() == IoKind::NotFound && create => {
                 fs::create_dir_all(&dir)?;
-                self.dirty_dirs
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(self.root.join("objects"));
+                self.dirty_dirs.lock().insert(self.root.join("objects"));
                 open_dir(&dir)?
             }
             r => r?,
@@ -400,7 +392,7 @@ impl LocalStore {
 
     /// Forget an opened fan-out folder (it was removed behind our back).
     fn forget_fan(&self, fan: usize) {
-        self.fans.lock().unwrap_or_else(|e| e.into_inner())[fan] = None;
+        self.fans.lock()[fan] = None;
     }
 
     /// Step 1 of a put: write the object to an unnamed file in its folder
@@ -815,12 +807,7 @@ impl ChunkWrite for LocalStore {
                 io(Op::Flush, e, &p)
             })
         })?;
-        let dirs: Vec<PathBuf> = self
-            .dirty_dirs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain()
-            .collect();
+        let dirs: Vec<PathBuf> = self.dirty_dirs.lock().drain().collect();
         // Fan-out folders first, then `objects/` (new folders' entries).
         let (top, fan): (Vec<_>, Vec<_>) = dirs
             .into_iter()

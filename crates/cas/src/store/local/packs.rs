@@ -13,6 +13,7 @@
 //!   rewritten without them (the others copied into a new pack that is
 //!   durable and named first), then removed with remove-if-older.
 
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::ErrorKind as IoKind;
@@ -20,7 +21,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rayon::prelude::*;
@@ -110,10 +111,10 @@ impl Table {
 
 impl PackTable {
     fn read(&self) -> RwLockReadGuard<'_, Table> {
-        self.0.read().unwrap_or_else(|e| e.into_inner())
+        self.0.read()
     }
     fn write(&self) -> RwLockWriteGuard<'_, Table> {
-        self.0.write().unwrap_or_else(|e| e.into_inner())
+        self.0.write()
     }
 }
 
@@ -167,7 +168,7 @@ impl<'a> PackGroup<'a> {
     fn lane(&self) -> Result<(&Lane, Arc<Unnamed>)> {
         let k = rayon::current_thread_index().unwrap_or(0) % self.lanes.len();
         let lane = &self.lanes[k];
-        let mut f = lane.file.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = lane.file.lock();
         if let Some(b) = &*f {
             return Ok((lane, b.clone()));
         }
@@ -192,7 +193,7 @@ impl PutGroup for PackGroup<'_> {
             )
         })?;
         {
-            let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut s = self.state.lock();
             let first = s.seen.insert(*id);
             let outcome = match first {
                 true => PutOutcome::Stored,
@@ -206,23 +207,20 @@ impl PutGroup for PackGroup<'_> {
         let (lane, b) = self.lane()?;
         let offset = lane.end.fetch_add(len as u64, Ordering::Relaxed);
         pwrite_parts(&b.file, &parts, offset).map_err(|e| self.store.put_error(id, e))?;
-        lane.entries
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Entry {
-                id: *id,
-                offset,
-                len,
-            });
+        lane.entries.lock().push(Entry {
+            id: *id,
+            offset,
+            len,
+        });
         Ok(())
     }
 
     fn finish(self: Box<Self>) -> Result<Vec<(ChunkId, PutOutcome)>> {
-        let state = self.state.into_inner().unwrap_or_else(|e| e.into_inner());
+        let state = self.state.into_inner();
         let store = self.store;
         let seal = |lane: Lane| -> Result<()> {
-            let building = lane.file.into_inner().unwrap_or_else(|e| e.into_inner());
-            let mut entries = lane.entries.into_inner().unwrap_or_else(|e| e.into_inner());
+            let building = lane.file.into_inner();
+            let mut entries = lane.entries.into_inner();
             match building {
                 Some(b) => store
                     .seal_pack(&b, &mut entries, lane.end.load(Ordering::Relaxed))
@@ -255,7 +253,7 @@ impl LocalStore {
 
     /// The `packs/` folder, opened once (made with `create`).
     fn packs_dir(&self, create: bool) -> std::io::Result<Arc<OwnedFd>> {
-        let mut d = self.packs_fd.lock().unwrap_or_else(|e| e.into_inner());
+        let mut d = self.packs_fd.lock();
         if let Some(fd) = &*d {
             return Ok(fd.clone());
         }
@@ -491,7 +489,7 @@ impl LocalStore {
                 }
                 // The folder was removed behind our back: open it again.
                 Err(rustix::io::Errno::NOENT) => {
-                    *self.packs_fd.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                    *self.packs_fd.lock() = None;
                 }
                 Err(_) => {}
             }

@@ -21,10 +21,11 @@
 pub mod location;
 pub mod refs;
 
+use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
@@ -606,7 +607,7 @@ impl S3Store {
     async fn scan(&self) -> Result<()> {
         let (packs, loose) = futures::try_join!(self.list("packs"), self.list("objects"))?;
         let new: Vec<(String, SystemTime)> = {
-            let t = self.table.read().unwrap_or_else(|e| e.into_inner());
+            let t = self.table.read();
             packs
                 .into_iter()
                 .filter_map(|(rel, _, m)| {
@@ -624,7 +625,7 @@ impl S3Store {
             .buffer_unordered(self.loc.parallel)
             .collect()
             .await;
-        let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
+        let mut t = self.table.write();
         for (n, m, r) in loaded {
             match r {
                 Ok(entries) => t.add_pack(n, entries, m),
@@ -647,29 +648,18 @@ impl S3Store {
     }
 
     fn ensure_scanned(&self) -> Result<()> {
-        if self
-            .table
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .scanned
-            .is_none()
-        {
+        if self.table.read().scanned.is_none() {
             self.block(self.scan())?;
         }
         Ok(())
     }
 
     fn locate(&self, id: &ChunkId) -> Option<Where> {
-        self.table
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .objects
-            .get(id)
-            .copied()
+        self.table.read().objects.get(id).copied()
     }
 
     fn pack_name(&self, n: u32) -> String {
-        self.table.read().unwrap_or_else(|e| e.into_inner()).names[n as usize].clone()
+        self.table.read().names[n as usize].clone()
     }
 
     /// The container (`packs/NAME` or `objects/HEX`) of a known object.
@@ -701,7 +691,7 @@ impl S3Store {
 
     /// A pack or loose object was not where the table says: forget it.
     fn forget(&self, id: &ChunkId, w: Where) {
-        let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
+        let mut t = self.table.write();
         match w {
             Where::Packed { pack, .. } => t.forget_pack(pack),
             Where::Loose { .. } => {
@@ -758,7 +748,7 @@ impl S3Store {
         cutoff: SystemTime,
     ) -> Result<Vec<(ChunkId, u64)>> {
         let (name, entries) = {
-            let t = self.table.read().unwrap_or_else(|e| e.into_inner());
+            let t = self.table.read();
             (t.names[n as usize].clone(), t.entries[n as usize].clone())
         };
         let rel = format!("packs/{name}");
@@ -794,10 +784,7 @@ impl S3Store {
         }
         match self.remove_container(&rel, cutoff).await? {
             Some(_) => {
-                self.table
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .forget_pack(n);
+                self.table.write().forget_pack(n);
                 if let Some(d) = &self.index_cache {
                     let _ = std::fs::remove_file(d.join(&name));
                 }
@@ -898,7 +885,7 @@ impl S3Store {
     /// ([`Batcher`]).
     fn put_single(&self, id: ChunkId, bytes: &[u8]) -> Result<()> {
         let b = &self.batcher;
-        let mut st = b.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = b.state.lock();
         let (n, leader) = match &mut st.open {
             Some((n, items)) => {
                 items.push((id, bytes.to_vec()));
@@ -924,20 +911,20 @@ impl S3Store {
                         Some((kind, msg)) => Err(err(kind, Op::Write, msg)),
                     };
                 }
-                st = b.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                b.cv.wait(&mut st);
             }
         }
         drop(st);
         std::thread::sleep(GATHER);
         let items = {
-            let mut st = b.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = b.state.lock();
             st.open.take().expect("the leader's batch").1
         };
         let r = if items.len() == 1 {
             let (id, bytes) = &items[0];
             self.block(self.put(&format!("objects/{}", id.to_hex()), bytes.clone()))
                 .map(|()| {
-                    let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
+                    let mut t = self.table.write();
                     t.objects.entry(*id).or_insert(Where::Loose {
                         len: bytes.len() as u64,
                     });
@@ -949,7 +936,7 @@ impl S3Store {
             }
             self.block(g.upload()).map(|_| ())
         };
-        let mut st = b.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = b.state.lock();
         if items.len() > 1 {
             let failed = r.as_ref().err().map(|e| (e.kind(), e.to_string()));
             st.done.insert(n, (failed, items.len() - 1));
@@ -1011,7 +998,6 @@ impl<'a> S3Group<'a> {
         self.store
             .table
             .write()
-            .unwrap_or_else(|e| e.into_inner())
             .add_pack(name, self.entries, SystemTime::now());
         Ok(self.order)
     }
@@ -1022,16 +1008,12 @@ struct SharedGroup<'a>(Mutex<Option<S3Group<'a>>>, &'a S3Store);
 
 impl PutGroup for SharedGroup<'_> {
     fn write(&self, id: &ChunkId, parts: [&[u8]; 2]) -> Result<()> {
-        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.0.lock();
         g.as_mut().expect("group open").add(id, parts);
         Ok(())
     }
     fn finish(self: Box<Self>) -> Result<Vec<(ChunkId, PutOutcome)>> {
-        let g = self
-            .0
-            .into_inner()
-            .unwrap_or_else(|e| e.into_inner())
-            .expect("group open");
+        let g = self.0.into_inner().expect("group open");
         self.1.block(g.upload())
     }
 }
@@ -1051,7 +1033,6 @@ impl ChunkRead for S3Store {
         let patient = self
             .last_missing
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .is_none_or(|t| t.elapsed() > Duration::from_secs(30));
         let rescans = if patient { RESCANS } else { 1 };
         for attempt in 0..=rescans {
@@ -1069,7 +1050,7 @@ impl ChunkRead for S3Store {
                 self.block(self.scan())?;
             }
         }
-        *self.last_missing.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        *self.last_missing.lock() = Some(Instant::now());
         Err(not_found(format!(
             "object {id} is missing from store {}",
             self.loc.describe()
@@ -1170,7 +1151,7 @@ impl ChunkRead for S3Store {
         self.ensure_scanned()?;
         let mut have: Vec<bool> = Vec::with_capacity(ids.len());
         let mut to_touch: HashMap<String, Vec<usize>> = HashMap::new();
-        let epoch = *self.epoch.lock().unwrap_or_else(|e| e.into_inner());
+        let epoch = *self.epoch.lock();
         for (k, id) in ids.iter().enumerate() {
             match self.locate(id) {
                 None => have.push(false),
@@ -1178,12 +1159,7 @@ impl ChunkRead for S3Store {
                     have.push(true);
                     if touch {
                         let c = self.container(id, w);
-                        let fresh = self
-                            .touched
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get(&c)
-                            .is_some_and(|t| *t > epoch);
+                        let fresh = self.touched.lock().get(&c).is_some_and(|t| *t > epoch);
                         if !fresh {
                             to_touch.entry(c).or_default().push(k);
                         }
@@ -1205,10 +1181,7 @@ impl ChunkRead for S3Store {
         );
         for (c, ks, r) in results {
             if r? {
-                self.touched
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(c, Instant::now());
+                self.touched.lock().insert(c, Instant::now());
             } else {
                 // Being removed by a gc (or gone): the commit writes these
                 // objects again.
@@ -1317,7 +1290,7 @@ impl ChunkWrite for S3Store {
     }
     fn lease_begin(&self) -> Result<Lease> {
         let id = random_hex(12)?;
-        *self.epoch.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        *self.epoch.lock() = Instant::now();
         let rel = format!("leases/{id}");
         let started = self.block(async {
             self.put(
@@ -1337,10 +1310,7 @@ impl ChunkWrite for S3Store {
                 self.loc.describe()
             ))
         })?;
-        self.mine
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.clone());
+        self.mine.lock().insert(id.clone());
         self.write_lease(&id, started, None)?;
         Ok(Lease {
             ended: false,
@@ -1359,11 +1329,7 @@ impl ChunkWrite for S3Store {
         self.write_lease(id, started, None)
     }
     fn lease_end(&self, id: &str) -> Result<()> {
-        let mine = self
-            .mine
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id);
+        let mine = self.mine.lock().remove(id);
         if !mine {
             // gc ending a dead (or long finished) commit's lease.
             return self.block(self.delete(&format!("leases/{id}")));
@@ -1439,7 +1405,7 @@ impl ChunkPrune for S3Store {
         self.margin
     }
     fn list_objects(&self, f: &mut dyn FnMut(ObjectEntry)) -> Result<()> {
-        *self.table.write().unwrap_or_else(|e| e.into_inner()) = Table::default();
+        *self.table.write() = Table::default();
         let touches = self.block(async {
             self.scan().await?;
             self.list("touch").await
@@ -1448,7 +1414,7 @@ impl ChunkPrune for S3Store {
             .into_iter()
             .filter_map(|(rel, _, m)| Some((rel.strip_prefix("touch/")?.to_string(), m)))
             .collect();
-        let t = self.table.read().unwrap_or_else(|e| e.into_inner());
+        let t = self.table.read();
         for (n, name) in t.names.iter().enumerate() {
             if t.gone.contains(&(n as u32)) {
                 continue;
@@ -1526,7 +1492,7 @@ impl ChunkPrune for S3Store {
             for (id, n) in r? {
                 if let Some(&k) = at.get(&id) {
                     out[k] = Some(n);
-                    let mut t = self.table.write().unwrap_or_else(|e| e.into_inner());
+                    let mut t = self.table.write();
                     if matches!(t.objects.get(&id), Some(Where::Loose { .. })) {
                         t.objects.remove(&id);
                     }
