@@ -139,7 +139,7 @@ fn a_host_without_enough_free_space_fails_before_serving() {
     assert!(
         err.contains("found only")
             && err.contains("small.img")
-            && err.contains("16.0 MiB are needed"),
+            && err.contains("16 MiB are needed"),
         "{err}"
     );
 }

@@ -75,7 +75,7 @@ fn each_variant_is_skipped_with_its_reason_and_no_extent_touches_it() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("found only") && err.contains("1.0 GiB are needed"),
+        err.contains("found only") && err.contains("1 GiB are needed"),
         "{err}"
     );
     assert!(

@@ -84,9 +84,29 @@ impl OpenCtx<'_> {
     }
     /// An optional size parameter (`64K`, `1G`, ...).
     pub fn size_opt(&self, kind: &str, name: &str) -> Result<Option<u64>> {
+        self.unit_opt(kind, name, crate::units::parse_size)
+    }
+    /// An optional duration parameter with its unit (`8ms`, `3.4ms`).
+    pub fn duration_opt(&self, kind: &str, name: &str) -> Result<Option<std::time::Duration>> {
+        self.unit_opt(kind, name, |v| {
+            crate::units::parse_duration(v, crate::units::Bare::Refuse)
+        })
+    }
+    /// An optional rate parameter in bytes per second (`1Mbit`, `100M`).
+    pub fn rate_opt(&self, kind: &str, name: &str) -> Result<Option<u64>> {
+        self.unit_opt(kind, name, |v| {
+            crate::units::parse_rate(v).map(|r| r.round().max((r > 0.0) as u8 as f64) as u64)
+        })
+    }
+    fn unit_opt<T>(
+        &self,
+        kind: &str,
+        name: &str,
+        parse: impl Fn(&str) -> std::result::Result<T, crate::units::UnitError>,
+    ) -> Result<Option<T>> {
         self.opt(name)
             .map(|v| {
-                crate::units::parse_size(v).map_err(|m| {
+                parse(v).map_err(|m| {
                     Error::new(
                         ErrorKind::InvalidArgument,
                         Op::Open,

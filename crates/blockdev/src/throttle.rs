@@ -70,82 +70,9 @@ impl Link {
     }
 }
 
-/// Parse a rate: bits per second with a decimal prefix (`1Mbit`,
-/// `100kbit`, `1Gbit`), or bytes per second as a size (`10M`, `512K`,
-/// binary prefixes; `/s` may follow). `0` or `off` means unlimited.
-pub fn parse_rate(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    if t == "0" || t.eq_ignore_ascii_case("off") {
-        return Ok(0);
-    }
-    let lower = t.to_ascii_lowercase();
-    if let Some(num) = lower
-        .strip_suffix("bit")
-        .or_else(|| lower.strip_suffix("bps"))
-    {
-        let (n, mult) = match num.chars().last() {
-            Some('k') => (&num[..num.len() - 1], 1e3),
-            Some('m') => (&num[..num.len() - 1], 1e6),
-            Some('g') => (&num[..num.len() - 1], 1e9),
-            _ => (num, 1.0),
-        };
-        let v: f64 = n
-            .trim()
-            .parse()
-            .map_err(|_| format!("'{s}' is not a rate: expected e.g. 1Mbit, 100kbit or 10M"))?;
-        if !(v.is_finite() && v > 0.0) {
-            return Err(format!("'{s}': a rate must be more than 0"));
-        }
-        return Ok(((v * mult / 8.0).round() as u64).max(1));
-    }
-    crate::units::parse_size(lower.strip_suffix("/s").unwrap_or(&lower))
-        .map_err(|m| format!("{m} (a rate: e.g. 1Mbit, 100kbit, or bytes per second such as 10M)"))
-}
-
-/// Parse a duration: `8ms`, `250us`, `1.5s`, `0`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim().to_ascii_lowercase();
-    if t == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = t.strip_suffix("us") {
-        (n, 1e-6)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else {
-        return Err(format!(
-            "'{s}' is not a duration: expected e.g. 8ms, 250us or 1s"
-        ));
-    };
-    match num.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 && v * scale < 3600.0 => {
-            Ok(Duration::from_secs_f64(v * scale))
-        }
-        _ => Err(format!(
-            "'{s}' is not a duration: expected e.g. 8ms, 250us or 1s"
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rates_and_durations_parse() {
-        assert_eq!(parse_rate("1Mbit").unwrap(), 125_000);
-        assert_eq!(parse_rate("100kbit").unwrap(), 12_500);
-        assert_eq!(parse_rate("10M").unwrap(), 10 << 20);
-        assert_eq!(parse_rate("64K/s").unwrap(), 64 << 10);
-        assert_eq!(parse_rate("off").unwrap(), 0);
-        assert!(parse_rate("fast").is_err() && parse_rate("0bit").is_err());
-        assert_eq!(parse_duration("8ms").unwrap(), Duration::from_millis(8));
-        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
-        assert_eq!(parse_duration("250us").unwrap(), Duration::from_micros(250));
-        assert!(parse_duration("8").is_err() && parse_duration("-1s").is_err());
-    }
 
     #[test]
     fn requests_share_the_rate_in_arrival_order() {

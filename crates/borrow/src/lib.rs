@@ -26,7 +26,7 @@ mod summary;
 pub mod verify;
 
 pub use dev::{BorrowDev, BorrowOptions, Verify};
-pub use plan::{human, Plan, PlanExtent, Status, UNIT};
+pub use plan::{Plan, PlanExtent, Status, UNIT};
 pub use scan::{scan, ScanOptions};
 
 use roamdisk_blockdev::{Error, ErrorKind, Op};

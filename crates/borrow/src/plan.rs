@@ -396,22 +396,6 @@ impl Plan {
     }
 }
 
-/// Human size with binary units.
-pub fn human(n: u64) -> String {
-    const U: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = n as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < U.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", U[i])
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -513,7 +497,7 @@ mod tests {
         p.free_histogram.counts = vec![1; 64];
         p.free_histogram.bytes = vec![1; 64];
         let q = Plan::from_json(&p.to_json()).unwrap();
-        assert!(q.summary().contains("8192.0 PiB"), "{}", q.summary());
+        assert!(q.summary().contains("8192 PiB"), "{}", q.summary());
     }
 
     #[test]

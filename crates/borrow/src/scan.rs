@@ -10,12 +10,11 @@ use std::collections::BinaryHeap;
 use std::path::{Path, PathBuf};
 
 use roamdisk_blockdev::layers::raw::RawDev;
+use roamdisk_blockdev::units::format_size;
 use roamdisk_blockdev::{BlockDev, Error, ErrorKind, Op, Result};
 use roamdisk_fsmeta as fsmeta;
 
-use crate::plan::{
-    human, Device, Histogram, Partition, Plan, PlanExtent, PlanOptions, Status, UNIT,
-};
+use crate::plan::{Device, Histogram, Partition, Plan, PlanExtent, PlanOptions, Status, UNIT};
 use crate::Progress;
 
 /// What to borrow.
@@ -225,18 +224,18 @@ pub fn scan_devices(
             "borrow",
             format!(
                 "found only {} in {} free extents of at least {} ({}); {} are needed: free space on the host, add devices or lower --min-extent",
-                human(plan.total_bytes),
+                format_size(plan.total_bytes),
                 plan.extents.len(),
-                human(min_extent),
+                format_size(min_extent),
                 where_found(&plan),
-                human(opts.min_size)
+                format_size(opts.min_size)
             ),
         ));
     }
     Ok(plan)
 }
 
-/// "sda1 ext4: 1.0 GiB, sda2 ntfs: 12.0 MiB; skipped: sda3 (hibernated)".
+/// "sda1 ext4: 1 GiB, sda2 ntfs: 12 MiB; skipped: sda3 (hibernated)".
 pub fn where_found(plan: &Plan) -> String {
     let name = |p: &Partition| {
         let dev = plan.devices[p.device as usize].path.display().to_string();
@@ -250,7 +249,7 @@ pub fn where_found(plan: &Plan) -> String {
         .partitions
         .iter()
         .filter(|p| p.status == Status::Used)
-        .map(|p| format!("{} {}: {}", name(p), p.fs, human(p.borrowed_bytes)))
+        .map(|p| format!("{} {}: {}", name(p), p.fs, format_size(p.borrowed_bytes)))
         .collect();
     let skipped: Vec<String> = plan
         .partitions

@@ -3,7 +3,8 @@
 
 use std::fmt::Write;
 
-use crate::plan::{human, Plan, Status};
+use crate::plan::{Plan, Status};
+use roamdisk_blockdev::units::format_size;
 
 impl Plan {
     /// A multi-line report for people.
@@ -16,7 +17,7 @@ impl Plan {
                 "  [{}] {}  {}  table: {}",
                 d.id,
                 d.path.display(),
-                human(d.size),
+                format_size(d.size),
                 d.scheme
             );
         }
@@ -47,11 +48,11 @@ impl Plan {
                 p.fs,
                 status,
                 if p.status == Status::Used {
-                    human(p.free_bytes)
+                    format_size(p.free_bytes)
                 } else {
                     "-".into()
                 },
-                human(p.borrowed_bytes),
+                format_size(p.borrowed_bytes),
                 p.borrowed_extents,
                 reason
             );
@@ -76,25 +77,25 @@ impl Plan {
             let _ = writeln!(
                 s,
                 "  {:>9} - {:<9} {:>9} {:>11}   | {:>9} {:>11}",
-                human(1 << i),
-                human(1u64 << (i + 1).min(63)),
+                format_size(1 << i),
+                format_size(1u64 << (i + 1).min(63)),
                 fc,
-                human(fb),
+                format_size(fb),
                 bc,
-                human(bb)
+                format_size(bb)
             );
         }
         let free: u64 = self.partitions.iter().map(|p| p.free_bytes).sum();
         let _ = writeln!(
             s,
             "\nBorrowed disk: {} in {} extents (of {} free; extents of at least {}, at most {} kept{})",
-            human(self.total_bytes),
+            format_size(self.total_bytes),
             self.extents.len(),
-            human(free),
-            human(self.options.min_extent),
+            format_size(free),
+            format_size(self.options.min_extent),
             self.options.max_extents,
             if self.options.size_limit > 0 {
-                format!(", cut to {}", human(self.options.size_limit))
+                format!(", cut to {}", format_size(self.options.size_limit))
             } else {
                 String::new()
             }

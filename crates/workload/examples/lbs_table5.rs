@@ -142,16 +142,6 @@ struct Args {
     background_gc: bool,
 }
 
-fn parse_size(s: &str) -> Res<u64> {
-    let (num, mul) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    Ok(num.parse::<u64>()? * mul)
-}
-
 fn parse_args() -> Res<Args> {
     let mut a = Args {
         traces: Vec::new(),
@@ -195,7 +185,8 @@ fn parse_args() -> Res<Args> {
                     .iter()
                     .position(|(n, _)| *n == name)
                     .ok_or_else(|| format!("unknown partition {name}"))?;
-                a.sizes.insert(dev as u32, parse_size(size)?);
+                a.sizes
+                    .insert(dev as u32, roamdisk_blockdev::units::parse_size(size)?);
             }
             "--no-gc-run" => a.no_gc_run = false,
             "--dir" => a.dir = Some(val()?.into()),

@@ -90,13 +90,8 @@ pub static THROTTLE: LayerKind = LayerKind {
     open: |ctx: &OpenCtx<'_>, next| {
         let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "throttle", m);
         let next = next.ok_or_else(|| bad("needs a layer to throttle (throttle[rate=1Mbit]:raw:disk.img)".into()))?;
-        let rate = ctx.opt("rate").map(crate::throttle::parse_rate).transpose().map_err(bad)?.unwrap_or(0);
-        let latency = ctx
-            .opt("latency")
-            .map(crate::throttle::parse_duration)
-            .transpose()
-            .map_err(bad)?
-            .unwrap_or_default();
+        let rate = ctx.rate_opt("throttle", "rate")?.unwrap_or(0);
+        let latency = ctx.duration_opt("throttle", "latency")?.unwrap_or_default();
         let burst = ctx.size_opt("throttle", "burst")?.unwrap_or(64 << 10);
         let spec = crate::throttle::LinkSpec { rate, latency, burst };
         Ok(Arc::new(throttle::ThrottleDev::new(next, spec)) as Arc<dyn BlockDev>)
@@ -124,7 +119,7 @@ pub static HDD: LayerKind = LayerKind {
         let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "hdd", m);
         let next = next.ok_or_else(|| bad("needs a layer under the disk model (hdd:raw:golden.img)".into()))?;
         let d = hdd::HddSpec::FIFTEEN_K;
-        let seek = ctx.opt("seek").map(crate::throttle::parse_duration).transpose().map_err(bad)?.unwrap_or(d.seek);
+        let seek = ctx.duration_opt("hdd", "seek")?.unwrap_or(d.seek);
         let rpm = match ctx.opt("rpm") {
             None => d.rpm,
             Some(r) => r
@@ -134,7 +129,7 @@ pub static HDD: LayerKind = LayerKind {
                 .filter(|&r| r <= 100_000)
                 .ok_or_else(|| bad(format!("rpm '{r}': expected a whole number up to 100000 (0: no rotation)")))?,
         };
-        let rate = ctx.opt("rate").map(crate::throttle::parse_rate).transpose().map_err(bad)?.unwrap_or(d.rate);
+        let rate = ctx.rate_opt("hdd", "rate")?.unwrap_or(d.rate);
         let near = ctx.size_opt("hdd", "near")?.unwrap_or(d.near);
         let report = ctx.opt("report").map(std::path::PathBuf::from);
         let spec = hdd::HddSpec { seek, rpm, rate, near };

@@ -353,7 +353,7 @@ fn check(a: CheckArgs) -> anyhow::Result<()> {
     println!(
         "plan {} matches the host: {} in {} extents{}",
         a.plan.display(),
-        roamdisk_borrow::human(plan.total_bytes),
+        roamdisk_blockdev::units::format_size(plan.total_bytes),
         plan.extents.len(),
         if a.identity_only {
             " (identity only)"
@@ -410,7 +410,7 @@ fn session(a: RunArgs, quiet: bool) -> anyhow::Result<()> {
     if !quiet && !a.json {
         eprintln!(
             "roamdisk: borrowed {} in {} extents (scan {:.2} s, allocate {:.2} s, copy-in {:.2} s)",
-            roamdisk_borrow::human(sess.plan.total_bytes),
+            roamdisk_blockdev::units::format_size(sess.plan.total_bytes),
             sess.plan.extents.len(),
             sess.timings.scan_s,
             sess.timings.allocate_s,
@@ -434,16 +434,19 @@ fn session(a: RunArgs, quiet: bool) -> anyhow::Result<()> {
             t.scan_s,
             t.allocate_s,
             t.copy_in_s,
-            roamdisk_borrow::human(t.copy_in_bytes)
+            roamdisk_blockdev::units::format_size(t.copy_in_bytes)
         );
         println!("Served:    {:.3} s", t.serve_s);
         println!(
             "Shut-down: copy-back {:.3} s ({}) + release {:.3} s{}",
             t.copy_back_s,
-            roamdisk_borrow::human(t.copy_back_bytes),
+            roamdisk_blockdev::units::format_size(t.copy_back_bytes),
             t.release_s,
             if t.scrubbed_bytes > 0 {
-                format!(" (scrubbed {})", roamdisk_borrow::human(t.scrubbed_bytes))
+                format!(
+                    " (scrubbed {})",
+                    roamdisk_blockdev::units::format_size(t.scrubbed_bytes)
+                )
             } else {
                 String::new()
             }

@@ -4,7 +4,6 @@
 //! JSON lines, or nothing).
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use crate::progress::{Output, Reporter};
 use anyhow::Context;
@@ -85,23 +84,6 @@ impl StoreArgs {
             None => Ok(None),
         }
     }
-}
-
-/// Parse a duration: `90`, `90s`, `15m`, `2h`, `1d`.
-pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
-    let t = s.trim();
-    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
-    let n: u64 = num
-        .parse()
-        .with_context(|| format!("'{s}' is not a duration (e.g. 30s, 15m, 2h)"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86400,
-        _ => anyhow::bail!("'{s}': unknown duration unit '{unit}' (use s, m, h or d)"),
-    };
-    Ok(Duration::from_secs(secs))
 }
 
 /// `3f2a1b9c0d1e` from a hex version id.

@@ -4,7 +4,8 @@ use clap::Parser;
 use roamdisk_blockdev::units::format_size;
 use roamdisk_cas::gc::{gc, GcOptions};
 
-use super::cas::{parse_duration, StoreArgs};
+use super::cas::StoreArgs;
+use roamdisk_blockdev::units::{parse_duration, Bare};
 
 /// Garbage-collect the chunk store: mark every chunk some version of some
 /// catalog references, remove the rest. Safe while commits run: a commit
@@ -32,7 +33,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let store = a.st.open(false)?;
     let progress = a.st.progress(quiet);
     let opts = GcOptions {
-        lease_timeout: parse_duration(&a.lease_timeout)?,
+        lease_timeout: parse_duration(&a.lease_timeout, Bare::Seconds)?,
         dry_run: a.dry_run,
         ..Default::default()
     };

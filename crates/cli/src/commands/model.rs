@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use roamdisk_blockdev::units::{format_size, parse_size};
+use roamdisk_blockdev::units::{self, format_size, parse_size};
 use roamdisk_cachesim::blocksize::{BlockSizeConfig, BlockSizeModel};
 use roamdisk_cachesim::mva::{self, Demands};
 use roamdisk_cachesim::qnsim;
@@ -138,68 +138,19 @@ pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
     }
 }
 
-/// The number at the start of `body` (made of the characters `numeric`
-/// accepts) and the unit after it; without a number, "'{t}' is not
-/// {what}".
-fn number_and_unit<'a>(
-    body: &'a str,
-    numeric: impl Fn(char) -> bool,
-    t: &str,
-    what: &str,
-) -> anyhow::Result<(f64, &'a str)> {
-    let (num, unit) = body.split_at(body.find(|c: char| !numeric(c)).unwrap_or(body.len()));
-    let v: f64 = num
-        .parse()
-        .map_err(|_| anyhow::anyhow!("'{t}' is not {what}"))?;
-    Ok((v, unit.trim()))
-}
-
-/// A duration: 8ms, 0.32ms, 150us, 1s, or a bare number of seconds.
+/// A duration in seconds (a bare number is seconds).
 fn parse_time(s: &str) -> anyhow::Result<f64> {
-    let t = s.trim();
-    let (v, unit) = number_and_unit(
-        t,
-        |c| c.is_ascii_digit() || c == '.' || c == 'e' || c == '-',
-        t,
-        "a time: write e.g. 8ms, 0.32ms, 150us or 1s",
-    )?;
-    let scale = match unit {
-        "" | "s" => 1.0,
-        "ms" => 1e-3,
-        "us" | "µs" => 1e-6,
-        "ns" => 1e-9,
-        u => bail!("'{t}': unknown time unit '{u}' (use s, ms, us or ns)"),
-    };
-    let secs = v * scale;
-    if !(secs.is_finite() && secs >= 0.0) {
-        bail!("'{t}': a time must be a non-negative number");
-    }
-    Ok(secs)
+    Ok(units::parse_duration(s, units::Bare::Seconds)?.as_secs_f64())
 }
 
-/// A bandwidth in bytes per second: 6MB/s (SI), 6MiB/s (binary), 750KB/s.
+/// A bandwidth in bytes per second, written per second: 6MB/s (SI),
+/// 6MiB/s (binary), 750KB/s.
 fn parse_rate(s: &str) -> anyhow::Result<f64> {
-    const WHAT: &str = "a bandwidth: write e.g. 6MB/s or 6MiB/s";
     let t = s.trim();
-    let body = t
-        .strip_suffix("/s")
-        .with_context(|| format!("'{t}' is not {WHAT}"))?;
-    let (v, unit) = number_and_unit(body, |c| c.is_ascii_digit() || c == '.', t, WHAT)?;
-    let scale = match unit {
-        "B" => 1.0,
-        "KB" | "kB" => 1e3,
-        "MB" => 1e6,
-        "GB" => 1e9,
-        "KiB" => 1024.0,
-        "MiB" => 1048576.0,
-        "GiB" => 1073741824.0,
-        u => bail!("'{t}': unknown unit '{u}' (use B, KB, MB, GB, KiB, MiB or GiB per second)"),
-    };
-    let r = v * scale;
-    if !(r.is_finite() && r > 0.0) {
-        bail!("'{t}': a bandwidth must be positive");
+    if !t.ends_with("/s") {
+        bail!("'{t}' is not a bandwidth: write it per second, e.g. {t}/s");
     }
-    Ok(r)
+    Ok(units::parse_rate(t)?)
 }
 
 fn blocksize(a: BlockSizeArgs, quiet: bool) -> anyhow::Result<()> {

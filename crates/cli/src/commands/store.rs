@@ -214,21 +214,19 @@ fn serve(s: ServeArgs, quiet: bool) -> anyhow::Result<()> {
         st = std::sync::Arc::new(roamdisk_cas::store::cached::CachedStore::new(st, cache));
     }
     if s.limit.is_some() || s.latency.is_some() {
-        use roamdisk_blockdev::throttle::{parse_duration, parse_rate, LinkSpec};
-        let spec = LinkSpec {
+        use roamdisk_blockdev::units::{parse_duration, parse_rate, Bare};
+        let spec = roamdisk_blockdev::throttle::LinkSpec {
             rate: s
                 .limit
                 .as_deref()
                 .map(parse_rate)
-                .transpose()
-                .map_err(anyhow::Error::msg)?
-                .unwrap_or(0),
+                .transpose()?
+                .unwrap_or(0.0) as u64,
             latency: s
                 .latency
                 .as_deref()
-                .map(parse_duration)
-                .transpose()
-                .map_err(anyhow::Error::msg)?
+                .map(|l| parse_duration(l, Bare::Refuse))
+                .transpose()?
                 .unwrap_or_default(),
             burst: 64 << 10,
         };

@@ -51,12 +51,10 @@ const SECRETS: &[&str] = &[
 ];
 
 fn parse_secs(key: &str, v: &str) -> Result<Duration> {
-    let t = v.trim_end_matches('s');
-    t.parse::<f64>()
+    roamdisk_blockdev::units::parse_duration(v, roamdisk_blockdev::units::Bare::Seconds)
         .ok()
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .map(Duration::from_secs_f64)
-        .ok_or_else(|| bad_arg(format!("{key}={v}: give seconds, e.g. {key}=30s")))
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| bad_arg(format!("{key}={v}: give a duration, e.g. {key}=30s")))
 }
 
 impl S3Location {
