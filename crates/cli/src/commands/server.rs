@@ -19,7 +19,7 @@ use roamdisk_server::views::{open_golden, open_view};
 use roamdisk_server::{ServerConfig, Views};
 
 use super::cas::StoreArgs;
-use roamdisk_cas::commit::{commit_image, CommitOptions, Source};
+use roamdisk_chunkstore::commit::{commit_image, CommitOptions, Source};
 
 /// Serve golden images to many clients over NBD, each seeing only its grants.
 ///
@@ -425,7 +425,7 @@ fn promote(p: PromoteArgs, quiet: bool) -> anyhow::Result<()> {
     let lock = StateLock::take(&cfg.state)?;
     let to = PathBuf::from(&p.to);
     if p.st.store.is_some() {
-        roamdisk_cas::store::check_ref_name(&p.to)?;
+        roamdisk_chunkstore::store::check_ref_name(&p.to)?;
     } else if to.exists() {
         bail!("{} exists; promote writes a new file", to.display());
     }
