@@ -21,7 +21,7 @@ use crate::error::{bad_arg, context, err};
 use crate::hash::ChunkId;
 use crate::index::{valid_chunk_size, Index, SECTOR};
 use crate::repo::{read_catalog, update_catalog};
-use crate::store::ChunkWrite;
+use crate::store::{ChunkWrite, LeaseStore, RefStore};
 use crate::upload::{UploadStats, Uploader};
 use crate::version::{Memory, Version};
 use roamdisk_blockdev::Progress;
@@ -263,7 +263,7 @@ fn hole_map(dev: &dyn BlockDev, chunk: usize) -> Result<Vec<bool>> {
 
 /// Chunk, hash and upload a whole source into `index` (whose geometry
 /// matches the source).
-pub(crate) fn upload_source<S: ChunkWrite + ?Sized>(
+pub(crate) fn upload_source<S: ChunkWrite + LeaseStore + ?Sized>(
     up: &mut Uploader<'_, S>,
     index: &mut Index,
     src: Source<'_>,
@@ -346,7 +346,7 @@ pub(crate) fn upload_source<S: ChunkWrite + ?Sized>(
 }
 
 /// Chunk and upload a memory image file.
-pub fn upload_memory<S: ChunkWrite + ?Sized>(
+pub fn upload_memory<S: ChunkWrite + LeaseStore + ?Sized>(
     up: &mut Uploader<'_, S>,
     path: &std::path::Path,
     chunk_size: u32,
@@ -381,7 +381,7 @@ pub fn upload_memory<S: ChunkWrite + ?Sized>(
 
 /// Store a finished version: package first (durable), then the catalog
 /// entry. Returns the summary.
-pub fn finish_commit<S: ChunkWrite + ?Sized>(
+pub fn finish_commit<S: ChunkWrite + RefStore + LeaseStore + ?Sized>(
     store: &S,
     mut up: Uploader<'_, S>,
     version: &Version,
@@ -447,7 +447,7 @@ pub fn finish_commit<S: ChunkWrite + ?Sized>(
 }
 
 /// Resolve the parent of a new version in `opts.target`.
-pub(crate) fn parent_of<S: ChunkWrite + ?Sized>(
+pub(crate) fn parent_of<S: RefStore + ?Sized>(
     store: &S,
     opts: &CommitOptions,
 ) -> Result<Option<ChunkId>> {
@@ -463,7 +463,7 @@ pub(crate) fn parent_of<S: ChunkWrite + ?Sized>(
 
 /// Commit a whole disk as a new version of `opts.target`: chunk it, hash
 /// on all cores, upload only the chunks the store lacks.
-pub fn commit_image<S: ChunkWrite + ?Sized>(
+pub fn commit_image<S: ChunkWrite + RefStore + LeaseStore + ?Sized>(
     store: &S,
     src: Source<'_>,
     opts: &CommitOptions,

@@ -24,7 +24,7 @@ use serde::Serialize;
 use crate::catalog::Catalog;
 use crate::error::context;
 use crate::hash::ChunkId;
-use crate::store::{fetch, ChunkPrune};
+use crate::store::{fetch, ChunkPrune, LeaseStore, RefStore};
 use crate::version::Version;
 use roamdisk_blockdev::Progress;
 use roamdisk_blockdev::Result;
@@ -77,7 +77,7 @@ pub struct GcReport {
 }
 
 /// Mark: every object referenced by a version of any catalog.
-pub fn mark<S: ChunkPrune + ?Sized>(
+pub fn mark<S: ChunkPrune + RefStore + LeaseStore + ?Sized>(
     store: &S,
     progress: &dyn Progress,
     report: &mut GcReport,
@@ -123,7 +123,7 @@ pub fn mark<S: ChunkPrune + ?Sized>(
 }
 
 /// Run a garbage collection.
-pub fn gc<S: ChunkPrune + ?Sized>(
+pub fn gc<S: ChunkPrune + RefStore + LeaseStore + ?Sized>(
     store: &S,
     opts: &GcOptions,
     progress: &dyn Progress,
@@ -206,6 +206,7 @@ mod tests {
     use super::*;
     use crate::commit::{commit_image, CommitOptions, Source};
     use crate::store::local::LocalStore;
+    use crate::store::prelude::*;
     use crate::store::{ChunkRead, ChunkWrite, StoreConfig};
     use roamdisk_blockdev::layers::mem::MemDev;
     use roamdisk_blockdev::NoProgress;

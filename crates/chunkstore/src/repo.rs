@@ -6,7 +6,7 @@ use crate::catalog::{Catalog, Entry};
 use crate::chunk::Key;
 use crate::error::{bad_arg, context, corrupt, not_found};
 use crate::hash::ChunkId;
-use crate::store::{check_ref_name, fetch, ref_tag, ChunkRead, ChunkWrite};
+use crate::store::{check_ref_name, fetch, ref_tag, ChunkRead, RefStore};
 use crate::version::Version;
 use roamdisk_blockdev::Result;
 
@@ -22,7 +22,7 @@ pub fn split_target(s: &str) -> Result<(String, String)> {
 }
 
 /// A catalog and the tag of the bytes it was read from (for CAS).
-pub fn read_catalog<S: ChunkRead + ?Sized>(
+pub fn read_catalog<S: RefStore + ?Sized>(
     store: &S,
     name: &str,
 ) -> Result<(Catalog, Option<ChunkId>)> {
@@ -37,7 +37,7 @@ pub fn read_catalog<S: ChunkRead + ?Sized>(
 }
 
 /// Read an existing catalog; `not-found` naming it when there is none.
-pub fn existing_catalog<S: ChunkRead + ?Sized>(store: &S, name: &str) -> Result<Catalog> {
+pub fn existing_catalog<S: RefStore + ?Sized>(store: &S, name: &str) -> Result<Catalog> {
     let (c, tag) = read_catalog(store, name)?;
     if tag.is_none() {
         return Err(not_found(format!(
@@ -53,7 +53,7 @@ pub fn existing_catalog<S: ChunkRead + ?Sized>(store: &S, name: &str) -> Result<
 /// result deletes the catalog.
 pub fn update_catalog<S, F>(store: &S, name: &str, mut f: F) -> Result<Catalog>
 where
-    S: ChunkWrite + ?Sized,
+    S: RefStore + ?Sized,
     F: FnMut(&mut Catalog) -> Result<()>,
 {
     for _ in 0..1000 {
@@ -76,7 +76,7 @@ where
 }
 
 /// Resolve `USER/IMAGE[@REV]` to its catalog entry.
-pub fn resolve<S: ChunkRead + ?Sized>(store: &S, target: &str) -> Result<(String, Entry)> {
+pub fn resolve<S: RefStore + ?Sized>(store: &S, target: &str) -> Result<(String, Entry)> {
     let (name, rev) = split_target(target)?;
     let c = existing_catalog(store, &name)?;
     let e = c.resolve(&rev, &name)?.clone();

@@ -22,7 +22,7 @@ use crate::chunk::{ChunkCodec, Key, HEADER_SIZE};
 use crate::error::context;
 use crate::hash::ChunkId;
 use crate::index::Index;
-use crate::store::{ChunkWrite, Lease, ObjectParts, PutGroup, PutOutcome};
+use crate::store::{ChunkWrite, Lease, LeaseStore, ObjectParts, PutGroup, PutOutcome};
 use roamdisk_blockdev::Result;
 
 /// How often a commit refreshes its lease.
@@ -92,7 +92,7 @@ enum Stored<'p> {
 }
 
 /// Uploads chunks for one commit.
-pub struct Uploader<'a, S: ChunkWrite + ?Sized> {
+pub struct Uploader<'a, S: ChunkWrite + LeaseStore + ?Sized> {
     store: &'a S,
     codec: ChunkCodec,
     encrypt: bool,
@@ -101,7 +101,7 @@ pub struct Uploader<'a, S: ChunkWrite + ?Sized> {
     pub stats: UploadStats,
 }
 
-impl<'a, S: ChunkWrite + ?Sized> Uploader<'a, S> {
+impl<'a, S: ChunkWrite + LeaseStore + ?Sized> Uploader<'a, S> {
     /// Take a lease and get ready. `encrypt`: convergent encryption.
     pub fn begin(store: &'a S, encrypt: bool) -> Result<Self> {
         let lease = store.lease_begin()?;
@@ -466,7 +466,7 @@ impl<'a, S: ChunkWrite + ?Sized> Uploader<'a, S> {
     }
 }
 
-impl<S: ChunkWrite + ?Sized> Drop for Uploader<'_, S> {
+impl<S: ChunkWrite + LeaseStore + ?Sized> Drop for Uploader<'_, S> {
     fn drop(&mut self) {
         if let Err(e) = self.store.lease_end(&self.lease.id) {
             tracing::warn!(error = %e, lease = %self.lease.id, "cannot end the commit lease; gc will expire it");

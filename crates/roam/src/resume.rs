@@ -9,6 +9,7 @@
 //! (so objects are copied as stored, compressed or encrypted, never
 //! decoded), plus the version package itself.
 
+use roamdisk_chunkstore::store::prelude::*;
 use std::path::Path;
 
 use rayon::prelude::*;

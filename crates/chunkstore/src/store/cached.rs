@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::{
-    ChunkPrune, ChunkRead, ChunkWrite, DynStore, ObjectParts, PutGroup, PutOutcome, StoreConfig,
+    ChunkPrune, ChunkRead, ChunkWrite, DynStore, LeaseStore, RefStore, Store, StoreConfig,
+    StoreLayer,
 };
 use crate::hash::ChunkId;
 use roamdisk_blockdev::Result;
@@ -94,13 +95,19 @@ impl CachedStore {
     }
 }
 
-impl ChunkRead for CachedStore {
+impl StoreLayer for CachedStore {
     fn describe(&self) -> String {
         self.inner.describe()
     }
     fn config(&self) -> &StoreConfig {
         self.inner.config()
     }
+    fn next(&self) -> Option<&dyn Store> {
+        Some(&*self.inner)
+    }
+}
+
+impl ChunkRead for CachedStore {
     fn get(&self, id: &ChunkId) -> Result<Vec<u8>> {
         if let Some(b) = self.lookup(id) {
             return Ok(b);
@@ -158,46 +165,11 @@ impl ChunkRead for CachedStore {
         }
         out
     }
-    fn has_many(&self, ids: &[ChunkId], touch: bool) -> Result<Vec<bool>> {
-        self.inner.has_many(ids, touch)
-    }
-    fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>> {
-        self.inner.ref_get(name)
-    }
-    fn ref_list(&self) -> Result<Vec<String>> {
-        self.inner.ref_list()
-    }
 }
 
-impl ChunkWrite for CachedStore {
-    fn put_many(&self, items: &[(ChunkId, &[u8])]) -> Result<Vec<PutOutcome>> {
-        self.inner.put_many(items)
-    }
-    fn put_many_parts(&self, items: &[ObjectParts<'_>]) -> Result<Vec<PutOutcome>> {
-        self.inner.put_many_parts(items)
-    }
-    fn put_group(&self) -> Box<dyn PutGroup + '_> {
-        self.inner.put_group()
-    }
-    fn cheap_lookups(&self) -> bool {
-        self.inner.cheap_lookups()
-    }
-    fn groups_in_flight(&self) -> usize {
-        self.inner.groups_in_flight()
-    }
-    forward_sync_and_leases!();
-    fn ref_update(
-        &self,
-        name: &str,
-        expected: Option<ChunkId>,
-        new: Option<&[u8]>,
-    ) -> Result<bool> {
-        self.inner.ref_update(name, expected, new)
-    }
-}
+impl ChunkWrite for CachedStore {}
 
 impl ChunkPrune for CachedStore {
-    forward_prune_listings!();
     fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
         let r = self.inner.remove_if_older(id, cutoff)?;
         if r.is_some() {
@@ -219,6 +191,10 @@ impl ChunkPrune for CachedStore {
         Ok(r)
     }
 }
+
+impl RefStore for CachedStore {}
+
+impl LeaseStore for CachedStore {}
 
 #[cfg(test)]
 mod tests {

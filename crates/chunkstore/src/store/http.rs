@@ -19,8 +19,8 @@ use ureq::tls::{PemItem, RootCerts, TlsConfig, TlsProvider};
 
 use super::wire;
 use super::{
-    check_ref_name, ChunkPrune, ChunkRead, ChunkWrite, Lease, ObjectEntry, OpenOptions, PutOutcome,
-    StoreConfig,
+    check_ref_name, ChunkPrune, ChunkRead, ChunkWrite, Lease, LeaseStore, ObjectEntry, OpenOptions,
+    PutOutcome, RefStore, StoreConfig, StoreLayer,
 };
 use crate::chunk::{HEADER_SIZE, MAX_OBJECT};
 use crate::error::{bad_arg, context, corrupt, err, io, not_found};
@@ -403,13 +403,16 @@ impl HttpStore {
     }
 }
 
-impl ChunkRead for HttpStore {
+impl StoreLayer for HttpStore {
     fn describe(&self) -> String {
         self.base.clone()
     }
     fn config(&self) -> &StoreConfig {
         &self.config
     }
+}
+
+impl ChunkRead for HttpStore {
     fn get(&self, id: &ChunkId) -> Result<Vec<u8>> {
         let a = self.call("GET", &format!("/v1/objects/{id}"), None, &[])?;
         self.expect(&a, &[200], &format!("send object {id}"))?;
@@ -453,24 +456,6 @@ impl ChunkRead for HttpStore {
         }
         Ok(out)
     }
-    fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>> {
-        check_ref_name(name)?;
-        let a = self.call("GET", &format!("/v1/refs/{name}"), None, &[])?;
-        if a.status == 404 {
-            return Ok(None);
-        }
-        self.expect(&a, &[200], &format!("send catalog {name}"))?;
-        Ok(Some(a.body))
-    }
-    fn ref_list(&self) -> Result<Vec<String>> {
-        let a = self.call("GET", "/v1/refs", None, &[])?;
-        self.expect(&a, &[200], "list catalogs")?;
-        Ok(Self::text(&a)
-            .lines()
-            .filter(|l| check_ref_name(l).is_ok())
-            .map(str::to_string)
-            .collect())
-    }
 }
 
 impl ChunkWrite for HttpStore {
@@ -493,54 +478,6 @@ impl ChunkWrite for HttpStore {
     fn sync(&self) -> Result<()> {
         let a = self.call("POST", "/v1/sync", Some(&[]), &[])?;
         self.expect(&a, &[200], "sync")
-    }
-    fn ref_update(
-        &self,
-        name: &str,
-        expected: Option<ChunkId>,
-        new: Option<&[u8]>,
-    ) -> Result<bool> {
-        check_ref_name(name)?;
-        let cond = match expected {
-            Some(t) => ("if-match", format!("\"{t}\"")),
-            None => ("if-none-match", "*".to_string()),
-        };
-        let path = format!("/v1/refs/{name}");
-        let a = match new {
-            Some(b) => self.call("PUT", &path, Some(b), &[cond])?,
-            None => self.call("DELETE", &path, None, &[cond])?,
-        };
-        if a.status == 412 {
-            return Ok(false);
-        }
-        self.expect(&a, &[200], &format!("update catalog {name}"))?;
-        Ok(true)
-    }
-    fn lease_begin(&self) -> Result<Lease> {
-        let a = self.call("POST", "/v1/leases", Some(&[]), &[])?;
-        self.expect(&a, &[200], "take a lease")?;
-        let t = Self::text(&a);
-        let mut it = t.split_whitespace();
-        let id = it.next().unwrap_or_default().to_string();
-        let started = it
-            .next()
-            .and_then(|n| n.parse::<u64>().ok())
-            .map(wire::from_nanos)
-            .ok_or_else(|| corrupt("lease answer is malformed"))?;
-        Ok(Lease {
-            ended: false,
-            id,
-            started,
-            refreshed: started,
-        })
-    }
-    fn lease_refresh(&self, id: &str) -> Result<()> {
-        let a = self.call("PUT", &format!("/v1/leases/{id}"), Some(&[]), &[])?;
-        self.expect(&a, &[200], &format!("refresh lease {id}"))
-    }
-    fn lease_end(&self, id: &str) -> Result<()> {
-        let a = self.call("DELETE", &format!("/v1/leases/{id}"), None, &[])?;
-        self.expect(&a, &[200, 404], &format!("end lease {id}"))
     }
 }
 
@@ -569,6 +506,86 @@ impl ChunkPrune for HttpStore {
                 .map(|_| None),
         }
     }
+    fn recover(&self, cutoff: SystemTime) -> Result<(u64, u64)> {
+        let path = format!("/v1/recover?cutoff={}", wire::nanos(cutoff));
+        let a = self.call("POST", &path, Some(&[]), &[])?;
+        self.expect(&a, &[200], "recover")?;
+        let t = Self::text(&a);
+        let mut it = t.split_whitespace().map(|x| x.parse::<u64>().unwrap_or(0));
+        Ok((it.next().unwrap_or(0), it.next().unwrap_or(0)))
+    }
+}
+
+impl RefStore for HttpStore {
+    fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        check_ref_name(name)?;
+        let a = self.call("GET", &format!("/v1/refs/{name}"), None, &[])?;
+        if a.status == 404 {
+            return Ok(None);
+        }
+        self.expect(&a, &[200], &format!("send catalog {name}"))?;
+        Ok(Some(a.body))
+    }
+    fn ref_list(&self) -> Result<Vec<String>> {
+        let a = self.call("GET", "/v1/refs", None, &[])?;
+        self.expect(&a, &[200], "list catalogs")?;
+        Ok(Self::text(&a)
+            .lines()
+            .filter(|l| check_ref_name(l).is_ok())
+            .map(str::to_string)
+            .collect())
+    }
+    fn ref_update(
+        &self,
+        name: &str,
+        expected: Option<ChunkId>,
+        new: Option<&[u8]>,
+    ) -> Result<bool> {
+        check_ref_name(name)?;
+        let cond = match expected {
+            Some(t) => ("if-match", format!("\"{t}\"")),
+            None => ("if-none-match", "*".to_string()),
+        };
+        let path = format!("/v1/refs/{name}");
+        let a = match new {
+            Some(b) => self.call("PUT", &path, Some(b), &[cond])?,
+            None => self.call("DELETE", &path, None, &[cond])?,
+        };
+        if a.status == 412 {
+            return Ok(false);
+        }
+        self.expect(&a, &[200], &format!("update catalog {name}"))?;
+        Ok(true)
+    }
+}
+
+impl LeaseStore for HttpStore {
+    fn lease_begin(&self) -> Result<Lease> {
+        let a = self.call("POST", "/v1/leases", Some(&[]), &[])?;
+        self.expect(&a, &[200], "take a lease")?;
+        let t = Self::text(&a);
+        let mut it = t.split_whitespace();
+        let id = it.next().unwrap_or_default().to_string();
+        let started = it
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .map(wire::from_nanos)
+            .ok_or_else(|| corrupt("lease answer is malformed"))?;
+        Ok(Lease {
+            ended: false,
+            id,
+            started,
+            refreshed: started,
+        })
+    }
+    fn lease_refresh(&self, id: &str) -> Result<()> {
+        let a = self.call("PUT", &format!("/v1/leases/{id}"), Some(&[]), &[])?;
+        self.expect(&a, &[200], &format!("refresh lease {id}"))
+    }
+    fn lease_end(&self, id: &str) -> Result<()> {
+        let a = self.call("DELETE", &format!("/v1/leases/{id}"), None, &[])?;
+        self.expect(&a, &[200, 404], &format!("end lease {id}"))
+    }
     fn leases(&self) -> Result<Vec<Lease>> {
         let a = self.call("GET", "/v1/leases", None, &[])?;
         self.expect(&a, &[200], "list leases")?;
@@ -587,13 +604,5 @@ impl ChunkPrune for HttpStore {
             }
         }
         Ok(out)
-    }
-    fn recover(&self, cutoff: SystemTime) -> Result<(u64, u64)> {
-        let path = format!("/v1/recover?cutoff={}", wire::nanos(cutoff));
-        let a = self.call("POST", &path, Some(&[]), &[])?;
-        self.expect(&a, &[200], "recover")?;
-        let t = Self::text(&a);
-        let mut it = t.split_whitespace().map(|x| x.parse::<u64>().unwrap_or(0));
-        Ok((it.next().unwrap_or(0), it.next().unwrap_or(0)))
     }
 }

@@ -1,65 +1,38 @@
-//! Chunk stores, layered as read → write → prune (as desync layers them):
-//! [`ChunkRead`] fetches objects by name, [`ChunkWrite`] adds objects,
-//! catalogs (named refs updated by compare-and-swap) and commit leases,
-//! [`ChunkPrune`] lists and removes objects for garbage collection.
+//! Chunk stores, as narrow traits a consumer picks from (desync layers
+//! them the same way): [`ChunkRead`] fetches objects by name,
+//! [`ChunkWrite`] adds objects, [`ChunkPrune`] lists and removes them for
+//! garbage collection, [`RefStore`] holds the named refs (catalogs, updated
+//! by compare-and-swap) and [`LeaseStore`] the leases of commits in
+//! progress. [`Store`] is all of them: what [`open`] returns.
 //!
-//! Implementations: [`local::LocalStore`] (a directory: the embedded
-//! default), [`http::HttpStore`] (the client of `roamdisk store serve`),
-//! and the decorator [`quota::QuotaStore`] (a size limit: writes past it
-//! fail with `no-space`, exactly like a full disk). Layout of a local store:
-//! `docs/formats/cas-store.md`; HTTP protocol: `docs/formats/cas-http.md`.
+//! Every trait builds on [`StoreLayer`]: a decorator names the store it
+//! wraps with [`StoreLayer::next`], and every operation it does not
+//! override passes through to that store (as a `BlockDev` layer passes
+//! through `next()`), so a decorator implements only what it changes and a
+//! forgotten method cannot silently take a slower or different path. A
+//! store at the bottom overrides what it can do; the rest answers
+//! `unsupported`.
+//!
+//! Stores: [`local::LocalStore`] (a directory: the embedded default),
+//! [`s3::S3Store`] (an S3 bucket), [`http::HttpStore`] (the client of
+//! `roamdisk store serve`), [`mem::MemStore`] (in memory, with simulated
+//! crashes that lose unsynced writes: for tests). Decorators:
+//! [`quota::QuotaStore`] (a size limit: writes past it fail with
+//! `no-space`, exactly like a full disk), [`throttle::ThrottleStore`] (an
+//! emulated network link), [`cached::CachedStore`] (objects kept in
+//! memory), [`fault::FaultStore`] (injected errors, latency and short
+//! reads: for tests). Layout of a local store: `docs/formats/cas-store.md`;
+//! HTTP protocol: `docs/formats/cas-http.md`.
 //!
 //! A store returns the stored bytes as they are; callers verify every
 //! object against its name with [`fetch`] (or [`crate::chunk::ChunkCodec`]).
 
-/// Inside `impl ChunkWrite for D` of a decorator holding `inner:
-/// DynStore`: `sync` and the lease calls, passed through.
-macro_rules! forward_sync_and_leases {
-    () => {
-        fn sync(&self) -> roamdisk_blockdev::Result<()> {
-            self.inner.sync()
-        }
-        fn lease_begin(&self) -> roamdisk_blockdev::Result<$crate::store::Lease> {
-            self.inner.lease_begin()
-        }
-        fn lease_refresh(&self, id: &str) -> roamdisk_blockdev::Result<()> {
-            self.inner.lease_refresh(id)
-        }
-        fn lease_end(&self, id: &str) -> roamdisk_blockdev::Result<()> {
-            self.inner.lease_end(id)
-        }
-    };
-}
-
-/// Inside `impl ChunkPrune for D` of a decorator holding `inner:
-/// DynStore`: the clock, listings and recovery, passed through.
-macro_rules! forward_prune_listings {
-    () => {
-        fn now(&self) -> roamdisk_blockdev::Result<std::time::SystemTime> {
-            self.inner.now()
-        }
-        fn list_objects(
-            &self,
-            f: &mut dyn FnMut($crate::store::ObjectEntry),
-        ) -> roamdisk_blockdev::Result<()> {
-            self.inner.list_objects(f)
-        }
-        fn leases(&self) -> roamdisk_blockdev::Result<Vec<$crate::store::Lease>> {
-            self.inner.leases()
-        }
-        fn recover(&self, cutoff: std::time::SystemTime) -> roamdisk_blockdev::Result<(u64, u64)> {
-            self.inner.recover(cutoff)
-        }
-        fn min_margin(&self) -> std::time::Duration {
-            self.inner.min_margin()
-        }
-    };
-}
-
 pub mod cached;
 pub mod config;
+pub mod fault;
 pub mod http;
 pub mod local;
+pub mod mem;
 pub mod pack;
 pub mod quota;
 pub mod s3;
@@ -70,9 +43,9 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::chunk::{ChunkCodec, Key};
-use crate::error::{bad_arg, context};
+use crate::error::{bad_arg, context, err};
 use crate::hash::ChunkId;
-use roamdisk_blockdev::Result;
+use roamdisk_blockdev::{Op, Result};
 
 pub use config::StoreConfig;
 
@@ -113,77 +86,119 @@ pub struct ObjectEntry {
     pub size: u64,
 }
 
-/// Fetch objects by name.
-pub trait ChunkRead: Send + Sync {
+/// What every store and decorator is: a description, its settings, and the
+/// store it wraps (if any) that every operation not overridden passes
+/// through to.
+pub trait StoreLayer: Send + Sync {
     /// One line naming the store (a path or URL) for messages.
     fn describe(&self) -> String;
     /// The store's settings (hash function, compression).
     fn config(&self) -> &StoreConfig;
+    /// The store this one decorates (`None`: a store at the bottom).
+    fn next(&self) -> Option<&dyn Store> {
+        None
+    }
+    /// The next store, or an `unsupported` error naming what was asked.
+    #[doc(hidden)]
+    fn pass(&self, op: Op, what: &str) -> Result<&dyn Store> {
+        self.next().ok_or_else(|| {
+            err(
+                roamdisk_blockdev::ErrorKind::Unsupported,
+                op,
+                format!("store {} cannot {what}", self.describe()),
+            )
+        })
+    }
+}
+
+/// Fetch objects by name.
+pub trait ChunkRead: StoreLayer {
     /// The stored bytes of one object; `not-found` if absent. Unverified:
     /// use [`fetch`].
-    fn get(&self, id: &ChunkId) -> Result<Vec<u8>>;
+    fn get(&self, id: &ChunkId) -> Result<Vec<u8>> {
+        self.pass(Op::Read, "read objects")?.get(id)
+    }
     /// Several objects at once (in parallel where the store can).
     fn get_many(&self, ids: &[ChunkId]) -> Vec<Result<Vec<u8>>> {
-        ids.iter().map(|id| self.get(id)).collect()
+        match self.next() {
+            Some(n) => n.get_many(ids),
+            None => ids.iter().map(|id| self.get(id)).collect(),
+        }
     }
     /// [`ChunkRead::get_many`] of `ids` in order while the objects read
     /// add up to at most `budget` bytes: the first that would pass it and
     /// every later one are `None` (what a chunk server sends in one batch
-    /// answer). Reads in growing groups, so it holds little more than
-    /// `budget` in memory whatever the objects' sizes. Stores that charge
-    /// per call (the throttle) override it to charge once.
+    /// answer). Stores that charge per call (the throttle) override it to
+    /// charge once.
     fn get_many_within(&self, ids: &[ChunkId], budget: u64) -> Vec<Option<Result<Vec<u8>>>> {
-        /// Objects read first, to learn their size.
-        const FIRST: usize = 8;
-        /// Most objects read together.
-        const MOST: usize = 64;
-        let mut out: Vec<Option<Result<Vec<u8>>>> = Vec::with_capacity(ids.len());
-        let mut used = 0u64;
-        let mut group = FIRST;
-        while out.len() < ids.len() {
-            let part = &ids[out.len()..(out.len() + group).min(ids.len())];
-            let mut full = false;
-            for r in self.get_many(part) {
-                let n = r.as_ref().map_or(0, |b| b.len() as u64);
-                // Past the budget: this one and the rest are not sent.
-                full = full || n > budget - used;
-                if full {
-                    out.push(None);
-                } else {
-                    used += n;
-                    out.push(Some(r));
-                }
-            }
-            if full {
-                out.resize_with(ids.len(), || None);
-                break;
-            }
-            let avg = (used / out.len() as u64).max(1);
-            group = (((budget - used) / avg) as usize).clamp(1, MOST);
+        match self.next() {
+            Some(n) => n.get_many_within(ids, budget),
+            None => get_within(self, ids, budget),
         }
-        out
     }
     /// Which of `ids` the store holds. With `touch`, every object found
     /// has its reference time refreshed (a commit that reuses an object
     /// must touch it, so a concurrent gc keeps it).
-    fn has_many(&self, ids: &[ChunkId], touch: bool) -> Result<Vec<bool>>;
-    /// A named ref (a catalog: `USER/IMAGE`), or `None`.
-    fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>>;
-    /// Every ref name.
-    fn ref_list(&self) -> Result<Vec<String>>;
+    fn has_many(&self, ids: &[ChunkId], touch: bool) -> Result<Vec<bool>> {
+        self.pass(Op::Read, "look up objects")?.has_many(ids, touch)
+    }
 }
 
-/// Add objects, update refs, take leases.
+/// [`ChunkRead::get_many_within`] from `get_many`: reads in growing
+/// groups, so it holds little more than `budget` in memory whatever the
+/// objects' sizes.
+fn get_within<S: ChunkRead + ?Sized>(
+    store: &S,
+    ids: &[ChunkId],
+    budget: u64,
+) -> Vec<Option<Result<Vec<u8>>>> {
+    /// Objects read first, to learn their size.
+    const FIRST: usize = 8;
+    /// Most objects read together.
+    const MOST: usize = 64;
+    let mut out: Vec<Option<Result<Vec<u8>>>> = Vec::with_capacity(ids.len());
+    let mut used = 0u64;
+    let mut group = FIRST;
+    while out.len() < ids.len() {
+        let part = &ids[out.len()..(out.len() + group).min(ids.len())];
+        let mut full = false;
+        for r in store.get_many(part) {
+            let n = r.as_ref().map_or(0, |b| b.len() as u64);
+            // Past the budget: this one and the rest are not sent.
+            full = full || n > budget - used;
+            if full {
+                out.push(None);
+            } else {
+                used += n;
+                out.push(Some(r));
+            }
+        }
+        if full {
+            out.resize_with(ids.len(), || None);
+            break;
+        }
+        let avg = (used / out.len() as u64).max(1);
+        group = (((budget - used) / avg) as usize).clamp(1, MOST);
+    }
+    out
+}
+
+/// Add objects.
 pub trait ChunkWrite: ChunkRead {
     /// Store objects (already sealed envelopes) under their names. Each is
     /// written under a temporary name, made durable and renamed, so a crash
     /// never leaves a partial object under a real name.
-    fn put_many(&self, items: &[(ChunkId, &[u8])]) -> Result<Vec<PutOutcome>>;
+    fn put_many(&self, items: &[(ChunkId, &[u8])]) -> Result<Vec<PutOutcome>> {
+        self.pass(Op::Write, "store objects")?.put_many(items)
+    }
     /// [`ChunkWrite::put_many`] with each object given as two pieces
     /// stored back to back (the envelope header and the payload), so a
     /// caller need not concatenate them. Stores that write files override
     /// it with one vectored write per object.
     fn put_many_parts(&self, items: &[ObjectParts<'_>]) -> Result<Vec<PutOutcome>> {
+        if let Some(n) = self.next() {
+            return n.put_many_parts(items);
+        }
         let joined: Vec<Vec<u8>> = items.iter().map(|(_, p)| p.concat()).collect();
         let items: Vec<(ChunkId, &[u8])> = items
             .iter()
@@ -195,38 +210,30 @@ pub trait ChunkWrite: ChunkRead {
     /// Start a group of puts: objects handed to [`PutGroup::write`] (from
     /// any thread, as they are ready) are stored by [`PutGroup::finish`]
     /// with the guarantees of `put_many` (a local store writes the group as
-    /// one pack). The default collects copies and calls `put_many`.
+    /// one pack). A store at the bottom without groups collects copies and
+    /// calls `put_many` ([`collect_group`]).
     fn put_group(&self) -> Box<dyn PutGroup + '_> {
-        Box::new(CollectGroup {
-            store: self,
-            items: parking_lot::Mutex::new(Vec::new()),
-        })
+        match self.next() {
+            Some(n) => n.put_group(),
+            None => collect_group(self),
+        }
     }
     /// Whether asking about one object (`has_many` of one id) is cheap — a
     /// local lookup, not a round trip: a commit then checks and writes each
     /// chunk as soon as it is hashed, while it is still in the CPU's cache.
     fn cheap_lookups(&self) -> bool {
-        false
+        self.next().is_some_and(|n| n.cheap_lookups())
     }
     /// How many groups a commit may have being stored at once while it
     /// fills the next (a local store: one, the disk writes while the CPUs
     /// hash; an object store: several uploads overlap their latency).
     fn groups_in_flight(&self) -> usize {
-        1
+        self.next().map_or(1, |n| n.groups_in_flight())
     }
     /// Make every earlier put durable (directory entries included).
-    fn sync(&self) -> Result<()>;
-    /// Compare-and-swap a ref: succeeds (true) only if its current content
-    /// hashes to `expected` (`None`: the ref must not exist). `new = None`
-    /// deletes it. False means someone else changed it: re-read and retry.
-    fn ref_update(&self, name: &str, expected: Option<ChunkId>, new: Option<&[u8]>)
-        -> Result<bool>;
-    /// Register a commit in progress.
-    fn lease_begin(&self) -> Result<Lease>;
-    /// Tell gc the commit is still alive.
-    fn lease_refresh(&self, id: &str) -> Result<()>;
-    /// The commit is over (its version is in a catalog, or it failed).
-    fn lease_end(&self, id: &str) -> Result<()>;
+    fn sync(&self) -> Result<()> {
+        self.pass(Op::Flush, "sync")?.sync()
+    }
 }
 
 /// Objects written one by one and stored together
@@ -239,7 +246,16 @@ pub trait PutGroup: Send + Sync {
     fn finish(self: Box<Self>) -> Result<Vec<(ChunkId, PutOutcome)>>;
 }
 
-/// The default [`PutGroup`]: copies, stored by one `put_many` at the end.
+/// A [`PutGroup`] that collects copies and stores them with one
+/// `put_many` of `store` at the end (stores without a grouped write, and
+/// decorators that see each `put_many`).
+pub fn collect_group<'a, S: ChunkWrite + ?Sized>(store: &'a S) -> Box<dyn PutGroup + 'a> {
+    Box::new(CollectGroup {
+        store,
+        items: parking_lot::Mutex::new(Vec::new()),
+    })
+}
+
 struct CollectGroup<'a, S: ChunkWrite + ?Sized> {
     store: &'a S,
     items: parking_lot::Mutex<Vec<(ChunkId, Vec<u8>)>>,
@@ -260,16 +276,23 @@ impl<S: ChunkWrite + ?Sized> PutGroup for CollectGroup<'_, S> {
 }
 
 /// List and remove objects (garbage collection).
-pub trait ChunkPrune: ChunkWrite {
+pub trait ChunkPrune: ChunkRead {
     /// The store's clock (object times and lease times use it).
-    fn now(&self) -> Result<SystemTime>;
+    fn now(&self) -> Result<SystemTime> {
+        self.pass(Op::Read, "tell the time")?.now()
+    }
     /// Call `f` for every stored object.
-    fn list_objects(&self, f: &mut dyn FnMut(ObjectEntry)) -> Result<()>;
+    fn list_objects(&self, f: &mut dyn FnMut(ObjectEntry)) -> Result<()> {
+        self.pass(Op::Read, "list objects")?.list_objects(f)
+    }
     /// Remove an object unless it was stored or referenced at or after
     /// `cutoff`; atomic with respect to a concurrent touch (the object is
     /// first moved aside, its time re-read, and moved back if recent).
     /// Returns the bytes freed, or `None` if it was kept.
-    fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>>;
+    fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
+        self.pass(Op::Trim, "remove objects")?
+            .remove_if_older(id, cutoff)
+    }
     /// [`ChunkPrune::remove_if_older`] of each of `ids` (what gc sweeps):
     /// stores that keep objects together (packs) override it to rewrite
     /// each pack once.
@@ -278,21 +301,81 @@ pub trait ChunkPrune: ChunkWrite {
         ids: &[ChunkId],
         cutoff: SystemTime,
     ) -> Result<Vec<Option<u64>>> {
-        ids.iter()
-            .map(|id| self.remove_if_older(id, cutoff))
-            .collect()
+        match self.next() {
+            Some(n) => n.remove_many_if_older(ids, cutoff),
+            None => ids
+                .iter()
+                .map(|id| self.remove_if_older(id, cutoff))
+                .collect(),
+        }
     }
-    /// Every registered lease.
-    fn leases(&self) -> Result<Vec<Lease>>;
     /// The least margin gc must leave before its cutoff with this store
     /// (an S3 store: how much its listings may lag its writes).
     fn min_margin(&self) -> std::time::Duration {
-        std::time::Duration::ZERO
+        self.next()
+            .map_or(std::time::Duration::ZERO, |n| n.min_margin())
     }
     /// Undo what a crashed gc left half done (objects moved aside are put
     /// back) and remove temporary files older than `cutoff`. Returns
     /// (objects restored, temporary files removed).
-    fn recover(&self, cutoff: SystemTime) -> Result<(u64, u64)>;
+    fn recover(&self, cutoff: SystemTime) -> Result<(u64, u64)> {
+        self.pass(Op::Write, "recover")?.recover(cutoff)
+    }
+}
+
+/// Named refs: the catalogs (`USER/IMAGE`), updated by compare-and-swap.
+pub trait RefStore: StoreLayer {
+    /// A named ref, or `None`.
+    fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        self.pass(Op::Read, "read catalogs")?.ref_get(name)
+    }
+    /// Every ref name.
+    fn ref_list(&self) -> Result<Vec<String>> {
+        self.pass(Op::Read, "list catalogs")?.ref_list()
+    }
+    /// Compare-and-swap a ref: succeeds (true) only if its current content
+    /// hashes to `expected` (`None`: the ref must not exist). `new = None`
+    /// deletes it. False means someone else changed it: re-read and retry.
+    fn ref_update(
+        &self,
+        name: &str,
+        expected: Option<ChunkId>,
+        new: Option<&[u8]>,
+    ) -> Result<bool> {
+        self.pass(Op::Write, "update catalogs")?
+            .ref_update(name, expected, new)
+    }
+}
+
+/// Leases: commits in progress, which a concurrent gc must respect.
+pub trait LeaseStore: StoreLayer {
+    /// Register a commit in progress.
+    fn lease_begin(&self) -> Result<Lease> {
+        self.pass(Op::Write, "take leases")?.lease_begin()
+    }
+    /// Tell gc the commit is still alive.
+    fn lease_refresh(&self, id: &str) -> Result<()> {
+        self.pass(Op::Write, "refresh leases")?.lease_refresh(id)
+    }
+    /// The commit is over (its version is in a catalog, or it failed).
+    fn lease_end(&self, id: &str) -> Result<()> {
+        self.pass(Op::Write, "end leases")?.lease_end(id)
+    }
+    /// Every registered lease.
+    fn leases(&self) -> Result<Vec<Lease>> {
+        self.pass(Op::Read, "list leases")?.leases()
+    }
+}
+
+/// A whole store: objects (read, write, prune), refs and leases.
+pub trait Store: ChunkWrite + ChunkPrune + RefStore + LeaseStore {}
+
+impl<T: ChunkWrite + ChunkPrune + RefStore + LeaseStore + ?Sized> Store for T {}
+
+/// The store traits, to bring their methods into scope at once (as
+/// `std::io::prelude` does for readers and writers).
+pub mod prelude {
+    pub use super::{ChunkPrune, ChunkRead, ChunkWrite, LeaseStore, RefStore, Store, StoreLayer};
 }
 
 /// Ref tag used for compare-and-swap: the BLAKE3 hash of the ref's bytes.
@@ -339,7 +422,7 @@ pub fn check_ref_name(name: &str) -> Result<()> {
 }
 
 /// A store of any kind.
-pub type DynStore = Arc<dyn ChunkPrune>;
+pub type DynStore = Arc<dyn Store>;
 
 /// Options for [`open`].
 #[derive(Debug, Clone, Default)]

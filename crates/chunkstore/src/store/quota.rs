@@ -10,7 +10,12 @@ use std::time::SystemTime;
 use roamdisk_blockdev::units::format_size;
 use roamdisk_blockdev::{ErrorKind, Op, Result};
 
-use super::{ChunkPrune, ChunkRead, ChunkWrite, DynStore, ObjectParts, PutOutcome, StoreConfig};
+use parking_lot::Mutex;
+
+use super::{
+    ChunkPrune, ChunkRead, ChunkWrite, DynStore, LeaseStore, ObjectParts, PutGroup, PutOutcome,
+    RefStore, Store, StoreConfig, StoreLayer,
+};
 use crate::error::err;
 use crate::hash::ChunkId;
 
@@ -31,9 +36,41 @@ impl QuotaStore {
             used: AtomicU64::new(used),
         })
     }
+
+    /// Count `len` more bytes for object `id`, or fail with `no-space`
+    /// (nothing counted) if they do not fit.
+    fn reserve(&self, id: &ChunkId, len: u64) -> Result<()> {
+        let used = self.used.fetch_add(len, Ordering::SeqCst) + len;
+        if used <= self.quota {
+            return Ok(());
+        }
+        self.used.fetch_sub(len, Ordering::SeqCst);
+        Err(err(
+            ErrorKind::NoSpace,
+            Op::Write,
+            format!(
+                "store {} is full: object {} ({} bytes) does not fit in the quota of {} ({} used); free space with `roamdisk rm` + `roamdisk gc`, or raise the quota",
+                self.inner.describe(),
+                id,
+                len,
+                format_size(self.quota),
+                format_size(used - len)
+            ),
+        ))
+    }
+
+    fn release(&self, len: u64) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| Some(u - len.min(u)));
+    }
 }
 
-impl ChunkRead for QuotaStore {
+fn size(p: &[&[u8]; 2]) -> u64 {
+    (p[0].len() + p[1].len()) as u64
+}
+
+impl StoreLayer for QuotaStore {
     fn describe(&self) -> String {
         format!(
             "{} (quota {})",
@@ -44,25 +81,12 @@ impl ChunkRead for QuotaStore {
     fn config(&self) -> &StoreConfig {
         self.inner.config()
     }
-    fn get(&self, id: &ChunkId) -> Result<Vec<u8>> {
-        self.inner.get(id)
-    }
-    fn get_many(&self, ids: &[ChunkId]) -> Vec<Result<Vec<u8>>> {
-        self.inner.get_many(ids)
-    }
-    fn get_many_within(&self, ids: &[ChunkId], budget: u64) -> Vec<Option<Result<Vec<u8>>>> {
-        self.inner.get_many_within(ids, budget)
-    }
-    fn has_many(&self, ids: &[ChunkId], touch: bool) -> Result<Vec<bool>> {
-        self.inner.has_many(ids, touch)
-    }
-    fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>> {
-        self.inner.ref_get(name)
-    }
-    fn ref_list(&self) -> Result<Vec<String>> {
-        self.inner.ref_list()
+    fn next(&self) -> Option<&dyn Store> {
+        Some(&*self.inner)
     }
 }
+
+impl ChunkRead for QuotaStore {}
 
 impl ChunkWrite for QuotaStore {
     fn put_many(&self, items: &[(ChunkId, &[u8])]) -> Result<Vec<PutOutcome>> {
@@ -70,7 +94,6 @@ impl ChunkWrite for QuotaStore {
         self.put_many_parts(&items)
     }
     fn put_many_parts(&self, items: &[ObjectParts<'_>]) -> Result<Vec<PutOutcome>> {
-        let size = |p: &[&[u8]; 2]| (p[0].len() + p[1].len()) as u64;
         let ids: Vec<ChunkId> = items.iter().map(|(id, _)| *id).collect();
         let have = self.inner.has_many(&ids, true)?;
         let mut out = vec![PutOutcome::Existed; items.len()];
@@ -78,25 +101,9 @@ impl ChunkWrite for QuotaStore {
         let mut idx = Vec::new();
         for (i, (item, h)) in items.iter().zip(have).enumerate() {
             if !h {
-                let len = size(&item.1);
-                let used = self.used.fetch_add(len, Ordering::SeqCst) + len;
-                if used > self.quota {
-                    self.used.fetch_sub(len, Ordering::SeqCst);
-                    for (_, p) in &todo {
-                        self.used.fetch_sub(size(p), Ordering::SeqCst);
-                    }
-                    return Err(err(
-                        ErrorKind::NoSpace,
-                        Op::Write,
-                        format!(
-                            "store {} is full: object {} ({} bytes) does not fit in the quota of {} ({} used); free space with `roamdisk rm` + `roamdisk gc`, or raise the quota",
-                            self.inner.describe(),
-                            item.0,
-                            len,
-                            format_size(self.quota),
-                            format_size(used - len)
-                        ),
-                    ));
+                if let Err(e) = self.reserve(&item.0, size(&item.1)) {
+                    todo.iter().for_each(|(_, p)| self.release(size(p)));
+                    return Err(e);
                 }
                 todo.push(*item);
                 idx.push(i);
@@ -105,30 +112,100 @@ impl ChunkWrite for QuotaStore {
         let got = self.inner.put_many_parts(&todo)?;
         for (k, o) in idx.into_iter().zip(got) {
             if o == PutOutcome::Existed {
-                self.used.fetch_sub(size(&items[k].1), Ordering::SeqCst);
+                self.release(size(&items[k].1));
             }
             out[k] = o;
         }
         Ok(out)
     }
-    forward_sync_and_leases!();
-    fn ref_update(
-        &self,
-        name: &str,
-        expected: Option<ChunkId>,
-        new: Option<&[u8]>,
-    ) -> Result<bool> {
-        self.inner.ref_update(name, expected, new)
+    /// The inner store's group (a local store's packs). Like `put_many`,
+    /// it stores only what the store lacks (a local lookup: quotas are for
+    /// local stores), counting each object as it is handed over.
+    fn put_group(&self) -> Box<dyn PutGroup + '_> {
+        Box::new(QuotaGroup {
+            store: self,
+            inner: Some(self.inner.put_group()),
+            handed: Mutex::new(Vec::new()),
+        })
+    }
+}
+
+/// A put group under a quota ([`QuotaStore::put_group`]).
+struct QuotaGroup<'a> {
+    store: &'a QuotaStore,
+    inner: Option<Box<dyn PutGroup + 'a>>,
+    /// Every object handed over, in order, with the bytes counted for it
+    /// (`None`: the store had it, it was not passed on).
+    handed: Mutex<Vec<(ChunkId, Option<u64>)>>,
+}
+
+impl PutGroup for QuotaGroup<'_> {
+    fn write(&self, id: &ChunkId, parts: [&[u8]; 2]) -> Result<()> {
+        if self.store.inner.has_many(&[*id], true)? == [true] {
+            self.handed.lock().push((*id, None));
+            return Ok(());
+        }
+        let len = size(&parts);
+        self.store.reserve(id, len)?;
+        self.handed.lock().push((*id, Some(len)));
+        self.inner.as_ref().expect("group open").write(id, parts)
+    }
+    fn finish(mut self: Box<Self>) -> Result<Vec<(ChunkId, PutOutcome)>> {
+        let inner = self.inner.take().expect("group open");
+        let handed = std::mem::take(&mut *self.handed.lock());
+        let counted = |o: &Option<u64>| o.unwrap_or(0);
+        let stored = match inner.finish() {
+            Ok(o) => o,
+            Err(e) => {
+                self.store
+                    .release(handed.iter().map(|(_, n)| counted(n)).sum());
+                return Err(e);
+            }
+        };
+        // The inner outcomes are those of the objects passed on, in the
+        // order the inner group saw them (threads may interleave): matched
+        // by id.
+        let mut by_id: std::collections::HashMap<ChunkId, std::collections::VecDeque<PutOutcome>> =
+            std::collections::HashMap::new();
+        for (id, o) in stored {
+            by_id.entry(id).or_default().push_back(o);
+        }
+        let mut out = Vec::with_capacity(handed.len());
+        for (id, n) in handed {
+            let o = match n {
+                None => PutOutcome::Existed,
+                Some(n) => {
+                    let o = by_id
+                        .get_mut(&id)
+                        .and_then(|q| q.pop_front())
+                        .unwrap_or(PutOutcome::Stored);
+                    if o == PutOutcome::Existed {
+                        self.store.release(n);
+                    }
+                    o
+                }
+            };
+            out.push((id, o));
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for QuotaGroup<'_> {
+    /// Abandoned before `finish`: nothing it counted was stored.
+    fn drop(&mut self) {
+        if self.inner.is_some() {
+            let n: u64 = self.handed.lock().iter().filter_map(|(_, n)| *n).sum();
+            self.store.release(n);
+        }
     }
 }
 
 impl ChunkPrune for QuotaStore {
-    forward_prune_listings!();
     fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
         let r = self.inner.remove_if_older(id, cutoff)?;
         if let Some(n) = r {
-            self.used
-                .fetch_sub(n.min(self.used.load(Ordering::SeqCst)), Ordering::SeqCst);
+            self.release(n);
         }
         Ok(r)
     }
@@ -138,12 +215,14 @@ impl ChunkPrune for QuotaStore {
         cutoff: SystemTime,
     ) -> Result<Vec<Option<u64>>> {
         let r = self.inner.remove_many_if_older(ids, cutoff)?;
-        let n: u64 = r.iter().flatten().sum();
-        self.used
-            .fetch_sub(n.min(self.used.load(Ordering::SeqCst)), Ordering::SeqCst);
+        self.release(r.iter().flatten().sum());
         Ok(r)
     }
 }
+
+impl RefStore for QuotaStore {}
+
+impl LeaseStore for QuotaStore {}
 
 #[cfg(test)]
 mod tests {
@@ -170,5 +249,56 @@ mod tests {
         let e = q.put_many(&[(b.id, &b.object)]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NoSpace);
         assert!(e.to_string().contains(&b.id.to_hex()), "{e}");
+    }
+
+    /// The quota passes the inner store's fast paths through: a group is
+    /// written as the local store's pack (one file, not one per object),
+    /// lookups stay cheap, and what the group stores is counted.
+    #[test]
+    fn a_quota_keeps_the_stores_grouped_writes_and_counts_them() {
+        let d = tempfile::tempdir().unwrap();
+        let inner: DynStore =
+            Arc::new(LocalStore::open(&d.path().join("s"), Some(&StoreConfig::default())).unwrap());
+        let q = QuotaStore::new(inner, 10_000).unwrap();
+        assert!(q.cheap_lookups(), "a local store's lookups are cheap");
+        let c = StoreConfig {
+            zstd_level: None,
+            ..Default::default()
+        }
+        .codec();
+        let objs: Vec<_> = (0..8u8).map(|k| c.seal(&[k; 1000], false)).collect();
+        let g = q.put_group();
+        for o in &objs {
+            g.write(&o.id, [&o.object, &[]]).unwrap();
+        }
+        let out = g.finish().unwrap();
+        assert!(out.iter().all(|(_, o)| *o == PutOutcome::Stored));
+        q.sync().unwrap();
+        let packs = std::fs::read_dir(d.path().join("s/packs")).unwrap().count();
+        assert_eq!(packs, 1, "one pack, as without a quota");
+        let used = q.used.load(Ordering::SeqCst);
+        assert_eq!(
+            used,
+            objs.iter().map(|o| o.object.len() as u64).sum::<u64>()
+        );
+        // The same objects again cost nothing; two new ones do not fit.
+        let g = q.put_group();
+        for o in &objs {
+            g.write(&o.id, [&o.object, &[]]).unwrap();
+        }
+        let again = g.finish().unwrap();
+        assert!(again.iter().all(|(_, o)| *o == PutOutcome::Existed));
+        assert_eq!(q.used.load(Ordering::SeqCst), used);
+        let big: Vec<_> = (100..102u8).map(|k| c.seal(&[k; 1000], false)).collect();
+        let g = q.put_group();
+        g.write(&big[0].id, [&big[0].object, &[]]).unwrap();
+        let e = g.write(&big[1].id, [&big[1].object, &[]]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NoSpace);
+        drop(g);
+        assert_eq!(
+            q.used.load(Ordering::SeqCst),
+            used,
+            "an abandoned group counts nothing"
+        );
     }
 }

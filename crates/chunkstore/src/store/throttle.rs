@@ -6,12 +6,13 @@
 //! front of the store it serves, so a client on loopback sees the store
 //! as if it were across a WAN.
 
-use std::time::SystemTime;
-
 use roamdisk_blockdev::throttle::{Link, LinkSpec};
 use roamdisk_blockdev::Result;
 
-use super::{ChunkPrune, ChunkRead, ChunkWrite, DynStore, ObjectParts, PutOutcome, StoreConfig};
+use super::{
+    collect_group, ChunkPrune, ChunkRead, ChunkWrite, DynStore, LeaseStore, ObjectParts, PutGroup,
+    PutOutcome, RefStore, Store, StoreConfig, StoreLayer,
+};
 use crate::hash::ChunkId;
 
 pub struct ThrottleStore {
@@ -30,7 +31,7 @@ impl ThrottleStore {
     }
 }
 
-impl ChunkRead for ThrottleStore {
+impl StoreLayer for ThrottleStore {
     fn describe(&self) -> String {
         let s = self.down.spec();
         format!(
@@ -43,6 +44,12 @@ impl ChunkRead for ThrottleStore {
     fn config(&self) -> &StoreConfig {
         self.inner.config()
     }
+    fn next(&self) -> Option<&dyn Store> {
+        Some(&*self.inner)
+    }
+}
+
+impl ChunkRead for ThrottleStore {
     fn get(&self, id: &ChunkId) -> Result<Vec<u8>> {
         let r = self.inner.get(id);
         self.down.pass(r.as_ref().map_or(0, |b| b.len() as u64));
@@ -64,20 +71,6 @@ impl ChunkRead for ThrottleStore {
         self.down.pass(0);
         self.inner.has_many(ids, touch)
     }
-    fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>> {
-        let r = self.inner.ref_get(name);
-        self.down.pass(
-            r.as_ref()
-                .ok()
-                .and_then(|o| o.as_ref())
-                .map_or(0, |b| b.len() as u64),
-        );
-        r
-    }
-    fn ref_list(&self) -> Result<Vec<String>> {
-        self.down.pass(0);
-        self.inner.ref_list()
-    }
 }
 
 impl ChunkWrite for ThrottleStore {
@@ -95,7 +88,29 @@ impl ChunkWrite for ThrottleStore {
         );
         self.inner.put_many_parts(items)
     }
-    forward_sync_and_leases!();
+    /// A group crosses the link as one upload when it is finished.
+    fn put_group(&self) -> Box<dyn PutGroup + '_> {
+        collect_group(self)
+    }
+}
+
+impl ChunkPrune for ThrottleStore {}
+
+impl RefStore for ThrottleStore {
+    fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let r = self.inner.ref_get(name);
+        self.down.pass(
+            r.as_ref()
+                .ok()
+                .and_then(|o| o.as_ref())
+                .map_or(0, |b| b.len() as u64),
+        );
+        r
+    }
+    fn ref_list(&self) -> Result<Vec<String>> {
+        self.down.pass(0);
+        self.inner.ref_list()
+    }
     fn ref_update(
         &self,
         name: &str,
@@ -107,16 +122,4 @@ impl ChunkWrite for ThrottleStore {
     }
 }
 
-impl ChunkPrune for ThrottleStore {
-    forward_prune_listings!();
-    fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
-        self.inner.remove_if_older(id, cutoff)
-    }
-    fn remove_many_if_older(
-        &self,
-        ids: &[ChunkId],
-        cutoff: SystemTime,
-    ) -> Result<Vec<Option<u64>>> {
-        self.inner.remove_many_if_older(ids, cutoff)
-    }
-}
+impl LeaseStore for ThrottleStore {}

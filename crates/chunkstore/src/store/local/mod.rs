@@ -40,8 +40,8 @@ use roamdisk_blockdev::{ErrorKind, Op, Result};
 use rustix::fs::{AtFlags, RenameFlags, Timespec, Timestamps, CWD, UTIME_NOW, UTIME_OMIT};
 
 use super::{
-    check_ref_name, config, ref_tag, ChunkPrune, ChunkRead, ChunkWrite, Lease, ObjectEntry,
-    ObjectParts, PutGroup, PutOutcome, StoreConfig,
+    check_ref_name, config, ref_tag, ChunkPrune, ChunkRead, ChunkWrite, Lease, LeaseStore,
+    ObjectEntry, ObjectParts, PutGroup, PutOutcome, RefStore, StoreConfig, StoreLayer,
 };
 use crate::error::{err, io, not_found};
 use crate::hash::ChunkId;
@@ -647,13 +647,16 @@ fn nanos(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-impl ChunkRead for LocalStore {
+impl StoreLayer for LocalStore {
     fn describe(&self) -> String {
         self.root.display().to_string()
     }
     fn config(&self) -> &StoreConfig {
         &self.config
     }
+}
+
+impl ChunkRead for LocalStore {
     fn get(&self, id: &ChunkId) -> Result<Vec<u8>> {
         // Packs the table knows, then its own file, then packs written
         // since the table was loaded, then what a gc left in the trash.
@@ -721,34 +724,6 @@ impl ChunkRead for LocalStore {
                 }
             })
             .collect()
-    }
-    fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>> {
-        let p = self.ref_path(name)?;
-        match fs::read(&p) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == IoKind::NotFound => Ok(None),
-            Err(e) => Err(io(Op::Read, e, &p)),
-        }
-    }
-    fn ref_list(&self) -> Result<Vec<String>> {
-        let refs = self.root.join("refs");
-        let mut out = Vec::new();
-        for user in fs::read_dir(&refs).map_err(|e| io(Op::Read, e, &refs))? {
-            let user = user.map_err(|e| io(Op::Read, e, &refs))?;
-            if !user.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                continue;
-            }
-            let un = user.file_name().to_string_lossy().to_string();
-            for img in fs::read_dir(user.path()).map_err(|e| io(Op::Read, e, &user.path()))? {
-                let img = img.map_err(|e| io(Op::Read, e, &refs))?;
-                let name = format!("{un}/{}", img.file_name().to_string_lossy());
-                if check_ref_name(&name).is_ok() {
-                    out.push(name);
-                }
-            }
-        }
-        out.sort();
-        Ok(out)
     }
 }
 
@@ -819,73 +794,6 @@ impl ChunkWrite for LocalStore {
         }
         Ok(())
     }
-    fn ref_update(
-        &self,
-        name: &str,
-        expected: Option<ChunkId>,
-        new: Option<&[u8]>,
-    ) -> Result<bool> {
-        let p = self.ref_path(name)?;
-        let _lock = self.refs_lock()?;
-        let current = self.ref_get(name)?;
-        if current.as_deref().map(ref_tag) != expected {
-            return Ok(false);
-        }
-        let dir = p.parent().expect("user folder");
-        match new {
-            Some(bytes) => {
-                fs::create_dir_all(dir).map_err(|e| io(Op::Write, e, dir))?;
-                let tmp = self.tmp_path("ref");
-                write_file_durably(&p, &tmp, bytes).map_err(|e| {
-                    let _ = fs::remove_file(&tmp);
-                    io(Op::Write, e, &p).msg(format!("cannot write catalog {name}"))
-                })?;
-            }
-            None => match fs::remove_file(&p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == IoKind::NotFound => {}
-                Err(e) => return Err(io(Op::Write, e, &p)),
-            },
-        }
-        sync_dir(dir).map_err(|e| io(Op::Flush, e, dir))?;
-        let refs = self.root.join("refs");
-        sync_dir(&refs).map_err(|e| io(Op::Flush, e, &refs))?;
-        Ok(true)
-    }
-    fn lease_begin(&self) -> Result<Lease> {
-        let mut r = [0u8; 12];
-        crate::secret::fill_random(&mut r, "a lease id")?;
-        let id: String = r.iter().map(|b| format!("{b:02x}")).collect();
-        let started = SystemTime::now();
-        let p = self.root.join("leases").join(&id);
-        let tmp = self.tmp_path("lease");
-        let text = format!(
-            "{LEASE_MAGIC}\nstarted {}\npid {}\n",
-            nanos(started),
-            std::process::id()
-        );
-        write_file_durably(&p, &tmp, text.as_bytes()).map_err(|e| io(Op::Write, e, &p))?;
-        let d = self.root.join("leases");
-        sync_dir(&d).map_err(|e| io(Op::Flush, e, &d))?;
-        Ok(Lease {
-            ended: false,
-            id,
-            started,
-            refreshed: started,
-        })
-    }
-    fn lease_refresh(&self, id: &str) -> Result<()> {
-        let p = self.root.join("leases").join(id);
-        touch(&p).map_err(|e| io(Op::Write, e, &p).msg(format!("lease {id} vanished (a gc took it for dead: its commit was idle longer than the lease timeout)")))
-    }
-    fn lease_end(&self, id: &str) -> Result<()> {
-        let p = self.root.join("leases").join(id);
-        match fs::remove_file(&p) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == IoKind::NotFound => Ok(()),
-            Err(e) => Err(io(Op::Write, e, &p)),
-        }
-    }
 }
 
 impl ChunkPrune for LocalStore {
@@ -939,36 +847,6 @@ impl ChunkPrune for LocalStore {
         }
         Ok(out)
     }
-    fn leases(&self) -> Result<Vec<Lease>> {
-        let d = self.root.join("leases");
-        let mut out = Vec::new();
-        for ent in fs::read_dir(&d).map_err(|e| io(Op::Read, e, &d))? {
-            let ent = ent.map_err(|e| io(Op::Read, e, &d))?;
-            let id = ent.file_name().to_string_lossy().to_string();
-            let Ok(text) = fs::read_to_string(ent.path()) else {
-                continue;
-            };
-            let Ok(m) = ent.metadata() else { continue };
-            let refreshed = m.modified().unwrap_or(UNIX_EPOCH);
-            let mut lines = text.lines();
-            let started = if lines.next() == Some(LEASE_MAGIC) {
-                lines
-                    .find_map(|l| l.strip_prefix("started "))
-                    .and_then(|n| n.trim().parse::<u64>().ok())
-                    .map(system_time_from_nanos)
-            } else {
-                None
-            };
-            // An unreadable lease is treated as taken at its file time.
-            out.push(Lease {
-                ended: false,
-                id,
-                started: started.unwrap_or(refreshed).min(refreshed),
-                refreshed,
-            });
-        }
-        Ok(out)
-    }
     fn recover(&self, cutoff: SystemTime) -> Result<(u64, u64)> {
         let mut restored = 0;
         let trash = self.root.join("trash");
@@ -1002,6 +880,137 @@ impl ChunkPrune for LocalStore {
         }
         self.sync()?;
         Ok((restored, removed))
+    }
+}
+
+impl RefStore for LocalStore {
+    fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let p = self.ref_path(name)?;
+        match fs::read(&p) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == IoKind::NotFound => Ok(None),
+            Err(e) => Err(io(Op::Read, e, &p)),
+        }
+    }
+    fn ref_list(&self) -> Result<Vec<String>> {
+        let refs = self.root.join("refs");
+        let mut out = Vec::new();
+        for user in fs::read_dir(&refs).map_err(|e| io(Op::Read, e, &refs))? {
+            let user = user.map_err(|e| io(Op::Read, e, &refs))?;
+            if !user.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                continue;
+            }
+            let un = user.file_name().to_string_lossy().to_string();
+            for img in fs::read_dir(user.path()).map_err(|e| io(Op::Read, e, &user.path()))? {
+                let img = img.map_err(|e| io(Op::Read, e, &refs))?;
+                let name = format!("{un}/{}", img.file_name().to_string_lossy());
+                if check_ref_name(&name).is_ok() {
+                    out.push(name);
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+    fn ref_update(
+        &self,
+        name: &str,
+        expected: Option<ChunkId>,
+        new: Option<&[u8]>,
+    ) -> Result<bool> {
+        let p = self.ref_path(name)?;
+        let _lock = self.refs_lock()?;
+        let current = self.ref_get(name)?;
+        if current.as_deref().map(ref_tag) != expected {
+            return Ok(false);
+        }
+        let dir = p.parent().expect("user folder");
+        match new {
+            Some(bytes) => {
+                fs::create_dir_all(dir).map_err(|e| io(Op::Write, e, dir))?;
+                let tmp = self.tmp_path("ref");
+                write_file_durably(&p, &tmp, bytes).map_err(|e| {
+                    let _ = fs::remove_file(&tmp);
+                    io(Op::Write, e, &p).msg(format!("cannot write catalog {name}"))
+                })?;
+            }
+            None => match fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == IoKind::NotFound => {}
+                Err(e) => return Err(io(Op::Write, e, &p)),
+            },
+        }
+        sync_dir(dir).map_err(|e| io(Op::Flush, e, dir))?;
+        let refs = self.root.join("refs");
+        sync_dir(&refs).map_err(|e| io(Op::Flush, e, &refs))?;
+        Ok(true)
+    }
+}
+
+impl LeaseStore for LocalStore {
+    fn lease_begin(&self) -> Result<Lease> {
+        let mut r = [0u8; 12];
+        crate::secret::fill_random(&mut r, "a lease id")?;
+        let id: String = r.iter().map(|b| format!("{b:02x}")).collect();
+        let started = SystemTime::now();
+        let p = self.root.join("leases").join(&id);
+        let tmp = self.tmp_path("lease");
+        let text = format!(
+            "{LEASE_MAGIC}\nstarted {}\npid {}\n",
+            nanos(started),
+            std::process::id()
+        );
+        write_file_durably(&p, &tmp, text.as_bytes()).map_err(|e| io(Op::Write, e, &p))?;
+        let d = self.root.join("leases");
+        sync_dir(&d).map_err(|e| io(Op::Flush, e, &d))?;
+        Ok(Lease {
+            ended: false,
+            id,
+            started,
+            refreshed: started,
+        })
+    }
+    fn lease_refresh(&self, id: &str) -> Result<()> {
+        let p = self.root.join("leases").join(id);
+        touch(&p).map_err(|e| io(Op::Write, e, &p).msg(format!("lease {id} vanished (a gc took it for dead: its commit was idle longer than the lease timeout)")))
+    }
+    fn lease_end(&self, id: &str) -> Result<()> {
+        let p = self.root.join("leases").join(id);
+        match fs::remove_file(&p) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == IoKind::NotFound => Ok(()),
+            Err(e) => Err(io(Op::Write, e, &p)),
+        }
+    }
+    fn leases(&self) -> Result<Vec<Lease>> {
+        let d = self.root.join("leases");
+        let mut out = Vec::new();
+        for ent in fs::read_dir(&d).map_err(|e| io(Op::Read, e, &d))? {
+            let ent = ent.map_err(|e| io(Op::Read, e, &d))?;
+            let id = ent.file_name().to_string_lossy().to_string();
+            let Ok(text) = fs::read_to_string(ent.path()) else {
+                continue;
+            };
+            let Ok(m) = ent.metadata() else { continue };
+            let refreshed = m.modified().unwrap_or(UNIX_EPOCH);
+            let mut lines = text.lines();
+            let started = if lines.next() == Some(LEASE_MAGIC) {
+                lines
+                    .find_map(|l| l.strip_prefix("started "))
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+                    .map(system_time_from_nanos)
+            } else {
+                None
+            };
+            // An unreadable lease is treated as taken at its file time.
+            out.push(Lease {
+                ended: false,
+                id,
+                started: started.unwrap_or(refreshed).min(refreshed),
+                refreshed,
+            });
+        }
+        Ok(out)
     }
 }
 

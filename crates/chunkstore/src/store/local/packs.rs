@@ -737,6 +737,7 @@ impl LocalStore {
 mod tests {
     use super::super::tests::store;
     use super::*;
+    use crate::store::prelude::*;
     use crate::store::{fetch, ChunkPrune, ChunkRead, ChunkWrite};
     use std::time::Duration;
 

@@ -38,8 +38,8 @@ pub use location::{is_s3, S3Location};
 
 use super::pack::{self, is_pack_name, Entry};
 use super::{
-    check_ref_name, ChunkPrune, ChunkRead, ChunkWrite, Lease, ObjectEntry, PutGroup, PutOutcome,
-    StoreConfig,
+    check_ref_name, ChunkPrune, ChunkRead, ChunkWrite, Lease, LeaseStore, ObjectEntry, PutGroup,
+    PutOutcome, RefStore, StoreConfig, StoreLayer,
 };
 use crate::catalog::Catalog;
 use crate::error::{bad_arg, corrupt, err, not_found};
@@ -1018,13 +1018,16 @@ impl PutGroup for SharedGroup<'_> {
     }
 }
 
-impl ChunkRead for S3Store {
+impl StoreLayer for S3Store {
     fn describe(&self) -> String {
         self.loc.describe()
     }
     fn config(&self) -> &StoreConfig {
         &self.config
     }
+}
+
+impl ChunkRead for S3Store {
     fn get(&self, id: &ChunkId) -> Result<Vec<u8>> {
         self.ensure_scanned()?;
         // After an object was found missing, others are given one more
@@ -1195,20 +1198,6 @@ impl ChunkRead for S3Store {
         }
         Ok(have)
     }
-    fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>> {
-        check_ref_name(name)?;
-        Ok(self.block(self.ref_head(name))?.0)
-    }
-    fn ref_list(&self) -> Result<Vec<String>> {
-        let (by_name, _) = refs::group(self.block(self.list("refs"))?);
-        let mut names: Vec<String> = by_name
-            .into_iter()
-            .filter(|(_, objs)| refs::heads(objs).iter().any(|h| h.size > 0))
-            .map(|(n, _)| n)
-            .collect();
-        names.sort();
-        Ok(names)
-    }
 }
 
 impl ChunkWrite for S3Store {
@@ -1239,154 +1228,6 @@ impl ChunkWrite for S3Store {
     fn sync(&self) -> Result<()> {
         // An S3 PUT is durable when it is acknowledged.
         Ok(())
-    }
-    fn ref_update(
-        &self,
-        name: &str,
-        expected: Option<ChunkId>,
-        new: Option<&[u8]>,
-    ) -> Result<bool> {
-        check_ref_name(name)?;
-        self.block(async {
-            let (cur, generation) = self.ref_head(name).await?;
-            if cur.as_deref().map(super::ref_tag) != expected {
-                return Ok(false);
-            }
-            // Versions this update removes are recorded first, so that a
-            // concurrent update made from an older catalog cannot bring
-            // them back (gc may free their chunks).
-            if let Some(cur) = &cur {
-                let keep: HashSet<ChunkId> = match new {
-                    Some(b) => Catalog::parse(b)?
-                        .entries
-                        .iter()
-                        .map(|e| e.version)
-                        .collect(),
-                    None => HashSet::new(),
-                };
-                for e in Catalog::parse(cur)?.entries {
-                    if !keep.contains(&e.version) {
-                        self.put(
-                            &format!("refs/{name}/removed/{}", e.version.to_hex()),
-                            Vec::new(),
-                        )
-                        .await?;
-                    }
-                }
-            }
-            let rel = format!(
-                "refs/{name}/{}",
-                refs::new_name(generation + 1, random_u64()?)
-            );
-            let body = new.map(<[u8]>::to_vec).unwrap_or_default();
-            self.put(&rel, body.clone()).await?;
-            // The same catalog under a key readers can find without a
-            // listing (overwritten if two updates race; the unique object
-            // above keeps both for the merge).
-            self.put(&format!("refs/{name}/at/{:016x}", generation + 1), body)
-                .await?;
-            Ok(true)
-        })
-    }
-    fn lease_begin(&self) -> Result<Lease> {
-        let id = random_hex(12)?;
-        *self.epoch.lock() = Instant::now();
-        let rel = format!("leases/{id}");
-        let started = self.block(async {
-            self.put(
-                &rel,
-                format!(
-                    "{LEASE_MAGIC}\nstarted 0\nended 0\npid {}\n",
-                    std::process::id()
-                )
-                .into_bytes(),
-            )
-            .await?;
-            self.time_of(&rel).await
-        })?;
-        let started = started.map(|(t, _)| t).ok_or_else(|| {
-            not_found(format!(
-                "lease {id} vanished from {} as it was written",
-                self.loc.describe()
-            ))
-        })?;
-        self.mine.lock().insert(id.clone());
-        self.write_lease(&id, started, None)?;
-        Ok(Lease {
-            ended: false,
-            id,
-            started,
-            refreshed: started,
-        })
-    }
-    fn lease_refresh(&self, id: &str) -> Result<()> {
-        let rel = format!("leases/{id}");
-        let text = self.block(self.get_text(&rel))?.ok_or_else(|| {
-            not_found(format!("lease {id} vanished (a gc took it for dead: its commit was idle longer than the lease timeout)"))
-        })?;
-        let (started, _) =
-            parse_lease(&text).ok_or_else(|| corrupt(format!("lease {id} is damaged")))?;
-        self.write_lease(id, started, None)
-    }
-    fn lease_end(&self, id: &str) -> Result<()> {
-        let mine = self.mine.lock().remove(id);
-        if !mine {
-            // gc ending a dead (or long finished) commit's lease.
-            return self.block(self.delete(&format!("leases/{id}")));
-        }
-        // Our commit is over: the lease stays, marked ended, until the
-        // catalog entry it protected is surely in every listing.
-        let rel = format!("leases/{id}");
-        let text = self.block(self.get_text(&rel))?;
-        let started = text
-            .as_deref()
-            .and_then(parse_lease)
-            .map(|(s, _)| s)
-            .unwrap_or(SystemTime::UNIX_EPOCH);
-        let now = self.now()?;
-        self.write_lease(id, started, Some(now))
-    }
-}
-
-/// `(started, ended)` from a lease body.
-pub fn parse_lease(text: &str) -> Option<(SystemTime, Option<SystemTime>)> {
-    let mut lines = text.lines();
-    if lines.next()? != LEASE_MAGIC {
-        return None;
-    }
-    let mut started = None;
-    let mut ended = None;
-    for l in lines {
-        let (k, v) = l.split_once(' ')?;
-        let t = || {
-            v.parse::<u64>()
-                .ok()
-                .map(|n| SystemTime::UNIX_EPOCH + Duration::from_nanos(n))
-        };
-        match k {
-            "started" => started = t(),
-            "ended" => ended = t().filter(|x| *x != SystemTime::UNIX_EPOCH),
-            _ => {}
-        }
-    }
-    Some((started?, ended))
-}
-
-fn nanos(t: SystemTime) -> u128 {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
-}
-
-impl S3Store {
-    fn write_lease(&self, id: &str, started: SystemTime, ended: Option<SystemTime>) -> Result<()> {
-        let text = format!(
-            "{LEASE_MAGIC}\nstarted {}\nended {}\npid {}\n",
-            nanos(started),
-            ended.map_or(0, nanos),
-            std::process::id()
-        );
-        self.block(self.put(&format!("leases/{id}"), text.into_bytes()))
     }
 }
 
@@ -1501,42 +1342,6 @@ impl ChunkPrune for S3Store {
         }
         Ok(out)
     }
-    fn leases(&self) -> Result<Vec<Lease>> {
-        let now = self.now()?;
-        self.block(async {
-            let list = self.list("leases").await?;
-            let mut out = Vec::new();
-            for (rel, _, modified) in list {
-                let Some(id) = rel.strip_prefix("leases/") else {
-                    continue;
-                };
-                let Some(text) = self.get_text(&rel).await? else {
-                    continue;
-                };
-                let (started, ended) = parse_lease(&text).unwrap_or((modified, None));
-                let started = if started == SystemTime::UNIX_EPOCH {
-                    modified
-                } else {
-                    started
-                };
-                let refreshed = match ended {
-                    // Ended long enough ago for its catalog entry to be
-                    // in every listing: report it over, gc removes it.
-                    Some(e) if now.duration_since(e).unwrap_or_default() > self.margin => {
-                        SystemTime::UNIX_EPOCH
-                    }
-                    _ => modified,
-                };
-                out.push(Lease {
-                    ended: ended.is_some(),
-                    id: id.to_string(),
-                    started,
-                    refreshed,
-                });
-            }
-            Ok(out)
-        })
-    }
     fn recover(&self, cutoff: SystemTime) -> Result<(u64, u64)> {
         self.block(async {
             let mut restored = 0;
@@ -1578,6 +1383,210 @@ impl ChunkPrune for S3Store {
             }
             Ok((restored, removed))
         })
+    }
+}
+
+impl RefStore for S3Store {
+    fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        check_ref_name(name)?;
+        Ok(self.block(self.ref_head(name))?.0)
+    }
+    fn ref_list(&self) -> Result<Vec<String>> {
+        let (by_name, _) = refs::group(self.block(self.list("refs"))?);
+        let mut names: Vec<String> = by_name
+            .into_iter()
+            .filter(|(_, objs)| refs::heads(objs).iter().any(|h| h.size > 0))
+            .map(|(n, _)| n)
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+    fn ref_update(
+        &self,
+        name: &str,
+        expected: Option<ChunkId>,
+        new: Option<&[u8]>,
+    ) -> Result<bool> {
+        check_ref_name(name)?;
+        self.block(async {
+            let (cur, generation) = self.ref_head(name).await?;
+            if cur.as_deref().map(super::ref_tag) != expected {
+                return Ok(false);
+            }
+            // Versions this update removes are recorded first, so that a
+            // concurrent update made from an older catalog cannot bring
+            // them back (gc may free their chunks).
+            if let Some(cur) = &cur {
+                let keep: HashSet<ChunkId> = match new {
+                    Some(b) => Catalog::parse(b)?
+                        .entries
+                        .iter()
+                        .map(|e| e.version)
+                        .collect(),
+                    None => HashSet::new(),
+                };
+                for e in Catalog::parse(cur)?.entries {
+                    if !keep.contains(&e.version) {
+                        self.put(
+                            &format!("refs/{name}/removed/{}", e.version.to_hex()),
+                            Vec::new(),
+                        )
+                        .await?;
+                    }
+                }
+            }
+            let rel = format!(
+                "refs/{name}/{}",
+                refs::new_name(generation + 1, random_u64()?)
+            );
+            let body = new.map(<[u8]>::to_vec).unwrap_or_default();
+            self.put(&rel, body.clone()).await?;
+            // The same catalog under a key readers can find without a
+            // listing (overwritten if two updates race; the unique object
+            // above keeps both for the merge).
+            self.put(&format!("refs/{name}/at/{:016x}", generation + 1), body)
+                .await?;
+            Ok(true)
+        })
+    }
+}
+
+impl LeaseStore for S3Store {
+    fn lease_begin(&self) -> Result<Lease> {
+        let id = random_hex(12)?;
+        *self.epoch.lock() = Instant::now();
+        let rel = format!("leases/{id}");
+        let started = self.block(async {
+            self.put(
+                &rel,
+                format!(
+                    "{LEASE_MAGIC}\nstarted 0\nended 0\npid {}\n",
+                    std::process::id()
+                )
+                .into_bytes(),
+            )
+            .await?;
+            self.time_of(&rel).await
+        })?;
+        let started = started.map(|(t, _)| t).ok_or_else(|| {
+            not_found(format!(
+                "lease {id} vanished from {} as it was written",
+                self.loc.describe()
+            ))
+        })?;
+        self.mine.lock().insert(id.clone());
+        self.write_lease(&id, started, None)?;
+        Ok(Lease {
+            ended: false,
+            id,
+            started,
+            refreshed: started,
+        })
+    }
+    fn lease_refresh(&self, id: &str) -> Result<()> {
+        let rel = format!("leases/{id}");
+        let text = self.block(self.get_text(&rel))?.ok_or_else(|| {
+            not_found(format!("lease {id} vanished (a gc took it for dead: its commit was idle longer than the lease timeout)"))
+        })?;
+        let (started, _) =
+            parse_lease(&text).ok_or_else(|| corrupt(format!("lease {id} is damaged")))?;
+        self.write_lease(id, started, None)
+    }
+    fn lease_end(&self, id: &str) -> Result<()> {
+        let mine = self.mine.lock().remove(id);
+        if !mine {
+            // gc ending a dead (or long finished) commit's lease.
+            return self.block(self.delete(&format!("leases/{id}")));
+        }
+        // Our commit is over: the lease stays, marked ended, until the
+        // catalog entry it protected is surely in every listing.
+        let rel = format!("leases/{id}");
+        let text = self.block(self.get_text(&rel))?;
+        let started = text
+            .as_deref()
+            .and_then(parse_lease)
+            .map(|(s, _)| s)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let now = self.now()?;
+        self.write_lease(id, started, Some(now))
+    }
+    fn leases(&self) -> Result<Vec<Lease>> {
+        let now = self.now()?;
+        self.block(async {
+            let list = self.list("leases").await?;
+            let mut out = Vec::new();
+            for (rel, _, modified) in list {
+                let Some(id) = rel.strip_prefix("leases/") else {
+                    continue;
+                };
+                let Some(text) = self.get_text(&rel).await? else {
+                    continue;
+                };
+                let (started, ended) = parse_lease(&text).unwrap_or((modified, None));
+                let started = if started == SystemTime::UNIX_EPOCH {
+                    modified
+                } else {
+                    started
+                };
+                let refreshed = match ended {
+                    // Ended long enough ago for its catalog entry to be
+                    // in every listing: report it over, gc removes it.
+                    Some(e) if now.duration_since(e).unwrap_or_default() > self.margin => {
+                        SystemTime::UNIX_EPOCH
+                    }
+                    _ => modified,
+                };
+                out.push(Lease {
+                    ended: ended.is_some(),
+                    id: id.to_string(),
+                    started,
+                    refreshed,
+                });
+            }
+            Ok(out)
+        })
+    }
+}
+
+/// `(started, ended)` from a lease body.
+pub fn parse_lease(text: &str) -> Option<(SystemTime, Option<SystemTime>)> {
+    let mut lines = text.lines();
+    if lines.next()? != LEASE_MAGIC {
+        return None;
+    }
+    let mut started = None;
+    let mut ended = None;
+    for l in lines {
+        let (k, v) = l.split_once(' ')?;
+        let t = || {
+            v.parse::<u64>()
+                .ok()
+                .map(|n| SystemTime::UNIX_EPOCH + Duration::from_nanos(n))
+        };
+        match k {
+            "started" => started = t(),
+            "ended" => ended = t().filter(|x| *x != SystemTime::UNIX_EPOCH),
+            _ => {}
+        }
+    }
+    Some((started?, ended))
+}
+
+fn nanos(t: SystemTime) -> u128 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+impl S3Store {
+    fn write_lease(&self, id: &str, started: SystemTime, ended: Option<SystemTime>) -> Result<()> {
+        let text = format!(
+            "{LEASE_MAGIC}\nstarted {}\nended {}\npid {}\n",
+            nanos(started),
+            ended.map_or(0, nanos),
+            std::process::id()
+        );
+        self.block(self.put(&format!("leases/{id}"), text.into_bytes()))
     }
 }
 
