@@ -44,7 +44,6 @@ const OVER_LIMIT: &[&str] = &[
 /// Circles still standing, each named by one of its files.
 const CIRCLES_LEFT: &[&str] = &[
     "crates/blockdev/src/spec.rs",
-    "crates/roam/src/view.rs",
     "crates/chunkstore/src/store/mod.rs",
     "crates/fsmeta/src/probe.rs",
     "crates/nbd/src/server.rs",

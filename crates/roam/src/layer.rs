@@ -111,8 +111,12 @@ pub static CAS_VERSION: LayerKind = LayerKind {
         let view = VersionView::open(store.clone(), entry.version, key.as_ref())?
             .with_shared_cache(SharedChoice::parse(ctx.opt("shared-cache")).open()?);
         let media = crate::lookaside::parse_media(ctx.opt("lookaside"));
-        let media = crate::lookaside::for_view(&store, &view, &media)?;
+        let media = crate::lookaside::open_media(
+            store.config().hash,
+            view.version.index.chunk_size,
+            &media,
+        )?;
         let view = view.with_lookaside(media);
-        Ok(Arc::new(view) as Arc<dyn BlockDev>)
+        Ok(view.served() as Arc<dyn BlockDev>)
     },
 };

@@ -17,9 +17,13 @@
 //! `docs/layers/cas.md`, `docs/roaming.md`.
 
 pub mod cache;
+pub mod checkout;
+pub mod fetch;
 pub mod guest;
+pub mod hoard;
 pub mod layer;
 pub mod lookaside;
+pub mod readahead;
 pub mod resume;
 pub mod session;
 pub mod view;

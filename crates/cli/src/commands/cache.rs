@@ -8,8 +8,8 @@ use anyhow::{bail, Context};
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use roamdisk_blockdev::units::format_size;
 use roamdisk_roam::cache::admin::{status, verify, CacheStatus};
-use roamdisk_roam::cache::hoard::percent;
 use roamdisk_roam::cache::{shared, CacheOptions, SharedCache};
+use roamdisk_roam::hoard::percent;
 
 use super::cas::short;
 use crate::progress::{Output, Reporter};

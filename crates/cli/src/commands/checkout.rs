@@ -11,8 +11,9 @@ use roamdisk_blockdev::{Access, BlockDev, Checked};
 use roamdisk_chunkstore::catalog::format_time;
 use roamdisk_chunkstore::repo::{check_rev, resolve};
 use roamdisk_nbd::{serve_until, signalled, Export, Listen, ServeOptions};
+use roamdisk_roam::checkout::materialise;
 use roamdisk_roam::session::{self, SessionConfig};
-use roamdisk_roam::view::{materialise, VersionView};
+use roamdisk_roam::view::VersionView;
 
 use super::cas::StoreArgs;
 use crate::disk::NewImage;
@@ -173,7 +174,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     if let Some(p) = &a.memory_out {
         let mut f =
             std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
-        view.write_memory(&mut f)?;
+        roamdisk_roam::checkout::write_memory(&view, &mut f)?;
         f.sync_all()?;
     }
     if let Some(dest) = &a.output {
@@ -222,7 +223,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         if listen.is_empty() {
             bail!("say where to serve {describe}: --socket PATH and/or --listen ADDR:PORT");
         }
-        serve_one(Arc::new(view), Access::ReadOnly, &describe, listen, quiet)?;
+        serve_one(view.served(), Access::ReadOnly, &describe, listen, quiet)?;
         return Ok(());
     }
     bail!("say what to do with {describe}: --output FILE, --session DIR or --serve --socket PATH")

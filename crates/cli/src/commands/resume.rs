@@ -16,8 +16,9 @@ use roamdisk_blockdev::{Access, BlockDev, Progress};
 use roamdisk_chunkstore::repo::{check_rev, resolve};
 use roamdisk_nbd::Listen;
 use roamdisk_roam::cache::SharedChoice;
+use roamdisk_roam::fetch::GatherStats;
 use roamdisk_roam::session::dev::{CasDev, PrefetchStatus, SessionOpen};
-use roamdisk_roam::view::{GatherStats, VersionView};
+use roamdisk_roam::view::VersionView;
 use serde::Serialize;
 
 use super::cas::{short, StoreArgs};
@@ -225,7 +226,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         Some(p) => {
             let mut f = std::fs::File::create(p)
                 .with_context(|| format!("cannot create {}", p.display()))?;
-            let s = view.write_memory(&mut f)?;
+            let s = roamdisk_roam::checkout::write_memory(&view, &mut f)?;
             f.sync_all()?;
             s
         }

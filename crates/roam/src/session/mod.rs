@@ -20,7 +20,7 @@
 
 pub mod dev;
 pub mod map;
-pub mod readahead;
+
 pub mod update;
 pub mod workset;
 
