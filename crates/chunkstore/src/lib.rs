@@ -28,6 +28,8 @@ pub mod secret;
 pub mod store;
 pub mod token;
 pub mod upload;
+pub mod usage;
+pub mod verify;
 pub mod version;
 
 pub use hash::{ChunkId, HashKind};

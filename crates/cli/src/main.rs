@@ -9,6 +9,9 @@ mod disk;
 mod plot;
 mod progress;
 mod qemu_img;
+mod render;
+mod serve;
+mod store_args;
 
 use clap::{Parser, Subcommand};
 

@@ -9,8 +9,10 @@
 //! writable disk over a version (the `cas:` [`layer`]): a private cache of
 //! the sectors it wrote, a recorded working set, read-ahead, and the
 //! update commit that keeps only the useful changes ([`guest`] finds the
-//! free and swap space a commit leaves out). [`resume`] writes the set of
-//! chunks a suspended session carries to the next host.
+//! free and swap space a commit leaves out). [`suspend`] commits a session
+//! and writes the set of chunks it carries to the next host; [`resume`]
+//! starts it there. [`checkout`] materialises a version, [`hoard`] keeps a
+//! whole version on this host.
 //!
 //! Formats: `docs/formats/cas-session.md`, `cas-shared-cache.md`,
 //! `cas-lookaside-index.md`, `cas-working-set.md`. Manual:
@@ -26,4 +28,5 @@ pub mod lookaside;
 pub mod readahead;
 pub mod resume;
 pub mod session;
+pub mod suspend;
 pub mod view;

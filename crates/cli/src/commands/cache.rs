@@ -11,8 +11,8 @@ use roamdisk_roam::cache::admin::{status, verify, CacheStatus};
 use roamdisk_roam::cache::{shared, CacheOptions, SharedCache};
 use roamdisk_roam::hoard::percent;
 
-use super::cas::short;
 use crate::progress::{Output, Reporter};
+use crate::store_args::short;
 
 /// The host's shared chunk cache: what it holds (status), a check of every
 /// chunk (verify), and eviction of what nobody keeps (evict).

@@ -11,7 +11,7 @@ use roamdisk_roam::hoard::{hoard, percent, HoardSummary};
 use roamdisk_roam::view::VersionView;
 use serde::Serialize;
 
-use super::cas::{short, StoreArgs};
+use crate::store_args::{short, StoreArgs};
 
 /// Hoard a version on this host: fetch every chunk of its disk and memory
 /// image that the host's shared cache lacks (verified, in parallel), keep

@@ -18,7 +18,7 @@ use roamdisk_server::state::{overlay_path, StateLock};
 use roamdisk_server::views::{open_golden, open_view};
 use roamdisk_server::{ServerConfig, Views};
 
-use super::cas::StoreArgs;
+use crate::store_args::StoreArgs;
 use roamdisk_chunkstore::commit::{commit_image, CommitOptions, Source};
 
 /// Serve golden images to many clients over NBD, each seeing only its grants.
@@ -447,7 +447,7 @@ fn promote(p: PromoteArgs, quiet: bool) -> anyhow::Result<()> {
             ..Default::default()
         };
         let summary = commit_image(&*store, Source::Dev(src.as_ref()), &opts, &progress)?;
-        return super::commit::finish(&summary, progress, quiet, p.st.json);
+        return crate::render::commit::finish(&summary, progress, quiet, p.st.json);
     }
     let size = src.size();
     std::fs::File::create_new(&to)

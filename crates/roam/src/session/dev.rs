@@ -25,6 +25,7 @@ use roamdisk_blockdev::{
 };
 
 use super::map::Header;
+use super::offline::{keep_copy, load_base, BASE_COPY, STORE_COPY};
 use super::workset::Recorder;
 use super::SessionConfig;
 use crate::cache::pins::PinGuard;
@@ -34,11 +35,9 @@ use crate::readahead::ReadAhead;
 use crate::view::{start_read_ahead, AheadTarget, VersionView};
 use roamdisk_chunkstore::chunk::Key;
 use roamdisk_chunkstore::error::{bad_arg, context, corrupt};
-use roamdisk_chunkstore::hash::ChunkId;
 use roamdisk_chunkstore::index::{SectorState, SECTOR};
 use roamdisk_chunkstore::store::http::Credentials;
 use roamdisk_chunkstore::store::{DynStore, StoreConfig};
-use roamdisk_chunkstore::version::Version;
 
 /// Sectors that share a lock stripe for read-modify-write.
 const STRIPE_SECTORS: u64 = 128;
@@ -81,57 +80,6 @@ fn src_of(state: u8) -> Src {
         1 => Src::Zero,
         _ => Src::Base,
     }
-}
-
-/// The session's copy of its store's settings.
-const STORE_COPY: &str = "store.toml";
-/// The session's copy of its base version package (the stored object).
-const BASE_COPY: &str = "base.version";
-
-/// Write a copy the session can do without (best effort: a failure is
-/// logged, and the session reads from the store as before).
-fn keep_copy(path: &Path, bytes: &[u8]) {
-    if let Err(e) = roamdisk_blockdev::durable::write_atomically(path, bytes) {
-        tracing::warn!("cannot keep {}: {e}", path.display());
-    }
-}
-
-/// Give a new session its copies of the store's settings and of its base
-/// version's package (`package`, as stored), so it opens and reads what is
-/// cached with no network.
-pub fn keep_offline_copies(dir: &Path, store: &DynStore, package: &[u8]) {
-    keep_copy(&dir.join(STORE_COPY), store.config().to_toml().as_bytes());
-    keep_copy(&dir.join(BASE_COPY), package);
-}
-
-/// The session's base version: from its own copy (checked against the
-/// version id like any object from a store), else from the store, and then
-/// copied, so the session opens with no network next time.
-fn load_base(
-    dir: &Path,
-    store: &DynStore,
-    id: &ChunkId,
-    key: Option<&Key>,
-    read_only: bool,
-) -> Result<Version> {
-    let codec = store.config().codec();
-    let copy = dir.join(BASE_COPY);
-    let raw = match std::fs::read(&copy) {
-        Ok(raw) if codec.open(id, None, &raw).is_ok() => raw,
-        _ => {
-            let raw = store
-                .get(id)
-                .map_err(|e| context(e, format!("version {id}")))?;
-            if !read_only {
-                keep_copy(&copy, &raw);
-            }
-            raw
-        }
-    };
-    let bytes = codec
-        .open(id, None, &raw)
-        .map_err(|e| context(e, format!("version {id}")))?;
-    Version::decode(&bytes, key).map_err(|e| context(e, format!("version {id}")))
 }
 
 /// Pin every chunk of the session's base version in the shared cache
