@@ -244,9 +244,7 @@ impl HddDev {
             return;
         };
         let text = serde_json::to_string(&self.stats()).unwrap_or_default() + "\n";
-        let tmp = path.with_extension("tmp");
-        let r = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = r {
+        if let Err(e) = crate::durable::write_atomically(path, text.as_bytes()) {
             tracing::warn!(path = %path.display(), error = %e, "cannot write the hdd report");
         }
     }

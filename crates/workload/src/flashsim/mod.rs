@@ -76,10 +76,8 @@ impl FlashSimDev {
             "params": self.params(),
             "stats": self.stats(),
         });
-        let tmp = path.with_extension("tmp");
-        let r = std::fs::write(&tmp, report.to_string() + "\n")
-            .and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = r {
+        let text = report.to_string() + "\n";
+        if let Err(e) = roamdisk_blockdev::durable::write_atomically(path, text.as_bytes()) {
             tracing::warn!(path = %path.display(), error = %e, "cannot write the flashsim report");
         }
     }
