@@ -4,6 +4,8 @@
 //! * [`write_atomically`]: a whole file replaced through a temporary name,
 //!   `fsync`, `rename` and an `fsync` of the directory, so a crash leaves
 //!   either the old file or the new one, never a mix.
+//! * [`write_unsynced`]: the same without the `fsync`s, atomic for readers
+//!   only: for a report rewritten at every flush.
 //! * [`sync_parent`] / [`sync_dir`]: make a directory entry (a create, a
 //!   rename, an unlink) durable.
 //! * [`rename_noreplace`]: move a file to a name only if that name is free
@@ -106,26 +108,53 @@ pub fn write_atomically_in<F: FileSystem>(
     path: &Path,
     bytes: &[u8],
 ) -> std::io::Result<()> {
-    replace(fs, path, &with_suffix(path, ".tmp"), bytes)
+    replace(fs, path, &with_suffix(path, ".tmp"), bytes, true)
 }
 
 /// [`write_atomically`] through the temporary file `tmp` (a format that
 /// names its second file, like LBS's `.lbsm2`).
 pub fn write_atomically_via(path: &Path, tmp: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    replace(&Os, path, tmp, bytes)
+    replace(&Os, path, tmp, bytes, true)
 }
 
-/// The algorithm: the new content is durable under the temporary name
-/// before the name `path` is given to it, and the rename is durable before
-/// this returns.
-fn replace<F: FileSystem>(fs: &F, path: &Path, tmp: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Replace `path` with `bytes` for readers only: [`write_atomically`]
+/// without its two `fsync`s. A reader sees the old content or the new one,
+/// never a part, but a power cut may leave an empty or torn file. Only for
+/// a file rewritten on the I/O path that a crash makes worthless anyway (a
+/// layer's `report` at each flush, which would otherwise cost two `fsync`s
+/// per flush); the file's last version is written with
+/// [`write_atomically`].
+pub fn write_unsynced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_unsynced_in(&Os, path, bytes)
+}
+
+/// [`write_unsynced`] on the file system `fs`.
+pub fn write_unsynced_in<F: FileSystem>(fs: &F, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    replace(fs, path, &with_suffix(path, ".tmp"), bytes, false)
+}
+
+/// The algorithm: write `tmp`, rename it over `path`. With `sync`, the new
+/// content is durable under the temporary name before the name `path` is
+/// given to it, and the rename is durable before this returns.
+fn replace<F: FileSystem>(
+    fs: &F,
+    path: &Path,
+    tmp: &Path,
+    bytes: &[u8],
+    sync: bool,
+) -> std::io::Result<()> {
     {
         let mut f = fs.create(tmp)?;
         f.write_all(bytes)?;
-        fs.sync_file(&mut f)?;
+        if sync {
+            fs.sync_file(&mut f)?;
+        }
     }
     fs.rename(tmp, path)?;
-    fs.sync_dir(parent_of(path))
+    if sync {
+        fs.sync_dir(parent_of(path))?;
+    }
+    Ok(())
 }
 
 /// What [`rename_noreplace`] did.

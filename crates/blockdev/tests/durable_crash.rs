@@ -17,7 +17,7 @@ use std::path::Path;
 
 use roamdisk_blockdev::durable::{self, FileSystem};
 use roamdisk_blockdev::testkit::simfs::{check_power_cuts, SimFs, Violation};
-use roamdisk_blockdev::testkit::Rng;
+use roamdisk_blockdev::testkit::{Countdown, Rng};
 
 const REBOOTS: u64 = 48;
 
@@ -138,10 +138,36 @@ fn a_write_without_the_directory_sync_loses_only_completed_writes() {
 
 #[test]
 fn durable_write_completes_without_a_power_cut() {
-    let fs = SimFs::new(roamdisk_blockdev::testkit::Countdown::unarmed());
+    let fs = SimFs::new(Countdown::unarmed());
     let path = Path::new("/d/f");
     durable::write_atomically_in(&fs, path, b"one").unwrap();
     durable::write_atomically_in(&fs, path, b"two").unwrap();
     assert_eq!(fs.read(path).unwrap(), b"two");
     assert_eq!(fs.files(), [path]);
+}
+
+/// `write_unsynced` (a layer's report at a flush) is atomic for readers: at
+/// every step a reader sees the old file or the new one. As documented, a
+/// power cut may leave an empty or torn file.
+#[test]
+fn an_unsynced_write_is_atomic_for_readers_only() {
+    let path = Path::new("/d/report.json");
+    let mut r = Rng::new(4);
+    let (old, new) = (r.bytes(700), r.bytes(1100));
+    for cut in 1.. {
+        let fs = SimFs::new(Countdown::crash_at(cut));
+        fs.put(path, &old);
+        let _ = durable::write_unsynced_in(&fs, path, &new);
+        let seen = fs.read(path).expect("a file");
+        assert!(seen == old || seen == new, "cut at {cut}");
+        if !fs.crashed() {
+            assert_eq!(seen, new);
+            assert_eq!(fs.files(), [path]);
+            break;
+        }
+    }
+    let bad = check_power_cuts(path, Some(&old), &new, REBOOTS, |fs| {
+        let _ = durable::write_unsynced_in(fs, path, &new);
+    });
+    assert!(bad.iter().any(|v| damaged(v, &old, &new)), "{bad:?}");
 }
