@@ -86,14 +86,30 @@ fn durable_write_leaves_the_old_file_or_the_new_one() {
     }
 }
 
+/// A whole-file write on the simulated file system.
+type WriteFn = fn(&SimFs, &Path, &[u8]) -> std::io::Result<()>;
+
+/// The file `/d/f` of `old_len` bytes replaced by `write` with `new_len`
+/// bytes (contents from `seed`): the two contents and what
+/// [`check_power_cuts`] finds.
+fn cuts(
+    seed: u64,
+    old_len: usize,
+    new_len: usize,
+    write: WriteFn,
+) -> (Vec<u8>, Vec<u8>, Vec<Violation>) {
+    let path = Path::new("/d/f");
+    let mut r = Rng::new(seed);
+    let (old, new) = (r.bytes(old_len), r.bytes(new_len));
+    let bad = check_power_cuts(path, Some(&old), &new, REBOOTS, |fs| {
+        let _ = write(fs, path, &new);
+    });
+    (old, new, bad)
+}
+
 #[test]
 fn the_write_without_fsync_leaves_empty_or_torn_files() {
-    let path = Path::new("/plans/p.json");
-    let mut r = Rng::new(1);
-    let (old, new) = (r.bytes(1500), r.bytes(1500));
-    let bad = check_power_cuts(path, Some(&old), &new, REBOOTS, |fs| {
-        let _ = unsynced_write(fs, path, &new);
-    });
+    let (old, new, bad) = cuts(1, 1500, 1500, unsynced_write);
     assert!(
         bad.iter().any(|v| v.found.as_deref() == Some(&[][..])),
         "{bad:?}"
@@ -107,12 +123,7 @@ fn the_write_without_fsync_leaves_empty_or_torn_files() {
 
 #[test]
 fn a_write_without_the_file_sync_is_caught() {
-    let path = Path::new("/d/f");
-    let mut r = Rng::new(2);
-    let (old, new) = (r.bytes(700), r.bytes(1100));
-    let bad = check_power_cuts(path, Some(&old), &new, REBOOTS, |fs| {
-        let _ = write_without_file_sync(fs, path, &new);
-    });
+    let (old, new, bad) = cuts(2, 700, 1100, write_without_file_sync);
     assert!(bad.iter().any(|v| damaged(v, &old, &new)), "{bad:?}");
     // Even after it returned: the name was durable, the data not.
     assert!(
@@ -123,12 +134,7 @@ fn a_write_without_the_file_sync_is_caught() {
 
 #[test]
 fn a_write_without_the_directory_sync_loses_only_completed_writes() {
-    let path = Path::new("/d/f");
-    let mut r = Rng::new(3);
-    let (old, new) = (r.bytes(700), r.bytes(1100));
-    let bad = check_power_cuts(path, Some(&old), &new, REBOOTS, |fs| {
-        let _ = write_without_dir_sync(fs, path, &new);
-    });
+    let (old, _, bad) = cuts(3, 700, 1100, write_without_dir_sync);
     assert!(!bad.is_empty());
     // Atomic but not durable: the reboot finds the old file.
     for v in &bad {
@@ -151,9 +157,9 @@ fn durable_write_completes_without_a_power_cut() {
 /// power cut may leave an empty or torn file.
 #[test]
 fn an_unsynced_write_is_atomic_for_readers_only() {
-    let path = Path::new("/d/report.json");
-    let mut r = Rng::new(4);
-    let (old, new) = (r.bytes(700), r.bytes(1100));
+    let (old, new, bad) = cuts(4, 700, 1100, durable::write_unsynced_in::<SimFs>);
+    assert!(bad.iter().any(|v| damaged(v, &old, &new)), "{bad:?}");
+    let path = Path::new("/d/f");
     for cut in 1.. {
         let fs = SimFs::new(Countdown::crash_at(cut));
         fs.put(path, &old);
@@ -166,8 +172,4 @@ fn an_unsynced_write_is_atomic_for_readers_only() {
             break;
         }
     }
-    let bad = check_power_cuts(path, Some(&old), &new, REBOOTS, |fs| {
-        let _ = durable::write_unsynced_in(fs, path, &new);
-    });
-    assert!(bad.iter().any(|v| damaged(v, &old, &new)), "{bad:?}");
 }
