@@ -3,12 +3,14 @@
 
 #[macro_use]
 mod output;
+mod args;
 mod commands;
 mod disk;
 #[allow(dead_code)]
 mod plot;
 mod progress;
 mod qemu_img;
+mod render;
 
 use clap::{Parser, Subcommand};
 

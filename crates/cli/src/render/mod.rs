@@ -1,0 +1,5 @@
+//! How commands show their results: tables on stdout and plots, one file
+//! per command family. Commands parse options, call an engine and hand
+//! its result here.
+
+pub mod trace;
