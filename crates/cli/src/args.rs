@@ -5,7 +5,6 @@ use anyhow::Context;
 
 /// The items of a comma-separated list, trimmed, empty ones skipped,
 /// each parsed by `f`.
-#[allow(dead_code)]
 pub fn list<T>(s: &str, f: impl Fn(&str) -> anyhow::Result<T>) -> anyhow::Result<Vec<T>> {
     s.split(',')
         .map(str::trim)

@@ -2,4 +2,6 @@
 //! per command family. Commands parse options, call an engine and hand
 //! its result here.
 
+pub mod model;
+pub mod sim;
 pub mod trace;
