@@ -3,5 +3,7 @@
 //! its result here.
 
 pub mod model;
+pub mod replay;
 pub mod sim;
+pub mod sperf;
 pub mod trace;
