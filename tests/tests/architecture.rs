@@ -31,7 +31,6 @@ const OVER_LIMIT: &[&str] = &[
     "crates/cas/src/store/local/mod.rs",
     "crates/cli/src/commands/borrow.rs",
     "crates/cli/src/commands/store.rs",
-    "crates/cli/src/commands/lbs.rs",
     "crates/cli/src/commands/server.rs",
 ];
 

@@ -2,6 +2,7 @@
 //! per command family. Commands parse options, call an engine and hand
 //! its result here.
 
+pub mod lbs;
 pub mod model;
 pub mod replay;
 pub mod sim;
