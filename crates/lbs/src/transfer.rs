@@ -40,13 +40,7 @@ pub fn import(
     create(paths, &o).map_err(ImportError::Create)?;
     let fill = || -> Result<u64> {
         let (lbs, _) = open_files(paths, keys, LbsOptions::default())?;
-        let opts = CopyOptions {
-            what: "importing",
-            ..Default::default()
-        };
-        let copied = copy_sparse(src, &lbs, &opts, progress)?;
-        lbs.flush()?;
-        progress.end();
+        let copied = copy(src, &lbs, "importing", progress)?;
         lbs.close()?;
         Ok(copied)
     };
@@ -90,11 +84,22 @@ pub fn export_raw(
     f.set_len(lbs.size()).map_err(ExportError::Size)?;
     drop(f);
     let dst = RawDev::open(dest, false)?;
+    Ok(copy(lbs, &dst, "exporting", progress)?)
+}
+
+/// Copy `src` into `dst` in a progress phase `what`, skipping holes and
+/// zeroes, then flush `dst` and end the phase. Returns the bytes copied.
+fn copy(
+    src: &dyn BlockDev,
+    dst: &dyn BlockDev,
+    what: &'static str,
+    progress: &dyn Progress,
+) -> Result<u64> {
     let opts = CopyOptions {
-        what: "exporting",
+        what,
         ..Default::default()
     };
-    let copied = copy_sparse(lbs, &dst, &opts, progress)?;
+    let copied = copy_sparse(src, dst, &opts, progress)?;
     dst.flush()?;
     progress.end();
     Ok(copied)
