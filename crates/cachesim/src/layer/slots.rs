@@ -175,6 +175,7 @@ impl Slots {
     /// unless something made that fetch stale (a write began or a new
     /// admission happened since, or a write is in flight). Returns whether
     /// the fetch was marked as filling the block: its waiters must be woken.
+    #[inline]
     pub(super) fn install(&mut self, key: u64, ticket: u64, data: Option<Arc<[u8]>>) -> bool {
         let writing = self.writing.contains_key(&key);
         let Some(slot) = self.slots.get_mut(&key) else {
@@ -193,6 +194,7 @@ impl Slots {
     /// Register a write of `key` before it goes to NEXT, and make every
     /// fetch of the block that started earlier stale (it may have read the
     /// old bytes). Returns the write's generation, for [`Slots::end_write`].
+    #[inline]
     pub(super) fn begin_write(&mut self, key: u64) -> u64 {
         let gen = self.gen();
         if let Some(s) = self.slots.get_mut(&key) {
@@ -219,6 +221,7 @@ impl Slots {
     /// overlapped it, and nothing else changed the block meanwhile (with two
     /// overlapping writes NEXT holds whichever landed last, which the cache
     /// cannot know).
+    #[inline]
     pub(super) fn end_write(
         &mut self,
         key: u64,
