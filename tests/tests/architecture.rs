@@ -49,7 +49,6 @@ const CIRCLES_LEFT: &[&str] = &[
     "crates/nbd/src/client/conn.rs",
     "crates/server/src/metrics.rs",
     "crates/cachesim/src/policy/mod.rs",
-    "crates/lbs/src/image/gc_mover.rs",
     "crates/trace/src/format/mod.rs",
     "crates/trace/src/synth/mod.rs",
 ];
