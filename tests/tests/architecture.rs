@@ -45,8 +45,6 @@ const OVER_LIMIT: &[&str] = &[
 const CIRCLES_LEFT: &[&str] = &[
     "crates/cas/src/view.rs",
     "crates/cas/src/store/mod.rs",
-    "crates/nbd/src/server.rs",
-    "crates/nbd/src/client/conn.rs",
     "crates/server/src/metrics.rs",
     "crates/cachesim/src/policy/mod.rs",
     "crates/trace/src/format/mod.rs",

@@ -6,17 +6,21 @@
 pub mod access;
 pub mod client;
 pub mod config;
+mod export;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handshake;
 pub mod proto;
 mod run;
 mod server;
+mod shared;
+mod stream;
 mod tls;
 mod transmission;
 
 pub use access::{ExportResolver, Peer, Refusal, TlsPeer};
-pub use run::{serve_until, signalled, Bound};
-pub use server::{Export, Listen, ServeOptions, Server, TlsMode};
-pub use tls::{TlsAcceptor, TlsOptions};
+pub use export::Export;
+pub use run::{serve, serve_until, signalled, Bound, Ended, ServeError, Until};
+pub use server::{Listen, ServeOptions, Server};
+pub use tls::{TlsAcceptor, TlsError, TlsMode, TlsOptions};
 pub use transmission::errno;
