@@ -36,7 +36,6 @@ const OVER_LIMIT: &[&str] = &[
     "crates/cli/src/commands/borrow.rs",
     "crates/cli/src/commands/store.rs",
     "crates/cli/src/commands/lbs.rs",
-    "crates/cli/src/commands/server.rs",
     "crates/cli/src/commands/sperf.rs",
     "crates/cli/src/commands/replay.rs",
 ];

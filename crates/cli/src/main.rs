@@ -9,6 +9,7 @@ mod disk;
 mod plot;
 mod progress;
 mod qemu_img;
+mod serving;
 
 use clap::{Parser, Subcommand};
 

@@ -12,10 +12,11 @@ use roamdisk_cas::catalog::format_time;
 use roamdisk_cas::repo::{check_rev, resolve};
 use roamdisk_cas::session::{self, SessionConfig};
 use roamdisk_cas::view::{materialise, VersionView};
-use roamdisk_nbd::{serve_until, signalled, Export, Listen, ServeOptions};
+use roamdisk_nbd::{Export, Listen, ServeOptions, Until};
 
 use super::cas::StoreArgs;
 use crate::disk::NewImage;
+use crate::serving::announce;
 
 /// Check out a version of an image: USER/IMAGE (latest), USER/IMAGE@VERSION
 /// (an id prefix from `roamdisk log`), USER/IMAGE@TAG, or USER/IMAGE@DATE
@@ -103,14 +104,15 @@ pub fn serve_one(
     } else {
         ""
     };
-    serve_until(vec![export], listen, ServeOptions::default(), |bound| {
-        if !quiet {
-            for uri in &bound.uris {
-                eprintln!("roamdisk: serving {describe}{how} on {uri}");
-            }
-        }
-        signalled()
-    })?;
+    let what = format!("serving {describe}{how}");
+    let opts = ServeOptions::default();
+    roamdisk_nbd::serve(
+        vec![export],
+        listen,
+        opts,
+        Until::Signal,
+        announce(quiet, &what),
+    )?;
     Ok(())
 }
 
