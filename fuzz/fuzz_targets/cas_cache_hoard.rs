@@ -1,4 +1,4 @@
-//! `roamdisk_cas::cache::hoard_marks::decode` on arbitrary bytes. The first
+//! `roamdisk_roam::cache::hoard_marks::decode` on arbitrary bytes. The first
 //! byte is the mode (`fixup::input`): with the fix-up bit, the trailing CRC
 //! is rewritten first so mutations reach the lengths, the name and the ids.
 //! A mark that decodes has a non-zero version, a name of 1 to 1024 bytes,
@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_cas::cache::hoard_marks::{decode, encode, MAX_NAME};
+use roamdisk_roam::cache::hoard_marks::{decode, encode, MAX_NAME};
 use roamdisk_fuzz::fixup;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,4 +1,4 @@
-//! `roamdisk_cas::cache::journal` on arbitrary bytes: the header check and
+//! `roamdisk_roam::cache::journal` on arbitrary bytes: the header check and
 //! the record decoder. The first byte is the mode: even decodes the rest
 //! as is; odd first rewrites every 41-byte record's CRC so mutations reach
 //! the kinds, ids and sizes. Decoding must stop at a record boundary, and
@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_cas::cache::journal::{check_header, decode_records, Record, RECORD_LEN};
+use roamdisk_roam::cache::journal::{check_header, decode_records, Record, RECORD_LEN};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {

@@ -1,11 +1,11 @@
-//! `roamdisk_cas::cache::pins::decode` on arbitrary bytes. The first byte
+//! `roamdisk_roam::cache::pins::decode` on arbitrary bytes. The first byte
 //! is the mode (`fixup::input`): with the fix-up bit, the trailing CRC is
 //! rewritten first so mutations reach the count and ids. A set that decodes
 //! must re-encode to exactly its input.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_cas::cache::pins::{decode, encode};
+use roamdisk_roam::cache::pins::{decode, encode};
 use roamdisk_fuzz::fixup;
 
 fuzz_target!(|data: &[u8]| {

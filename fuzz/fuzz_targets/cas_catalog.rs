@@ -1,4 +1,4 @@
-//! `roamdisk_cas::catalog::Catalog::parse` on arbitrary bytes. The first
+//! `roamdisk_chunkstore::catalog::Catalog::parse` on arbitrary bytes. The first
 //! byte is the mode: even parses the rest as is; odd first rewrites the
 //! header and trailer CRCs (`fixup::cas_catalog`) so mutations reach the
 //! entries. A catalog that parses must re-encode to exactly its input
@@ -9,7 +9,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_cas::catalog::{check_tag, format_time, parse_time, Catalog};
+use roamdisk_chunkstore::catalog::{check_tag, format_time, parse_time, Catalog};
 use roamdisk_fuzz::fixup;
 
 fuzz_target!(|data: &[u8]| {

@@ -18,10 +18,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_cas::chunk::{
+use roamdisk_chunkstore::chunk::{
     ChunkCodec, Envelope, FLAG_ENCRYPTED, FLAG_ZSTD, HEADER_SIZE, MAX_OBJECT,
 };
-use roamdisk_cas::{ChunkId, HashKind};
+use roamdisk_chunkstore::{ChunkId, HashKind};
 use roamdisk_fuzz::corpus::{chunk_key, encrypted_chunk_id, CHUNK_PLAINTEXT};
 use roamdisk_fuzz::fixup::{self, FIXUP};
 

@@ -1,4 +1,4 @@
-//! `roamdisk_cas::index::Index::parse` on arbitrary bytes, as a committed
+//! `roamdisk_chunkstore::index::Index::parse` on arbitrary bytes, as a committed
 //! version's index and as a session's. Byte 0 is the mode: bit 0 rewrites
 //! the record count, payload length and both CRCs (`fixup::cas_index`) so
 //! mutations reach the records and the zstd payload.
@@ -13,7 +13,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_cas::index::{valid_chunk_size, Index, SectorState, FLAG_ZSTD, MAX_DISK, SECTOR};
+use roamdisk_chunkstore::index::{valid_chunk_size, Index, SectorState, FLAG_ZSTD, MAX_DISK, SECTOR};
 use roamdisk_fuzz::fixup;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,11 +1,11 @@
-//! `roamdisk_cas::lookaside::decode_index` on arbitrary bytes. The first
+//! `roamdisk_roam::lookaside::decode_index` on arbitrary bytes. The first
 //! byte is the mode (`fixup::input`): with the fix-up bit, the trailing CRC is
 //! rewritten first so mutations reach the identity and the entries. An index
 //! that decodes must re-encode to exactly its input.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_cas::lookaside::{decode_index, encode_index};
+use roamdisk_roam::lookaside::{decode_index, encode_index};
 use roamdisk_fuzz::fixup;
 
 fuzz_target!(|data: &[u8]| {

@@ -13,8 +13,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use roamdisk_blockdev::ErrorKind;
-use roamdisk_cas::hash::HashKind;
-use roamdisk_cas::store::pack::{self, Trailer, HEADER_SIZE, TRAILER_SIZE};
+use roamdisk_chunkstore::hash::HashKind;
+use roamdisk_chunkstore::store::pack::{self, Trailer, HEADER_SIZE, TRAILER_SIZE};
 use roamdisk_fuzz::fixup;
 
 fuzz_target!(|data: &[u8]| {

@@ -16,8 +16,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use roamdisk_blockdev::ErrorKind;
-use roamdisk_cas::catalog::Catalog;
-use roamdisk_cas::store::s3::{parse_lease, refs, S3Location};
+use roamdisk_chunkstore::catalog::Catalog;
+use roamdisk_chunkstore::store::s3::{parse_lease, refs, S3Location};
 use roamdisk_fuzz::parse_text;
 
 fuzz_target!(|data: &[u8]| {

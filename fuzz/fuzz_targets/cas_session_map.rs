@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_cas::session::map::Header;
+use roamdisk_roam::session::map::Header;
 use roamdisk_fuzz::fixup;
 
 fuzz_target!(|data: &[u8]| {

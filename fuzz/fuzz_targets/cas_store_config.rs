@@ -8,7 +8,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use roamdisk_blockdev::ErrorKind;
-use roamdisk_cas::store::config::StoreConfig;
+use roamdisk_chunkstore::store::config::StoreConfig;
 use roamdisk_fuzz::parse_text;
 
 fuzz_target!(|data: &[u8]| {

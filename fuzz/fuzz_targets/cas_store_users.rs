@@ -13,8 +13,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use roamdisk_blockdev::ErrorKind;
-use roamdisk_cas::server::users::{check_grant, Users, MAX_GRANTS};
-use roamdisk_cas::store::is_name_part;
+use roamdisk_chunkserver::users::{check_grant, Users, MAX_GRANTS};
+use roamdisk_chunkstore::store::is_name_part;
 use roamdisk_fuzz::corpus::users_token;
 use roamdisk_fuzz::parse_text;
 

@@ -13,7 +13,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_cas::version::{Header, Version};
+use roamdisk_chunkstore::version::{Header, Version};
 use roamdisk_fuzz::corpus::VERSION_USER_KEY;
 use roamdisk_fuzz::fixup;
 

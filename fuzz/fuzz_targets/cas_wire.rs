@@ -12,7 +12,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_cas::store::wire::{self, MAX_HAVE};
+use roamdisk_chunkstore::store::wire::{self, MAX_HAVE};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {

@@ -18,7 +18,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use roamdisk_blockdev::ErrorKind;
-use roamdisk_cas::store::wire::{self, Got, GET_MAGIC, GOT_FOUND, MAX_GET, MAX_GET_BYTES};
+use roamdisk_chunkstore::store::wire::{self, Got, GET_MAGIC, GOT_FOUND, MAX_GET, MAX_GET_BYTES};
 use roamdisk_fuzz::fixup::FIXUP;
 
 /// A well-framed answer made of the entries `rest` describes.

@@ -1,4 +1,4 @@
-//! `roamdisk_cas::session::workset::decode` on arbitrary bytes (a session's
+//! `roamdisk_roam::session::workset::decode` on arbitrary bytes (a session's
 //! recorded working set, for a disk of 4096 chunks). The first byte is the
 //! mode (`fixup::input`): with the fix-up bit, the trailing CRC is
 //! rewritten first so mutations reach the count and the chunk numbers. A
@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_cas::session::workset::{decode, encode};
+use roamdisk_roam::session::workset::{decode, encode};
 use roamdisk_fuzz::fixup;
 
 const RECORDS: usize = 4096;

@@ -19,16 +19,16 @@ use roamdisk_blockdev::testkit::run_tool;
 use roamdisk_blockdev::{BlockDev, WriteFlags};
 use roamdisk_borrow::plan::{Device, Histogram, Partition, PlanExtent, PlanOptions};
 use roamdisk_borrow::{Plan, Status};
-use roamdisk_cas::catalog::{Catalog, Entry};
-use roamdisk_cas::chunk::{ChunkCodec, Key};
-use roamdisk_cas::index::{Index, SectorState};
-use roamdisk_cas::server::users::Users;
-use roamdisk_cas::session::map;
-use roamdisk_cas::store::config::StoreConfig;
-use roamdisk_cas::store::{pack, wire, ObjectEntry};
-use roamdisk_cas::token::Token;
-use roamdisk_cas::version::{Memory, Version};
-use roamdisk_cas::{ChunkId, HashKind};
+use roamdisk_chunkstore::catalog::{Catalog, Entry};
+use roamdisk_chunkstore::chunk::{ChunkCodec, Key};
+use roamdisk_chunkstore::index::{Index, SectorState};
+use roamdisk_chunkserver::users::Users;
+use roamdisk_roam::session::map;
+use roamdisk_chunkstore::store::config::StoreConfig;
+use roamdisk_chunkstore::store::{pack, wire, ObjectEntry};
+use roamdisk_chunkstore::token::Token;
+use roamdisk_chunkstore::version::{Memory, Version};
+use roamdisk_chunkstore::{ChunkId, HashKind};
 use roamdisk_trace::format::binary::{Encoder, CHUNK_HEADER_LEN, HEADER_LEN};
 use roamdisk_trace::format::csvfmt::CsvEncoder;
 use roamdisk_trace::format::{Record, TraceOp};
@@ -877,8 +877,8 @@ mod tests {
     use super::*;
     use crate::disk::Image;
     use crate::fixup;
-    use roamdisk_cas::catalog::Catalog;
-    use roamdisk_cas::chunk::FLAG_ZSTD;
+    use roamdisk_chunkstore::catalog::Catalog;
+    use roamdisk_chunkstore::chunk::FLAG_ZSTD;
 
     /// Write the corpus when `ROAMDISK_CORPUS_DIR` is set; always check
     /// that the seeds parse the way their names say.
@@ -923,7 +923,7 @@ mod tests {
             assert_eq!(got.unwrap_or_else(|e| panic!("{name}: {e}")), 3, "{name}");
         }
         for (name, s) in get("cas_s3_names") {
-            use roamdisk_cas::store::s3::{parse_lease, refs, S3Location};
+            use roamdisk_chunkstore::store::s3::{parse_lease, refs, S3Location};
             let text = || std::str::from_utf8(&s[1..]).unwrap();
             let ok = match s[0] {
                 0 => S3Location::parse(text()).is_ok(),

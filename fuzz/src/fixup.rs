@@ -56,7 +56,7 @@ pub fn cas_pack(b: &mut [u8]) {
     let index = t - 48 * count;
     put64(b, t, index as u64);
     put32(b, t + 8, count as u32);
-    let sum = roamdisk_cas::store::pack::checksum(&b[..HEADER], &b[index..t], &b[t..t + 16]);
+    let sum = roamdisk_chunkstore::store::pack::checksum(&b[..HEADER], &b[index..t], &b[t..t + 16]);
     b[t + 16..t + 48].copy_from_slice(&sum);
 }
 

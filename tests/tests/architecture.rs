@@ -26,9 +26,9 @@ const MAX_COMMAND_LINES: usize = 300;
 /// Files still over their limit, with the issue that brings them under it
 /// (empty once the architecture step is done).
 const OVER_LIMIT: &[&str] = &[
-    "crates/cas/src/store/s3/mod.rs",
-    "crates/cas/src/cache/shared.rs",
-    "crates/cas/src/store/local/mod.rs",
+    "crates/chunkstore/src/store/s3/mod.rs",
+    "crates/roam/src/cache/shared.rs",
+    "crates/chunkstore/src/store/local/mod.rs",
     "crates/cachesim/src/layer.rs",
     "crates/cli/src/commands/trace.rs",
     "crates/cli/src/commands/sim.rs",
@@ -42,8 +42,8 @@ const OVER_LIMIT: &[&str] = &[
 
 /// Circles still standing, each named by one of its files.
 const CIRCLES_LEFT: &[&str] = &[
-    "crates/cas/src/view.rs",
-    "crates/cas/src/store/mod.rs",
+    "crates/roam/src/view.rs",
+    "crates/chunkstore/src/store/mod.rs",
     "crates/cachesim/src/policy/mod.rs",
     "crates/trace/src/format/mod.rs",
     "crates/trace/src/synth/mod.rs",

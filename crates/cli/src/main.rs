@@ -81,7 +81,7 @@ fn init_logging(verbose: u8, quiet: bool) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!(
-            "roamdisk={level},roamdisk_nbd={level},roamdisk_blockdev={level},roamdisk_lbs={level},roamdisk_workload={level},roamdisk_trace={level},roamdisk_cas={level},roamdisk_server={level}"
+            "roamdisk={level},roamdisk_nbd={level},roamdisk_blockdev={level},roamdisk_lbs={level},roamdisk_workload={level},roamdisk_trace={level},roamdisk_chunkstore={level},roamdisk_chunkserver={level},roamdisk_roam={level},roamdisk_borrow={level},roamdisk_cachesim={level},roamdisk_fsmeta={level},roamdisk_server={level}"
         ))
     });
     // Colours only on a terminal: a log file or journal gets plain text.

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use roamdisk_blockdev::units::format_size;
-use roamdisk_cas::cache::admin::{status, verify, CacheStatus};
-use roamdisk_cas::cache::hoard::percent;
-use roamdisk_cas::cache::{shared, CacheOptions, SharedCache};
+use roamdisk_roam::cache::admin::{status, verify, CacheStatus};
+use roamdisk_roam::cache::hoard::percent;
+use roamdisk_roam::cache::{shared, CacheOptions, SharedCache};
 
 use super::cas::short;
 use crate::progress::{Output, Reporter};

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use crate::progress::{Output, Reporter};
 use anyhow::Context;
 use clap::Args as ClapArgs;
-use roamdisk_cas::store::http::Credentials;
-use roamdisk_cas::store::{self, DynStore, StoreConfig};
+use roamdisk_chunkstore::store::http::Credentials;
+use roamdisk_chunkstore::store::{self, DynStore, StoreConfig};
 
 /// Where the chunk store is, and the user's key.
 #[derive(ClapArgs, Clone, Debug)]
@@ -55,7 +55,7 @@ impl StoreArgs {
     pub fn location(&self) -> String {
         self.store
             .clone()
-            .unwrap_or_else(roamdisk_cas::layer::default_store)
+            .unwrap_or_else(roamdisk_roam::layer::default_store)
     }
 
     /// Open the store; a local default store is created on first use.
@@ -80,7 +80,7 @@ impl StoreArgs {
 
     pub fn key(&self) -> anyhow::Result<Option<[u8; 32]>> {
         match &self.key_file {
-            Some(p) => Ok(Some(roamdisk_cas::version::read_key_file(p)?)),
+            Some(p) => Ok(Some(roamdisk_chunkstore::version::read_key_file(p)?)),
             None => Ok(None),
         }
     }

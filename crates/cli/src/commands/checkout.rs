@@ -8,11 +8,11 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
 use roamdisk_blockdev::{Access, BlockDev, Checked};
-use roamdisk_cas::catalog::format_time;
-use roamdisk_cas::repo::{check_rev, resolve};
-use roamdisk_cas::session::{self, SessionConfig};
-use roamdisk_cas::view::{materialise, VersionView};
+use roamdisk_chunkstore::catalog::format_time;
+use roamdisk_chunkstore::repo::{check_rev, resolve};
 use roamdisk_nbd::{Export, Listen, ServeOptions, Until};
+use roamdisk_roam::session::{self, SessionConfig};
+use roamdisk_roam::view::{materialise, VersionView};
 
 use super::cas::StoreArgs;
 use crate::disk::NewImage;
@@ -75,7 +75,7 @@ pub struct Args {
 }
 
 fn absolute_location(loc: &str) -> String {
-    if roamdisk_cas::store::is_remote(loc) {
+    if roamdisk_chunkstore::store::is_remote(loc) {
         return loc.to_string();
     }
     absolute(Path::new(loc)).display().to_string()
@@ -122,17 +122,17 @@ pub fn serve_one(
 pub fn new_session(
     dir: &std::path::Path,
     st: &StoreArgs,
-    store: &roamdisk_cas::store::DynStore,
+    store: &roamdisk_chunkstore::store::DynStore,
     (view, package): (&VersionView, &[u8]),
     target: &str,
     cache: &str,
     lookaside: &[PathBuf],
 ) -> anyhow::Result<()> {
-    roamdisk_cas::store::check_ref_name(target)?;
+    roamdisk_chunkstore::store::check_ref_name(target)?;
     let location = st.location();
     let mut cfg = SessionConfig::new(&absolute_location(&location), target);
     cfg.key_file = st.key_file.as_deref().map(absolute);
-    if roamdisk_cas::store::is_url(&location) {
+    if roamdisk_chunkstore::store::is_url(&location) {
         // The paths, never the token: the session opens with them later.
         let creds = st.credentials().or_env();
         cfg.token_file = creds.token_file.as_deref().map(absolute);
@@ -149,7 +149,7 @@ pub fn new_session(
         other => bail!("--cache must be raw or lbs, not '{other}'"),
     }
     session::create(dir, &cfg, view.id, view.size())?;
-    roamdisk_cas::session::dev::keep_offline_copies(dir, store, package);
+    roamdisk_roam::session::dev::keep_offline_copies(dir, store, package);
     Ok(())
 }
 

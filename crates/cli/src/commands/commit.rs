@@ -7,11 +7,11 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use roamdisk_blockdev::units::{format_size, parse_size};
 use roamdisk_blockdev::Access;
-use roamdisk_cas::commit::{commit_image, CommitOptions, CommitSummary, Parent, Source};
-use roamdisk_cas::guest::FsmetaAnalyzer;
-use roamdisk_cas::layer::CAS;
-use roamdisk_cas::session::dev::CasDev;
-use roamdisk_cas::session::update::{commit_session, UpdateOptions};
+use roamdisk_chunkstore::commit::{commit_image, CommitOptions, CommitSummary, Parent, Source};
+use roamdisk_roam::guest::FsmetaAnalyzer;
+use roamdisk_roam::layer::CAS;
+use roamdisk_roam::session::dev::CasDev;
+use roamdisk_roam::session::update::{commit_session, UpdateOptions};
 
 use super::cas::{short, StoreArgs};
 use crate::disk::{Disk, DiskSpec};
@@ -207,7 +207,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         ..Default::default()
     };
     if let Some(t) = &opts.tag {
-        roamdisk_cas::catalog::check_tag(t)?;
+        roamdisk_chunkstore::catalog::check_tag(t)?;
     }
     let src = DiskSpec::parse(&a.source)?;
     if src.spec.kind == CAS.name {
@@ -220,13 +220,13 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let Some(to) = &a.to else {
         bail!("say which image the disk becomes: --to USER/IMAGE");
     };
-    roamdisk_cas::store::check_ref_name(to)?;
+    roamdisk_chunkstore::store::check_ref_name(to)?;
     if a.filters.any_off() {
         bail!("--no-p1/--no-p2/--no-p3 apply to update commits of cas:SESSION");
     }
     opts.user_key = match (&a.st.key_file, a.encrypt) {
-        (Some(k), true) if !k.exists() => Some(roamdisk_cas::version::create_key_file(k)?),
-        (Some(k), true) => Some(roamdisk_cas::version::read_key_file(k)?),
+        (Some(k), true) if !k.exists() => Some(roamdisk_chunkstore::version::create_key_file(k)?),
+        (Some(k), true) => Some(roamdisk_chunkstore::version::read_key_file(k)?),
         (None, true) => bail!("--encrypt needs --key-file FILE (created if missing)"),
         (Some(_), false) => bail!("--key-file given without --encrypt"),
         (None, false) => None,

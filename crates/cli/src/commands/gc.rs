@@ -2,7 +2,7 @@
 
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
-use roamdisk_cas::gc::{gc, GcOptions};
+use roamdisk_chunkstore::gc::{gc, GcOptions};
 
 use super::cas::StoreArgs;
 use roamdisk_blockdev::units::{parse_duration, Bare};

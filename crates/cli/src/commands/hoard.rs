@@ -4,11 +4,11 @@
 use anyhow::{bail, Context};
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
-use roamdisk_cas::cache::hoard::{hoard, percent, HoardSummary};
-use roamdisk_cas::cache::{SharedCache, SharedChoice};
-use roamdisk_cas::repo::resolve;
-use roamdisk_cas::view::VersionView;
-use roamdisk_cas::ChunkId;
+use roamdisk_chunkstore::repo::resolve;
+use roamdisk_chunkstore::ChunkId;
+use roamdisk_roam::cache::hoard::{hoard, percent, HoardSummary};
+use roamdisk_roam::cache::{SharedCache, SharedChoice};
+use roamdisk_roam::view::VersionView;
 use serde::Serialize;
 
 use super::cas::{short, StoreArgs};
@@ -84,7 +84,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let view = VersionView::open(store.clone(), entry.version, key.as_ref())
         .with_context(|| format!("cannot read {name}@{}", entry.version.short()))?
         .with_shared_cache(Some(cache.clone()));
-    let media = roamdisk_cas::lookaside::for_view(&store, &view, &a.lookaside)?;
+    let media = roamdisk_roam::lookaside::for_view(&store, &view, &a.lookaside)?;
     let view = view.with_lookaside(media);
     let progress = a.st.progress(quiet);
     let s = hoard(&view, &name, a.check, &progress)?;

@@ -2,8 +2,8 @@
 
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
-use roamdisk_cas::catalog::format_time;
-use roamdisk_cas::repo::{existing_catalog, split_target};
+use roamdisk_chunkstore::catalog::format_time;
+use roamdisk_chunkstore::repo::{existing_catalog, split_target};
 
 use super::cas::StoreArgs;
 

@@ -37,8 +37,8 @@ pub fn registry() -> Registry {
     {
         r.add(k);
     }
-    r.add(&roamdisk_cas::layer::CAS);
-    r.add(&roamdisk_cas::layer::CAS_VERSION);
+    r.add(&roamdisk_roam::layer::CAS);
+    r.add(&roamdisk_roam::layer::CAS_VERSION);
     r.add(&roamdisk_borrow::layer::BORROW);
     for k in roamdisk_cachesim::layer::LAYERS {
         r.add(k);

@@ -13,11 +13,11 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
 use roamdisk_blockdev::{Access, BlockDev, Progress};
-use roamdisk_cas::cache::SharedChoice;
-use roamdisk_cas::repo::{check_rev, resolve};
-use roamdisk_cas::session::dev::{CasDev, PrefetchStatus, SessionOpen};
-use roamdisk_cas::view::{GatherStats, VersionView};
+use roamdisk_chunkstore::repo::{check_rev, resolve};
 use roamdisk_nbd::Listen;
+use roamdisk_roam::cache::SharedChoice;
+use roamdisk_roam::session::dev::{CasDev, PrefetchStatus, SessionOpen};
+use roamdisk_roam::view::{GatherStats, VersionView};
 use serde::Serialize;
 
 use super::cas::{short, StoreArgs};

@@ -2,7 +2,7 @@
 
 use anyhow::bail;
 use clap::Parser;
-use roamdisk_cas::repo::{existing_catalog, split_target, update_catalog};
+use roamdisk_chunkstore::repo::{existing_catalog, split_target, update_catalog};
 
 use super::cas::StoreArgs;
 

@@ -11,7 +11,7 @@ use roamdisk_server::{access::views_of, promote, state::StateLock, Server, Serve
 
 use super::cas::StoreArgs;
 use crate::serving::{announce, Limits};
-use roamdisk_cas::commit::{commit_image, CommitOptions, Source};
+use roamdisk_chunkstore::commit::{commit_image, CommitOptions, Source};
 
 /// Serve golden images to many clients over NBD, each seeing only its grants.
 ///
@@ -269,7 +269,7 @@ fn promote(p: PromoteArgs, quiet: bool) -> anyhow::Result<()> {
     let lock = StateLock::take(&cfg.state)?;
     let to = PathBuf::from(&p.to);
     if p.st.store.is_some() {
-        roamdisk_cas::store::check_ref_name(&p.to)?;
+        roamdisk_chunkstore::store::check_ref_name(&p.to)?;
     } else if to.exists() {
         bail!("{} exists; promote writes a new file", to.display());
     }

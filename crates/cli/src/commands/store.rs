@@ -10,13 +10,13 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use rayon::prelude::*;
 use roamdisk_blockdev::units::{format_size, parse_size};
-use roamdisk_cas::hash::HashKind;
-use roamdisk_cas::repo::read_catalog;
-use roamdisk_cas::server::tls::TlsFiles;
-use roamdisk_cas::server::ServerOptions;
-use roamdisk_cas::store::{self, local::LocalStore, StoreConfig};
-use roamdisk_cas::version::{Header, Version};
-use roamdisk_cas::ChunkId;
+use roamdisk_chunkserver::tls::TlsFiles;
+use roamdisk_chunkserver::ServerOptions;
+use roamdisk_chunkstore::hash::HashKind;
+use roamdisk_chunkstore::repo::read_catalog;
+use roamdisk_chunkstore::store::{self, local::LocalStore, StoreConfig};
+use roamdisk_chunkstore::version::{Header, Version};
+use roamdisk_chunkstore::ChunkId;
 
 use super::cas::StoreArgs;
 
@@ -193,7 +193,7 @@ pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
         Cmd::Info(i) => info(i),
         Cmd::Verify(v) => verify(v, quiet),
         Cmd::Keygen(k) => {
-            roamdisk_cas::version::create_key_file(&k.file)?;
+            roamdisk_chunkstore::version::create_key_file(&k.file)?;
             if !quiet {
                 println!("wrote a new 256-bit key to {} (keep it safe: without it the encrypted images cannot be read)", k.file.display());
             }
@@ -211,7 +211,9 @@ fn serve(s: ServeArgs, quiet: bool) -> anyhow::Result<()> {
         None => 0,
     };
     if cache > 0 {
-        st = std::sync::Arc::new(roamdisk_cas::store::cached::CachedStore::new(st, cache));
+        st = std::sync::Arc::new(roamdisk_chunkstore::store::cached::CachedStore::new(
+            st, cache,
+        ));
     }
     if s.limit.is_some() || s.latency.is_some() {
         use roamdisk_blockdev::units::{parse_duration, parse_rate, Bare};
@@ -230,12 +232,14 @@ fn serve(s: ServeArgs, quiet: bool) -> anyhow::Result<()> {
                 .unwrap_or_default(),
             burst: 64 << 10,
         };
-        st = std::sync::Arc::new(roamdisk_cas::store::throttle::ThrottleStore::new(st, spec));
+        st = std::sync::Arc::new(roamdisk_chunkstore::store::throttle::ThrottleStore::new(
+            st, spec,
+        ));
     }
     let users = s
         .users
         .as_deref()
-        .map(roamdisk_cas::server::gate::UsersWatch::open)
+        .map(roamdisk_chunkserver::gate::UsersWatch::open)
         .transpose()?;
     let opts = ServerOptions {
         listen: s.listen,
@@ -276,7 +280,7 @@ fn serve(s: ServeArgs, quiet: bool) -> anyhow::Result<()> {
             Some(p) => format!("users of {}", p.display()),
             None => "anyone (no --users)".into(),
         };
-        roamdisk_cas::server::serve(
+        roamdisk_chunkserver::serve(
             st,
             &opts,
             move |addr| {
@@ -423,7 +427,7 @@ fn verify(v: VerifyArgs, quiet: bool) -> anyhow::Result<()> {
     let mut ids = Vec::new();
     st.list_objects(&mut |e| ids.push(e.id))?;
     let progress = v.st.progress(quiet);
-    roamdisk_cas::Progress::start(
+    roamdisk_chunkstore::Progress::start(
         &progress,
         "verifying",
         ids.len() as u64,
@@ -444,7 +448,7 @@ fn verify(v: VerifyArgs, quiet: bool) -> anyhow::Result<()> {
                     },
                 )
                 .collect();
-            roamdisk_cas::Progress::advance(&progress, part.len() as u64);
+            roamdisk_chunkstore::Progress::advance(&progress, part.len() as u64);
             out
         })
         .collect();

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args as ClapArgs, Parser, Subcommand};
-use roamdisk_cas::server::users::{self, Users};
-use roamdisk_cas::token::Token;
+use roamdisk_chunkserver::users::{self, Users};
+use roamdisk_chunkstore::token::Token;
 
 /// Users of a chunk server: who may connect (each with a token), who is
 /// an admin (gc, store info), which catalogs are shared with whom. A user

@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
-use roamdisk_cas::commit::CommitOptions;
-use roamdisk_cas::resume::write_resume_set;
-use roamdisk_cas::session::dev::CasDev;
+use roamdisk_chunkstore::commit::CommitOptions;
+use roamdisk_roam::resume::write_resume_set;
+use roamdisk_roam::session::dev::CasDev;
 
 use super::cas::{short, StoreArgs};
 use super::commit::{finish, update_commit, Filters};
@@ -66,7 +66,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         None => Vec::new(),
     };
     if let Some(t) = &a.tag {
-        roamdisk_cas::catalog::check_tag(t)?;
+        roamdisk_chunkstore::catalog::check_tag(t)?;
     }
     let u = a.filters.update(CommitOptions {
         description: a.message.clone(),

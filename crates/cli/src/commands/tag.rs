@@ -2,8 +2,8 @@
 
 use anyhow::bail;
 use clap::Parser;
-use roamdisk_cas::catalog::check_tag;
-use roamdisk_cas::repo::{resolve, split_target, update_catalog};
+use roamdisk_chunkstore::catalog::check_tag;
+use roamdisk_chunkstore::repo::{resolve, split_target, update_catalog};
 
 use super::cas::StoreArgs;
 

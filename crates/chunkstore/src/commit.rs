@@ -1,0 +1,518 @@
+//! Commits: the initial commit of any disk (a block-device stack, or a
+//! stream such as a memory image file) and the pieces shared with the update
+//! commit of a session (`roamdisk_roam::session`): building the version package,
+//! storing it before the catalog names it, and the summary.
+//!
+//! Order of a commit (seed section 3.4; crash argument in
+//! `docs/formats/cas-store.md`): take a lease; upload chunks (only the
+//! ones the store lacks); make them durable; store the version package
+//! and make it durable; append the version to the catalog by
+//! compare-and-swap; end the lease. A crash anywhere before the catalog
+//! update leaves the previous version current and nothing half-visible.
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::catalog::{now_nanos, Entry};
+use crate::chunk::Key;
+use crate::error::{bad_arg, context, err};
+use crate::hash::ChunkId;
+use crate::index::{valid_chunk_size, Index, SECTOR};
+use crate::repo::{read_catalog, update_catalog};
+use crate::store::{ChunkWrite, LeaseStore, RefStore};
+use crate::upload::{UploadStats, Uploader};
+use crate::version::{Memory, Version};
+use roamdisk_blockdev::Progress;
+use roamdisk_blockdev::{extents_covering, BlockDev, ErrorKind, Op, Result};
+
+/// Which version a new one descends from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parent {
+    /// The latest version of the target catalog, if any.
+    Latest,
+    /// None (a new history).
+    None,
+    /// This version.
+    Given(ChunkId),
+}
+
+/// Options of a commit.
+#[derive(Debug, Clone)]
+pub struct CommitOptions {
+    /// The catalog the version goes to: `USER/IMAGE`.
+    pub target: String,
+    pub description: String,
+    /// Chunk size of an initial commit (an update keeps its base's).
+    pub chunk_size: u32,
+    /// The user's key: convergent encryption of chunks, sealed index.
+    pub user_key: Option<Key>,
+    /// The VM configuration file.
+    pub config: Vec<u8>,
+    /// A memory image to chunk and keep with the version.
+    pub memory: Option<std::path::PathBuf>,
+    pub parent: Parent,
+    /// A tag for the new version.
+    pub tag: Option<String>,
+    /// Read at most this many disk bytes per second (spare the network
+    /// or the disk for other users).
+    pub rate_limit: Option<u64>,
+}
+
+impl Default for CommitOptions {
+    fn default() -> Self {
+        CommitOptions {
+            target: String::new(),
+            description: String::new(),
+            chunk_size: crate::index::DEFAULT_CHUNK,
+            user_key: None,
+            config: Vec::new(),
+            memory: None,
+            parent: Parent::Latest,
+            tag: None,
+            rate_limit: None,
+        }
+    }
+}
+
+/// Useful-update filter statistics of an update commit (the seed's
+/// Figure 9), in sectors.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct FilterReport {
+    /// Sectors written in the session (DIRTY or ZERO).
+    pub dirty: u64,
+    /// Dropped by P1: written zeroes, kept as ZERO with no data.
+    pub p1_zero: u64,
+    /// Dropped by P2: in clusters the guest file system marks free.
+    pub p2_free: u64,
+    /// Dropped by P3: in guest swap.
+    pub p3_swap: u64,
+    /// Left: sectors whose data goes into new chunks.
+    pub committed: u64,
+    /// Which filters ran.
+    pub p1: bool,
+    pub p2: bool,
+    pub p3: bool,
+}
+
+/// What a commit did.
+#[derive(Debug, Clone, Serialize)]
+pub struct CommitSummary {
+    pub version: String,
+    pub catalog: String,
+    pub parent: Option<String>,
+    pub disk_size: u64,
+    pub chunk_size: u32,
+    pub upload: UploadStats,
+    /// Size of the compressed index in the package.
+    pub index_bytes: usize,
+    pub package_bytes: usize,
+    pub seconds: f64,
+    /// Disk bytes processed per second.
+    pub mb_per_s: f64,
+    pub filters: Option<FilterReport>,
+    pub encrypted: bool,
+}
+
+/// Where an initial commit reads the disk from.
+pub enum Source<'a> {
+    /// A block device (any stack); holes are not read.
+    Dev(&'a dyn BlockDev),
+    /// A sequential stream of `size` bytes (a memory image file).
+    Stream(Box<dyn Read + Send + 'a>, u64),
+}
+
+impl Source<'_> {
+    fn size(&self) -> u64 {
+        match self {
+            Source::Dev(d) => d.size(),
+            Source::Stream(_, n) => *n,
+        }
+    }
+}
+
+/// Bytes read per batch (hashed and uploaded together).
+const BATCH_BYTES: usize = 16 << 20;
+
+/// Chunks read together: records `first..first + holes.len()`, their
+/// bytes back to back in `data` (hole chunks are not read: their bytes are
+/// left over from an earlier batch and never used).
+struct Batch {
+    first: usize,
+    data: Vec<u8>,
+    holes: Vec<bool>,
+}
+
+/// Read the source batch by batch into buffers taken from `free` (the
+/// consumer sends each batch's buffer back when done, so the same few
+/// buffers are filled again and again: no page faults or zeroing of fresh
+/// memory per batch).
+fn read_batches(
+    src: Source<'_>,
+    chunk: usize,
+    tx: std::sync::mpsc::SyncSender<Result<Batch>>,
+    free: std::sync::mpsc::Receiver<Vec<u8>>,
+) {
+    let size = src.size();
+    let n = size.div_ceil(chunk as u64) as usize;
+    let per = (BATCH_BYTES / chunk).max(1);
+    let mut src = src;
+    // The allocation map of the whole source, once (asking per batch makes
+    // SEEK_HOLE rescan the rest of the file every time).
+    let extents = match &src {
+        Source::Dev(dev) => match extents_covering(*dev, 0, size) {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+        },
+        Source::Stream(..) => Vec::new(),
+    };
+    let mut ext_at = 0usize;
+    let mut ext_off = 0u64;
+    for first in (0..n).step_by(per) {
+        let last = (first + per).min(n);
+        let off = first as u64 * chunk as u64;
+        let len = ((last as u64 * chunk as u64).min(size) - off) as usize;
+        let r = (|| {
+            // Bytes of hole chunks are left as they are: they are not used.
+            let mut data = free.try_recv().unwrap_or_default();
+            data.resize(len, 0);
+            let mut holes = vec![false; last - first];
+            match &mut src {
+                Source::Dev(dev) => {
+                    // Chunks entirely inside zero/hole extents are not read.
+                    holes.fill(true);
+                    let end = off + len as u64;
+                    while ext_at < extents.len() && ext_off < end {
+                        let e = extents[ext_at];
+                        let (a, b) = (ext_off.max(off), (ext_off + e.len).min(end));
+                        if !e.state.is_zero() && b > a {
+                            let ka = ((a - off) / chunk as u64) as usize;
+                            let kb = ((b - off).div_ceil(chunk as u64)) as usize;
+                            for h in &mut holes[ka..kb.min(last - first)] {
+                                *h = false;
+                            }
+                        }
+                        if ext_off + e.len <= end {
+                            ext_off += e.len;
+                            ext_at += 1;
+                        } else {
+                            break;
+                        }
+                    }
+                    // Read runs of non-hole chunks, one request each.
+                    let mut k = 0;
+                    while k < holes.len() {
+                        if holes[k] {
+                            k += 1;
+                            continue;
+                        }
+                        let mut e = k + 1;
+                        while e < holes.len() && !holes[e] {
+                            e += 1;
+                        }
+                        let a = k * chunk;
+                        let b = (e * chunk).min(len);
+                        dev.read_at(&mut data[a..b], off + a as u64)?;
+                        k = e;
+                    }
+                }
+                Source::Stream(rd, _) => {
+                    rd.read_exact(&mut data).map_err(|e| {
+                        err(
+                            ErrorKind::Io,
+                            Op::Read,
+                            format!("the source stream ended or failed near byte {off}: {e}"),
+                        )
+                    })?;
+                }
+            }
+            Ok(Batch { first, data, holes })
+        })();
+        let failed = r.is_err();
+        if tx.send(r).is_err() || failed {
+            return;
+        }
+    }
+}
+
+/// Bytes of chunks stored as one group when workers read their own chunks
+/// (one pack in a local store: one round of "make durable, then name").
+const GROUP_BYTES: usize = 32 << 20;
+
+/// Which chunks of `dev` lie entirely in holes or zero extents (they are
+/// not read), from its allocation map asked once.
+fn hole_map(dev: &dyn BlockDev, chunk: usize) -> Result<Vec<bool>> {
+    let size = dev.size();
+    let n = size.div_ceil(chunk as u64) as usize;
+    let mut holes = vec![true; n];
+    let mut off = 0u64;
+    for e in extents_covering(dev, 0, size)? {
+        if !e.state.is_zero() && e.len > 0 {
+            let a = (off / chunk as u64) as usize;
+            let b = ((off + e.len).div_ceil(chunk as u64) as usize).min(n);
+            holes[a..b].fill(false);
+        }
+        off += e.len;
+    }
+    Ok(holes)
+}
+
+/// Chunk, hash and upload a whole source into `index` (whose geometry
+/// matches the source).
+pub(crate) fn upload_source<S: ChunkWrite + LeaseStore + ?Sized>(
+    up: &mut Uploader<'_, S>,
+    index: &mut Index,
+    src: Source<'_>,
+    progress: &dyn Progress,
+    phase: &'static str,
+    rate_limit: Option<u64>,
+) -> Result<()> {
+    let chunk = index.chunk_size as usize;
+    progress.phase(phase, src.size());
+    let t0 = Instant::now();
+    let mut done = 0u64;
+    let pace = |done: u64| {
+        if let Some(rate) = rate_limit.filter(|&r| r > 0) {
+            let due = Duration::from_secs_f64(done as f64 / rate as f64);
+            if let Some(wait) = due.checked_sub(t0.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+    };
+    if let (Source::Dev(dev), true) = (&src, up.per_chunk()) {
+        // Each worker reads, hashes and writes its own chunks.
+        let dev = *dev;
+        let size = dev.size();
+        let holes = hole_map(dev, chunk)?;
+        let len_of = |i: usize| (size - i as u64 * chunk as u64).min(chunk as u64);
+        // Bytes read so far, by all workers (paced chunk by chunk).
+        let read_bytes = std::sync::atomic::AtomicU64::new(0);
+        let read = |i: usize, buf: &mut Vec<u8>| -> Result<()> {
+            let len = len_of(i);
+            buf.resize(len as usize, 0);
+            dev.read_at(buf, i as u64 * chunk as u64)?;
+            progress.advance(len);
+            pace(read_bytes.fetch_add(len, std::sync::atomic::Ordering::Relaxed) + len);
+            Ok(())
+        };
+        let mut records = Vec::with_capacity(holes.len());
+        for (i, hole) in holes.iter().enumerate() {
+            if *hole {
+                index.set_zero(i);
+                up.stats.chunks += 1;
+                up.stats.zero_chunks += 1;
+                progress.advance(len_of(i));
+            } else {
+                records.push(i);
+            }
+        }
+        up.upload_each(index, &records, (GROUP_BYTES / chunk).max(1), chunk, &read)?;
+        return Ok(());
+    }
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel(2);
+        let (free_tx, free_rx) = std::sync::mpsc::channel();
+        scope.spawn(move || read_batches(src, chunk, tx, free_rx));
+        for batch in rx {
+            let batch = batch?;
+            let bytes = batch.data.len() as u64;
+            let mut data: Vec<(usize, &[u8])> = Vec::with_capacity(batch.holes.len());
+            for (k, hole) in batch.holes.iter().enumerate() {
+                let i = batch.first + k;
+                if *hole {
+                    // Unread (hole) chunks are zero.
+                    index.set_zero(i);
+                    up.stats.chunks += 1;
+                    up.stats.zero_chunks += 1;
+                } else {
+                    let a = k * chunk;
+                    let b = (a + chunk).min(batch.data.len());
+                    data.push((i, &batch.data[a..b]));
+                }
+            }
+            up.upload(index, &data)?;
+            drop(data);
+            let _ = free_tx.send(batch.data);
+            progress.advance(bytes);
+            done += bytes;
+            pace(done);
+        }
+        Ok(())
+    })
+}
+
+/// Chunk and upload a memory image file.
+pub fn upload_memory<S: ChunkWrite + LeaseStore + ?Sized>(
+    up: &mut Uploader<'_, S>,
+    path: &std::path::Path,
+    chunk_size: u32,
+    encrypted: bool,
+    progress: &dyn Progress,
+) -> Result<Memory> {
+    let f = std::fs::File::open(path)
+        .map_err(|e| crate::error::io(Op::Open, e, path).msg("cannot open the memory image"))?;
+    let size = f
+        .metadata()
+        .map_err(|e| crate::error::io(Op::Open, e, path))?
+        .len();
+    if size == 0 {
+        return Ok(Memory::default());
+    }
+    let padded = size.div_ceil(SECTOR) * SECTOR;
+    let mut idx = Index::new_zero(up.hash(), chunk_size, padded, encrypted)?;
+    upload_source(
+        up,
+        &mut idx,
+        Source::Stream(Box::new(f), size),
+        progress,
+        "memory image",
+        None,
+    )?;
+    Ok(Memory {
+        size,
+        ids: idx.ids,
+        keys: idx.keys,
+    })
+}
+
+/// Store a finished version: package first (durable), then the catalog
+/// entry. Returns the summary.
+pub fn finish_commit<S: ChunkWrite + RefStore + LeaseStore + ?Sized>(
+    store: &S,
+    mut up: Uploader<'_, S>,
+    version: &Version,
+    opts: &CommitOptions,
+    started: Instant,
+    filters: Option<FilterReport>,
+) -> Result<CommitSummary> {
+    let index = version.index.encode(Some(9));
+    let index_bytes = index.len();
+    let package = version.encode_with_index(&index, opts.user_key.as_ref())?;
+    up.sync()?;
+    let id = up.put_object(&package)?;
+    up.sync()?;
+    let stats = up.stats;
+    let entry = Entry {
+        version: id,
+        parent: version.parent,
+        created: version.created,
+        disk_size: version.index.disk_size,
+        encrypted: version.index.encrypted(),
+        new_objects: stats.new_objects,
+        reused_objects: stats.reused_objects,
+        uploaded_bytes: stats.uploaded_bytes,
+        data_bytes: version.index.data_bytes(),
+        description: version.description.clone(),
+        tags: opts.tag.iter().cloned().collect(),
+    };
+    update_catalog(store, &opts.target, |c| {
+        if let Some(t) = &opts.tag {
+            for e in &mut c.entries {
+                e.tags.retain(|x| x != t);
+            }
+        }
+        c.entries.retain(|e| e.version != id);
+        c.entries.push(entry.clone());
+        Ok(())
+    })
+    .map_err(|e| {
+        context(
+            e,
+            format!(
+                "version {id} is stored but could not be added to catalog {}",
+                opts.target
+            ),
+        )
+    })?;
+    drop(up);
+    let secs = started.elapsed().as_secs_f64().max(1e-9);
+    Ok(CommitSummary {
+        version: id.to_hex(),
+        catalog: opts.target.clone(),
+        parent: version.parent.map(|p| p.to_hex()),
+        disk_size: version.index.disk_size,
+        chunk_size: version.index.chunk_size,
+        upload: stats,
+        index_bytes,
+        package_bytes: package.len(),
+        seconds: secs,
+        mb_per_s: version.index.disk_size as f64 / 1e6 / secs,
+        filters,
+        encrypted: version.index.encrypted(),
+    })
+}
+
+/// Resolve the parent of a new version in `opts.target`.
+pub(crate) fn parent_of<S: RefStore + ?Sized>(
+    store: &S,
+    opts: &CommitOptions,
+) -> Result<Option<ChunkId>> {
+    Ok(match opts.parent {
+        Parent::None => None,
+        Parent::Given(id) => Some(id),
+        Parent::Latest => read_catalog(store, &opts.target)?
+            .0
+            .latest()
+            .map(|e| e.version),
+    })
+}
+
+/// Commit a whole disk as a new version of `opts.target`: chunk it, hash
+/// on all cores, upload only the chunks the store lacks.
+pub fn commit_image<S: ChunkWrite + RefStore + LeaseStore + ?Sized>(
+    store: &S,
+    src: Source<'_>,
+    opts: &CommitOptions,
+    progress: &dyn Progress,
+) -> Result<CommitSummary> {
+    let started = Instant::now();
+    crate::store::check_ref_name(&opts.target)?;
+    if !valid_chunk_size(opts.chunk_size) {
+        return Err(bad_arg(format!(
+            "chunk size {} must be a power of two from 4 KiB to 4 MiB",
+            opts.chunk_size
+        )));
+    }
+    let size = src.size();
+    if !size.is_multiple_of(SECTOR) || size == 0 {
+        return Err(bad_arg(format!(
+            "the disk is {size} bytes; a committed disk must be a non-zero multiple of 512 bytes"
+        )));
+    }
+    let parent = parent_of(store, opts)?;
+    let hash = store.config().hash;
+    let mut index = Index::new_zero(hash, opts.chunk_size, size, opts.user_key.is_some())?;
+    let mut up = Uploader::begin(store, opts.user_key.is_some())?;
+    upload_source(
+        &mut up,
+        &mut index,
+        src,
+        progress,
+        "committing",
+        opts.rate_limit,
+    )?;
+    let memory = match &opts.memory {
+        Some(p) => upload_memory(
+            &mut up,
+            p,
+            opts.chunk_size,
+            opts.user_key.is_some(),
+            progress,
+        )?,
+        None => Memory::default(),
+    };
+    let version = Version {
+        created: now_nanos(),
+        parent,
+        description: opts.description.clone(),
+        config: opts.config.clone(),
+        memory,
+        index,
+        working_set: Vec::new(),
+    };
+    finish_commit(store, up, &version, opts, started, None)
+}

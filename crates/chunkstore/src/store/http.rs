@@ -1,0 +1,608 @@
+//! The client of an HTTP chunk server (`roamdisk store serve`): GET, HEAD
+//! and PUT of objects by name, batch gets (many objects in one request;
+//! object by object from a server that does not know them), a batch
+//! "which of these do you have", refs with compare-and-swap (ETag /
+//! If-Match), leases and gc operations. Requests run in parallel on a
+//! pool of `parallel` connections; transport errors and 5xx answers are
+//! retried with exponential backoff and jitter.
+//! `https://` stores are checked against the system's roots or a CA file;
+//! a token file makes every request carry `Authorization: Bearer`.
+//! Protocol: `docs/formats/cas-http.md`; manual: `docs/store-server.md`.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use rayon::prelude::*;
+use roamdisk_blockdev::{ErrorKind, Op, Result};
+use ureq::tls::{PemItem, RootCerts, TlsConfig, TlsProvider};
+
+use super::wire;
+use super::{
+    check_ref_name, ChunkPrune, ChunkRead, ChunkWrite, Lease, LeaseStore, ObjectEntry, OpenOptions,
+    PutOutcome, RefStore, StoreConfig, StoreLayer,
+};
+use crate::chunk::{HEADER_SIZE, MAX_OBJECT};
+use crate::error::{bad_arg, context, corrupt, err, io, not_found};
+use crate::hash::ChunkId;
+use crate::token::Token;
+
+/// Attempts per request (the first plus retries).
+const ATTEMPTS: u32 = 6;
+/// First retry delay; doubles each time.
+const BACKOFF: Duration = Duration::from_millis(100);
+/// Ids per have request.
+const HAVE_BATCH: usize = 16384;
+/// Fewest ids per batch get request when a list is split over several
+/// (a shorter list goes in one request).
+const GET_BATCH_MIN: usize = 16;
+/// The token file used when none is given.
+pub const TOKEN_FILE_ENV: &str = "ROAMDISK_STORE_TOKEN_FILE";
+/// The CA file used when none is given.
+pub const CA_ENV: &str = "ROAMDISK_STORE_CA";
+
+/// Who the client is to a chunk server, and which servers it trusts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Credentials {
+    /// A token file (`USER.SECRET`, made by `roamdisk store user add`).
+    pub token_file: Option<PathBuf>,
+    /// PEM certificates trusted for `https://` stores instead of the
+    /// system's roots: the private CA that signed the server's certificate.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Credentials {
+    /// These, with what is missing taken from `$ROAMDISK_STORE_TOKEN_FILE`
+    /// and `$ROAMDISK_STORE_CA`.
+    pub fn or_env(&self) -> Credentials {
+        let env = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        Credentials {
+            token_file: self.token_file.clone().or_else(|| env(TOKEN_FILE_ENV)),
+            ca_file: self.ca_file.clone().or_else(|| env(CA_ENV)),
+        }
+    }
+}
+
+/// A chunk store behind `roamdisk store serve`.
+pub struct HttpStore {
+    base: String,
+    agent: ureq::Agent,
+    config: StoreConfig,
+    pool: rayon::ThreadPool,
+    token: Option<Token>,
+    /// The server answers batch gets (until it says it does not know them).
+    batch_get: AtomicBool,
+}
+
+/// An answer: status and body.
+struct Answer {
+    status: u16,
+    body: Vec<u8>,
+}
+
+fn kind_of(status: u16) -> ErrorKind {
+    match status {
+        404 => ErrorKind::NotFound,
+        422 => ErrorKind::Corrupt,
+        507 => ErrorKind::NoSpace,
+        400 => ErrorKind::InvalidArgument,
+        401 | 403 => ErrorKind::PermissionDenied,
+        _ => ErrorKind::Io,
+    }
+}
+
+fn jitter() -> u64 {
+    let n = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    (n as u64 * 2654435761) % 50
+}
+
+/// TLS settings: the certificates of `ca` as the only roots, else the
+/// system's.
+fn tls_config(ca: Option<&Path>) -> Result<TlsConfig> {
+    let roots = match ca {
+        None => RootCerts::PlatformVerifier,
+        Some(p) => {
+            let pem =
+                std::fs::read(p).map_err(|e| io(Op::Open, e, p).msg("cannot read the CA file"))?;
+            let mut certs = Vec::new();
+            for item in ureq::tls::parse_pem(&pem) {
+                match item {
+                    Ok(PemItem::Certificate(c)) => certs.push(c),
+                    Ok(_) => {}
+                    Err(e) => {
+                        return Err(bad_arg(format!("the CA file {}: {e}", p.display())).path(p))
+                    }
+                }
+            }
+            if certs.is_empty() {
+                return Err(bad_arg(format!(
+                    "the CA file {} holds no PEM certificate",
+                    p.display()
+                )));
+            }
+            RootCerts::from(certs)
+        }
+    };
+    Ok(TlsConfig::builder()
+        .provider(TlsProvider::Rustls)
+        .root_certs(roots)
+        .build())
+}
+
+/// Whether a transport error is TLS refusing the server (a certificate
+/// not trusted, a failed handshake) rather than the network failing.
+fn tls_refusal(e: &ureq::Error) -> bool {
+    match e {
+        ureq::Error::Rustls(_) | ureq::Error::Tls(_) => true,
+        ureq::Error::Io(io) => io.get_ref().is_some_and(|i| i.is::<rustls::Error>()),
+        _ => false,
+    }
+}
+
+/// `q` with `headers` added.
+fn headed<B>(mut q: ureq::RequestBuilder<B>, headers: &[(&str, &str)]) -> ureq::RequestBuilder<B> {
+    for (k, v) in headers {
+        q = q.header(*k, *v);
+    }
+    q
+}
+
+impl HttpStore {
+    /// Connect to `url` (e.g. `https://store.example:8700`) with
+    /// `opts.credentials` (and the environment's) and read the store's
+    /// settings. If the server does not answer and `opts.known_config`
+    /// (its settings as last seen) is given, the store opens anyway: every
+    /// request then fails, and readers are served by their caches.
+    pub fn connect(url: &str, opts: &OpenOptions) -> Result<HttpStore> {
+        let creds = opts.credentials.or_env();
+        let token = creds
+            .token_file
+            .as_deref()
+            .map(Token::read_file)
+            .transpose()?;
+        let tls = tls_config(creds.ca_file.as_deref())?;
+        let parallel = opts.parallel.unwrap_or(8).clamp(1, 256);
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .tls_config(tls)
+            .timeout_connect(Some(Duration::from_secs(10)))
+            .timeout_global(Some(Duration::from_secs(300)))
+            .max_idle_connections(parallel * 2)
+            .max_idle_connections_per_host(parallel * 2)
+            .build()
+            .into();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(parallel)
+            .thread_name(|i| format!("cas-http-{i}"))
+            .build()
+            .map_err(|e| {
+                err(
+                    ErrorKind::Io,
+                    Op::Open,
+                    format!("cannot start request threads: {e}"),
+                )
+            })?;
+        let mut s = HttpStore {
+            base: url.trim_end_matches('/').to_string(),
+            agent,
+            config: StoreConfig::default(),
+            pool,
+            token,
+            batch_get: AtomicBool::new(true),
+        };
+        let a = match (s.call("GET", "/v1/store", None, &[]), &opts.known_config) {
+            (Ok(a), _) => a,
+            (Err(e), Some(c)) if e.kind() == ErrorKind::Io => {
+                tracing::warn!("{e}; working offline: only chunks in the caches and on lookaside media can be read");
+                s.config = c.clone();
+                return Ok(s);
+            }
+            (Err(e), _) => return Err(e),
+        };
+        s.expect(&a, &[200], "read the store settings")?;
+        let text =
+            String::from_utf8(a.body).map_err(|_| corrupt("store settings are not UTF-8"))?;
+        s.config = StoreConfig::parse(&text)?;
+        Ok(s)
+    }
+
+    /// One request with retries. `headers` are extra request headers.
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        headers: &[(&str, String)],
+    ) -> Result<Answer> {
+        let url = format!("{}{}", self.base, path);
+        let bearer = self
+            .token
+            .as_ref()
+            .map(|t| format!("Bearer {}", t.as_str()));
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (*k, v.as_str()))
+            .chain(bearer.as_deref().map(|b| ("authorization", b)))
+            .collect();
+        let mut last = String::new();
+        for attempt in 0..ATTEMPTS {
+            if attempt > 0 {
+                let d = BACKOFF * (1 << (attempt - 1)) + Duration::from_millis(jitter());
+                std::thread::sleep(d);
+            }
+            let r = match method {
+                "GET" => headed(self.agent.get(&url), &headers).call(),
+                "HEAD" => headed(self.agent.head(&url), &headers).call(),
+                "DELETE" => headed(self.agent.delete(&url), &headers).call(),
+                "PUT" => headed(self.agent.put(&url), &headers).send(body.unwrap_or(&[])),
+                _ => headed(self.agent.post(&url), &headers).send(body.unwrap_or(&[])),
+            };
+            match r {
+                Ok(mut resp) => {
+                    let status = resp.status().as_u16();
+                    let body = match resp
+                        .body_mut()
+                        .with_config()
+                        .limit((MAX_OBJECT + HEADER_SIZE) as u64)
+                        .read_to_vec()
+                    {
+                        Ok(b) => b,
+                        Err(e) => {
+                            last = format!("reading the answer failed: {e}");
+                            continue;
+                        }
+                    };
+                    if matches!(status, 500 | 502 | 503 | 504) {
+                        last = format!("HTTP {status}: {}", String::from_utf8_lossy(&body));
+                        continue;
+                    }
+                    return Ok(Answer { status, body });
+                }
+                // A certificate the client does not trust is not a network
+                // hiccup: no retry, and say what to do.
+                Err(e) if tls_refusal(&e) => {
+                    let todo = if e.to_string().contains("CaUsedAsEndEntity") {
+                        "the server's certificate is a CA certificate serving as its own: rustls refuses that; sign a server certificate with a CA and give the CA with --ca FILE (docs/store-server.md)"
+                    } else {
+                        "if its certificate is signed by a private CA, give that CA's certificate with --ca FILE (or $ROAMDISK_STORE_CA)"
+                    };
+                    return Err(err(
+                        ErrorKind::Io,
+                        Op::Open,
+                        format!(
+                            "no TLS connection to chunk server {}: {e}; {todo}",
+                            self.base
+                        ),
+                    ));
+                }
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(err(
+            ErrorKind::Io,
+            Op::Read,
+            format!(
+                "chunk server {} did not answer {method} {path} after {ATTEMPTS} attempts: {last}",
+                self.base
+            ),
+        ))
+    }
+
+    fn expect(&self, a: &Answer, ok: &[u16], what: &str) -> Result<()> {
+        if ok.contains(&a.status) {
+            return Ok(());
+        }
+        let said = String::from_utf8_lossy(&a.body);
+        let msg = match (a.status, &self.token) {
+            (401, Some(t)) => format!(
+                "the store {} refused the token for {}: check --token-file (or $ROAMDISK_STORE_TOKEN_FILE); it says: {}",
+                self.base,
+                t.user(),
+                said.trim()
+            ),
+            (401, None) => format!(
+                "the store {} needs a token: give --token-file FILE (or set $ROAMDISK_STORE_TOKEN_FILE); its admin makes one with `roamdisk store user add`",
+                self.base
+            ),
+            (status, _) => format!(
+                "chunk server {} could not {what} (HTTP {status}): {}",
+                self.base,
+                said.trim()
+            ),
+        };
+        Err(err(kind_of(a.status), Op::Read, msg))
+    }
+
+    fn text(a: &Answer) -> String {
+        String::from_utf8_lossy(&a.body).trim().to_string()
+    }
+
+    /// Objects by name, one GET each, in parallel.
+    fn get_each(&self, ids: &[ChunkId]) -> Vec<Result<Vec<u8>>> {
+        self.pool
+            .install(|| ids.par_iter().map(|id| self.get(id)).collect())
+    }
+
+    /// One batch get of at most `wire::MAX_GET` ids: what the answer did
+    /// not send is asked for again while answers make progress, then
+    /// alone (a GET of one object says why it cannot be had).
+    fn get_batch(&self, ids: &[ChunkId]) -> Vec<Result<Vec<u8>>> {
+        let mut out: Vec<Option<Result<Vec<u8>>>> = ids.iter().map(|_| None).collect();
+        let mut todo: Vec<usize> = (0..ids.len()).collect();
+        while !todo.is_empty() {
+            let ask: Vec<ChunkId> = todo.iter().map(|&k| ids[k]).collect();
+            let got = match self.post_get(&ask) {
+                Ok(Some(got)) => got,
+                // A server without batch gets: object by object, below.
+                Ok(None) => break,
+                Err(e) => {
+                    for &k in &todo {
+                        out[k] = Some(Err(err(e.kind(), Op::Read, e.message())));
+                    }
+                    todo.clear();
+                    break;
+                }
+            };
+            let mut again = Vec::new();
+            for (&k, g) in todo.iter().zip(got) {
+                out[k] = match g {
+                    wire::Got::Found(b) => Some(Ok(b)),
+                    wire::Got::Missing => Some(Err(not_found(format!(
+                        "chunk server {} does not hold object {}",
+                        self.base, ids[k]
+                    )))),
+                    wire::Got::NotSent => {
+                        again.push(k);
+                        None
+                    }
+                };
+            }
+            if again.len() == todo.len() {
+                break;
+            }
+            todo = again;
+        }
+        let rest: Vec<ChunkId> = todo.iter().map(|&k| ids[k]).collect();
+        for (&k, r) in todo.iter().zip(self.get_each(&rest)) {
+            out[k] = Some(r);
+        }
+        out.into_iter()
+            .map(|r| r.expect("every object answered"))
+            .collect()
+    }
+
+    /// `POST /v1/objects/get`: the answer's entries, or `None` from a
+    /// server that does not know the request — 404 or 405 as routers
+    /// answer an unknown one, or 403 from the gate of a server with users,
+    /// which takes an unknown request for an admin's. (A server that knows
+    /// it lets every user make it.)
+    fn post_get(&self, ids: &[ChunkId]) -> Result<Option<Vec<wire::Got>>> {
+        let body = wire::encode_get_request(ids);
+        let a = self.call("POST", "/v1/objects/get", Some(&body), &[])?;
+        if matches!(a.status, 403 | 404 | 405 | 501) {
+            if self.batch_get.swap(false, Ordering::Relaxed) {
+                tracing::info!(
+                    "chunk server {} does not answer batch gets (HTTP {}): fetching objects one by one",
+                    self.base,
+                    a.status
+                );
+            }
+            return Ok(None);
+        }
+        self.expect(&a, &[200], "send a batch of objects")?;
+        wire::parse_get_answer(&a.body, ids.len())
+            .map(Some)
+            .map_err(|e| context(e, format!("chunk server {}", self.base)))
+    }
+}
+
+impl StoreLayer for HttpStore {
+    fn describe(&self) -> String {
+        self.base.clone()
+    }
+    fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+}
+
+impl ChunkRead for HttpStore {
+    fn get(&self, id: &ChunkId) -> Result<Vec<u8>> {
+        let a = self.call("GET", &format!("/v1/objects/{id}"), None, &[])?;
+        self.expect(&a, &[200], &format!("send object {id}"))?;
+        Ok(a.body)
+    }
+    /// Several objects: a list of one, or any list when the server does
+    /// not answer batch gets, one GET each; else batch gets of at least
+    /// `GET_BATCH_MIN` and at most `wire::MAX_GET` ids, as many in flight
+    /// as the pool has connections.
+    fn get_many(&self, ids: &[ChunkId]) -> Vec<Result<Vec<u8>>> {
+        if ids.len() <= 1 || !self.batch_get.load(Ordering::Relaxed) {
+            return self.get_each(ids);
+        }
+        let per = ids
+            .len()
+            .div_ceil(self.pool.current_num_threads())
+            .clamp(GET_BATCH_MIN, wire::MAX_GET);
+        let parts: Vec<&[ChunkId]> = ids.chunks(per).collect();
+        let answers: Vec<Vec<Result<Vec<u8>>>> = self
+            .pool
+            .install(|| parts.par_iter().map(|p| self.get_batch(p)).collect());
+        answers.into_iter().flatten().collect()
+    }
+    fn has_many(&self, ids: &[ChunkId], touch: bool) -> Result<Vec<bool>> {
+        let parts: Vec<&[ChunkId]> = ids.chunks(HAVE_BATCH).collect();
+        let answers: Vec<Result<Vec<bool>>> = self.pool.install(|| {
+            parts
+                .par_iter()
+                .map(|part| {
+                    let path = format!("/v1/have?touch={}", u8::from(touch));
+                    let a =
+                        self.call("POST", &path, Some(&wire::encode_have_request(part)), &[])?;
+                    self.expect(&a, &[200], "answer a have request")?;
+                    wire::parse_have_answer(&a.body, part.len())
+                })
+                .collect()
+        });
+        let mut out = Vec::with_capacity(ids.len());
+        for a in answers {
+            out.extend(a?);
+        }
+        Ok(out)
+    }
+}
+
+impl ChunkWrite for HttpStore {
+    fn put_many(&self, items: &[(ChunkId, &[u8])]) -> Result<Vec<PutOutcome>> {
+        self.pool.install(|| {
+            items
+                .par_iter()
+                .map(|(id, bytes)| {
+                    let a = self.call("PUT", &format!("/v1/objects/{id}"), Some(bytes), &[])?;
+                    self.expect(&a, &[200, 201], &format!("store object {id}"))?;
+                    Ok(if a.status == 201 {
+                        PutOutcome::Stored
+                    } else {
+                        PutOutcome::Existed
+                    })
+                })
+                .collect()
+        })
+    }
+    fn sync(&self) -> Result<()> {
+        let a = self.call("POST", "/v1/sync", Some(&[]), &[])?;
+        self.expect(&a, &[200], "sync")
+    }
+}
+
+impl ChunkPrune for HttpStore {
+    fn now(&self) -> Result<SystemTime> {
+        let a = self.call("GET", "/v1/time", None, &[])?;
+        self.expect(&a, &[200], "tell the time")?;
+        Self::text(&a)
+            .parse::<u64>()
+            .map(wire::from_nanos)
+            .map_err(|_| corrupt("time answer is malformed"))
+    }
+    fn list_objects(&self, f: &mut dyn FnMut(ObjectEntry)) -> Result<()> {
+        let a = self.call("GET", "/v1/objects", None, &[])?;
+        self.expect(&a, &[200], "list objects")?;
+        wire::parse_list(&a.body, f)
+    }
+    fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
+        let path = format!("/v1/objects/{id}?older-than={}", wire::nanos(cutoff));
+        let a = self.call("DELETE", &path, None, &[])?;
+        match a.status {
+            200 => Ok(Some(Self::text(&a).parse().unwrap_or(0))),
+            409 | 404 => Ok(None),
+            _ => self
+                .expect(&a, &[200], &format!("remove object {id}"))
+                .map(|_| None),
+        }
+    }
+    fn recover(&self, cutoff: SystemTime) -> Result<(u64, u64)> {
+        let path = format!("/v1/recover?cutoff={}", wire::nanos(cutoff));
+        let a = self.call("POST", &path, Some(&[]), &[])?;
+        self.expect(&a, &[200], "recover")?;
+        let t = Self::text(&a);
+        let mut it = t.split_whitespace().map(|x| x.parse::<u64>().unwrap_or(0));
+        Ok((it.next().unwrap_or(0), it.next().unwrap_or(0)))
+    }
+}
+
+impl RefStore for HttpStore {
+    fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        check_ref_name(name)?;
+        let a = self.call("GET", &format!("/v1/refs/{name}"), None, &[])?;
+        if a.status == 404 {
+            return Ok(None);
+        }
+        self.expect(&a, &[200], &format!("send catalog {name}"))?;
+        Ok(Some(a.body))
+    }
+    fn ref_list(&self) -> Result<Vec<String>> {
+        let a = self.call("GET", "/v1/refs", None, &[])?;
+        self.expect(&a, &[200], "list catalogs")?;
+        Ok(Self::text(&a)
+            .lines()
+            .filter(|l| check_ref_name(l).is_ok())
+            .map(str::to_string)
+            .collect())
+    }
+    fn ref_update(
+        &self,
+        name: &str,
+        expected: Option<ChunkId>,
+        new: Option<&[u8]>,
+    ) -> Result<bool> {
+        check_ref_name(name)?;
+        let cond = match expected {
+            Some(t) => ("if-match", format!("\"{t}\"")),
+            None => ("if-none-match", "*".to_string()),
+        };
+        let path = format!("/v1/refs/{name}");
+        let a = match new {
+            Some(b) => self.call("PUT", &path, Some(b), &[cond])?,
+            None => self.call("DELETE", &path, None, &[cond])?,
+        };
+        if a.status == 412 {
+            return Ok(false);
+        }
+        self.expect(&a, &[200], &format!("update catalog {name}"))?;
+        Ok(true)
+    }
+}
+
+impl LeaseStore for HttpStore {
+    fn lease_begin(&self) -> Result<Lease> {
+        let a = self.call("POST", "/v1/leases", Some(&[]), &[])?;
+        self.expect(&a, &[200], "take a lease")?;
+        let t = Self::text(&a);
+        let mut it = t.split_whitespace();
+        let id = it.next().unwrap_or_default().to_string();
+        let started = it
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .map(wire::from_nanos)
+            .ok_or_else(|| corrupt("lease answer is malformed"))?;
+        Ok(Lease {
+            ended: false,
+            id,
+            started,
+            refreshed: started,
+        })
+    }
+    fn lease_refresh(&self, id: &str) -> Result<()> {
+        let a = self.call("PUT", &format!("/v1/leases/{id}"), Some(&[]), &[])?;
+        self.expect(&a, &[200], &format!("refresh lease {id}"))
+    }
+    fn lease_end(&self, id: &str) -> Result<()> {
+        let a = self.call("DELETE", &format!("/v1/leases/{id}"), None, &[])?;
+        self.expect(&a, &[200, 404], &format!("end lease {id}"))
+    }
+    fn leases(&self) -> Result<Vec<Lease>> {
+        let a = self.call("GET", "/v1/leases", None, &[])?;
+        self.expect(&a, &[200], "list leases")?;
+        let mut out = Vec::new();
+        for l in Self::text(&a).lines() {
+            let p: Vec<&str> = l.split_whitespace().collect();
+            if let [id, s, r] = p[..] {
+                if let (Ok(s), Ok(r)) = (s.parse(), r.parse()) {
+                    out.push(Lease {
+                        ended: false,
+                        id: id.to_string(),
+                        started: wire::from_nanos(s),
+                        refreshed: wire::from_nanos(r),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+}

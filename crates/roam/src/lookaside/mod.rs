@@ -1,0 +1,557 @@
+//! Lookaside media (seed: ISR lookaside caching): read-only places that
+//! may hold some of a version's chunks — a USB key with a resume set, a
+//! DVD with an installation image, an old copy of the disk — consulted by
+//! chunk id before the network. Nothing on a medium is trusted: every
+//! chunk found is verified against its id, so a wrong, stale or damaged
+//! medium costs time only, never correctness.
+//!
+//! Two kinds of medium:
+//!
+//! - a **chunk-store folder** (it has a `store.toml`: what
+//!   `roamdisk suspend --to-media` writes): objects are looked up by id
+//!   and opened with the store's codec, which verifies them;
+//! - an **image file or block device** (raw bytes of a disk): hashed once
+//!   in chunks of the version's chunk size, and the index (id → offset)
+//!   is cached under `$XDG_CACHE_HOME/roamdisk/lookaside/`, keyed by the
+//!   file's identity (path, size, mtime, inode), so it is hashed again
+//!   only when it changes. Format: `docs/formats/cas-lookaside-index.md`.
+//!   A **qcow2 image** (told by its magic) is the same, its virtual disk
+//!   read through `qemu-nbd` ([`qemu_nbd`]).
+//!
+//! Plain chunks only for image media: an encrypted chunk's id is the hash
+//! of its ciphertext, which a medium of plaintext does not show (a store
+//! folder works for both).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use roamdisk_blockdev::{durable, Op, Result};
+
+use qemu_nbd::{Qcow2, StartError};
+use roamdisk_chunkstore::chunk::{ChunkCodec, Key};
+use roamdisk_chunkstore::error::io;
+use roamdisk_chunkstore::hash::{ChunkId, HashKind, ID_LEN};
+use roamdisk_chunkstore::store::{local::LocalStore, ChunkRead};
+
+pub mod qemu_nbd;
+
+pub const INDEX_MAGIC: [u8; 8] = *b"RDLAIDX\0";
+pub const INDEX_VERSION: u32 = 1;
+
+/// The identity an index was made for: if any field differs, the file
+/// changed and is hashed again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub hash: HashKind,
+    pub chunk_size: u32,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ino: u64,
+    pub dev: u64,
+}
+
+const I_VERSION: usize = 8;
+const I_HASH: usize = I_VERSION + 4;
+const I_CHUNK: usize = I_HASH + 4;
+const I_SIZE: usize = I_CHUNK + 4;
+const I_MTIME: usize = I_SIZE + 8;
+const I_INO: usize = I_MTIME + 8;
+const I_DEV: usize = I_INO + 8;
+const I_COUNT: usize = I_DEV + 8;
+const I_ENTRIES: usize = I_COUNT + 8;
+const ENTRY: usize = ID_LEN + 8;
+const _: () = assert!(I_ENTRIES == 60);
+
+/// Encode an index: `(id, chunk number)` entries.
+pub fn encode_index(who: &Identity, entries: &[(ChunkId, u64)]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(I_ENTRIES + entries.len() * ENTRY + 4);
+    b.extend_from_slice(&INDEX_MAGIC);
+    b.extend_from_slice(&INDEX_VERSION.to_le_bytes());
+    b.extend_from_slice(&(who.hash as u32).to_le_bytes());
+    b.extend_from_slice(&who.chunk_size.to_le_bytes());
+    b.extend_from_slice(&who.size.to_le_bytes());
+    b.extend_from_slice(&who.mtime_ns.to_le_bytes());
+    b.extend_from_slice(&who.ino.to_le_bytes());
+    b.extend_from_slice(&who.dev.to_le_bytes());
+    b.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    for (id, n) in entries {
+        b.extend_from_slice(&id.0);
+        b.extend_from_slice(&n.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Decode an index; `Err` says why it cannot be used (it is then rebuilt).
+pub fn decode_index(b: &[u8]) -> std::result::Result<(Identity, Vec<(ChunkId, u64)>), String> {
+    if b.len() < I_ENTRIES + 4 || b[..I_VERSION] != INDEX_MAGIC {
+        return Err("not a lookaside index".into());
+    }
+    let u32_at = |a: usize| u32::from_le_bytes(b[a..a + 4].try_into().expect("4"));
+    let u64_at = |a: usize| u64::from_le_bytes(b[a..a + 8].try_into().expect("8"));
+    if u32_at(I_VERSION) != INDEX_VERSION {
+        return Err(format!(
+            "index version {} is not supported",
+            u32_at(I_VERSION)
+        ));
+    }
+    let end = b.len() - 4;
+    if crc32c::crc32c(&b[..end]) != u32_at(end) {
+        return Err("index checksum does not match".into());
+    }
+    let hash =
+        HashKind::from_u8(u8::try_from(u32_at(I_HASH)).unwrap_or(0)).map_err(|e| e.to_string())?;
+    let count = u64_at(I_COUNT);
+    if (end - I_ENTRIES) as u64 != count.saturating_mul(ENTRY as u64) {
+        return Err(format!("index of {count} entries has the wrong length"));
+    }
+    let who = Identity {
+        hash,
+        chunk_size: u32_at(I_CHUNK),
+        size: u64_at(I_SIZE),
+        mtime_ns: u64_at(I_MTIME) as i64,
+        ino: u64_at(I_INO),
+        dev: u64_at(I_DEV),
+    };
+    let entries = b[I_ENTRIES..end]
+        .chunks_exact(ENTRY)
+        .map(|e| {
+            (
+                ChunkId::from_slice(&e[..ID_LEN]),
+                u64::from_le_bytes(e[ID_LEN..].try_into().expect("8")),
+            )
+        })
+        .collect();
+    Ok((who, entries))
+}
+
+enum Medium {
+    Store(Box<LocalStore>),
+    Image {
+        disk: ImageDisk,
+        chunk_size: u64,
+        index: HashMap<ChunkId, u64>,
+    },
+}
+
+/// The disk bytes of an image medium.
+enum ImageDisk {
+    /// A raw image file or a block device.
+    Raw(File),
+    /// A qcow2 image's virtual disk.
+    Qcow2(Box<Qcow2>),
+}
+
+impl ImageDisk {
+    fn read_at(&self, buf: &mut [u8], off: u64, path: &Path) -> Result<()> {
+        match self {
+            ImageDisk::Raw(f) => f.read_exact_at(buf, off).map_err(|e| io(Op::Read, e, path)),
+            ImageDisk::Qcow2(q) => q.read_at(buf, off),
+        }
+    }
+
+    /// The disk's size: a raw file's length, a block device's size, a
+    /// qcow2 image's virtual size.
+    fn size(&self, path: &Path) -> Result<u64> {
+        match self {
+            ImageDisk::Raw(f) => {
+                let m = f.metadata().map_err(|e| io(Op::Open, e, path))?;
+                if m.file_type().is_file() {
+                    Ok(m.len())
+                } else {
+                    // A block device: its size is where seeking to the end lands.
+                    use std::io::Seek;
+                    let mut f = f;
+                    f.seek(std::io::SeekFrom::End(0))
+                        .map_err(|e| io(Op::Open, e, path))
+                }
+            }
+            ImageDisk::Qcow2(q) => Ok(q.size()),
+        }
+    }
+}
+
+/// What the lookaside media did so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LookasideStats {
+    /// Chunks found and verified.
+    pub hits: u64,
+    pub bytes: u64,
+    /// Chunks a medium had under the right name but that failed their
+    /// check (damaged or stale media), and were fetched elsewhere.
+    pub bad: u64,
+}
+
+/// The lookaside media of a session or view, in the order given.
+pub struct Lookaside {
+    media: Vec<(PathBuf, Medium)>,
+    hits: AtomicU64,
+    bytes: AtomicU64,
+    bad: AtomicU64,
+}
+
+/// Where image indexes are cached: `$XDG_CACHE_HOME/roamdisk/lookaside`
+/// (else `~/.cache/roamdisk/lookaside`).
+pub fn default_index_dir() -> Option<PathBuf> {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .map(|b| b.join("roamdisk/lookaside"))
+}
+
+impl Lookaside {
+    /// Open every medium. A medium that cannot be opened at all (missing,
+    /// unreadable) is an error naming it; a medium that holds nothing
+    /// useful is simply never a hit.
+    pub fn open(
+        paths: &[PathBuf],
+        hash: HashKind,
+        chunk_size: u32,
+        index_dir: Option<&Path>,
+    ) -> Result<Lookaside> {
+        let mut media = Vec::new();
+        for p in paths {
+            let m = if p.join("store.toml").exists() {
+                Medium::Store(Box::new(LocalStore::open(p, None)?))
+            } else {
+                let file = File::open(p).map_err(|e| {
+                    io(Op::Open, e, p).msg("cannot open a lookaside medium: give a chunk-store folder (roamdisk suspend --to-media), an image file (raw or qcow2) or a block device")
+                })?;
+                let disk = if qemu_nbd::is_qcow2(&file) {
+                    match Qcow2::open(p) {
+                        Ok(q) => ImageDisk::Qcow2(Box::new(q)),
+                        Err(StartError::Tool(e)) => return Err(e),
+                        Err(StartError::Image(why)) => {
+                            // A damaged medium costs time, never the session.
+                            tracing::warn!(
+                                "lookaside {}: qemu-nbd cannot read this qcow2 image ({why}); the medium is skipped",
+                                p.display()
+                            );
+                            continue;
+                        }
+                    }
+                } else {
+                    ImageDisk::Raw(file.try_clone().map_err(|e| io(Op::Open, e, p))?)
+                };
+                let index = image_index(p, &file, &disk, hash, chunk_size, index_dir)?;
+                Medium::Image {
+                    disk,
+                    chunk_size: chunk_size as u64,
+                    index,
+                }
+            };
+            media.push((p.clone(), m));
+        }
+        Ok(Lookaside {
+            media,
+            hits: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            bad: AtomicU64::new(0),
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.media.is_empty()
+    }
+
+    /// Chunk `id` (of decoded length `len`) from the first medium that
+    /// has it whole and correct, or `None`.
+    pub fn find(
+        &self,
+        codec: &ChunkCodec,
+        id: &ChunkId,
+        key: Option<&Key>,
+        len: usize,
+    ) -> Option<Vec<u8>> {
+        for (path, m) in &self.media {
+            let got = match m {
+                Medium::Store(s) => match s.get(id) {
+                    Ok(raw) => codec.open(id, key, &raw).ok(),
+                    Err(e) if e.kind() == roamdisk_blockdev::ErrorKind::NotFound => continue,
+                    // There but unreadable (a damaged pack): counted bad.
+                    Err(_) => None,
+                },
+                Medium::Image {
+                    disk,
+                    chunk_size,
+                    index,
+                } => {
+                    let Some(&n) = index.get(id) else { continue };
+                    if key.is_some() {
+                        continue;
+                    }
+                    let mut buf = vec![0u8; len];
+                    match disk.read_at(&mut buf, n * chunk_size, path) {
+                        Ok(()) if codec.hash.hash(&buf) == *id => Some(buf),
+                        _ => None,
+                    }
+                }
+            };
+            match got {
+                Some(d) if d.len() == len => {
+                    self.hits.fetch_add(1, Ordering::Relaxed);
+                    self.bytes.fetch_add(len as u64, Ordering::Relaxed);
+                    return Some(d);
+                }
+                _ => {
+                    self.bad.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(
+                        "lookaside {}: chunk {} is damaged or stale there; skipped",
+                        path.display(),
+                        id.short()
+                    );
+                }
+            }
+        }
+        None
+    }
+
+    pub fn stats(&self) -> LookasideStats {
+        LookasideStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            bad: self.bad.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Open `media` for reading `view`'s chunks (`None` if there are none).
+pub fn for_view(
+    store: &roamdisk_chunkstore::store::DynStore,
+    view: &crate::view::VersionView,
+    media: &[PathBuf],
+) -> Result<Option<std::sync::Arc<Lookaside>>> {
+    if media.is_empty() {
+        return Ok(None);
+    }
+    let la = Lookaside::open(
+        media,
+        store.config().hash,
+        view.version.index.chunk_size,
+        default_index_dir().as_deref(),
+    )?;
+    Ok(Some(std::sync::Arc::new(la)))
+}
+
+/// Object `id` as stored (a version package, say), from the first
+/// chunk-store folder among `media` that holds it whole and correct.
+pub fn find_object(media: &[PathBuf], codec: &ChunkCodec, id: &ChunkId) -> Option<Vec<u8>> {
+    media
+        .iter()
+        .filter(|p| p.join("store.toml").exists())
+        .filter_map(|p| LocalStore::open(p, None).ok()?.get(id).ok())
+        .find(|raw| codec.verify(id, raw).is_ok())
+}
+
+/// Lookaside media as a layer option: paths separated by `+`.
+pub fn parse_media(v: Option<&str>) -> Vec<PathBuf> {
+    v.map(|s| {
+        s.split('+')
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// The index of an image medium: cached by the identity of its `file`
+/// (for a qcow2 image, the qcow2 file's), else made by hashing `disk` once.
+fn image_index(
+    path: &Path,
+    file: &File,
+    disk: &ImageDisk,
+    hash: HashKind,
+    chunk_size: u32,
+    index_dir: Option<&Path>,
+) -> Result<HashMap<ChunkId, u64>> {
+    let m = file.metadata().map_err(|e| io(Op::Open, e, path))?;
+    let size = disk.size(path)?;
+    let who = Identity {
+        hash,
+        chunk_size,
+        size: if m.file_type().is_file() {
+            m.len()
+        } else {
+            size
+        },
+        mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+        ino: m.ino(),
+        dev: m.dev(),
+    };
+    let canon = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let cache_file = index_dir.map(|d| {
+        let tag = blake3::hash(canon.to_string_lossy().as_bytes()).to_hex();
+        d.join(format!("{}-{}.idx", &tag[..24], chunk_size))
+    });
+    if let Some(cf) = &cache_file {
+        if let Ok(b) = std::fs::read(cf) {
+            match decode_index(&b) {
+                Ok((w, entries)) if w == who => {
+                    return Ok(entries.into_iter().collect());
+                }
+                Ok(_) => {
+                    tracing::info!("lookaside {}: changed since it was indexed", path.display())
+                }
+                Err(e) => tracing::info!("lookaside index {}: {e}; indexing again", cf.display()),
+            }
+        }
+    }
+    tracing::info!(
+        "lookaside {}: indexing {} bytes in {} byte chunks",
+        path.display(),
+        size,
+        chunk_size
+    );
+    let (entries, unreadable) = hash_chunks(path, disk, size, hash, chunk_size);
+    if unreadable > 0 {
+        // Left out, and the index is not kept: the next open tries again.
+        tracing::warn!(
+            "lookaside {}: {unreadable} chunks could not be read (a damaged medium?); they are left out",
+            path.display()
+        );
+    } else if let Some(cf) = &cache_file {
+        let wrote = cf
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| durable::write_atomically(cf, &encode_index(&who, &entries)));
+        if let Err(e) = wrote {
+            tracing::warn!("lookaside index {} not saved: {e}", cf.display());
+        }
+    }
+    Ok(entries.into_iter().collect())
+}
+
+/// Hash `disk` in chunks: `(id, chunk number)` of every chunk that is not
+/// all zero, and how many chunks could not be read. A qcow2 image's
+/// unallocated and zero clusters are skipped without reading them.
+fn hash_chunks(
+    path: &Path,
+    disk: &ImageDisk,
+    size: u64,
+    hash: HashKind,
+    chunk_size: u32,
+) -> (Vec<(ChunkId, u64)>, u64) {
+    let cs = chunk_size as u64;
+    let mut entries = Vec::new();
+    let mut unreadable = 0u64;
+    let mut buf = vec![0u8; chunk_size as usize];
+    // What block status said from here on: zero (or data) up to `until`.
+    let (mut zero, mut until) = (false, 0u64);
+    let mut n = 0u64;
+    while n * cs < size {
+        let off = n * cs;
+        let len = (size - off).min(cs);
+        if let ImageDisk::Qcow2(q) = disk {
+            // Ask again once past what the last answer covered (on a
+            // failure, read everything).
+            while off >= until {
+                (zero, until) = q.extent_at(off, size - off).unwrap_or((false, size));
+                if until <= off {
+                    (zero, until) = (false, size);
+                }
+            }
+            if zero && off + len <= until {
+                n += 1;
+                continue;
+            }
+        }
+        let len = len as usize;
+        match disk.read_at(&mut buf[..len], off, path) {
+            Ok(()) if !roamdisk_chunkstore::hash::is_zero(&buf[..len]) => {
+                entries.push((hash.hash(&buf[..len]), n));
+            }
+            Ok(()) => {}
+            Err(e) => {
+                unreadable += 1;
+                tracing::debug!("lookaside {}: chunk {n}: {e}", path.display());
+            }
+        }
+        n += 1;
+    }
+    (entries, unreadable)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn who() -> Identity {
+        Identity {
+            hash: HashKind::Blake3,
+            chunk_size: 65536,
+            size: 1 << 20,
+            mtime_ns: 1_700_000_000_123_456_789,
+            ino: 42,
+            dev: 7,
+        }
+    }
+
+    #[test]
+    fn index_round_trips_and_damage_is_refused() {
+        let e = vec![(ChunkId([3; 32]), 5), (ChunkId([4; 32]), 9)];
+        let b = encode_index(&who(), &e);
+        assert_eq!(decode_index(&b).unwrap(), (who(), e));
+        for i in 0..b.len() {
+            let mut d = b.clone();
+            d[i] ^= 0x10;
+            assert!(decode_index(&d).is_err(), "byte {i}");
+        }
+        for n in 0..b.len() {
+            assert!(decode_index(&b[..n]).is_err(), "length {n}");
+        }
+    }
+
+    #[test]
+    fn an_image_medium_serves_verified_chunks_and_skips_stale_ones() {
+        let t = tempfile::tempdir().unwrap();
+        let cs = 4096usize;
+        let img: Vec<u8> = (0..8 * cs).map(|i| (i * 7 / 13) as u8).collect();
+        let p = t.path().join("disk.img");
+        std::fs::write(&p, &img).unwrap();
+        let codec = ChunkCodec {
+            hash: HashKind::Blake3,
+            zstd_level: None,
+        };
+        let idx = t.path().join("idx");
+        let id2 = HashKind::Blake3.hash(&img[2 * cs..3 * cs]);
+        let la = Lookaside::open(
+            std::slice::from_ref(&p),
+            HashKind::Blake3,
+            cs as u32,
+            Some(&idx),
+        )
+        .unwrap();
+        assert_eq!(
+            la.find(&codec, &id2, None, cs).unwrap(),
+            &img[2 * cs..3 * cs]
+        );
+        assert!(la.find(&codec, &ChunkId([9; 32]), None, cs).is_none());
+        // The index was cached; change the file in place (same size): the
+        // stale entry is detected by hash.
+        assert_eq!(std::fs::read_dir(&idx).unwrap().count(), 1);
+        let mut changed = img.clone();
+        changed[2 * cs] ^= 1;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .write_all_at(&changed[2 * cs..2 * cs + 1], 2 * cs as u64)
+            .unwrap();
+        assert!(la.find(&codec, &id2, None, cs).is_none());
+        assert_eq!(
+            la.stats(),
+            LookasideStats {
+                hits: 1,
+                bytes: cs as u64,
+                bad: 1
+            }
+        );
+        // A new open sees the changed mtime and indexes again.
+        let la2 = Lookaside::open(&[p], HashKind::Blake3, cs as u32, Some(&idx)).unwrap();
+        assert!(la2.find(&codec, &id2, None, cs).is_none());
+    }
+}
