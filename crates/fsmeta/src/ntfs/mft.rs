@@ -200,6 +200,17 @@ pub fn parse_record(b: &[u8], number: u64, nr_clusters: u64) -> Result<Record> {
     })
 }
 
+/// What is wrong with a runlist (its caller names the attribute).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadRuns(String);
+
+impl From<&str> for BadRuns {
+    fn from(m: &str) -> BadRuns {
+        BadRuns(m.to_string())
+    }
+}
+
 /// Decode mapping pairs: per run a header byte (low nibble: bytes of the
 /// length, high nibble: bytes of the signed LCN delta, 0 = sparse), the
 /// length, the delta; a zero byte ends the list.
@@ -207,7 +218,7 @@ pub fn decode_runs(
     b: &[u8],
     first_vcn: u64,
     nr_clusters: u64,
-) -> std::result::Result<Vec<Run>, String> {
+) -> std::result::Result<Vec<Run>, BadRuns> {
     let mut runs = Vec::new();
     let mut i = 0;
     let mut vcn = first_vcn;
@@ -223,7 +234,7 @@ pub fn decode_runs(
         let ln = (h & 0x0F) as usize;
         let on = (h >> 4) as usize;
         if ln == 0 || ln > 8 || on > 8 {
-            return Err(format!("run header {h:#04x} is invalid"));
+            return Err(BadRuns(format!("run header {h:#04x} is invalid")));
         }
         let lb = sub(b, i + 1, ln).ok_or("run length runs off the attribute")?;
         let mut len = 0u64;
@@ -250,9 +261,9 @@ pub fn decode_runs(
                     .checked_add(len)
                     .is_none_or(|e| e > nr_clusters)
             {
-                return Err(format!(
+                return Err(BadRuns(format!(
                     "run of {len} clusters at LCN {lcn} lies outside the volume"
-                ));
+                )));
             }
             Some(lcn as u64)
         };
