@@ -2,6 +2,10 @@
 //! server that exports any [`roamdisk_blockdev::BlockDev`] stack to real
 //! clients (qemu, qemu-img, qemu-io, nbdinfo, nbdcopy, fio, nbd-client),
 //! and a [`client`] that is the `nbd:URI` layer.
+//!
+//! Every command serves through [`serve`] (until SIGINT/SIGTERM or the
+//! exit of an `--exec` command; the caller announces the bound URIs), with
+//! TLS decided by the one policy, [`TlsMode::resolve`].
 
 pub mod access;
 pub mod client;
