@@ -69,9 +69,10 @@ pub enum ServerError {
 /// its metrics endpoint up.
 pub struct Server {
     cfg: Arc<ServerConfig>,
-    lock: StateLock,
-    views: Views,
+    // Dropped in this order: the endpoint stops before the lock goes.
     metrics: Option<MetricsServer>,
+    views: Views,
+    lock: StateLock,
     tls_mode: TlsMode,
     tls: Option<TlsAcceptor>,
 }
@@ -105,9 +106,9 @@ impl Server {
         })?;
         Ok(Server {
             cfg,
-            lock,
-            views,
             metrics,
+            views,
+            lock,
             tls_mode,
             tls,
         })
@@ -128,33 +129,26 @@ impl Server {
     /// TLS (the config refuses `listen` without credentials); Unix-socket
     /// clients, known by their uid, need not.
     pub fn serve(self, o: RunOptions, bound: impl FnOnce(&Bound)) -> Result<(), ServerError> {
-        let Server {
-            cfg,
-            lock,
-            views,
-            metrics,
-            tls_mode,
-            tls,
-        } = self;
         let mut listen = Vec::new();
-        if let Some(s) = &cfg.socket {
+        if let Some(s) = &self.cfg.socket {
             listen.push(Listen::Unix(s.clone()));
         }
-        listen.extend(cfg.listen.iter().copied().map(Listen::Tcp));
+        listen.extend(self.cfg.listen.iter().copied().map(Listen::Tcp));
         let opts = ServeOptions {
-            tls,
-            tls_mode,
+            tls: self.tls,
+            tls_mode: self.tls_mode,
             max_in_flight: o.max_in_flight,
             max_connections: o.max_connections,
             io_threads: o.io_threads,
             busy_poll: Duration::from_micros(100),
-            resolver: Some(Arc::new(views)),
+            resolver: Some(Arc::new(self.views)),
             unix_without_tls: true,
             ..ServeOptions::default()
         };
         roamdisk_nbd::serve(Vec::new(), listen, opts, Until::Signal, bound)?;
-        drop(metrics);
-        drop(lock);
+        // The endpoint stops before the state directory is let go.
+        drop(self.metrics);
+        drop(self.lock);
         Ok(())
     }
 }
