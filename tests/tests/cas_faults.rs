@@ -261,6 +261,10 @@ fn gc_during_a_commit_never_removes_what_the_commit_uses() {
 }
 
 #[test]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the test moves an object aside by hand, as a killed gc leaves it"
+)]
 fn kill_9_mid_gc_loses_nothing_referenced() {
     // Local: moves a package into the store's trash folder by hand.
     let cas = uncompressed_local(&[]);

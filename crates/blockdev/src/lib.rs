@@ -2,7 +2,8 @@
 //! the generic layers (`raw`, `mem`, `cow`, `throttle`), the factory that builds a
 //! stack from a spec string or TOML table, the overlay-map engine
 //! ([`overlay`]) that `cow:` and the `cas:` session keep their states in,
-//! durable file writes ([`durable`]) and the frame of file headers
+//! durable file writes ([`durable`]), single-flight fetches ([`flight`])
+//! and the frame of file headers
 //! ([`header`]).
 //!
 //! Operations carry no caller; the front end that receives a request runs
@@ -27,6 +28,7 @@ pub mod copy;
 mod dev;
 pub mod durable;
 mod error;
+pub mod flight;
 pub mod header;
 pub mod layers;
 pub mod overlay;

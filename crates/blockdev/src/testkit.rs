@@ -4,6 +4,9 @@
 //!
 //! Several crash devices (and other crash-simulating stores) can share one
 //! [`Countdown`], so "the N-th I/O" counts across all of a layer's files.
+//!
+//! [`simfs`] does the same for whole files and directory entries: the
+//! simulated file system the crash tests of `durable` run on.
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,6 +14,8 @@ use std::sync::Arc;
 
 use crate::dev::{push_extent, Alloc, BlockDev, Caps, Extent, WriteFlags, ZeroFlags};
 use crate::error::{Error, ErrorKind, Op, Result};
+
+pub mod simfs;
 
 /// Sector size at which unflushed writes may tear.
 pub const SECTOR: usize = 512;

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use roamdisk_blockdev::durable::{self, FileSystem};
 use roamdisk_blockdev::Error;
 
 use crate::bad_plan;
@@ -275,14 +276,17 @@ impl Plan {
         serde_json::to_string_pretty(self).expect("a plan serializes")
     }
 
-    /// Write the plan atomically (temporary file + rename).
+    /// Write the plan crash-safely (`durable::write_atomically`): a power
+    /// cut leaves the old plan or the new one, never an empty file.
     pub fn save(&self, path: &Path) -> Result<(), Error> {
-        let tmp = path.with_extension("tmp-plan");
-        std::fs::write(&tmp, self.to_json() + "\n")
-            .and_then(|_| std::fs::rename(&tmp, path))
-            .map_err(|e| {
-                roamdisk_blockdev::Error::io(roamdisk_blockdev::Op::Write, "borrow", e).path(path)
-            })
+        self.save_in(&durable::Os, path)
+    }
+
+    /// [`Plan::save`] on the file system `fs` (the crash tests pass a
+    /// simulated one).
+    pub fn save_in<F: FileSystem>(&self, fs: &F, path: &Path) -> Result<(), Error> {
+        durable::write_atomically_in(fs, path, (self.to_json() + "\n").as_bytes())
+            .map_err(|e| Error::io(roamdisk_blockdev::Op::Write, "borrow", e).path(path))
     }
 
     /// Internal consistency: ids, extents aligned, inside a used
@@ -498,6 +502,47 @@ mod tests {
         p.free_histogram.bytes = vec![1; 64];
         let q = Plan::from_json(&p.to_json()).unwrap();
         assert!(q.summary().contains("8192 PiB"), "{}", q.summary());
+    }
+
+    /// Regression: `save` wrote a temporary file and renamed it without
+    /// an `fsync`, so a power cut could leave an empty plan. It goes
+    /// through `durable` now: cut the power at every I/O of a save over an
+    /// older plan, and every reboot reads back one whole plan, the old one
+    /// or the new one.
+    #[test]
+    fn a_power_cut_while_saving_leaves_the_old_plan_or_the_new_one() {
+        use roamdisk_blockdev::testkit::simfs::{check_power_cuts, SimFs};
+        use roamdisk_blockdev::testkit::{Countdown, Rng};
+        let path = Path::new("/plans/p.json");
+        let old = sample();
+        let mut new = sample();
+        new.extents.pop();
+        new.total_bytes = 4096;
+        let text = |p: &Plan| p.to_json() + "\n";
+        let bad = check_power_cuts(
+            path,
+            Some(text(&old).as_bytes()),
+            text(&new).as_bytes(),
+            16,
+            |fs| {
+                let _ = new.save_in(fs, path);
+            },
+        );
+        assert!(bad.is_empty(), "{bad:?}");
+        for cut in 1.. {
+            let fs = SimFs::new(Countdown::crash_at(cut));
+            fs.put(path, text(&old).as_bytes());
+            let saved = new.save_in(&fs, path).is_ok();
+            assert_eq!(saved, !fs.crashed());
+            let after = fs.after_crash(&mut Rng::new(cut), Countdown::unarmed());
+            let read = String::from_utf8(after.read(path).expect("a plan file")).unwrap();
+            let plan = Plan::from_json(&read).expect("a whole plan");
+            assert!(plan == old || plan == new);
+            if saved {
+                assert_eq!(plan, new);
+                break;
+            }
+        }
     }
 
     #[test]

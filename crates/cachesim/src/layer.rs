@@ -45,6 +45,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use roamdisk_blockdev::layers::report::{write_report, ReportAt};
 use roamdisk_blockdev::{
     BlockDev, Error, ErrorKind, LayerKind, Op, OpenCtx, OptionalArg, Result, WriteFlags, ZeroFlags,
 };
@@ -345,15 +346,9 @@ impl BlockCache {
         s
     }
 
-    fn write_report(&self) {
-        let Some(path) = &self.opts.report else {
-            return;
-        };
-        let text = serde_json::to_string(&self.stats()).unwrap_or_default() + "\n";
-        let tmp = path.with_extension("tmp");
-        let r = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = r {
-            tracing::warn!(path = %path.display(), error = %e, "cannot write the cache report");
+    fn write_report(&self, at: ReportAt) {
+        if let Some(path) = &self.opts.report {
+            write_report("cache", path, &self.stats(), at);
         }
     }
 }
@@ -370,7 +365,7 @@ impl Drop for BlockCache {
             from_cache_mib = t.bytes_from_cache as f64 / 1048576.0,
             "cache: counters at close"
         );
-        self.write_report();
+        self.write_report(ReportAt::Close);
     }
 }
 
@@ -741,7 +736,7 @@ impl BlockDev for CacheDev {
 
     fn flush(&self) -> Result<()> {
         let r = self.next.flush();
-        self.cache.write_report();
+        self.cache.write_report(ReportAt::Flush);
         r
     }
 

@@ -12,6 +12,7 @@
 //! Manual: `docs/store-server.md`.
 
 pub mod gate;
+pub mod run;
 pub mod tls;
 pub mod users;
 

@@ -16,7 +16,8 @@ use roamdisk_chunkstore::commit::{commit_image, CommitOptions, Source};
 use roamdisk_chunkstore::gc::{gc, GcOptions};
 use roamdisk_chunkstore::store::{self, DynStore, StoreConfig};
 use roamdisk_chunkstore::{ChunkId, NoProgress};
-use roamdisk_roam::view::{materialise, VersionView};
+use roamdisk_roam::checkout::materialise;
+use roamdisk_roam::view::VersionView;
 
 type Running = (
     String,

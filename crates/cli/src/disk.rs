@@ -66,11 +66,6 @@ impl Disk {
     pub fn open(src: &str, access: Access) -> anyhow::Result<Disk> {
         DiskSpec::parse(src)?.open(access)
     }
-
-    /// The layer of type `T` in the stack, if there is one.
-    pub fn layer<T: BlockDev>(&self) -> Option<&T> {
-        roamdisk_blockdev::find_layer::<T>(self.dev.as_ref())
-    }
 }
 
 /// The path of `src` when it is a plain file the registry read as `raw`

@@ -9,7 +9,9 @@ mod disk;
 mod plot;
 mod progress;
 mod qemu_img;
-mod serving;
+mod render;
+mod serve;
+mod store_args;
 
 use clap::{Parser, Subcommand};
 

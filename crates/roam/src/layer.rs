@@ -38,6 +38,23 @@ fn credentials(ctx: &OpenCtx<'_>) -> Credentials {
     }
 }
 
+/// The session folder of a `cas:` layer and how its options open it.
+pub fn session_open(ctx: &OpenCtx<'_>) -> roamdisk_blockdev::Result<(PathBuf, SessionOpen)> {
+    let dir = ctx.path("cas", "session")?;
+    let opts = SessionOpen {
+        read_only: ctx.read_only,
+        store: ctx.opt("store").map(str::to_string),
+        key_file: ctx.opt("key-file").map(PathBuf::from),
+        credentials: credentials(ctx),
+        zero_detect: ctx.flag("cas", "zero-detect")?,
+        shared_cache: SharedChoice::parse(ctx.opt("shared-cache")),
+        lookaside: crate::lookaside::parse_media(ctx.opt("lookaside")),
+        no_prefetch: ctx.flag("cas", "prefetch")? == Some(false),
+        no_readahead: ctx.flag("cas", "readahead")? == Some(false),
+    };
+    Ok((dir, opts))
+}
+
 /// `cas:SESSION`.
 pub static CAS: LayerKind = LayerKind {
     name: "cas",
@@ -58,18 +75,7 @@ pub static CAS: LayerKind = LayerKind {
     inner_read_only: false,
     optional_first: None,
     open: |ctx: &OpenCtx<'_>, _next| {
-        let dir = ctx.path("cas", "session")?;
-        let opts = SessionOpen {
-            read_only: ctx.read_only,
-            store: ctx.opt("store").map(str::to_string),
-            key_file: ctx.opt("key-file").map(PathBuf::from),
-            credentials: credentials(ctx),
-            zero_detect: ctx.flag("cas", "zero-detect")?,
-            shared_cache: SharedChoice::parse(ctx.opt("shared-cache")),
-            lookaside: crate::lookaside::parse_media(ctx.opt("lookaside")),
-            no_prefetch: ctx.flag("cas", "prefetch")? == Some(false),
-            no_readahead: ctx.flag("cas", "readahead")? == Some(false),
-        };
+        let (dir, opts) = session_open(ctx)?;
         let dev = Arc::new(CasDev::open(&dir, &opts, ctx.registry)?);
         dev.start_prefetch();
         dev.start_readahead();
@@ -111,8 +117,12 @@ pub static CAS_VERSION: LayerKind = LayerKind {
         let view = VersionView::open(store.clone(), entry.version, key.as_ref())?
             .with_shared_cache(SharedChoice::parse(ctx.opt("shared-cache")).open()?);
         let media = crate::lookaside::parse_media(ctx.opt("lookaside"));
-        let media = crate::lookaside::for_view(&store, &view, &media)?;
+        let media = crate::lookaside::open_media(
+            store.config().hash,
+            view.version.index.chunk_size,
+            &media,
+        )?;
         let view = view.with_lookaside(media);
-        Ok(Arc::new(view) as Arc<dyn BlockDev>)
+        Ok(view.served() as Arc<dyn BlockDev>)
     },
 };

@@ -1,126 +1,188 @@
-//! The resume set (ISR): what a suspended session needs first on the next
-//! host — the version's memory image and the chunks of its recorded
-//! working set, in order — written to a portable folder (a USB key) as a
-//! chunk-store folder. On the next host it is a lookaside medium: every
-//! object is verified against its id when read, so a stale or damaged
-//! copy costs only the time to fetch what it fails to give.
-//!
-//! The folder is an ordinary local store with the source store's settings
-//! (so objects are copied as stored, compressed or encrypted, never
-//! decoded), plus the version package itself.
+//! Resuming a (suspended) version on this host (ISR): [`resume`] creates a
+//! session of it — its package taken from the resume set when the media
+//! hold it, so only the catalog crosses the network before the disk can be
+//! served — or reopens the one already in the folder, writes its memory
+//! image and configuration for the VMM, and starts fetching the chunks its
+//! last session read, in the order it read them, from the host's shared
+//! cache, lookaside media, then the store. The caller serves the session
+//! at once and reports when the working set is here ([`Resumed::report`]).
 
-use roamdisk_chunkstore::store::prelude::*;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use rayon::prelude::*;
-use roamdisk_blockdev::{Progress, Result};
+use parking_lot::Mutex;
+use roamdisk_blockdev::{Progress, Registry, Result};
+use roamdisk_chunkstore::error::{bad_arg, context};
+use roamdisk_chunkstore::repo::{check_rev, resolve};
+use roamdisk_chunkstore::store::DynStore;
 use serde::Serialize;
 
-use crate::view::{VersionView, GATHER_BATCH};
-use roamdisk_chunkstore::error::context;
-use roamdisk_chunkstore::hash::ChunkId;
-use roamdisk_chunkstore::store::local::LocalStore;
-use roamdisk_chunkstore::store::{ChunkRead, ChunkWrite};
+use crate::cache::SharedChoice;
+use crate::fetch::GatherStats;
+use crate::session::dev::{CasDev, PrefetchStatus, SessionOpen};
+use crate::session::NewSession;
+use crate::view::VersionView;
 
-/// What [`write_resume_set`] wrote.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct ResumeSetSummary {
+/// What to resume, and where.
+#[derive(Debug, Clone, Default)]
+pub struct ResumeOptions {
+    /// `USER/IMAGE[@REV]`.
     pub version: String,
-    /// Memory-image chunks and working-set chunks (distinct, non-zero).
-    pub memory_chunks: u64,
-    pub working_set_chunks: u64,
-    /// Objects copied (the version package included) and their stored
-    /// bytes; objects the folder already held are not copied again.
-    pub copied: u64,
-    pub copied_bytes: u64,
-    pub already_there: u64,
+    /// The session folder: created, or a session already on the version.
+    pub session: PathBuf,
+    /// A new session: where it commits, its cache, its store (the media
+    /// are `lookaside`). The target defaults to the image resumed.
+    pub new: NewSession,
+    /// Lookaside media tried before the store.
+    pub lookaside: Vec<PathBuf>,
+    /// The store and key overrides for opening the session.
+    pub open: SessionOpen,
+    pub shared_cache: SharedChoice,
+    /// Write the memory image here.
+    pub memory_out: Option<PathBuf>,
+    /// Write the VM configuration file here.
+    pub config_out: Option<PathBuf>,
 }
 
-/// The resume set's objects, in the order a resume needs them: the
-/// version package, the memory image, then the working set.
-pub fn resume_set_ids(view: &VersionView) -> (Vec<ChunkId>, u64, u64) {
-    let mut seen = std::collections::HashSet::new();
-    let mut ids = vec![view.id];
-    seen.insert(view.id);
-    let mem: Vec<ChunkId> = view
-        .memory_chunks()
-        .into_iter()
-        .map(|w| w.id)
-        .filter(|id| !id.is_zero() && seen.insert(*id))
-        .collect();
-    let idx = &view.version.index;
-    let ws: Vec<ChunkId> = view
-        .version
-        .working_set
-        .iter()
-        .map(|&c| idx.ids[c as usize])
-        .filter(|id| !id.is_zero() && seen.insert(*id))
-        .collect();
-    let (m, w) = (mem.len() as u64, ws.len() as u64);
-    ids.extend(mem);
-    ids.extend(ws);
-    (ids, m, w)
+/// A resumed session, its working set being fetched.
+pub struct Resumed {
+    pub dev: Arc<CasDev>,
+    /// `USER/IMAGE` resumed.
+    pub name: String,
+    /// The memory image's bytes by source.
+    pub memory: GatherStats,
+    /// The working-set fetch, as it goes.
+    pub working_set: Arc<Mutex<PrefetchStatus>>,
+    started: Instant,
 }
 
-/// Copy the resume set of `view` from its store into the folder `dir`
-/// (created as a chunk store with the same settings if it holds none).
-/// Each object is verified before it is written; the folder is synced
-/// before this returns.
-pub fn write_resume_set(
-    view: &VersionView,
-    dir: &Path,
-    progress: &dyn Progress,
-) -> Result<ResumeSetSummary> {
-    let store = view.store();
-    let media = LocalStore::open(dir, Some(store.config()))
-        .map_err(|e| context(e, format!("the resume-set folder {}", dir.display())))?;
-    if media.config() != store.config() {
-        return Err(roamdisk_chunkstore::error::bad_arg(format!(
-            "{} is a chunk store with other settings than {}: give an empty folder",
-            dir.display(),
-            store.describe()
+/// What a resume did, for `--json` and the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct ResumeReport {
+    pub version: String,
+    pub session: PathBuf,
+    /// Memory image bytes by source.
+    pub memory: GatherStats,
+    /// The working set: chunks that had to come, and by source.
+    pub working_set: PrefetchStatus,
+    /// Chunks lookaside media had but failed verification (damaged or
+    /// stale media), fetched elsewhere instead.
+    pub lookaside_rejected: u64,
+    /// Distinct chunks of the version in the shared cache, and in all.
+    pub hoard_cached: u64,
+    pub hoard_chunks: u64,
+    pub seconds: f64,
+}
+
+/// Resume `o.version` from `store` into `o.session`.
+pub fn resume(
+    store: &DynStore,
+    key: Option<&[u8; 32]>,
+    o: &ResumeOptions,
+    registry: &Registry,
+) -> Result<Resumed> {
+    let started = Instant::now();
+    check_rev(&o.version)?;
+    let (name, entry) = resolve(&**store, &o.version)?;
+    let existing = o.session.join("session.toml").exists();
+    if !existing {
+        let (view, package) =
+            VersionView::open_with_package(store.clone(), entry.version, key, &o.lookaside)
+                .map_err(|e| {
+                    context(e, format!("cannot resume {name}@{}", entry.version.short()))
+                })?;
+        let mut new = o.new.clone();
+        if new.target.is_empty() {
+            new.target = name.clone();
+        }
+        new.lookaside = o.lookaside.clone();
+        crate::session::create_on(&o.session, &view, &package, &new)?;
+    }
+    let open = SessionOpen {
+        shared_cache: o.shared_cache.clone(),
+        // A new session keeps its media in session.toml.
+        lookaside: if existing {
+            o.lookaside.clone()
+        } else {
+            Vec::new()
+        },
+        ..o.open.clone()
+    };
+    let dev = Arc::new(CasDev::open(&o.session, &open, registry)?);
+    let view = dev.base();
+    if view.id != entry.version {
+        return Err(bad_arg(format!(
+            "{} holds a session on version {}, not {name}@{}: resume into a new folder, or commit and remove that session",
+            o.session.display(),
+            view.id.short(),
+            entry.version.short()
         )));
     }
-    let (ids, memory_chunks, working_set_chunks) = resume_set_ids(view);
-    let mut s = ResumeSetSummary {
-        version: view.id.to_hex(),
-        memory_chunks,
-        working_set_chunks,
-        ..Default::default()
-    };
-    let codec = store.config().codec();
-    progress.phase("writing the resume set", ids.len() as u64);
-    for batch in ids.chunks(GATHER_BATCH) {
-        let have = media.has_many(batch, false)?;
-        let want: Vec<ChunkId> = batch
-            .iter()
-            .zip(&have)
-            .filter(|(_, h)| !**h)
-            .map(|(id, _)| *id)
-            .collect();
-        s.already_there += (batch.len() - want.len()) as u64;
-        let raw = store.get_many(&want);
-        let objects: Vec<Vec<u8>> = want
-            .par_iter()
-            .zip(raw)
-            .map(|(id, r)| {
-                let ctx = |e| context(e, format!("object {id} of the resume set"));
-                let obj = r.map_err(ctx)?;
-                // Keys are not needed to check an object against its name.
-                codec.verify(id, &obj).map_err(ctx)?;
-                Ok(obj)
-            })
-            .collect::<Result<_>>()?;
-        let items: Vec<(ChunkId, &[u8])> = want
-            .iter()
-            .copied()
-            .zip(objects.iter().map(Vec::as_slice))
-            .collect();
-        media.put_many(&items)?;
-        s.copied += items.len() as u64;
-        s.copied_bytes += objects.iter().map(|o| o.len() as u64).sum::<u64>();
-        progress.advance(batch.len() as u64);
+    let working_set = dev.start_prefetch();
+    dev.start_readahead();
+    if let Some(p) = &o.config_out {
+        std::fs::write(p, &view.version.config)
+            .map_err(|e| roamdisk_chunkstore::error::io(roamdisk_blockdev::Op::Write, e, p))?;
     }
-    media.sync()?;
-    Ok(s)
+    let memory = match &o.memory_out {
+        Some(p) => write_file(p, |f| crate::checkout::write_memory(&view, f))?,
+        None => GatherStats::default(),
+    };
+    Ok(Resumed {
+        dev,
+        name,
+        memory,
+        working_set,
+        started,
+    })
+}
+
+/// Create `path`, fill it with `fill`, make it durable.
+fn write_file<T>(path: &Path, fill: impl FnOnce(&mut std::fs::File) -> Result<T>) -> Result<T> {
+    let io = |e| roamdisk_chunkstore::error::io(roamdisk_blockdev::Op::Write, e, path);
+    let mut f = std::fs::File::create(path).map_err(io)?;
+    let r = fill(&mut f)?;
+    f.sync_all().map_err(io)?;
+    Ok(r)
+}
+
+impl Resumed {
+    /// Wait until the working set is here, showing its progress.
+    pub fn wait(&self, progress: &dyn Progress) -> PrefetchStatus {
+        let now = || self.working_set.lock().clone();
+        progress.phase("fetching the working set", now().bytes);
+        loop {
+            let s = now();
+            progress.set(s.got.bytes);
+            if s.done {
+                progress.end();
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The report, once the working set `ws` is here.
+    pub fn report(&self, ws: PrefetchStatus) -> ResumeReport {
+        let view = self.dev.base();
+        let ids = view.chunk_ids();
+        let cached = match view.shared_cache() {
+            Some(sc) => sc
+                .contains_many(&ids)
+                .map(|v| v.iter().filter(|x| **x).count())
+                .unwrap_or(0) as u64,
+            None => 0,
+        };
+        ResumeReport {
+            version: view.id.to_hex(),
+            session: self.dev.dir().to_path_buf(),
+            memory: self.memory,
+            working_set: ws,
+            lookaside_rejected: view.lookaside().map(|l| l.stats().bad).unwrap_or(0),
+            hoard_cached: cached,
+            hoard_chunks: ids.len() as u64,
+            seconds: self.started.elapsed().as_secs_f64(),
+        }
+    }
 }

@@ -11,11 +11,12 @@ use roamdisk_chunkstore::commit::{commit_image, CommitOptions, Source};
 use roamdisk_chunkstore::index::SectorState;
 use roamdisk_chunkstore::store::{self, DynStore, StoreConfig};
 use roamdisk_chunkstore::{ChunkId, NoProgress};
+use roamdisk_roam::checkout::materialise;
 use roamdisk_roam::guest::{GuestAnalyzer, GuestRegions, Regions};
 use roamdisk_roam::session::dev::{CasDev, SessionOpen};
 use roamdisk_roam::session::update::{commit_session, UpdateOptions};
 use roamdisk_roam::session::{self, SessionConfig};
-use roamdisk_roam::view::{materialise, VersionView};
+use roamdisk_roam::view::VersionView;
 
 const SIZE: u64 = 4 << 20;
 

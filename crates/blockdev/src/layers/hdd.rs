@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 
 use crate::dev::{Alloc, BlockDev, Extent, WriteFlags, ZeroFlags};
 use crate::error::{Error, ErrorKind, Op, Result};
+use crate::layers::report::{write_report, ReportAt};
 
 /// The emulated disk's parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -244,22 +245,16 @@ impl HddDev {
         }
     }
 
-    fn write_report(&self) {
-        let Some(path) = &self.report else {
-            return;
-        };
-        let text = serde_json::to_string(&self.stats()).unwrap_or_default() + "\n";
-        let tmp = path.with_extension("tmp");
-        let r = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = r {
-            tracing::warn!(path = %path.display(), error = %e, "cannot write the hdd report");
+    fn write_report(&self, at: ReportAt) {
+        if let Some(path) = &self.report {
+            write_report("hdd", path, &self.stats(), at);
         }
     }
 }
 
 impl Drop for HddDev {
     fn drop(&mut self) {
-        self.write_report();
+        self.write_report(ReportAt::Close);
     }
 }
 
@@ -298,7 +293,7 @@ impl BlockDev for HddDev {
         })
     }
     fn flush(&self) -> Result<()> {
-        self.write_report();
+        self.write_report(ReportAt::Flush);
         self.next.flush()
     }
     fn settle(&self) -> Result<()> {

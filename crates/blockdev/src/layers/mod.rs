@@ -4,6 +4,7 @@ pub mod cow;
 pub mod hdd;
 pub mod mem;
 pub mod raw;
+pub mod report;
 pub mod throttle;
 
 use std::sync::Arc;

@@ -19,7 +19,7 @@ use roamdisk_borrow::{BorrowOptions, Plan, ScanOptions, Verify};
 use roamdisk_nbd::{Ended, Export, Listen, ServeOptions, Until};
 
 use crate::progress::{Output, Reporter};
-use crate::serving::announce;
+use crate::serve::announce;
 
 /// Borrow the free blocks of a host's disks as a fast transient disk for a
 /// VM (TransPart). The host's file systems are only read; nothing

@@ -8,11 +8,11 @@ use anyhow::{bail, Context};
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use roamdisk_blockdev::units::format_size;
 use roamdisk_roam::cache::admin::{status, verify, CacheStatus};
-use roamdisk_roam::cache::hoard::percent;
 use roamdisk_roam::cache::{shared, CacheOptions, SharedCache};
+use roamdisk_roam::hoard::percent;
 
-use super::cas::short;
 use crate::progress::{Output, Reporter};
+use crate::store_args::short;
 
 /// The host's shared chunk cache: what it holds (status), a check of every
 /// chunk (verify), and eviction of what nobody keeps (evict).

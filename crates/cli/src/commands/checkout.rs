@@ -1,22 +1,21 @@
 //! `roamdisk checkout`: time travel — materialise any version as a raw,
 //! LBS or qemu-img image, start a session on it, or serve it read-only.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
-use roamdisk_blockdev::{Access, BlockDev, Checked};
+use roamdisk_blockdev::{Access, BlockDev};
 use roamdisk_chunkstore::catalog::format_time;
 use roamdisk_chunkstore::repo::{check_rev, resolve};
-use roamdisk_nbd::{Export, Listen, ServeOptions, Until};
-use roamdisk_roam::session::{self, SessionConfig};
-use roamdisk_roam::view::{materialise, VersionView};
+use roamdisk_nbd::Listen;
+use roamdisk_roam::checkout::materialise;
+use roamdisk_roam::view::VersionView;
 
-use super::cas::StoreArgs;
 use crate::disk::NewImage;
-use crate::serving::announce;
+use crate::serve::serve_one;
+use crate::store_args::StoreArgs;
 
 /// Check out a version of an image: USER/IMAGE (latest), USER/IMAGE@VERSION
 /// (an id prefix from `roamdisk log`), USER/IMAGE@TAG, or USER/IMAGE@DATE
@@ -74,85 +73,6 @@ pub struct Args {
     st: StoreArgs,
 }
 
-fn absolute_location(loc: &str) -> String {
-    if roamdisk_chunkstore::store::is_remote(loc) {
-        return loc.to_string();
-    }
-    absolute(Path::new(loc)).display().to_string()
-}
-
-/// `p` made absolute (as it is, if it cannot be).
-fn absolute(p: &Path) -> PathBuf {
-    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
-}
-
-/// Serve `dev` as the default export on `listen` until SIGINT/SIGTERM.
-pub fn serve_one(
-    dev: Arc<dyn BlockDev>,
-    access: Access,
-    describe: &str,
-    listen: Vec<Listen>,
-    quiet: bool,
-) -> anyhow::Result<()> {
-    let export = Export {
-        name: String::new(),
-        description: describe.to_string(),
-        dev: Arc::new(Checked::new(dev, access)),
-    };
-    let how = if access == Access::ReadOnly {
-        " read-only"
-    } else {
-        ""
-    };
-    let what = format!("serving {describe}{how}");
-    let opts = ServeOptions::default();
-    roamdisk_nbd::serve(
-        vec![export],
-        listen,
-        opts,
-        Until::Signal,
-        announce(quiet, &what),
-    )?;
-    Ok(())
-}
-
-/// Create a session in `dir` on a version (from `store`: its view, and its
-/// package as stored), committing to `target`, with a `raw` or `lbs`
-/// private cache and lookaside media.
-pub fn new_session(
-    dir: &std::path::Path,
-    st: &StoreArgs,
-    store: &roamdisk_chunkstore::store::DynStore,
-    (view, package): (&VersionView, &[u8]),
-    target: &str,
-    cache: &str,
-    lookaside: &[PathBuf],
-) -> anyhow::Result<()> {
-    roamdisk_chunkstore::store::check_ref_name(target)?;
-    let location = st.location();
-    let mut cfg = SessionConfig::new(&absolute_location(&location), target);
-    cfg.key_file = st.key_file.as_deref().map(absolute);
-    if roamdisk_chunkstore::store::is_url(&location) {
-        // The paths, never the token: the session opens with them later.
-        let creds = st.credentials().or_env();
-        cfg.token_file = creds.token_file.as_deref().map(absolute);
-        cfg.ca_file = creds.ca_file.as_deref().map(absolute);
-    }
-    cfg.lookaside = lookaside.iter().map(|p| absolute(p)).collect();
-    match cache {
-        "raw" => {}
-        "lbs" => {
-            std::fs::create_dir_all(dir)?;
-            NewImage::create(&dir.join("cache.lbsd"), "lbs", view.size())?.finish()?;
-            cfg.cache = "lbs:cache.lbsd".into();
-        }
-        other => bail!("--cache must be raw or lbs, not '{other}'"),
-    }
-    session::create(dir, &cfg, view.id, view.size())?;
-    roamdisk_roam::session::dev::keep_offline_copies(dir, store, package);
-    Ok(())
-}
-
 pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     check_rev(&a.version)?;
     let store = a.st.open(false)?;
@@ -175,7 +95,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     if let Some(p) = &a.memory_out {
         let mut f =
             std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
-        view.write_memory(&mut f)?;
+        roamdisk_roam::checkout::write_memory(&view, &mut f)?;
         f.sync_all()?;
     }
     if let Some(dest) = &a.output {
@@ -199,15 +119,8 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     }
     if let Some(dir) = &a.session {
         let target = a.as_image.clone().unwrap_or_else(|| name.clone());
-        new_session(
-            dir,
-            &a.st,
-            &store,
-            (&view, &package),
-            &target,
-            &a.cache,
-            &[],
-        )?;
+        let new = a.st.new_session(target.clone(), &a.cache)?;
+        roamdisk_roam::session::create_on(dir, &view, &package, &new)?;
         if !quiet {
             println!(
                 "session {} on {describe}; commits go to {target}\n  serve it:  roamdisk serve cas:{} --socket /tmp/vm.sock\n  commit it: roamdisk commit cas:{} -m \"...\"",
@@ -224,7 +137,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         if listen.is_empty() {
             bail!("say where to serve {describe}: --socket PATH and/or --listen ADDR:PORT");
         }
-        serve_one(Arc::new(view), Access::ReadOnly, &describe, listen, quiet)?;
+        serve_one(view.served(), Access::ReadOnly, &describe, listen, quiet)?;
         return Ok(());
     }
     bail!("say what to do with {describe}: --output FILE, --session DIR or --serve --socket PATH")

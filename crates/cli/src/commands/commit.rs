@@ -5,17 +5,15 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use roamdisk_blockdev::units::{format_size, parse_size};
+use roamdisk_blockdev::units::parse_size;
 use roamdisk_blockdev::Access;
-use roamdisk_chunkstore::commit::{commit_image, CommitOptions, CommitSummary, Parent, Source};
-use roamdisk_roam::guest::FsmetaAnalyzer;
+use roamdisk_chunkstore::commit::{commit_image, CommitOptions, Parent, Source};
 use roamdisk_roam::layer::CAS;
-use roamdisk_roam::session::dev::CasDev;
-use roamdisk_roam::session::update::{commit_session, UpdateOptions};
+use roamdisk_roam::session::update::commit_dir;
 
-use super::cas::{short, StoreArgs};
-use crate::disk::{Disk, DiskSpec};
-use crate::progress::Reporter;
+use crate::disk::DiskSpec;
+use crate::render::commit::finish;
+use crate::store_args::{Filters, StoreArgs};
 
 /// Commit a disk as a new version of a content-addressed image.
 ///
@@ -81,107 +79,6 @@ pub struct Args {
     st: StoreArgs,
 }
 
-/// The useful-update filters of an update commit, each on by default.
-#[derive(clap::Args, Clone, Copy, Debug)]
-pub struct Filters {
-    /// Keep written zeroes as data (switch P1 off).
-    #[arg(long)]
-    no_p1: bool,
-    /// Keep writes to free file-system clusters (switch P2 off).
-    #[arg(long)]
-    no_p2: bool,
-    /// Keep writes to guest swap (switch P3 off).
-    #[arg(long)]
-    no_p3: bool,
-}
-
-impl Filters {
-    /// Update-commit options with these filters.
-    pub fn update(&self, commit: CommitOptions) -> UpdateOptions {
-        UpdateOptions {
-            commit,
-            p1: !self.no_p1,
-            p2: !self.no_p2,
-            p3: !self.no_p3,
-        }
-    }
-
-    fn any_off(&self) -> bool {
-        self.no_p1 || self.no_p2 || self.no_p3
-    }
-}
-
-pub fn print_summary(s: &CommitSummary, json: bool) -> anyhow::Result<()> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(s)?);
-        return Ok(());
-    }
-    let u = &s.upload;
-    println!(
-        "committed {}@{}{}",
-        s.catalog,
-        short(&s.version),
-        s.parent
-            .as_deref()
-            .map(|p| format!(" (parent {})", short(p)))
-            .unwrap_or_default()
-    );
-    println!(
-        "  disk        {} in {} chunks of {}: {} all-zero (stored as nothing), {} hashed ({})",
-        format_size(s.disk_size),
-        s.disk_size.div_ceil(s.chunk_size as u64),
-        format_size(s.chunk_size as u64),
-        u.zero_chunks,
-        u.chunks - u.zero_chunks,
-        format_size(u.hashed_bytes)
-    );
-    println!(
-        "  store       {} new chunks uploaded ({} after compression), {} already there (reused)",
-        u.new_objects,
-        format_size(u.uploaded_bytes),
-        u.reused_objects
-    );
-    if u.uploaded_bytes == 0 {
-        println!("  dedup       nothing new: every chunk was already stored");
-    } else {
-        println!(
-            "  dedup       {:.2}x (bytes hashed / bytes uploaded, compression included)",
-            u.hashed_bytes as f64 / u.uploaded_bytes as f64
-        );
-    }
-    println!(
-        "  index       {} compressed ({:.3}% of the disk), in a {} version package{}",
-        format_size(s.index_bytes as u64),
-        s.index_bytes as f64 * 100.0 / s.disk_size as f64,
-        format_size(s.package_bytes as u64),
-        if s.encrypted {
-            ", sealed with the user's key"
-        } else {
-            ""
-        }
-    );
-    if let Some(f) = &s.filters {
-        let pct = |n: u64| n as f64 * 100.0 / f.dirty.max(1) as f64;
-        println!("  useful updates (sectors; the seed's Figure 9):");
-        println!("    dirty                       {:>10}  100.0%", f.dirty);
-        let mut left = f.dirty;
-        for (name, on, dropped) in [
-            ("P1 zero writes", f.p1, f.p1_zero),
-            ("P2 free clusters", f.p2, f.p2_free),
-            ("P3 swap", f.p3, f.p3_swap),
-        ] {
-            left -= dropped;
-            let label = format!("after {name}{}", if on { "" } else { " (off)" });
-            println!(
-                "    {label:<26}  {left:>10}  {:>5.1}%  (-{dropped})",
-                pct(left)
-            );
-        }
-    }
-    println!("  time        {:.2} s ({:.0} MB/s)", s.seconds, s.mb_per_s);
-    Ok(())
-}
-
 pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let progress = a.st.progress(quiet);
     let config = match &a.config {
@@ -214,7 +111,10 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         if a.encrypt {
             bail!("--encrypt applies to initial commits; a session keeps its image's encryption");
         }
-        let (summary, _) = update_commit(src, &a.st, &a.filters.update(opts), &progress)?;
+        let (dir, open) = a.st.session_open(&src.spec)?;
+        let reg = super::registry();
+        let u = a.filters.update(opts);
+        let (summary, _) = commit_dir(&dir, &open, &u, &reg, &progress)?;
         return finish(&summary, progress, quiet, a.st.json);
     }
     let Some(to) = &a.to else {
@@ -235,43 +135,4 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let disk = src.open(Access::ReadOnly)?;
     let summary = commit_image(&*store, Source::Dev(disk.dev.as_ref()), &opts, &progress)?;
     finish(&summary, progress, quiet, a.st.json)
-}
-
-/// The update commit of the session `src` (a `cas:` spec); the command's
-/// store and key file override the session's. Returns the open session
-/// (rebased onto the new version).
-pub fn update_commit(
-    mut src: DiskSpec,
-    st: &StoreArgs,
-    u: &UpdateOptions,
-    progress: &Reporter,
-) -> anyhow::Result<(CommitSummary, Disk)> {
-    let p = &mut src.spec.params;
-    if let Some(s) = &st.store {
-        p.insert("store".into(), s.clone());
-    }
-    if let Some(k) = &st.key_file {
-        p.insert("key-file".into(), k.display().to_string());
-    }
-    p.insert("prefetch".into(), "off".into());
-    p.insert("readahead".into(), "off".into());
-    let disk = src.open(Access::ReadWrite)?;
-    let dev = disk
-        .layer::<CasDev>()
-        .context("the cas layer opened no session")?;
-    let summary = commit_session(dev, u, &FsmetaAnalyzer, progress)?;
-    Ok((summary, disk))
-}
-
-pub fn finish(
-    summary: &CommitSummary,
-    progress: Reporter,
-    quiet: bool,
-    json: bool,
-) -> anyhow::Result<()> {
-    progress.finish();
-    if !quiet || json {
-        print_summary(summary, json)?;
-    }
-    Ok(())
 }

@@ -4,7 +4,7 @@ use clap::Parser;
 use roamdisk_blockdev::units::format_size;
 use roamdisk_chunkstore::gc::{gc, GcOptions};
 
-use super::cas::StoreArgs;
+use crate::store_args::StoreArgs;
 use roamdisk_blockdev::units::{parse_duration, Bare};
 
 /// Garbage-collect the chunk store: mark every chunk some version of some

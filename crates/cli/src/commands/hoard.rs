@@ -6,12 +6,12 @@ use clap::Parser;
 use roamdisk_blockdev::units::format_size;
 use roamdisk_chunkstore::repo::resolve;
 use roamdisk_chunkstore::ChunkId;
-use roamdisk_roam::cache::hoard::{hoard, percent, HoardSummary};
 use roamdisk_roam::cache::{SharedCache, SharedChoice};
+use roamdisk_roam::hoard::{hoard, percent, HoardSummary};
 use roamdisk_roam::view::VersionView;
 use serde::Serialize;
 
-use super::cas::{short, StoreArgs};
+use crate::store_args::{short, StoreArgs};
 
 /// Hoard a version on this host: fetch every chunk of its disk and memory
 /// image that the host's shared cache lacks (verified, in parallel), keep
@@ -84,7 +84,11 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let view = VersionView::open(store.clone(), entry.version, key.as_ref())
         .with_context(|| format!("cannot read {name}@{}", entry.version.short()))?
         .with_shared_cache(Some(cache.clone()));
-    let media = roamdisk_roam::lookaside::for_view(&store, &view, &a.lookaside)?;
+    let media = roamdisk_roam::lookaside::open_media(
+        store.config().hash,
+        view.version.index.chunk_size,
+        &a.lookaside,
+    )?;
     let view = view.with_lookaside(media);
     let progress = a.st.progress(quiet);
     let s = hoard(&view, &name, a.check, &progress)?;

@@ -5,7 +5,7 @@ use roamdisk_blockdev::units::format_size;
 use roamdisk_chunkstore::catalog::format_time;
 use roamdisk_chunkstore::repo::{existing_catalog, split_target};
 
-use super::cas::StoreArgs;
+use crate::store_args::StoreArgs;
 
 /// List the versions of an image, newest first: id, commit time (UTC),
 /// tags, what the commit uploaded, and the description. Any line's id, tag

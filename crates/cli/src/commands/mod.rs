@@ -2,7 +2,7 @@
 
 pub mod borrow;
 pub mod cache;
-pub mod cas;
+
 pub mod checkout;
 pub mod commit;
 pub mod gc;
@@ -20,7 +20,7 @@ pub mod server;
 pub mod sim;
 pub mod sperf;
 pub mod store;
-pub mod store_user;
+
 pub mod suspend;
 pub mod tag;
 pub mod trace;

@@ -3,25 +3,21 @@
 //! working set first — from the host's shared cache, lookaside media
 //! (the resume set `roamdisk suspend --to-media` wrote), then the store.
 
-use parking_lot::Mutex;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
-use roamdisk_blockdev::{Access, BlockDev, Progress};
-use roamdisk_chunkstore::repo::{check_rev, resolve};
+use roamdisk_blockdev::{Access, BlockDev};
 use roamdisk_nbd::Listen;
 use roamdisk_roam::cache::SharedChoice;
-use roamdisk_roam::session::dev::{CasDev, PrefetchStatus, SessionOpen};
-use roamdisk_roam::view::{GatherStats, VersionView};
-use serde::Serialize;
+use roamdisk_roam::fetch::GatherStats;
+use roamdisk_roam::resume::{resume, ResumeOptions, ResumeReport, Resumed};
+use roamdisk_roam::session::dev::SessionOpen;
 
-use super::cas::{short, StoreArgs};
-use super::checkout::{new_session, serve_one};
+use crate::serve::serve_one;
+use crate::store_args::{short, StoreArgs};
 
 /// Resume a version on this host: create a session of USER/IMAGE[@REV]
 /// (the latest version by default: what `roamdisk suspend` committed) in
@@ -84,39 +80,6 @@ pub struct Args {
     st: StoreArgs,
 }
 
-/// What a resume did, for `--json` and the report.
-#[derive(Serialize)]
-struct Report {
-    version: String,
-    session: PathBuf,
-    /// Memory image bytes by source.
-    memory: GatherStats,
-    /// The working set: chunks that had to come, and by source.
-    working_set: PrefetchStatus,
-    /// Chunks lookaside media had but failed verification (damaged or
-    /// stale media), fetched elsewhere instead.
-    lookaside_rejected: u64,
-    /// Distinct chunks of the version in the shared cache, and in all.
-    hoard_cached: u64,
-    hoard_chunks: u64,
-    seconds: f64,
-}
-
-/// Show the working-set fetch until it is done.
-fn wait(status: &Mutex<PrefetchStatus>, progress: &dyn Progress) -> PrefetchStatus {
-    let now = || status.lock().clone();
-    progress.phase("fetching the working set", now().bytes);
-    loop {
-        let s = now();
-        progress.set(s.got.bytes);
-        if s.done {
-            progress.end();
-            return s;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn sources(g: &GatherStats) -> String {
     format!(
         "{} from the shared cache, {} from lookaside media, {} fetched",
@@ -126,22 +89,22 @@ fn sources(g: &GatherStats) -> String {
     )
 }
 
-fn print_report(r: &Report, name: &str) {
-    println!(
+fn print_report(r: &ResumeReport, name: &str) {
+    outln!(
         "resumed {name}@{} in {} ({:.2} s)",
         short(&r.version),
         r.session.display(),
         r.seconds
     );
     if r.memory.chunks > 0 {
-        println!(
+        outln!(
             "  memory image {}: {}",
             format_size(r.memory.bytes),
             sources(&r.memory)
         );
     }
     let w = &r.working_set;
-    println!(
+    outln!(
         "  working set  {} chunks ({}): {}{}",
         w.chunks,
         format_size(w.bytes),
@@ -152,12 +115,12 @@ fn print_report(r: &Report, name: &str) {
             .unwrap_or_default()
     );
     if r.lookaside_rejected > 0 {
-        println!(
+        outln!(
             "  lookaside    {} chunks on the media failed verification (damaged or stale) and were fetched instead",
             r.lookaside_rejected
         );
     }
-    println!(
+    outln!(
         "  hoard level  {} of {} chunks of the version on this host ({:.0}%)",
         r.hoard_cached,
         r.hoard_chunks,
@@ -166,117 +129,50 @@ fn print_report(r: &Report, name: &str) {
 }
 
 pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
-    let t0 = Instant::now();
-    check_rev(&a.version)?;
     let store = a.st.open(false)?;
     let key = a.st.key()?;
-    let (name, entry) = resolve(&*store, &a.version)?;
-    let existing = a.session.join("session.toml").exists();
-    if !existing {
-        // The package from the resume set when it holds it: only the
-        // catalog then crosses the network before the disk is served.
-        let (view, package) = VersionView::open_with_package(
-            store.clone(),
-            entry.version,
-            key.as_ref(),
-            &a.lookaside,
-        )
-        .with_context(|| format!("cannot resume {name}@{}", entry.version.short()))?;
-        let target = a.as_image.clone().unwrap_or_else(|| name.clone());
-        new_session(
-            &a.session,
-            &a.st,
-            &store,
-            (&view, &package),
-            &target,
-            &a.cache,
-            &a.lookaside,
-        )?;
-    }
-    let opts = SessionOpen {
-        store: a.st.store.clone(),
-        key_file: a.st.key_file.clone(),
-        credentials: a.st.credentials(),
-        shared_cache: SharedChoice::parse(a.shared_cache.as_deref()),
-        lookaside: if existing {
-            a.lookaside.clone()
-        } else {
-            Vec::new()
+    let o = ResumeOptions {
+        version: a.version.clone(),
+        session: a.session.clone(),
+        new: a
+            .st
+            .new_session(a.as_image.clone().unwrap_or_default(), &a.cache)?,
+        lookaside: a.lookaside.clone(),
+        open: SessionOpen {
+            store: a.st.store.clone(),
+            key_file: a.st.key_file.clone(),
+            credentials: a.st.credentials(),
+            ..Default::default()
         },
-        ..Default::default()
+        shared_cache: SharedChoice::parse(a.shared_cache.as_deref()),
+        memory_out: a.memory_out.clone(),
+        config_out: a.config_out.clone(),
     };
-    let dev = Arc::new(CasDev::open(&a.session, &opts, &super::registry())?);
-    let view = dev.base();
-    if view.id != entry.version {
-        bail!(
-            "{} holds a session on version {}, not {name}@{}: resume into a new folder, or commit and remove that session",
-            a.session.display(),
-            view.id.short(),
-            entry.version.short()
-        );
-    }
-    let status = dev.start_prefetch();
-    dev.start_readahead();
-    if let Some(p) = &a.config_out {
-        std::fs::write(p, &view.version.config)
-            .with_context(|| format!("cannot write {}", p.display()))?;
-    }
-    let memory = match &a.memory_out {
-        Some(p) => {
-            let mut f = std::fs::File::create(p)
-                .with_context(|| format!("cannot create {}", p.display()))?;
-            let s = view.write_memory(&mut f)?;
-            f.sync_all()?;
-            s
-        }
-        None => GatherStats::default(),
-    };
-    let report = move |ws: PrefetchStatus| {
-        let (cached, chunks) = match view.shared_cache() {
-            Some(sc) => {
-                let ids = view.chunk_ids();
-                let n = sc
-                    .contains_many(&ids)
-                    .map(|v| v.iter().filter(|x| **x).count());
-                (n.unwrap_or(0) as u64, ids.len() as u64)
-            }
-            None => (0, view.chunk_ids().len() as u64),
-        };
-        Report {
-            version: view.id.to_hex(),
-            session: a.session.clone(),
-            memory,
-            working_set: ws,
-            lookaside_rejected: view.lookaside().map(|l| l.stats().bad).unwrap_or(0),
-            hoard_cached: cached,
-            hoard_chunks: chunks,
-            seconds: t0.elapsed().as_secs_f64(),
-        }
-    };
-    let show = move |r: &Report, json: bool| {
+    let r = Arc::new(resume(&store, key.as_ref(), &o, &super::registry())?);
+    let json = a.st.json;
+    let show = move |r: &Resumed, progress: crate::progress::Reporter| {
+        let ws = r.wait(&progress);
+        progress.finish();
+        let report = r.report(ws);
         if json {
-            println!("{}", serde_json::to_string_pretty(r).expect("serialisable"));
+            outln!(
+                "{}",
+                serde_json::to_string_pretty(&report).expect("serialisable")
+            );
         } else if !quiet {
-            print_report(r, &name);
+            print_report(&report, &r.name);
         }
     };
     let mut listen: Vec<Listen> = a.socket.iter().cloned().map(Listen::Unix).collect();
     listen.extend(a.listen.map(Listen::Tcp));
-    let json = a.st.json;
     let progress = a.st.progress(quiet);
     if listen.is_empty() {
-        let ws = wait(&status, &progress);
-        progress.finish();
-        show(&report(ws), json);
+        show(&r, progress);
         return Ok(());
     }
     // Serve at once; report when the working set is here.
-    let st = status.clone();
-    std::thread::spawn(move || {
-        let ws = wait(&st, &progress);
-        progress.finish();
-        show(&report(ws), json);
-    });
-    let describe = dev.describe();
-    serve_one(dev, Access::ReadWrite, &describe, listen, quiet)
+    let bg = r.clone();
+    std::thread::spawn(move || show(&bg, progress));
+    let describe = r.dev.describe();
+    serve_one(r.dev.clone(), Access::ReadWrite, &describe, listen, quiet)
 }

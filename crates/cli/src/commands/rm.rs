@@ -4,7 +4,7 @@ use anyhow::bail;
 use clap::Parser;
 use roamdisk_chunkstore::repo::{existing_catalog, split_target, update_catalog};
 
-use super::cas::StoreArgs;
+use crate::store_args::StoreArgs;
 
 /// Drop versions from an image's catalog (or the whole image with --all).
 /// Their chunks are freed by the next `roamdisk gc` when no other version

@@ -12,7 +12,7 @@ use roamdisk_lbs::Lbs;
 use roamdisk_nbd::config::ServeConfig;
 use roamdisk_nbd::{Export, Listen, ServeOptions, TlsMode, TlsOptions, Until};
 
-use crate::serving::{announce, Limits};
+use crate::serve::{announce, Limits};
 
 /// Serve a stack (or several, from a TOML file) over NBD until SIGINT or
 /// SIGTERM; then finish in-flight requests, flush, and remove the socket.

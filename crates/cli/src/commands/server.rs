@@ -9,8 +9,8 @@ use clap::{Args as ClapArgs, Parser, Subcommand};
 use roamdisk_blockdev::units::format_size;
 use roamdisk_server::{access::views_of, promote, state::StateLock, Server, ServerConfig};
 
-use super::cas::StoreArgs;
-use crate::serving::{announce, Limits};
+use crate::serve::{announce, Limits};
+use crate::store_args::StoreArgs;
 use roamdisk_chunkstore::commit::{commit_image, CommitOptions, Source};
 
 /// Serve golden images to many clients over NBD, each seeing only its grants.
@@ -284,7 +284,7 @@ fn promote(p: PromoteArgs, quiet: bool) -> anyhow::Result<()> {
             ..Default::default()
         };
         let summary = commit_image(&*store, Source::Dev(src.as_ref()), &opts, &progress)?;
-        return super::commit::finish(&summary, progress, quiet, p.st.json);
+        return crate::render::commit::finish(&summary, progress, quiet, p.st.json);
     }
     let written = promote::write_new_file(src.as_ref(), &to, &reg)?;
     if !quiet {

@@ -8,12 +8,11 @@ use anyhow::Context;
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
 use roamdisk_chunkstore::commit::CommitOptions;
-use roamdisk_roam::resume::write_resume_set;
-use roamdisk_roam::session::dev::CasDev;
+use roamdisk_roam::suspend::{suspend, Suspended};
 
-use super::cas::{short, StoreArgs};
-use super::commit::{finish, update_commit, Filters};
 use crate::disk::DiskSpec;
+use crate::render::commit::finish;
+use crate::store_args::{short, Filters, StoreArgs};
 
 /// Suspend a session: stop the VM first (or have it save its memory to a
 /// file), then run this. It commits the session's useful updates (the
@@ -79,40 +78,30 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         Some(_) => a.session.clone(),
         None => format!("cas:{}", a.session),
     };
-    let (summary, disk) = update_commit(DiskSpec::parse(&spec)?, &a.st, &u, &progress)?;
-    let dev = disk
-        .layer::<CasDev>()
-        .context("the cas layer opened no session")?;
-    let view = dev.base();
-    let media = match &a.to_media {
-        Some(dir) => Some(write_resume_set(&view, dir, &progress)?),
-        None => None,
-    };
+    let (dir, open) = a.st.session_open(&DiskSpec::parse(&spec)?.spec)?;
+    let reg = super::registry();
+    let s = suspend(&dir, &open, &u, a.to_media.as_deref(), &reg, &progress)?;
     if a.st.json {
         progress.finish();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "commit": summary,
-                "working_set_chunks": view.version.working_set.len(),
-                "resume_set": media,
-            }))?
-        );
+        outln!("{}", serde_json::to_string_pretty(&s)?);
         return Ok(());
     }
-    finish(&summary, progress, quiet, false)?;
-    if quiet {
-        return Ok(());
+    finish(&s.commit, progress, quiet, false)?;
+    if !quiet {
+        render_suspended(&s, a.to_media.as_deref());
     }
-    let ws = &view.version.working_set;
-    let cs = view.version.index.chunk_size as u64;
-    println!(
+    Ok(())
+}
+
+fn render_suspended(s: &Suspended, media: Option<&std::path::Path>) {
+    let c = &s.commit;
+    outln!(
         "  working set {} chunks ({}) recorded, fetched first on resume",
-        ws.len(),
-        format_size(ws.len() as u64 * cs)
+        s.working_set_chunks,
+        format_size(s.working_set_chunks as u64 * s.chunk_size as u64)
     );
-    if let (Some(m), Some(dir)) = (&media, &a.to_media) {
-        println!(
+    if let (Some(m), Some(dir)) = (&s.resume_set, media) {
+        outln!(
             "  resume set  {} memory-image and {} working-set chunks in {}: {} objects copied ({}), {} already there",
             m.memory_chunks,
             m.working_set_chunks,
@@ -122,16 +111,14 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             m.already_there
         );
     }
-    println!(
+    outln!(
         "suspended {}@{}; on the next host:\n  roamdisk resume {}@{} --session DIR{} --socket /tmp/vm.sock",
-        summary.catalog,
-        short(&summary.version),
-        summary.catalog,
-        short(&summary.version),
-        a.to_media
-            .as_ref()
+        c.catalog,
+        short(&c.version),
+        c.catalog,
+        short(&c.version),
+        media
             .map(|d| format!(" --lookaside {}", d.display()))
             .unwrap_or_default()
     );
-    Ok(())
 }

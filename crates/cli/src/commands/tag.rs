@@ -5,7 +5,7 @@ use clap::Parser;
 use roamdisk_chunkstore::catalog::check_tag;
 use roamdisk_chunkstore::repo::{resolve, split_target, update_catalog};
 
-use super::cas::StoreArgs;
+use crate::store_args::StoreArgs;
 
 /// Give a version a name (a tag) to check it out by, or remove a tag. A
 /// tag is unique within an image: tagging another version moves it.

@@ -13,8 +13,8 @@ use rayon::prelude::*;
 use roamdisk_blockdev::{Progress, Result};
 use serde::Serialize;
 
-use super::hoard::percent;
 use super::SharedCache;
+use crate::hoard::percent;
 use roamdisk_chunkstore::chunk::names_content;
 use roamdisk_chunkstore::hash::ChunkId;
 

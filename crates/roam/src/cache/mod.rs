@@ -3,18 +3,17 @@
 //! the pin sets ([`pins`]) through which running sessions keep the chunks
 //! they still need, the hoard marks ([`hoard_marks`]) through which
 //! `roamdisk hoard` keeps whole versions, and the upkeep `roamdisk cache`
-//! runs ([`admin`]). Formats: `docs/formats/cas-shared-cache.md`.
+//! runs ([`admin`]). The cache is the first source of a version view's
+//! fetch chain (`source.rs`). Formats: `docs/formats/cas-shared-cache.md`.
 
 pub mod admin;
-pub mod hoard;
 pub mod hoard_marks;
 pub mod journal;
 pub mod pins;
 pub mod shared;
+mod source;
 
-pub use shared::{
-    Admission, CacheOptions, CacheStats, Evicted, SharedCache, SharedChoice, Snapshot,
-};
+pub use shared::{CacheOptions, CacheStats, Evicted, SharedCache, SharedChoice, Snapshot};
 
 #[cfg(test)]
 mod tests;

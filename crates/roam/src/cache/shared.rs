@@ -43,6 +43,7 @@ use serde::{Deserialize, Serialize};
 use super::hoard_marks::{self, HoardMark, Protected};
 use super::journal::{self, Kind, Record, HEADER_LEN};
 use super::pins;
+use crate::fetch::Admission;
 use roamdisk_chunkstore::error::{bad_arg, corrupt, err, io};
 use roamdisk_chunkstore::hash::ChunkId;
 
@@ -124,16 +125,6 @@ pub struct Evicted {
     pub kept_hoarded: u64,
     /// Hoard marks released (`all`).
     pub released: u64,
-}
-
-/// What became of a chunk handed to the cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
-    /// It is in the cache (now, or it already was).
-    Admitted,
-    /// It is not: too large for the cache's unit, or every resident chunk
-    /// is pinned and the cache is full.
-    Refused,
 }
 
 /// A host's shared chunk cache.

@@ -8,7 +8,8 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use super::journal::{self, Kind, Record, HEADER_LEN, RECORD_LEN};
-use super::{Admission, CacheOptions, SharedCache};
+use super::{CacheOptions, SharedCache};
+use crate::fetch::Admission;
 use roamdisk_chunkstore::hash::ChunkId;
 
 const UNIT: u32 = 4096;

@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use roamdisk_blockdev::{durable, Op, Result};
 
+use crate::fetch::{ChunkSource, Source, Wanted};
 use qemu_nbd::{Qcow2, StartError};
 use roamdisk_chunkstore::chunk::{ChunkCodec, Key};
 use roamdisk_chunkstore::error::io;
@@ -319,22 +320,37 @@ impl Lookaside {
     }
 }
 
-/// Open `media` for reading `view`'s chunks (`None` if there are none).
-pub fn for_view(
-    store: &roamdisk_chunkstore::store::DynStore,
-    view: &crate::view::VersionView,
+/// Open `media` for reading the chunks of a version made of
+/// `chunk_size`-byte chunks named by `hash` (`None` if there are none).
+pub fn open_media(
+    hash: HashKind,
+    chunk_size: u32,
     media: &[PathBuf],
 ) -> Result<Option<std::sync::Arc<Lookaside>>> {
     if media.is_empty() {
         return Ok(None);
     }
-    let la = Lookaside::open(
-        media,
-        store.config().hash,
-        view.version.index.chunk_size,
-        default_index_dir().as_deref(),
-    )?;
+    let la = Lookaside::open(media, hash, chunk_size, default_index_dir().as_deref())?;
     Ok(Some(std::sync::Arc::new(la)))
+}
+
+/// Lookaside media as a source of a fetch chain, opening what they hold
+/// with the store's codec.
+pub struct MediaSource {
+    pub media: std::sync::Arc<Lookaside>,
+    pub codec: ChunkCodec,
+}
+
+impl ChunkSource for MediaSource {
+    fn kind(&self) -> Source {
+        Source::Lookaside
+    }
+    fn fetch(&self, wanted: &[Wanted]) -> Vec<Result<Option<Vec<u8>>>> {
+        wanted
+            .iter()
+            .map(|w| Ok(self.media.find(&self.codec, &w.id, w.key.as_ref(), w.len)))
+            .collect()
+    }
 }
 
 /// Object `id` as stored (a version package, say), from the first

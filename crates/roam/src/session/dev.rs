@@ -10,14 +10,12 @@
 //! In the background, a session fetches its base version's recorded
 //! working set ([`CasDev::start_prefetch`]) and, while the guest reads
 //! EMPTY sectors in sequence, the chunks that come next
-//! ([`CasDev::start_readahead`], `readahead.rs`).
+//! ([`CasDev::start_readahead`], `crate::readahead`).
 
 use parking_lot::{Mutex, RwLock};
 use std::fs::File;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, OnceLock};
+use std::sync::Arc;
 
 use roamdisk_blockdev::overlay::OverlayMap;
 use roamdisk_blockdev::Access;
@@ -27,19 +25,19 @@ use roamdisk_blockdev::{
 };
 
 use super::map::Header;
-use super::readahead::Tracker;
+use super::offline::{keep_copy, load_base, BASE_COPY, STORE_COPY};
 use super::workset::Recorder;
 use super::SessionConfig;
 use crate::cache::pins::PinGuard;
 use crate::cache::SharedChoice;
-use crate::view::{GatherStats, Together, VersionView};
+use crate::fetch::GatherStats;
+use crate::readahead::ReadAhead;
+use crate::view::{start_read_ahead, AheadTarget, VersionView};
 use roamdisk_chunkstore::chunk::Key;
 use roamdisk_chunkstore::error::{bad_arg, context, corrupt};
-use roamdisk_chunkstore::hash::ChunkId;
 use roamdisk_chunkstore::index::{SectorState, SECTOR};
 use roamdisk_chunkstore::store::http::Credentials;
 use roamdisk_chunkstore::store::{DynStore, StoreConfig};
-use roamdisk_chunkstore::version::Version;
 
 /// Sectors that share a lock stripe for read-modify-write.
 const STRIPE_SECTORS: u64 = 128;
@@ -84,57 +82,6 @@ fn src_of(state: u8) -> Src {
     }
 }
 
-/// The session's copy of its store's settings.
-const STORE_COPY: &str = "store.toml";
-/// The session's copy of its base version package (the stored object).
-const BASE_COPY: &str = "base.version";
-
-/// Write a copy the session can do without (best effort: a failure is
-/// logged, and the session reads from the store as before).
-fn keep_copy(path: &Path, bytes: &[u8]) {
-    if let Err(e) = roamdisk_blockdev::durable::write_atomically(path, bytes) {
-        tracing::warn!("cannot keep {}: {e}", path.display());
-    }
-}
-
-/// Give a new session its copies of the store's settings and of its base
-/// version's package (`package`, as stored), so it opens and reads what is
-/// cached with no network.
-pub fn keep_offline_copies(dir: &Path, store: &DynStore, package: &[u8]) {
-    keep_copy(&dir.join(STORE_COPY), store.config().to_toml().as_bytes());
-    keep_copy(&dir.join(BASE_COPY), package);
-}
-
-/// The session's base version: from its own copy (checked against the
-/// version id like any object from a store), else from the store, and then
-/// copied, so the session opens with no network next time.
-fn load_base(
-    dir: &Path,
-    store: &DynStore,
-    id: &ChunkId,
-    key: Option<&Key>,
-    read_only: bool,
-) -> Result<Version> {
-    let codec = store.config().codec();
-    let copy = dir.join(BASE_COPY);
-    let raw = match std::fs::read(&copy) {
-        Ok(raw) if codec.open(id, None, &raw).is_ok() => raw,
-        _ => {
-            let raw = store
-                .get(id)
-                .map_err(|e| context(e, format!("version {id}")))?;
-            if !read_only {
-                keep_copy(&copy, &raw);
-            }
-            raw
-        }
-    };
-    let bytes = codec
-        .open(id, None, &raw)
-        .map_err(|e| context(e, format!("version {id}")))?;
-    Version::decode(&bytes, key).map_err(|e| context(e, format!("version {id}")))
-}
-
 /// Pin every chunk of the session's base version in the shared cache
 /// (those its EMPTY sectors may still read).
 fn pin_base(base: &VersionView) -> Result<Option<PinGuard>> {
@@ -163,21 +110,9 @@ pub struct CasDev {
     workset: Option<Recorder>,
     no_prefetch: bool,
     no_readahead: bool,
-    /// Where the guest's sequential runs are.
-    ahead: Mutex<Tracker>,
-    /// The read-ahead thread's queue (once started).
-    ahead_tx: OnceLock<mpsc::Sender<Ahead>>,
-    /// One bit per disk chunk: the guest read it since the session
-    /// opened. The read-ahead fetches only what the guest has not read:
-    /// with many reads in flight the guest is often ahead of a window.
-    guest_read: Vec<AtomicU64>,
+    /// The guest's sequential runs, read ahead of.
+    ahead: ReadAhead,
     _lock: File,
-}
-
-/// Chunks of a base version to fetch ahead of the guest.
-struct Ahead {
-    base: ChunkId,
-    chunks: Range<usize>,
 }
 
 /// How far the background fetch of a working set has come.
@@ -196,8 +131,6 @@ pub struct PrefetchStatus {
 
 /// Working-set chunks fetched per batch (one request to the store).
 const PREFETCH_BATCH: usize = 16;
-/// Most chunks the read-ahead fetches together.
-const READAHEAD_BATCH: usize = super::readahead::MAX;
 
 impl CasDev {
     /// Open the session in `dir`. `registry` opens the private cache.
@@ -241,7 +174,11 @@ impl CasDev {
             .chain(&opts.lookaside)
             .cloned()
             .collect();
-        let media = crate::lookaside::for_view(&store, &base, &media)?;
+        let media = crate::lookaside::open_media(
+            store.config().hash,
+            base.version.index.chunk_size,
+            &media,
+        )?;
         let base = base.with_lookaside(media);
         let pins = pin_base(&base)?;
         let size = header.disk_size;
@@ -269,11 +206,7 @@ impl CasDev {
             workset,
             no_prefetch: opts.no_prefetch,
             no_readahead: opts.no_readahead,
-            ahead: Mutex::new(Tracker::default()),
-            ahead_tx: OnceLock::new(),
-            guest_read: (0..base_records.div_ceil(64))
-                .map(|_| AtomicU64::new(0))
-                .collect(),
+            ahead: ReadAhead::new(base_records),
             dir: dir.to_path_buf(),
             zero_detect: opts.zero_detect.unwrap_or(config.zero_detect),
             config,
@@ -491,13 +424,6 @@ impl CasDev {
         Ok(())
     }
 
-    /// Whether the guest read chunk `i` since the session opened.
-    fn guest_read_chunk(&self, i: usize) -> bool {
-        self.guest_read
-            .get(i / 64)
-            .is_some_and(|w| w.load(Ordering::Relaxed) & (1 << (i % 64)) != 0)
-    }
-
     /// Whether some sector of base chunk `i` still reads from the base.
     fn reads_base(&self, i: usize) -> bool {
         let cs = self.base().version.index.chunk_sectors() as u64;
@@ -602,71 +528,22 @@ impl CasDev {
         status
     }
 
-    /// Fetch ahead of the guest's sequential reads of the base, in the
-    /// background (`readahead.rs` decides what): chunks that are local (in
-    /// the private or shared cache) or already being fetched are skipped,
-    /// the rest come together (a batched request to a chunk server), and a
-    /// guest read of a chunk under way waits for that fetch rather than
-    /// making its own. What arrives goes to the shared cache or, when that
-    /// is off, into the private cache as CLEAN, as the working-set
-    /// prefetch does. Does nothing with `readahead=off`, or for a read-only
-    /// session with no shared cache (nowhere to keep the chunks).
+    /// Read ahead of the guest's sequential reads of the base, in the
+    /// background (`crate::readahead` decides what): chunks the shared
+    /// cache holds are read into the page cache; the others are fetched
+    /// together (a batched request to a chunk server), and a guest read of
+    /// a chunk under way waits for that fetch rather than making its own.
+    /// What arrives goes to the shared cache or, when that is off, into
+    /// the private cache as CLEAN, as the working-set prefetch does. Does
+    /// nothing with `readahead=off`, or for a read-only session with no
+    /// shared cache (nowhere to keep the chunks).
     pub fn start_readahead(self: &Arc<Self>) {
-        let base = self.base();
-        let shared = base.shared_cache().is_some();
+        let shared = self.base().shared_cache().is_some();
         if self.no_readahead || (self.read_only && !shared) {
             return;
         }
-        let (tx, rx) = mpsc::channel::<Ahead>();
-        if self.ahead_tx.set(tx).is_err() {
-            return;
-        }
-        let weak = Arc::downgrade(self);
-        let spawned = std::thread::Builder::new()
-            .name("cas-readahead".into())
-            .spawn(move || {
-                // Ends when the session closes (its end of the queue goes).
-                while let Ok(first) = rx.recv() {
-                    let mut jobs = vec![first];
-                    jobs.extend(rx.try_iter());
-                    let Some(dev) = weak.upgrade() else { break };
-                    let base = dev.base();
-                    let todo: Vec<usize> = jobs
-                        .into_iter()
-                        .filter(|j| j.base == base.id)
-                        .flat_map(|j| j.chunks)
-                        .filter(|&i| !dev.guest_read_chunk(i) && dev.reads_base(i))
-                        .collect();
-                    for part in todo.chunks(READAHEAD_BATCH) {
-                        // Without a shared cache, the chunks stay in memory
-                        // until they are in the private cache.
-                        match base.fetch_together(part, Together::Ahead { keep: !shared }) {
-                            Ok(got) => {
-                                tracing::trace!(
-                                    "read-ahead: {} of chunks {}..={} fetched",
-                                    got.len(),
-                                    part[0],
-                                    part[part.len() - 1]
-                                );
-                                if shared || dev.read_only {
-                                    continue;
-                                }
-                                for (i, data) in got {
-                                    if let Err(e) = dev.fill_clean(i, &data) {
-                                        tracing::warn!("read-ahead: cannot keep chunk {i}: {e}");
-                                    }
-                                }
-                            }
-                            // The guest's own reads fetch what this could not
-                            // and report why.
-                            Err(e) => tracing::debug!("read-ahead stopped short: {e}"),
-                        }
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!("cannot start the read-ahead: {e}");
-        }
+        let me: Arc<dyn AheadTarget> = self.clone();
+        start_read_ahead(&me);
     }
 
     /// Best effort: let the cache release space of sectors that no longer
@@ -728,33 +605,6 @@ impl CasDev {
         })
     }
 
-    /// The guest reads bytes `[a, b)`: if that continues a sequential run,
-    /// queue the chunks that come next for the read-ahead thread (the guest
-    /// does not wait for them; the thread skips those that are local).
-    /// Every read counts, whatever its sectors' states: the chunks the
-    /// read-ahead put into the private cache read as CLEAN, and a run
-    /// through them must go on.
-    fn read_ahead(&self, base: &VersionView, a: u64, b: u64) {
-        let Some(tx) = self.ahead_tx.get().filter(|_| b > a) else {
-            return;
-        };
-        let idx = &base.version.index;
-        let cs = idx.chunk_size as u64;
-        let (c0, c1) = ((a / cs) as usize, ((b - 1) / cs) as usize);
-        for c in c0..=c1 {
-            if let Some(w) = self.guest_read.get(c / 64) {
-                w.fetch_or(1 << (c % 64), Ordering::Relaxed);
-            }
-        }
-        let next = self.ahead.lock().on_read(c0, c1, idx.records());
-        if let Some(chunks) = next {
-            let _ = tx.send(Ahead {
-                base: base.id,
-                chunks,
-            });
-        }
-    }
-
     /// Keep the recorded working set (a hint: failures are logged only).
     fn save_working_set(&self, now: bool) {
         if let Some(ws) = &self.workset {
@@ -766,6 +616,26 @@ impl CasDev {
             if let Err(e) = saved {
                 tracing::warn!("cannot keep the working set: {e}");
             }
+        }
+    }
+}
+
+impl AheadTarget for CasDev {
+    fn version(self: Arc<Self>) -> Arc<VersionView> {
+        CasDev::base(&self)
+    }
+    fn read_ahead(&self) -> &ReadAhead {
+        &self.ahead
+    }
+    fn reads_base(&self, i: usize) -> bool {
+        CasDev::reads_base(self, i)
+    }
+    fn keep(&self, i: usize, data: &[u8]) {
+        if self.read_only {
+            return;
+        }
+        if let Err(e) = self.fill_clean(i, data) {
+            tracing::warn!("read-ahead: cannot keep chunk {i}: {e}");
         }
     }
 }
@@ -815,7 +685,14 @@ impl BlockDev for CasDev {
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
         let base = self.base();
-        self.read_ahead(&base, off, off + buf.len() as u64);
+        let idx = &base.version.index;
+        self.ahead.on_read(
+            base.id,
+            idx.chunk_size,
+            idx.records(),
+            off,
+            off + buf.len() as u64,
+        );
         self.read_inner(&base, buf, off)?;
         self.keep_refused(&base)
     }

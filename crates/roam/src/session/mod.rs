@@ -20,7 +20,8 @@
 
 pub mod dev;
 pub mod map;
-pub mod readahead;
+pub mod offline;
+
 pub mod update;
 pub mod workset;
 
@@ -138,6 +139,74 @@ impl SessionConfig {
         roamdisk_blockdev::durable::write_atomically(&p, text.as_bytes())
             .map_err(|e| io(Op::Write, e, &p))
     }
+}
+
+/// The private cache of a new session.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CacheKind {
+    /// A sparse file the size of the disk (`raw:cache.raw`).
+    #[default]
+    Raw,
+    /// A Logging Block Store image (`lbs:cache.lbsd`): checksummed, and
+    /// encrypted if the host's key says so.
+    Lbs,
+}
+
+impl CacheKind {
+    pub fn parse(s: &str) -> Result<CacheKind> {
+        match s {
+            "raw" => Ok(CacheKind::Raw),
+            "lbs" => Ok(CacheKind::Lbs),
+            other => Err(bad_arg(format!(
+                "the private cache is raw or lbs, not '{other}'"
+            ))),
+        }
+    }
+}
+
+/// What a new session is made of. Paths are absolute: the session is
+/// opened with them later, from any folder.
+#[derive(Debug, Clone, Default)]
+pub struct NewSession {
+    /// Where commits of the session go: `USER/IMAGE`.
+    pub target: String,
+    /// The store location, as the session reaches it.
+    pub store: String,
+    pub key_file: Option<PathBuf>,
+    /// How to reach an HTTP store: the paths, never the token.
+    pub credentials: Credentials,
+    pub cache: CacheKind,
+    pub lookaside: Vec<PathBuf>,
+}
+
+/// Create a session in `dir` on `base` (its package as stored: `package`),
+/// with copies of the store's settings and of the package so that it
+/// opens with no network.
+pub fn create_on(
+    dir: &Path,
+    base: &crate::view::VersionView,
+    package: &[u8],
+    new: &NewSession,
+) -> Result<()> {
+    roamdisk_chunkstore::store::check_ref_name(&new.target)?;
+    let mut cfg = SessionConfig::new(&new.store, &new.target);
+    cfg.key_file = new.key_file.clone();
+    cfg.token_file = new.credentials.token_file.clone();
+    cfg.ca_file = new.credentials.ca_file.clone();
+    cfg.lookaside = new.lookaside.clone();
+    if new.cache == CacheKind::Lbs {
+        std::fs::create_dir_all(dir).map_err(|e| io(Op::Open, e, dir))?;
+        let paths = roamdisk_lbs::Paths::resolve(&dir.join("cache.lbsd"), None);
+        let o = roamdisk_lbs::CreateOptions {
+            size: base.version.index.disk_size,
+            ..Default::default()
+        };
+        roamdisk_lbs::create(&paths, &o)?;
+        cfg.cache = "lbs:cache.lbsd".into();
+    }
+    create(dir, &cfg, base.id, base.version.index.disk_size)?;
+    offline::keep_offline_copies(dir, base.store(), package);
+    Ok(())
 }
 
 /// Create a session directory based on version `base` of a disk of

@@ -304,3 +304,26 @@ pub fn commit_session(
     )?;
     Ok(summary)
 }
+
+/// Open the session in `dir` (with `open`'s overrides; no prefetch, no
+/// read-ahead: a commit reads the session, the guest does not run) and
+/// commit its useful updates ([`commit_session`]), with the guest file
+/// systems read by [`crate::guest::FsmetaAnalyzer`]. Returns the session,
+/// open and rebased onto the new version. `registry` opens the private
+/// cache.
+pub fn commit_dir(
+    dir: &std::path::Path,
+    open: &super::dev::SessionOpen,
+    opts: &UpdateOptions,
+    registry: &roamdisk_blockdev::Registry,
+    progress: &dyn Progress,
+) -> Result<(CommitSummary, CasDev)> {
+    let open = super::dev::SessionOpen {
+        no_prefetch: true,
+        no_readahead: true,
+        ..open.clone()
+    };
+    let dev = CasDev::open(dir, &open, registry)?;
+    let summary = commit_session(&dev, opts, &crate::guest::FsmetaAnalyzer, progress)?;
+    Ok((summary, dev))
+}

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use roamdisk_blockdev::layers::report::{write_report, ReportAt};
 use roamdisk_blockdev::{
     BlockDev, Error, ErrorKind, Extent, LayerKind, Op, OpenCtx, Result, WriteFlags, ZeroFlags,
 };
@@ -68,19 +69,13 @@ impl FlashSimDev {
         }
     }
 
-    fn write_report(&self) {
-        let Some(path) = &self.opts.report else {
-            return;
-        };
-        let report = serde_json::json!({
-            "params": self.params(),
-            "stats": self.stats(),
-        });
-        let tmp = path.with_extension("tmp");
-        let r = std::fs::write(&tmp, report.to_string() + "\n")
-            .and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = r {
-            tracing::warn!(path = %path.display(), error = %e, "cannot write the flashsim report");
+    fn write_report(&self, at: ReportAt) {
+        if let Some(path) = &self.opts.report {
+            let report = serde_json::json!({
+                "params": self.params(),
+                "stats": self.stats(),
+            });
+            write_report("flashsim", path, &report, at);
         }
     }
 }
@@ -95,7 +90,7 @@ impl Drop for FlashSimDev {
             copied_mib = s.bytes_copied as f64 / 1048576.0,
             "flashsim: simulated card time"
         );
-        self.write_report();
+        self.write_report(ReportAt::Close);
     }
 }
 
@@ -137,7 +132,7 @@ impl BlockDev for FlashSimDev {
     fn flush(&self) -> Result<()> {
         self.charge(|m| m.flush());
         let r = self.next.flush();
-        self.write_report();
+        self.write_report(ReportAt::Flush);
         r
     }
     fn block_status(&self, off: u64, len: u64) -> Result<Vec<Extent>> {

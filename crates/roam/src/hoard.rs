@@ -3,7 +3,7 @@
 //! there, so that its sessions on this host read everything locally and
 //! the network may go.
 //!
-//! A hoard first writes the version's hoard mark ([`super::hoard_marks`]):
+//! A hoard first writes the version's hoard mark ([`crate::cache::hoard_marks`]):
 //! from then on no process evicts the version's chunks, those already in
 //! the cache and those that come later, until the hoard is released. The
 //! mark is refused, before anything is fetched, if the chunks of every
@@ -21,9 +21,10 @@ use roamdisk_blockdev::units::format_size;
 use roamdisk_blockdev::{Progress, Result};
 use serde::Serialize;
 
-use super::hoard_marks::HoardMark;
-use super::SharedCache;
-use crate::view::{Source, VersionView, Wanted, GATHER_BATCH};
+use crate::cache::hoard_marks::HoardMark;
+use crate::cache::SharedCache;
+use crate::fetch::{Source, Wanted};
+use crate::view::{VersionView, GATHER_BATCH};
 use roamdisk_chunkstore::hash::ChunkId;
 
 /// What a hoard did.

@@ -1,27 +1,40 @@
-//! Sequential read-ahead of a session's base chunks: which chunks to fetch
-//! before the guest asks for them (Machine Bank 3.3: fetch what the guest
-//! will read next while it works on what it has).
+//! Read-ahead: the one policy that keeps a sequential reader ahead of
+//! its data (Machine Bank 3.3: fetch what the guest will read next while
+//! it works on what it has), for a session's base and for a version served
+//! as a disk of its own.
 //!
-//! The guest's reads are reported here by chunk (all of them: a run goes on
-//! through the chunks an earlier window put into the private cache). A
-//! read of chunk `c` right after one of `c - 1` (among the last [`RECENT`]
-//! chunks read) starts a *stream*: the [`INITIAL`] chunks after the read
-//! (or as many as the read spanned, if more) are fetched. When the guest
-//! reaches the latest window of a stream, the next window is fetched, twice
-//! as long, up to [`MAX`] chunks: a run that goes on is kept 32 to 64 chunks
-//! ahead of the guest. Random reads start no stream (their previous chunk
-//! is almost never among the recent ones) and fetch nothing more than they
-//! read. Concurrent readers are fine: the test is "was the previous chunk
-//! read lately", not "was it the last read", so reads that arrive out of
-//! order (several NBD requests in flight) still make a run, and up to
-//! [`STREAMS`] runs (several files read at once) are followed.
+//! [`Tracker`] finds the runs. Every read is reported here by chunk (all of
+//! them: a run goes on through the chunks an earlier window put into a
+//! session's private cache). A read of chunk `c` right after one of `c - 1`
+//! (among the last [`RECENT`] chunks read) starts a *stream*: the
+//! [`INITIAL`] chunks after the read (or as many as the read spanned, if
+//! more) are read ahead. When the reader reaches the latest window of a
+//! stream, the next window follows, twice as long, up to [`MAX`] chunks:
+//! a run that goes on is kept 32 to 64 chunks ahead. Random reads start no
+//! stream (their previous chunk is almost never among the recent ones)
+//! and bring nothing more than they read. Concurrent readers are fine: the
+//! test is "was the previous chunk read lately", not "was it the last
+//! read", so reads that arrive out of order (several NBD requests in
+//! flight) still make a run, and up to [`STREAMS`] runs (several files
+//! read at once) are followed.
 //!
-//! Pure bookkeeping, cheap enough for the guest's read path; the fetching,
-//! of the chunks that still read from the base, happens elsewhere
-//! (`CasDev::start_readahead`).
+//! [`ReadAhead`] queues the windows to a background thread, which acts on
+//! each (`crate::view::AheadTarget`), chunk by chunk:
+//! a chunk a cache of the fetch chain holds is only *advised* (read into
+//! the page cache: one file per chunk defeats the kernel's own read-ahead,
+//! which a raw image gets across chunk boundaries); any other is
+//! *fetched*, together with the rest of its window (one batched request),
+//! and kept by the shared cache or, without one, by the reader. Chunks the
+//! reader has read already, or no longer reads from the version, are
+//! skipped.
 
 use std::collections::VecDeque;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, OnceLock};
+
+use parking_lot::Mutex;
+use roamdisk_chunkstore::hash::ChunkId;
 
 /// Chunks fetched when a stream starts.
 pub const INITIAL: usize = 4;
@@ -106,6 +119,94 @@ impl Tracker {
             }
         }
         ahead.filter(|r| !r.is_empty())
+    }
+}
+
+/// Chunks of a version to read ahead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    /// The version (a session's base changes when it commits).
+    pub base: ChunkId,
+    pub chunks: Range<usize>,
+}
+
+/// The read-ahead of one reader: its runs, the chunks it has read, and
+/// the queue of windows to the background thread that acts on them
+/// (`crate::view::AheadTarget`).
+pub struct ReadAhead {
+    tracker: Mutex<Tracker>,
+    tx: OnceLock<mpsc::Sender<Window>>,
+    /// One bit per chunk: the reader read it. The read-ahead brings only
+    /// what the reader has not read: with many reads in flight it is
+    /// often ahead of a window.
+    read: Vec<AtomicU64>,
+}
+
+impl ReadAhead {
+    /// For a version of `chunks` chunks; nothing is read ahead until
+    /// [`ReadAhead::start`].
+    pub fn new(chunks: usize) -> ReadAhead {
+        ReadAhead {
+            tracker: Mutex::new(Tracker::default()),
+            tx: OnceLock::new(),
+            read: (0..chunks.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
+    }
+
+    /// Start the background thread (once): it hands the windows that
+    /// arrive together to `act`, until `act` returns false (its reader is
+    /// gone) or the reader drops this.
+    pub fn start(&self, mut act: impl FnMut(Vec<Window>) -> bool + Send + 'static) {
+        let (tx, rx) = mpsc::channel::<Window>();
+        if self.tx.set(tx).is_err() {
+            return;
+        }
+        let spawned = std::thread::Builder::new()
+            .name("cas-readahead".into())
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    let mut jobs = vec![first];
+                    jobs.extend(rx.try_iter());
+                    if !act(jobs) {
+                        break;
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start the read-ahead: {e}");
+        }
+    }
+
+    /// Whether the reader read chunk `i` since it opened.
+    pub fn was_read(&self, i: usize) -> bool {
+        self.read
+            .get(i / 64)
+            .is_some_and(|w| w.load(Ordering::Relaxed) & (1 << (i % 64)) != 0)
+    }
+
+    /// The reader reads bytes `[a, b)` of version `base` (chunks of
+    /// `chunk_size` bytes, `chunks` of them): if that continues a
+    /// sequential run, queue the chunks that come next (the reader does
+    /// not wait for them). Every read counts, whatever its sectors'
+    /// states: chunks a session's read-ahead put into its private cache
+    /// read from there, and a run through them must go on.
+    pub fn on_read(&self, base: ChunkId, chunk_size: u32, chunks: usize, a: u64, b: u64) {
+        let Some(tx) = self.tx.get().filter(|_| b > a) else {
+            return;
+        };
+        let cs = chunk_size as u64;
+        let (c0, c1) = ((a / cs) as usize, ((b - 1) / cs) as usize);
+        for c in c0..=c1 {
+            if let Some(w) = self.read.get(c / 64) {
+                w.fetch_or(1 << (c % 64), Ordering::Relaxed);
+            }
+        }
+        let next = self.tracker.lock().on_read(c0, c1, chunks);
+        if let Some(chunks) = next {
+            let _ = tx.send(Window { base, chunks });
+        }
     }
 }
 

@@ -1,0 +1,167 @@
+//! Suspending a session (ISR): [`suspend`] commits its useful updates with
+//! its memory image and recorded working set, and writes the *resume set*
+//! — what the session needs first on the next host — the version's memory image and the chunks of its recorded
+//! working set, in order — written to a portable folder (a USB key) as a
+//! chunk-store folder. On the next host it is a lookaside medium: every
+//! object is verified against its id when read, so a stale or damaged
+//! copy costs only the time to fetch what it fails to give.
+//!
+//! The folder is an ordinary local store with the source store's settings
+//! (so objects are copied as stored, compressed or encrypted, never
+//! decoded), plus the version package itself.
+
+use roamdisk_chunkstore::store::prelude::*;
+use std::path::Path;
+
+use roamdisk_chunkstore::commit::CommitSummary;
+
+use crate::session::dev::SessionOpen;
+use crate::session::update::{commit_dir, UpdateOptions};
+
+use rayon::prelude::*;
+use roamdisk_blockdev::{Progress, Result};
+use serde::Serialize;
+
+use crate::view::{VersionView, GATHER_BATCH};
+use roamdisk_chunkstore::error::context;
+use roamdisk_chunkstore::hash::ChunkId;
+use roamdisk_chunkstore::store::local::LocalStore;
+
+/// What [`write_resume_set`] wrote.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ResumeSetSummary {
+    pub version: String,
+    /// Memory-image chunks and working-set chunks (distinct, non-zero).
+    pub memory_chunks: u64,
+    pub working_set_chunks: u64,
+    /// Objects copied (the version package included) and their stored
+    /// bytes; objects the folder already held are not copied again.
+    pub copied: u64,
+    pub copied_bytes: u64,
+    pub already_there: u64,
+}
+
+/// The resume set's objects, in the order a resume needs them: the
+/// version package, the memory image, then the working set.
+pub fn resume_set_ids(view: &VersionView) -> (Vec<ChunkId>, u64, u64) {
+    let mut seen = std::collections::HashSet::new();
+    let mut ids = vec![view.id];
+    seen.insert(view.id);
+    let mem: Vec<ChunkId> = view
+        .memory_chunks()
+        .into_iter()
+        .map(|w| w.id)
+        .filter(|id| !id.is_zero() && seen.insert(*id))
+        .collect();
+    let idx = &view.version.index;
+    let ws: Vec<ChunkId> = view
+        .version
+        .working_set
+        .iter()
+        .map(|&c| idx.ids[c as usize])
+        .filter(|id| !id.is_zero() && seen.insert(*id))
+        .collect();
+    let (m, w) = (mem.len() as u64, ws.len() as u64);
+    ids.extend(mem);
+    ids.extend(ws);
+    (ids, m, w)
+}
+
+/// Copy the resume set of `view` from its store into the folder `dir`
+/// (created as a chunk store with the same settings if it holds none).
+/// Each object is verified before it is written; the folder is synced
+/// before this returns.
+pub fn write_resume_set(
+    view: &VersionView,
+    dir: &Path,
+    progress: &dyn Progress,
+) -> Result<ResumeSetSummary> {
+    let store = view.store();
+    let media = LocalStore::open(dir, Some(store.config()))
+        .map_err(|e| context(e, format!("the resume-set folder {}", dir.display())))?;
+    if media.config() != store.config() {
+        return Err(roamdisk_chunkstore::error::bad_arg(format!(
+            "{} is a chunk store with other settings than {}: give an empty folder",
+            dir.display(),
+            store.describe()
+        )));
+    }
+    let (ids, memory_chunks, working_set_chunks) = resume_set_ids(view);
+    let mut s = ResumeSetSummary {
+        version: view.id.to_hex(),
+        memory_chunks,
+        working_set_chunks,
+        ..Default::default()
+    };
+    let codec = store.config().codec();
+    progress.phase("writing the resume set", ids.len() as u64);
+    for batch in ids.chunks(GATHER_BATCH) {
+        let have = media.has_many(batch, false)?;
+        let want: Vec<ChunkId> = batch
+            .iter()
+            .zip(&have)
+            .filter(|(_, h)| !**h)
+            .map(|(id, _)| *id)
+            .collect();
+        s.already_there += (batch.len() - want.len()) as u64;
+        let raw = store.get_many(&want);
+        let objects: Vec<Vec<u8>> = want
+            .par_iter()
+            .zip(raw)
+            .map(|(id, r)| {
+                let ctx = |e| context(e, format!("object {id} of the resume set"));
+                let obj = r.map_err(ctx)?;
+                // Keys are not needed to check an object against its name.
+                codec.verify(id, &obj).map_err(ctx)?;
+                Ok(obj)
+            })
+            .collect::<Result<_>>()?;
+        let items: Vec<(ChunkId, &[u8])> = want
+            .iter()
+            .copied()
+            .zip(objects.iter().map(Vec::as_slice))
+            .collect();
+        media.put_many(&items)?;
+        s.copied += items.len() as u64;
+        s.copied_bytes += objects.iter().map(|o| o.len() as u64).sum::<u64>();
+        progress.advance(batch.len() as u64);
+    }
+    media.sync()?;
+    Ok(s)
+}
+
+/// What [`suspend`] did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Suspended {
+    pub commit: CommitSummary,
+    /// Chunks of the new version's recorded working set, and their size.
+    pub working_set_chunks: usize,
+    pub chunk_size: u32,
+    /// The resume set written, if asked for.
+    pub resume_set: Option<ResumeSetSummary>,
+}
+
+/// Suspend the session in `dir`: commit its useful updates (`update`
+/// carries the memory image and configuration), then, with `to_media`,
+/// write the new version's resume set there.
+pub fn suspend(
+    dir: &Path,
+    open: &SessionOpen,
+    update: &UpdateOptions,
+    to_media: Option<&Path>,
+    registry: &roamdisk_blockdev::Registry,
+    progress: &dyn Progress,
+) -> Result<Suspended> {
+    let (commit, dev) = commit_dir(dir, open, update, registry, progress)?;
+    let view = dev.base();
+    let resume_set = match to_media {
+        Some(m) => Some(write_resume_set(&view, m, progress)?),
+        None => None,
+    };
+    Ok(Suspended {
+        commit,
+        working_set_chunks: view.version.working_set.len(),
+        chunk_size: view.version.index.chunk_size,
+        resume_set,
+    })
+}
