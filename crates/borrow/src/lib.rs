@@ -12,11 +12,13 @@
 //!   plan and checked to stay inside it, XTS-encrypted with a key held
 //!   only in memory, optional zero-scrub at release, refusing to open when
 //!   the host changed since the scan (`docs/layers/borrow.md`);
+//! - [`free`]: every free extent of some disks, before any filter;
 //! - [`session`]: `roamdisk borrow run`: scan, copy the VM state in
 //!   (whole or on demand), serve, copy modified blocks back, release.
 
 mod bits;
 pub mod dev;
+pub mod free;
 pub mod layer;
 pub mod ondemand;
 pub mod plan;

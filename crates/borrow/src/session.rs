@@ -5,14 +5,14 @@
 //! or let it be fetched on demand. Shut-down: copy the units the guest
 //! modified back to the portable medium ("VM State Save"), then release
 //! the borrowed blocks (optionally zero-scrubbing them). The caller serves
-//! [`Session::export`] in between.
+//! [`Session::export`] in between, or hands [`run`] how to serve.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use roamdisk_blockdev::copy::copy_sparse_to;
-use roamdisk_blockdev::{BlockDev, CopyOptions, Result, WriteFlags, Zeroes};
+use roamdisk_blockdev::{Access, BlockDev, Checked, CopyOptions, Result, WriteFlags, Zeroes};
 use serde::Serialize;
 
 use crate::dev::{BorrowDev, BorrowOptions};
@@ -170,6 +170,29 @@ impl Session {
         self.timings.release_s = t1.elapsed().as_secs_f64();
         Ok(self.timings)
     }
+}
+
+/// A whole session: [`Session::start`], then `serve` the disk (behind a
+/// [`Checked`] layer) until it returns, then [`Session::finish`].
+/// `started` sees the session once its disk is ready, before serving.
+/// Returns the timings, the serving time among them, and what `serve`
+/// returned; when `serve` fails, nothing is copied back or released.
+pub fn run<T, E: From<roamdisk_blockdev::Error>>(
+    opts: &SessionOptions,
+    state: Arc<dyn BlockDev>,
+    progress: &dyn Progress,
+    started: impl FnOnce(&Session),
+    serve: impl FnOnce(Arc<dyn BlockDev>) -> std::result::Result<T, E>,
+) -> std::result::Result<(Timings, T), E> {
+    let sess = Session::start(opts, state, progress)?;
+    started(&sess);
+    let dev: Arc<dyn BlockDev> = Arc::new(Checked::new(sess.export(), Access::ReadWrite));
+    let t0 = Instant::now();
+    let served = serve(dev)?;
+    let serve_s = t0.elapsed().as_secs_f64();
+    let mut t = sess.finish(progress)?;
+    t.serve_s = serve_s;
+    Ok((t, served))
 }
 
 /// Zero runs at least this long are not written.

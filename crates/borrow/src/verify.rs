@@ -6,6 +6,7 @@
 //! and — with a full check — every extent of the plan must still lie in
 //! the volume's free space as its allocation map says now.
 
+use roamdisk_blockdev::layers::raw::RawDev;
 use roamdisk_blockdev::{BlockDev, Result};
 use roamdisk_fsmeta as fsmeta;
 
@@ -26,6 +27,17 @@ fn changed(path: &std::path::Path, what: String) -> roamdisk_blockdev::Error {
         "host device {} changed since the scan ({what}): refusing to use the plan; run `roamdisk borrow scan` again",
         path.display()
     ))
+}
+
+/// Check `plan` against its host devices, opened read-only.
+pub fn verify_host(plan: &Plan, depth: Depth) -> Result<()> {
+    let devs: Vec<RawDev> = plan
+        .devices
+        .iter()
+        .map(|d| RawDev::open(&d.path, true))
+        .collect::<Result<_>>()?;
+    let refs: Vec<&dyn BlockDev> = devs.iter().map(|d| d as &dyn BlockDev).collect();
+    verify(plan, &refs, depth)
 }
 
 /// Check `plan` against the opened `hosts` (in the plan's device order).

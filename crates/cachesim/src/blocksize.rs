@@ -21,8 +21,12 @@
 //! boot and application-launch traces rarely do that.
 
 use std::collections::HashSet;
+use std::path::Path;
+
+use roamdisk_blockdev::progress::{Progress, Unit};
 
 use crate::index::FastBuild;
+use crate::run::{read_requests, RunError};
 use crate::sim::Request;
 
 /// The model's inputs.
@@ -172,6 +176,28 @@ impl BlockSizeModel {
             optimum,
         }
     }
+}
+
+/// Replay the trace at `path` through a model of `cfg` (a first pass
+/// counts its records), reporting a phase "replaying" over them.
+pub fn run_file(
+    cfg: BlockSizeConfig,
+    path: &Path,
+    progress: &dyn Progress,
+) -> Result<BlockSizeReport, RunError> {
+    let mut model = BlockSizeModel::new(cfg);
+    let total = read_requests(path)?.count() as u64;
+    progress.start("replaying", total, Unit::Items);
+    for (n, r) in read_requests(path)?.enumerate() {
+        if let Some(req) = r? {
+            model.feed(&req);
+        }
+        if n % 65536 == 0 {
+            progress.set(n as u64);
+        }
+    }
+    progress.end();
+    Ok(model.finish())
 }
 
 #[cfg(test)]

@@ -13,10 +13,13 @@
 //!   on that engine;
 //! - [`sim`]: the block-granular simulator with TransCom's sharing model,
 //!   temporal-distance split (the seed's Table 2) and two-level runs;
+//! - [`run`]: a whole simulation of a trace file (working-set pass, sizes
+//!   resolved against it, one simulating pass), as `roamdisk sim` runs it;
 //! - [`blocksize`]: Machine Bank's block-size latency model;
 //! - [`mva`]: exact mean value analysis of TransCom's closed queueing
 //!   network, and [`qnsim`], a discrete-event simulator of the same
-//!   network used to check it.
+//!   network used to check it; [`sweep`], the model's sweeps against the
+//!   number of clients and the hit ratio.
 //!
 //! The engine never draws progress: it is fed request by request
 //! (`feed`), and the caller reports how far it got through
@@ -29,9 +32,11 @@ mod list;
 pub mod mva;
 pub mod policy;
 pub mod qnsim;
+pub mod run;
 pub mod sharded;
 pub mod sim;
 pub mod stack;
+pub mod sweep;
 
 pub use index::{DenseIndex, HashIndex, KeyIndex};
 pub use policy::{Outcome, Policy, PolicyKind, PolicySpec};

@@ -71,29 +71,51 @@ impl Network {
         (self.think + d.iter().sum::<f64>()) / dmax
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    /// Whether MVA can solve the network: non-negative times, route
+    /// probabilities in [0, 1] over existing stations, some demand.
+    pub fn validate(&self) -> Result<(), MvaError> {
         for s in &self.stations {
             if !(s.service.is_finite() && s.service >= 0.0) {
-                return Err(format!("{}: service time must be ≥ 0", s.name));
+                return Err(MvaError::Service(s.name.clone()));
             }
         }
         if !(self.think.is_finite() && self.think >= 0.0) {
-            return Err("think time must be ≥ 0".into());
+            return Err(MvaError::Think);
         }
         for st in &self.route {
             let sum: f64 = st.choices.iter().map(|c| c.1).sum();
             if st.choices.iter().any(|c| !(0.0..=1.0).contains(&c.1)) || sum > 1.0 + 1e-12 {
-                return Err("route probabilities must lie in [0, 1] and sum to at most 1".into());
+                return Err(MvaError::Probabilities);
             }
             if st.choices.iter().any(|c| c.0 >= self.stations.len()) {
-                return Err("route names a station that does not exist".into());
+                return Err(MvaError::NoStation);
             }
         }
         if self.demands().iter().all(|&d| d == 0.0) && self.think == 0.0 {
-            return Err("every demand and the think time are zero".into());
+            return Err(MvaError::AllZero);
         }
         Ok(())
     }
+}
+
+/// Why MVA cannot solve a network.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum MvaError {
+    /// A station's service time is negative or not a number.
+    #[error("{0}: service time must be ≥ 0")]
+    Service(String),
+    /// The think time is negative or not a number.
+    #[error("think time must be ≥ 0")]
+    Think,
+    /// A stage's probabilities are out of range or sum above 1.
+    #[error("route probabilities must lie in [0, 1] and sum to at most 1")]
+    Probabilities,
+    /// A stage visits a station index that does not exist.
+    #[error("route names a station that does not exist")]
+    NoStation,
+    /// Nothing takes time: MVA's throughput would be infinite.
+    #[error("every demand and the think time are zero")]
+    AllZero,
 }
 
 /// MVA's answer for one population.

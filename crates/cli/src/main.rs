@@ -3,6 +3,7 @@
 
 #[macro_use]
 mod output;
+mod args;
 mod commands;
 mod disk;
 #[allow(dead_code)]

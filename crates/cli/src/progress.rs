@@ -1,7 +1,7 @@
 //! The one progress display of the command line, for every engine's
-//! [`roamdisk_blockdev::Progress`] and for the commands' own loops: a
-//! terminal bar (indicatif) when stderr is a terminal, a plain line every
-//! 5 seconds when it is not, JSON lines with `--json`, nothing with `-q`.
+//! [`roamdisk_blockdev::Progress`]: a terminal bar (indicatif) when stderr
+//! is a terminal, a plain line every 5 seconds when it is not, JSON lines
+//! with `--json`, nothing with `-q`.
 
 use parking_lot::Mutex;
 use std::io::IsTerminal;
@@ -74,15 +74,6 @@ impl Reporter {
                 bar: None,
             }),
         }
-    }
-
-    /// A reporter with one phase already started, for a command's own
-    /// loop: call [`Progress::set`] or [`Progress::advance`], then
-    /// [`Reporter::finish`].
-    pub fn phase_of(out: Output, name: &'static str, total: u64, unit: Unit) -> Reporter {
-        let r = Reporter::new(out);
-        r.start(name, total, unit);
-        r
     }
 
     /// Close the last phase (clear the bar, print the last JSON line).

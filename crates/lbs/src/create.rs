@@ -213,6 +213,15 @@ pub struct KeyOptions {
     pub passphrase_file: Option<PathBuf>,
 }
 
+/// The passphrase in file `p`, without its trailing line ends.
+pub fn read_passphrase(p: &Path) -> std::io::Result<Vec<u8>> {
+    let mut pw = std::fs::read(p)?;
+    while pw.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
+        pw.pop();
+    }
+    Ok(pw)
+}
+
 /// Resolve the key for `header`.
 pub fn resolve_key(header: &MetaHeader, k: &KeyOptions) -> Result<Option<[u8; 64]>> {
     match header.key_source {
@@ -228,10 +237,7 @@ pub fn resolve_key(header: &MetaHeader, k: &KeyOptions) -> Result<Option<[u8; 64
             let p = k.passphrase_file.as_ref().ok_or_else(|| {
                 bad("the image is protected by a passphrase: give passphrase-file=PATH")
             })?;
-            let mut pw = std::fs::read(p).map_err(|e| Error::io(Op::Open, "lbs", e).path(p))?;
-            while pw.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
-                pw.pop();
-            }
+            let pw = read_passphrase(p).map_err(|e| Error::io(Op::Open, "lbs", e).path(p))?;
             Ok(Some(
                 crypto::derive_key(&pw, &header.salt, header.argon).map_err(bad)?,
             ))

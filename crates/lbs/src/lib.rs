@@ -11,11 +11,14 @@ pub mod create;
 pub mod format;
 pub mod gc;
 pub mod image;
+pub mod inspect;
 pub mod layer;
+pub mod maintain;
 pub mod replay;
 pub mod storage;
 #[doc(hidden)]
 pub mod testkit;
+pub mod transfer;
 
 pub use checksum::ChecksumKind;
 pub use create::{create, CreateOptions, Encryption, Paths};

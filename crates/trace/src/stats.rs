@@ -23,11 +23,13 @@
 //!   the same block of the same partition (TransCom's temporal distance).
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 
+use roamdisk_blockdev::progress::{Progress, Unit};
 use roaring::RoaringTreemap;
 use serde::Serialize;
 
-use crate::format::{Record, TraceOp};
+use crate::format::{Format, Reader, Record, TraceError, TraceOp};
 
 /// Statistics of one direction (reads or writes) of a group.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -394,6 +396,35 @@ where
     for r in records {
         a.add(&r?);
     }
+    Ok(a.finish())
+}
+
+/// Analyse a trace file (binary or CSV), reporting how far the reading
+/// got through `progress` (a phase "reading" over the file's bytes,
+/// estimated from the records read).
+pub fn analyze_file(
+    path: &Path,
+    opts: StatsOptions,
+    progress: &dyn Progress,
+) -> Result<Stats, TraceError> {
+    let reader = Reader::open(path)?;
+    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    progress.start("reading", size.max(1), Unit::Bytes);
+    // Bytes per record, roughly, to turn records read into bytes read.
+    let per_byte = match reader.format() {
+        Format::Binary => 5.0,
+        Format::Csv => 30.0,
+    };
+    let mut a = Analyzer::new(opts);
+    let mut n = 0u64;
+    for r in reader {
+        a.add(&r?);
+        n += 1;
+        if n.is_multiple_of(65536) {
+            progress.set(((n as f64 * per_byte) as u64).min(size));
+        }
+    }
+    progress.end();
     Ok(a.finish())
 }
 

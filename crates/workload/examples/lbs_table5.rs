@@ -48,6 +48,7 @@ use std::time::Instant;
 
 use roamdisk_blockdev::layers::mem::MemDev;
 use roamdisk_blockdev::layers::raw::RawDev;
+use roamdisk_blockdev::progress::NoProgress;
 use roamdisk_blockdev::{BlockDev, Result as DevResult, WriteFlags};
 use roamdisk_lbs::create::{create, plan, CreateOptions, Paths};
 use roamdisk_lbs::storage::FileLog;
@@ -442,7 +443,7 @@ fn run(
         ..ReplayOptions::default()
     };
     let t = Instant::now();
-    let rep = replay::replay(loaded, &Lbses(&images), &opts, &|_, _| {})?;
+    let rep = replay::replay(loaded, &Lbses(&images), &opts, &NoProgress)?;
     if rep.errors > 0 {
         return Err(format!("{tag}: {:?}", rep.first_error).into());
     }
@@ -544,7 +545,7 @@ fn main() -> Res<()> {
             one_at_a_time: true,
             ..ReplayOptions::default()
         };
-        let loaded = replay::load(path, &opts, &|_| {})?;
+        let loaded = replay::load(path, &opts, &NoProgress)?;
         for (d, &e) in &loaded.extent {
             if e > sizes[d] {
                 return Err(

@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use roamdisk_blockdev::layers::mem::MemDev;
 use roamdisk_blockdev::layers::raw::RawDev;
+use roamdisk_blockdev::progress::NoProgress;
 use roamdisk_blockdev::BlockDev;
 use roamdisk_lbs::create::{create, CreateOptions, Paths};
 use roamdisk_lbs::storage::FileLog;
@@ -77,7 +78,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             one_at_a_time: true,
             ..ReplayOptions::default()
         };
-        let loaded = replay::load(&path, &opts, &|_| {})?;
+        let loaded = replay::load(&path, &opts, &NoProgress)?;
         let devices: Vec<u32> = loaded.extent.keys().copied().collect();
         for flavour in ["flat", "lbs"] {
             let mut devs = BTreeMap::new();
@@ -126,7 +127,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 devs.insert(d, (dev, card));
             }
             let cards = Cards { devs };
-            let rep = replay::replay(&loaded, &cards, &opts, &|_, _| {})?;
+            let rep = replay::replay(&loaded, &cards, &opts, &NoProgress)?;
             if rep.errors > 0 {
                 return Err(format!("{}: {:?}", t.name, rep.first_error).into());
             }

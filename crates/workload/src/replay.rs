@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use roamdisk_blockdev::context::{self, IoContext};
+use roamdisk_blockdev::progress::{Progress, Unit};
 use roamdisk_blockdev::{BlockDev, Registry, WriteFlags, ZeroFlags};
 use serde::Serialize;
 
@@ -137,12 +138,15 @@ pub enum ReplayError {
     Invalid(String),
 }
 
-/// Read a trace into streams.
+/// Read a trace into streams, reporting a phase "loading" over the
+/// file's bytes (estimated from the records read).
 pub fn load(
     trace: &Path,
     opts: &ReplayOptions,
-    progress: &dyn Fn(u64),
+    progress: &dyn Progress,
 ) -> Result<Loaded, ReplayError> {
+    let size = std::fs::metadata(trace).map(|m| m.len()).unwrap_or(1);
+    progress.start("loading", size.max(1), Unit::Bytes);
     let mut idx = match &opts.data {
         DataSource::Pattern => None,
         DataSource::Recorded(p) => Some(PayloadIndex::open(p)?),
@@ -155,7 +159,7 @@ pub fn load(
         let r = r?;
         records += 1;
         if records.is_multiple_of(1 << 16) {
-            progress(records);
+            progress.set((records * 5).min(size));
         }
         t0 = t0.min(r.time_ns);
         let payload = match (&mut idx, r.op) {
@@ -215,6 +219,7 @@ pub fn load(
             }
         }
     }
+    progress.end();
     Ok(Loaded {
         streams,
         t0: if t0 == u64::MAX { 0 } else { t0 },
@@ -451,20 +456,20 @@ fn run_stream(
     res
 }
 
+/// Issue one entry to `dev`, in pieces of at most [`PIECE`] bytes.
 fn issue(
     dev: &dyn BlockDev,
     e: &Entry,
     buf: &mut AlignedBuf,
     payload: Option<&PayloadFile>,
-) -> Result<(), String> {
+) -> Result<(), ReplayError> {
     let len = e.len as u64;
     match e.op {
         TraceOp::Read => {
             let mut done = 0;
             while done < len {
                 let n = (len - done).min(PIECE) as usize;
-                dev.read_at(buf.get_mut(n), e.offset + done)
-                    .map_err(|x| x.to_string())?;
+                dev.read_at(buf.get_mut(n), e.offset + done)?;
                 done += n as u64;
             }
         }
@@ -475,9 +480,7 @@ fn issue(
                 let n = (len - done).min(PIECE) as usize;
                 let b = buf.get_mut(n);
                 match (payload, e.payload) {
-                    (Some(p), at) if at != NO_PAYLOAD => {
-                        p.read(b, at + done).map_err(|x| x.to_string())?
-                    }
+                    (Some(p), at) if at != NO_PAYLOAD => p.read(b, at + done)?,
                     _ => {
                         let pat = pattern();
                         let mut i = 0;
@@ -489,25 +492,20 @@ fn issue(
                         }
                     }
                 }
-                dev.write_at(buf.get(n), off, WriteFlags::default())
-                    .map_err(|x| x.to_string())?;
+                dev.write_at(buf.get(n), off, WriteFlags::default())?;
                 done += n as u64;
             }
         }
-        TraceOp::Trim => dev
-            .trim(e.offset, len, WriteFlags::default())
-            .map_err(|x| x.to_string())?,
-        TraceOp::WriteZeroes => dev
-            .write_zeroes(
-                e.offset,
-                len,
-                ZeroFlags {
-                    may_trim: true,
-                    ..ZeroFlags::default()
-                },
-            )
-            .map_err(|x| x.to_string())?,
-        TraceOp::Flush => dev.flush().map_err(|x| x.to_string())?,
+        TraceOp::Trim => dev.trim(e.offset, len, WriteFlags::default())?,
+        TraceOp::WriteZeroes => dev.write_zeroes(
+            e.offset,
+            len,
+            ZeroFlags {
+                may_trim: true,
+                ..ZeroFlags::default()
+            },
+        )?,
+        TraceOp::Flush => dev.flush()?,
     }
     Ok(())
 }
@@ -516,14 +514,15 @@ fn us(ns: u64) -> f64 {
     ns as f64 / 1000.0
 }
 
-/// Replay a loaded trace against `targets`; `progress(done, total)` is
-/// called from this thread a few times a second.
+/// Replay a loaded trace against `targets`, reporting a phase
+/// "replaying" over the requests from this thread a few times a second.
 pub fn replay(
     loaded: &Loaded,
     targets: &dyn Targets,
     opts: &ReplayOptions,
-    progress: &dyn Fn(u64, u64),
+    progress: &dyn Progress,
 ) -> Result<ReplayReport, ReplayError> {
+    progress.start("replaying", loaded.requests().max(1), Unit::Items);
     let payload = match &opts.data {
         DataSource::Pattern => None,
         DataSource::Recorded(p) => Some(PayloadFile::open(p)?),
@@ -552,7 +551,6 @@ pub fn replay(
         conns.push(m);
     }
     let sim0 = targets.simulated_ns();
-    let total = loaded.requests();
     let done = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     let sh = Shared {
@@ -600,7 +598,7 @@ pub fn replay(
             start_at.set(Instant::now()).expect("set once");
             barrier.wait();
             while finished.load(Ordering::Acquire) < g.len() as u64 {
-                progress(done.load(Ordering::Relaxed), total);
+                progress.set(done.load(Ordering::Relaxed));
                 std::thread::park_timeout(Duration::from_millis(100));
             }
             handles
@@ -611,7 +609,8 @@ pub fn replay(
         results.extend(out);
     }
     let wall = wall0.elapsed();
-    progress(done.load(Ordering::Relaxed), total);
+    progress.set(done.load(Ordering::Relaxed));
+    progress.end();
     let sim = match (sim0, targets.simulated_ns()) {
         (Some(a), Some(b)) => Some((b - a) as f64 / 1e9),
         _ => None,
@@ -696,6 +695,7 @@ pub fn replay(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use roamdisk_blockdev::progress::NoProgress;
     use roamdisk_blockdev::Access;
     use roamdisk_trace::format::{Format, Record, Writer};
 
@@ -756,12 +756,12 @@ mod tests {
             clients: Some(3),
             ..ReplayOptions::default()
         };
-        let loaded = load(&p, &opts, &|_| {}).unwrap();
+        let loaded = load(&p, &opts, &NoProgress).unwrap();
         assert_eq!(loaded.streams(), 6);
         let mem = Registry::with_builtin()
             .build("mem:16M", Access::ReadWrite)
             .unwrap();
-        let rep = replay(&loaded, &One(mem.clone()), &opts, &|_, _| {}).unwrap();
+        let rep = replay(&loaded, &One(mem.clone()), &opts, &NoProgress).unwrap();
         assert_eq!(rep.requests, 3 * 401);
         assert_eq!(rep.clients.len(), 3);
         assert_eq!(rep.ops["write"].count, 600);
@@ -792,7 +792,7 @@ mod tests {
             .collect();
         write_trace(&p, &recs);
         let opts = ReplayOptions::default();
-        let loaded = load(&p, &opts, &|_| {}).unwrap();
+        let loaded = load(&p, &opts, &NoProgress).unwrap();
         let mut reg = Registry::with_builtin();
         reg.add(&roamdisk_trace::recorder::TRACE);
         let dev = reg
@@ -801,7 +801,7 @@ mod tests {
                 Access::ReadWrite,
             )
             .unwrap();
-        replay(&loaded, &One(dev), &opts, &|_, _| {}).unwrap();
+        replay(&loaded, &One(dev), &opts, &NoProgress).unwrap();
         let mut got: Vec<(u32, u64)> = roamdisk_trace::format::Reader::open(&again)
             .unwrap()
             .map(|r| r.map(|r| (r.client, r.offset)).unwrap())
@@ -821,7 +821,7 @@ mod tests {
             .collect();
         write_trace(&p, &recs);
         let opts = ReplayOptions::default();
-        let loaded = load(&p, &opts, &|_| {}).unwrap();
+        let loaded = load(&p, &opts, &NoProgress).unwrap();
         let mem = Registry::with_builtin()
             .build("mem:1M", Access::ReadWrite)
             .unwrap();
@@ -829,7 +829,7 @@ mod tests {
         // polls every 100 ms and must not add its period to the result.
         let best = (0..3)
             .map(|_| {
-                replay(&loaded, &One(mem.clone()), &opts, &|_, _| {})
+                replay(&loaded, &One(mem.clone()), &opts, &NoProgress)
                     .unwrap()
                     .wall_s
             })
@@ -852,11 +852,11 @@ mod tests {
             timing: Timing::Recorded { speed: 2.0 },
             ..ReplayOptions::default()
         };
-        let loaded = load(&p, &opts, &|_| {}).unwrap();
+        let loaded = load(&p, &opts, &NoProgress).unwrap();
         let mem = Registry::with_builtin()
             .build("mem:1M", Access::ReadWrite)
             .unwrap();
-        let rep = replay(&loaded, &One(mem), &opts, &|_, _| {}).unwrap();
+        let rep = replay(&loaded, &One(mem), &opts, &NoProgress).unwrap();
         assert!(rep.wall_s >= 0.1 && rep.wall_s < 1.0, "{}", rep.wall_s);
     }
 
@@ -866,11 +866,11 @@ mod tests {
         let p = dir.path().join("t.rdtrace");
         write_trace(&p, &[rec(0, 0, TraceOp::Read, 4 << 20, 4096)]);
         let opts = ReplayOptions::default();
-        let loaded = load(&p, &opts, &|_| {}).unwrap();
+        let loaded = load(&p, &opts, &NoProgress).unwrap();
         let mem = Registry::with_builtin()
             .build("mem:1M", Access::ReadWrite)
             .unwrap();
-        let e = replay(&loaded, &One(mem), &opts, &|_, _| {}).unwrap_err();
+        let e = replay(&loaded, &One(mem), &opts, &NoProgress).unwrap_err();
         assert!(e.to_string().contains("use a larger target"), "{e}");
         // A trace with several clients cannot be replicated.
         write_trace(
@@ -887,7 +887,7 @@ mod tests {
             clients: Some(2),
             ..ReplayOptions::default()
         };
-        let e = load(&p, &opts, &|_| {}).err().unwrap();
+        let e = load(&p, &opts, &NoProgress).err().unwrap();
         assert!(e.to_string().contains("single-client"), "{e}");
     }
 }

@@ -9,10 +9,12 @@
 use std::time::Instant;
 
 use rand::RngExt;
+use roamdisk_blockdev::progress::{Progress, Unit};
+use roamdisk_blockdev::units::{parse_size, UnitError};
 use roamdisk_blockdev::{BlockDev, Error, ErrorKind, Op, Result, WriteFlags};
 use serde::Serialize;
 
-use crate::target::AlignedBuf;
+use crate::target::{AlignedBuf, Target};
 
 /// An I/O ordering.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -31,7 +33,48 @@ pub enum Pattern {
     },
 }
 
+/// A pattern that does not parse.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PatternError {
+    #[error("stride:N needs a number of blocks, not '{0}'")]
+    Stride(String, #[source] std::num::ParseIntError),
+    #[error("writers:N needs a count, not '{0}'")]
+    Writers(String),
+    #[error(transparent)]
+    Distance(UnitError),
+    #[error("unknown pattern '{0}' (sequential, random, stride:N, writers:N[:DISTANCE])")]
+    Unknown(String),
+}
+
 impl Pattern {
+    /// `sequential` (or `seq`), `random`, `stride:N` (blocks) or
+    /// `writers:N[:DISTANCE]` (DISTANCE a size, `2 * au` when not given).
+    pub fn parse(s: &str, au: u64) -> std::result::Result<Pattern, PatternError> {
+        let parts: Vec<&str> = s.split(':').collect();
+        Ok(match parts.as_slice() {
+            ["sequential"] | ["seq"] => Pattern::Sequential,
+            ["random"] => Pattern::Random,
+            ["stride", n] => Pattern::Strided {
+                stride: n
+                    .parse()
+                    .map_err(|e| PatternError::Stride(n.to_string(), e))?,
+            },
+            ["writers", n] | ["writers", n, _] => Pattern::Partitioned {
+                writers: n
+                    .parse()
+                    .ok()
+                    .filter(|&w: &u64| w > 0)
+                    .ok_or_else(|| PatternError::Writers(n.to_string()))?,
+                distance: match parts.get(2) {
+                    Some(d) => parse_size(d).map_err(PatternError::Distance)?,
+                    None => 2 * au,
+                },
+            },
+            _ => return Err(PatternError::Unknown(s.to_string())),
+        })
+    }
+
+    /// The pattern's name in reports.
     pub fn label(&self) -> String {
         match self {
             Pattern::Sequential => "sequential".into(),
@@ -298,6 +341,143 @@ pub fn curves(n: u32, measured: &[(String, f64, Measured)]) -> Vec<Curve> {
         }
     }
     out
+}
+
+/// One measurement to make: a point of curve `curve` at `x`, of figure
+/// `figure` (0: a sweep of one's own), on target number `target`.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub figure: u32,
+    pub target: usize,
+    pub curve: String,
+    pub x: f64,
+    pub point: Point,
+}
+
+/// A sweep of one's own: every pattern × write share × block size.
+#[derive(Debug, Clone)]
+pub struct Custom {
+    pub patterns: Vec<Pattern>,
+    pub write_pcts: Vec<u32>,
+    pub sizes: Vec<u64>,
+    pub area: u64,
+    pub bytes: u64,
+    pub seed: u64,
+}
+
+/// The jobs of a custom sweep on each of `targets` targets: a curve per
+/// pattern and write share, its x the block size in KiB.
+pub fn custom_jobs(c: &Custom, targets: usize) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    for target in 0..targets {
+        for p in &c.patterns {
+            for &w in &c.write_pcts {
+                for &bs in &c.sizes {
+                    jobs.push(Job {
+                        figure: 0,
+                        target,
+                        curve: format!("{} {}% writes", p.label(), w),
+                        x: (bs >> 10) as f64,
+                        point: Point {
+                            pattern: *p,
+                            bs,
+                            write_pct: w,
+                            area: c.area,
+                            bytes: c.bytes,
+                            seed: c.seed,
+                        },
+                    });
+                }
+            }
+        }
+    }
+    jobs
+}
+
+/// The jobs of `figures` on each of `targets` targets.
+pub fn figure_jobs(figures: &[u32], s: &Sweep, targets: usize) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    for &figure in figures {
+        for target in 0..targets {
+            for (curve, x, point) in figure_points(figure, s) {
+                jobs.push(Job {
+                    figure,
+                    target,
+                    curve,
+                    x,
+                    point,
+                });
+            }
+        }
+    }
+    jobs
+}
+
+/// A job's result.
+#[derive(Debug, Clone)]
+pub struct Measurement {
+    pub figure: u32,
+    pub target: usize,
+    pub curve: String,
+    pub x: f64,
+    pub result: Measured,
+}
+
+/// Why a measurement failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SperfError {
+    /// The target would not connect.
+    #[error(transparent)]
+    Connect(#[from] Error),
+    /// A measurement failed.
+    #[error("measuring {what}")]
+    Measure {
+        what: String,
+        #[source]
+        source: Box<Error>,
+    },
+}
+
+/// Measure every job on its target (one connection each), in order,
+/// reporting a phase "measuring" over the jobs.
+pub fn measure_jobs(
+    targets: &[Target],
+    jobs: Vec<Job>,
+    progress: &dyn Progress,
+) -> std::result::Result<Vec<Measurement>, SperfError> {
+    progress.start("measuring", jobs.len() as u64, Unit::Items);
+    let mut out = Vec::with_capacity(jobs.len());
+    for (i, j) in jobs.into_iter().enumerate() {
+        let t = &targets[j.target];
+        let dev = t.connect()?;
+        let p = &j.point;
+        let result = measure(dev.as_ref(), p, &|| t.simulated_ns()).map_err(|source| {
+            SperfError::Measure {
+                what: format!("{} {} B on {}", p.pattern.label(), p.bs, t.name()),
+                source: Box::new(source),
+            }
+        })?;
+        out.push(Measurement {
+            figure: j.figure,
+            target: j.target,
+            curve: j.curve,
+            x: j.x,
+            result,
+        });
+        progress.set(i as u64 + 1);
+    }
+    progress.end();
+    Ok(out)
+}
+
+/// The curves of figure `figure` (0: a custom sweep) on target `target`.
+pub fn target_curves(figure: u32, target: usize, results: &[Measurement]) -> Vec<Curve> {
+    let mine: Vec<(String, f64, Measured)> = results
+        .iter()
+        .filter(|r| r.figure == figure && r.target == target)
+        .map(|r| (r.curve.clone(), r.x, r.result.clone()))
+        .collect();
+    curves(figure, &mine)
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@
 
 use std::hash::Hash;
 
-use super::{Outcome, Params, Policy, SpecError};
+use super::base::{Outcome, Params, Policy, SpecError};
 use crate::index::{HashIndex, KeyIndex, NIL};
 use crate::list::{Arena, List};
 

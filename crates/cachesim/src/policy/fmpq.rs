@@ -36,8 +36,8 @@
 
 use std::hash::Hash;
 
+use super::base::{Amount, Params, SpecError};
 use super::mq::{queue_count, MultiQueue};
-use super::{Amount, Params, SpecError};
 use crate::index::KeyIndex;
 
 /// FMPQ's parameters: w, |Q_off| and DurationTime.

@@ -9,7 +9,7 @@
 
 use std::hash::Hash;
 
-use super::{Outcome, Policy};
+use super::base::{Outcome, Policy};
 use crate::index::{HashIndex, KeyIndex};
 use crate::list::{Arena, List};
 

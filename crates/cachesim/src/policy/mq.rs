@@ -23,7 +23,7 @@
 
 use std::hash::Hash;
 
-use super::{Amount, Outcome, Params, Policy, SpecError};
+use super::base::{Amount, Outcome, Params, Policy, SpecError};
 use crate::index::{HashIndex, KeyIndex};
 use crate::list::{Arena, List};
 

@@ -27,7 +27,7 @@
 
 use std::hash::Hash;
 
-use super::{Outcome, Params, Policy, SpecError};
+use super::base::{Outcome, Params, Policy, SpecError};
 use crate::index::{HashIndex, KeyIndex};
 use crate::list::{Arena, List};
 

@@ -5,20 +5,20 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::sync::Arc;
-use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::{Args as ClapArgs, Parser, Subcommand};
-use roamdisk_blockdev::layers::raw::RawDev;
 use roamdisk_blockdev::units::parse_size;
 use roamdisk_blockdev::Access;
 use roamdisk_blockdev::BlockDev;
-use roamdisk_borrow::session::{CopyIn, Session, SessionOptions, Timings};
-use roamdisk_borrow::verify::{verify, Depth};
+use roamdisk_borrow::free::list_free;
+use roamdisk_borrow::session::{self, CopyIn, Session, SessionOptions};
+use roamdisk_borrow::verify::{verify_host, Depth};
 use roamdisk_borrow::{BorrowOptions, Plan, ScanOptions, Verify};
 use roamdisk_nbd::{Ended, Export, Listen, ServeOptions, Until};
 
 use crate::progress::{Output, Reporter};
+use crate::render::borrow::{matches, show_free, show_plan, show_scan, show_timings, started};
 use crate::serve::announce;
 
 /// Borrow the free blocks of a host's disks as a fast transient disk for a
@@ -56,6 +56,17 @@ struct Filters {
     /// Keep at most this many extents (the largest).
     #[arg(long, default_value_t = 100_000, value_name = "N")]
     max_extents: u64,
+}
+
+impl Filters {
+    /// Scan options with these filters.
+    fn scan_options(&self) -> ScanOptions {
+        ScanOptions {
+            min_extent: self.min_extent,
+            max_extents: self.max_extents,
+            ..ScanOptions::default()
+        }
+    }
 }
 
 /// Scan host disks (or disk images): partitions, file systems, safety
@@ -206,8 +217,8 @@ pub struct RunArgs {
 pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
     match cmd {
         Cmd::Scan(s) => scan(s, quiet),
-        Cmd::Free(f) => free(f),
-        Cmd::Show(s) => show(s),
+        Cmd::Free(f) => show_free(&list_free(&f.devices)?, f.json),
+        Cmd::Show(s) => show_plan(&Plan::load(&s.plan)?, s.json, s.dm_table, s.partitions),
         Cmd::Check(c) => check(c),
         Cmd::Run(r) => session(r, quiet),
     }
@@ -215,10 +226,9 @@ pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
 
 fn scan(a: ScanArgs, quiet: bool) -> anyhow::Result<()> {
     let opts = ScanOptions {
-        min_extent: a.filters.min_extent,
-        max_extents: a.filters.max_extents,
         min_size: a.min_size.unwrap_or(0),
         size_limit: a.size.unwrap_or(0),
+        ..a.filters.scan_options()
     };
     let plan = roamdisk_borrow::scan(
         &a.devices,
@@ -231,18 +241,7 @@ fn scan(a: ScanArgs, quiet: bool) -> anyhow::Result<()> {
     if let Some(t) = &a.dm_table {
         write_out(t, &plan.dm_table())?;
     }
-    if a.json {
-        println!("{}", plan.to_json());
-    } else if a.dm_table.as_deref() != Some(std::path::Path::new("-")) {
-        print!("{}", plan.summary());
-        if let Some(p) = &a.plan {
-            println!(
-                "Plan written to {}; serve it with `roamdisk serve borrow:{} --socket SOCK`",
-                p.display(),
-                p.display()
-            );
-        }
-    }
+    show_scan(&plan, a.json, a.plan.as_deref(), a.dm_table.as_deref());
     Ok(())
 }
 
@@ -255,123 +254,25 @@ fn write_out(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
     }
 }
 
-fn free(a: FreeArgs) -> anyhow::Result<()> {
-    let mut json = Vec::new();
-    let mut out = String::new();
-    for path in &a.devices {
-        let dev = RawDev::open(path, true)?;
-        let table = roamdisk_fsmeta::read_table(&dev)
-            .with_context(|| format!("cannot read the partition table of {}", path.display()))?;
-        for p in &table.partitions {
-            match roamdisk_fsmeta::free_space(&dev, p.start, p.len) {
-                Ok(f) => {
-                    let health = match &f.probe.health {
-                        roamdisk_fsmeta::Health::Clean => "clean".to_string(),
-                        roamdisk_fsmeta::Health::Unsafe { reason, .. } => {
-                            reason.as_str().to_string()
-                        }
-                    };
-                    out.push_str(&format!(
-                        "# {} {} {} {} {} {}\n",
-                        path.display(),
-                        p.number,
-                        f.probe.type_name,
-                        health,
-                        f.free_bytes,
-                        f.extents.len()
-                    ));
-                    for e in &f.extents {
-                        out.push_str(&format!("{} {}\n", e.start, e.len));
-                    }
-                    json.push(serde_json::json!({"device": path, "partition": p, "free": f}));
-                }
-                Err(e) => {
-                    out.push_str(&format!(
-                        "# {} {} error corrupt 0 0\n",
-                        path.display(),
-                        p.number
-                    ));
-                    eprintln!("roamdisk: {} partition {}: {e}", path.display(), p.number);
-                    json.push(
-                        serde_json::json!({"device": path, "partition": p, "error": e.to_string()}),
-                    );
-                }
-            }
-        }
-    }
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&json)?);
-    } else {
-        print!("{out}");
-    }
-    Ok(())
-}
-
-fn show(a: ShowArgs) -> anyhow::Result<()> {
-    let plan = Plan::load(&a.plan)?;
-    if a.json {
-        println!("{}", plan.to_json());
-    } else if a.dm_table {
-        print!("{}", plan.dm_table());
-    } else if a.partitions {
-        for p in &plan.partitions {
-            println!(
-                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
-                plan.devices[p.device as usize].path.display(),
-                p.number,
-                p.fs,
-                match p.status {
-                    roamdisk_borrow::Status::Used => "used",
-                    roamdisk_borrow::Status::Skipped => "skipped",
-                },
-                p.reason.as_deref().unwrap_or("-"),
-                p.free_bytes,
-                p.borrowed_bytes,
-                p.borrowed_extents
-            );
-        }
-    } else {
-        print!("{}", plan.summary());
-    }
-    Ok(())
-}
-
 fn check(a: CheckArgs) -> anyhow::Result<()> {
     let plan = Plan::load(&a.plan)?;
-    let devs: Vec<RawDev> = plan
-        .devices
-        .iter()
-        .map(|d| RawDev::open(&d.path, true))
-        .collect::<Result<_, _>>()?;
-    let refs: Vec<&dyn BlockDev> = devs.iter().map(|d| d as &dyn BlockDev).collect();
     let depth = if a.identity_only {
         Depth::Identity
     } else {
         Depth::Full
     };
-    verify(&plan, &refs, depth)?;
-    println!(
-        "plan {} matches the host: {} in {} extents{}",
-        a.plan.display(),
-        roamdisk_blockdev::units::format_size(plan.total_bytes),
-        plan.extents.len(),
-        if a.identity_only {
-            " (identity only)"
-        } else {
-            ", all still free"
-        }
-    );
+    verify_host(&plan, depth)?;
+    outln!("{}", matches(&a.plan, &plan, a.identity_only));
     Ok(())
 }
 
 fn session(a: RunArgs, quiet: bool) -> anyhow::Result<()> {
-    let mut listen = Vec::new();
-    if let Some(s) = &a.socket {
-        listen.push(Listen::Unix(s.clone()));
-    }
-    if let Some(t) = a.listen {
-        listen.push(Listen::Tcp(t));
-    }
+    let listen: Vec<Listen> = a
+        .socket
+        .iter()
+        .map(|s| Listen::Unix(s.clone()))
+        .chain(a.listen.map(Listen::Tcp))
+        .collect();
     if listen.is_empty() {
         bail!("say where to serve the VM disk: --socket PATH and/or --listen ADDR:PORT");
     }
@@ -382,11 +283,7 @@ fn session(a: RunArgs, quiet: bool) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open the VM disk '{}'", a.state))?;
     let opts = SessionOptions {
         hosts: a.hosts.clone(),
-        scan: ScanOptions {
-            min_extent: a.filters.min_extent,
-            max_extents: a.filters.max_extents,
-            ..ScanOptions::default()
-        },
+        scan: a.filters.scan_options(),
         borrow: BorrowOptions {
             encrypt: !a.no_encrypt,
             scrub: a.scrub,
@@ -406,52 +303,15 @@ fn session(a: RunArgs, quiet: bool) -> anyhow::Result<()> {
         );
     }
     let bars = Reporter::new(Output::human(quiet || a.json));
-    let sess = Session::start(&opts, state, &bars)?;
-    if !quiet && !a.json {
-        eprintln!(
-            "roamdisk: borrowed {} in {} extents (scan {:.2} s, allocate {:.2} s, copy-in {:.2} s)",
-            roamdisk_blockdev::units::format_size(sess.plan.total_bytes),
-            sess.plan.extents.len(),
-            sess.timings.scan_s,
-            sess.timings.allocate_s,
-            sess.timings.copy_in_s
-        );
-    }
-    let dev: Arc<dyn BlockDev> = Arc::new(roamdisk_blockdev::Checked::new(
-        sess.export(),
-        Access::ReadWrite,
-    ));
-    let t_serve = Instant::now();
-    let exec_status = serve(dev, listen.clone(), a.exec.as_deref(), quiet || a.json)?;
-    let serve_s = t_serve.elapsed().as_secs_f64();
-    let mut t: Timings = sess.finish(&bars)?;
-    t.serve_s = serve_s;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&t)?);
-    } else {
-        println!(
-            "Start-up:  scan {:.3} s + allocate {:.3} s + copy-in {:.3} s ({})",
-            t.scan_s,
-            t.allocate_s,
-            t.copy_in_s,
-            roamdisk_blockdev::units::format_size(t.copy_in_bytes)
-        );
-        println!("Served:    {:.3} s", t.serve_s);
-        println!(
-            "Shut-down: copy-back {:.3} s ({}) + release {:.3} s{}",
-            t.copy_back_s,
-            roamdisk_blockdev::units::format_size(t.copy_back_bytes),
-            t.release_s,
-            if t.scrubbed_bytes > 0 {
-                format!(
-                    " (scrubbed {})",
-                    roamdisk_blockdev::units::format_size(t.scrubbed_bytes)
-                )
-            } else {
-                String::new()
-            }
-        );
-    }
+    let show_started = |sess: &Session| {
+        if !quiet && !a.json {
+            eprintln!("roamdisk: {}", started(sess));
+        }
+    };
+    let (t, exec_status) = session::run(&opts, state, &bars, show_started, |dev| {
+        serve(dev, listen.clone(), a.exec.as_deref(), quiet || a.json)
+    })?;
+    show_timings(&t, a.json)?;
     if let Some(st) = exec_status {
         if !st.success() {
             bail!("the --exec command failed ({st}); modified blocks were copied back");

@@ -5,15 +5,14 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use roamdisk_blockdev::units::{self, format_size, parse_size};
-use roamdisk_cachesim::blocksize::{BlockSizeConfig, BlockSizeModel};
-use roamdisk_cachesim::mva::{self, Demands};
-use roamdisk_cachesim::qnsim;
+use roamdisk_blockdev::units::{self, parse_size};
+use roamdisk_cachesim::blocksize::{self, BlockSizeConfig};
+use roamdisk_cachesim::mva::Demands;
+use roamdisk_cachesim::sweep::{sweep, SweepOptions};
 
-use super::sim::read_requests;
-use crate::plot::{Charts, LineChart, Series};
+use crate::args::list;
 use crate::progress::{Output, Reporter};
-use roamdisk_blockdev::progress::{Progress, Unit};
+use crate::render::model::{show_blocksize, show_mva};
 
 /// Capacity models: `blocksize` (Machine Bank: which fetch block size
 /// minimises on-demand latency for a trace) and `mva` (TransCom: server
@@ -156,41 +155,26 @@ fn parse_rate(s: &str) -> anyhow::Result<f64> {
 fn blocksize(a: BlockSizeArgs, quiet: bool) -> anyhow::Result<()> {
     let fix_delay = parse_time(&a.fix_delay).context("--fix-delay")?;
     let bandwidth = parse_rate(&a.bandwidth).context("--bandwidth")?;
-    let mut sizes = Vec::new();
-    for s in a.sizes.split(',').filter(|s| !s.trim().is_empty()) {
+    let sizes = list(&a.sizes, |s| {
         let n = parse_size(s).map_err(|e| anyhow::anyhow!("--sizes: {e}"))?;
         if n == 0 {
             bail!("--sizes: a block size must be positive");
         }
-        sizes.push(n);
-    }
+        Ok(n)
+    })?;
     if sizes.is_empty() {
         bail!("--sizes: give at least one block size");
     }
-    let mut model = BlockSizeModel::new(BlockSizeConfig {
+    let cfg = BlockSizeConfig {
         sizes,
         fix_delay,
         bandwidth,
         include_writes: a.include_writes,
         shared_cache: a.shared_cache,
-    });
-    let total = read_requests(&a.trace)?.count() as u64;
-    let progress = Reporter::phase_of(
-        Output::human(quiet || a.json),
-        "replaying",
-        total,
-        Unit::Items,
-    );
-    for (n, r) in read_requests(&a.trace)?.enumerate() {
-        if let Some(req) = r? {
-            model.feed(&req);
-        }
-        if n % 65536 == 0 {
-            progress.set(n as u64);
-        }
-    }
+    };
+    let progress = Reporter::new(Output::human(quiet || a.json));
+    let r = blocksize::run_file(cfg, &a.trace, &progress)?;
     progress.finish();
-    let r = model.finish();
     if r.requests == 0 {
         bail!(
             "{} has no {}requests to replay",
@@ -198,132 +182,7 @@ fn blocksize(a: BlockSizeArgs, quiet: bool) -> anyhow::Result<()> {
             if a.include_writes { "" } else { "read " }
         );
     }
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
-    } else {
-        println!(
-            "{} requests ({}), FixDelay {:.3} ms, Bandwidth {:.3} MB/s",
-            r.requests,
-            format_size(r.bytes_requested),
-            r.fix_delay_s * 1e3,
-            r.bandwidth / 1e6
-        );
-        println!(
-            "{:>10} {:>15} {:>15} {:>13} {:>13} {:>13}",
-            "block", "AccessedBlocks", "bytes fetched", "fixed s", "transfer s", "TotalLatency s"
-        );
-        for (i, p) in r.points.iter().enumerate() {
-            println!(
-                "{:>10} {:>15} {:>15} {:>13.2} {:>13.2} {:>13.2}{}",
-                format_size(p.block_size),
-                p.accessed_blocks,
-                format_size(p.bytes_fetched),
-                p.fixed_s,
-                p.transfer_s,
-                p.total_s,
-                if i == r.optimum { "  <- optimum" } else { "" }
-            );
-        }
-        println!(
-            "optimum: {} ({})",
-            format_size(r.optimum().block_size),
-            if r.interior_optimum() {
-                "an interior optimum: fixed delays dominate below it, useless transfer above"
-            } else if r.optimum == 0 {
-                "the smallest size: the reads are mostly random"
-            } else {
-                "the largest size: the reads are mostly sequential"
-            }
-        );
-    }
-    if let Some(stem) = &a.plot {
-        let kib = |b: u64| b as f64 / 1024.0;
-        let accessed = vec![
-            Series {
-                name: "AccessedBlocks".into(),
-                points: r
-                    .points
-                    .iter()
-                    .map(|p| (kib(p.block_size), p.accessed_blocks as f64))
-                    .collect(),
-            },
-            Series {
-                name: "inversely proportional".into(),
-                points: r
-                    .points
-                    .iter()
-                    .map(|p| (kib(p.block_size), p.inverse))
-                    .collect(),
-            },
-        ];
-        let mut charts = Charts::new(stem, "model");
-        charts.line(
-            "accessed-blocks",
-            &LineChart {
-                title: "Accessed blocks vs block size (Machine Bank Fig. 4)",
-                x_label: "block size (KiB)",
-                y_label: "accessed blocks",
-                log_x: true,
-                log_y: true,
-                series: &accessed,
-            },
-        )?;
-        let latency = vec![
-            Series {
-                name: "TotalLatency".into(),
-                points: r
-                    .points
-                    .iter()
-                    .map(|p| (kib(p.block_size), p.total_s))
-                    .collect(),
-            },
-            Series {
-                name: "fixed delays".into(),
-                points: r
-                    .points
-                    .iter()
-                    .map(|p| (kib(p.block_size), p.fixed_s))
-                    .collect(),
-            },
-            Series {
-                name: "transfer".into(),
-                points: r
-                    .points
-                    .iter()
-                    .map(|p| (kib(p.block_size), p.transfer_s))
-                    .collect(),
-            },
-        ];
-        charts.line(
-            "latency",
-            &LineChart {
-                title: "Total latency vs block size (Machine Bank Fig. 5)",
-                x_label: "block size (KiB)",
-                y_label: "seconds",
-                log_x: true,
-                log_y: false,
-                series: &latency,
-            },
-        )?;
-        if !a.json {
-            charts.report();
-        }
-    }
-    Ok(())
-}
-
-/// A point's throughput, response time (ms) and the four utilizations,
-/// as columns of the MVA tables.
-fn mva_columns(p: &mva::MvaPoint) -> String {
-    format!(
-        "{:>12.1} {:>11.3} {:>7.3} {:>7.3} {:>7.3} {:>7.3}",
-        p.throughput,
-        p.response * 1e3,
-        p.utilization[0],
-        p.utilization[1],
-        p.utilization[2],
-        p.utilization[3]
-    )
+    show_blocksize(&r, a.json, a.plot.as_deref())
 }
 
 fn mva_cmd(a: MvaArgs) -> anyhow::Result<()> {
@@ -343,21 +202,10 @@ fn mva_cmd(a: MvaArgs) -> anyhow::Result<()> {
     set(&a.memory, &mut d.memory, "memory")?;
     set(&a.network, &mut d.network, "network")?;
     set(&a.client_delay, &mut d.client_delay, "client-delay")?;
-    let hits: Vec<f64> = a
-        .hit
-        .split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(|s| {
-            let h: f64 = s
-                .trim()
-                .parse()
-                .map_err(|_| anyhow::anyhow!("--hit: '{s}' is not a ratio between 0 and 1"))?;
-            if !(0.0..=1.0).contains(&h) {
-                bail!("--hit: '{s}' is not a ratio between 0 and 1");
-            }
-            Ok(h)
-        })
-        .collect::<anyhow::Result<_>>()?;
+    let hits = list(&a.hit, |s| match s.parse::<f64>() {
+        Ok(h) if (0.0..=1.0).contains(&h) => Ok(h),
+        _ => bail!("--hit: '{s}' is not a ratio between 0 and 1"),
+    })?;
     if hits.is_empty() {
         bail!("--hit: give at least one hit ratio");
     }
@@ -367,194 +215,16 @@ fn mva_cmd(a: MvaArgs) -> anyhow::Result<()> {
     if a.max_clients > 100_000 {
         bail!("--max-clients: at most 100000");
     }
-    d.network(0.5).validate().map_err(anyhow::Error::msg)?;
-
-    // Against N, one curve per hit ratio.
-    let curves: Vec<(f64, Vec<mva::MvaPoint>)> = hits
-        .iter()
-        .map(|&h| (h, mva::solve(&d.network(h), a.max_clients)))
-        .collect();
-    // Against the hit ratio at a.clients.
-    let mut hgrid: Vec<f64> = (0..=20).map(|i| i as f64 * 0.05).collect();
-    hgrid.extend([0.97, 0.975, 0.98, 0.99, 0.995]);
-    hgrid.extend(hits.iter().copied());
-    hgrid.sort_by(|x, y| x.total_cmp(y));
-    hgrid.dedup_by(|x, y| (*x - *y).abs() < 1e-12);
-    let by_hit: Vec<(f64, mva::MvaPoint, usize)> = hgrid
-        .iter()
-        .map(|&h| {
-            let net = d.network(h);
-            let p = mva::solve(&net, a.clients).pop().expect("n ≥ 1");
-            (h, p, net.bottleneck())
-        })
-        .collect();
-    let names = ["CPU", "memory", "disk", "network"];
-
-    if a.json {
-        #[derive(serde::Serialize)]
-        struct Out<'a> {
-            demands: &'a Demands,
-            vs_clients: Vec<(f64, &'a Vec<mva::MvaPoint>)>,
-            vs_hit: Vec<(f64, &'a mva::MvaPoint, &'static str)>,
-            disk_bottleneck_until_hit: f64,
-        }
-        let out = Out {
-            demands: &d,
-            vs_clients: curves.iter().map(|(h, c)| (*h, c)).collect(),
-            vs_hit: by_hit.iter().map(|(h, p, b)| (*h, p, names[*b])).collect(),
-            disk_bottleneck_until_hit: d.disk_bottleneck_until(),
-        };
-        println!("{}", serde_json::to_string_pretty(&out)?);
-    } else {
-        println!(
-            "demands per {} request: CPU {:.3} ms, disk {:.3} ms, memory {:.4} ms, network {:.3} ms; Client-Delay (think) {:.3} ms",
-            format_size(d.request_size),
-            d.cpu * 1e3,
-            d.disk * 1e3,
-            d.memory * 1e3,
-            d.network * 1e3,
-            d.client_delay * 1e3
-        );
-        for (h, curve) in &curves {
-            let net = d.network(*h);
-            let b = net.bottleneck();
-            let dem = net.demands();
-            println!(
-                "\nhit ratio {:.3}: bottleneck {} (demand {:.3} ms/request), throughput bound {:.0} req/s, saturates beyond N* = {:.1} clients",
-                h,
-                names[b],
-                dem[b] * 1e3,
-                1.0 / dem[b],
-                net.saturation_population()
-            );
-            println!(
-                "  {:>5} {:>12} {:>11} {:>7} {:>7} {:>7} {:>7}{}",
-                "N",
-                "X (req/s)",
-                "R (ms)",
-                "U cpu",
-                "U mem",
-                "U disk",
-                "U net",
-                if a.simulate {
-                    "   sim X (req/s)  sim R (ms)   diff"
-                } else {
-                    ""
-                }
-            );
-            for p in curve
-                .iter()
-                .filter(|p| p.clients <= 5 || p.clients % a.step == 0 || p.clients == a.max_clients)
-            {
-                let sim = if a.simulate {
-                    let s = qnsim::estimate(&net, p.clients, 0.01, 2_000_000, p.clients as u64);
-                    let diff = ((s.throughput - p.throughput) / p.throughput)
-                        .abs()
-                        .max(((s.response - p.response) / p.response).abs());
-                    format!(
-                        "   {:>13.1} {:>11.3} {:>5.2}%",
-                        s.throughput,
-                        s.response * 1e3,
-                        100.0 * diff
-                    )
-                } else {
-                    String::new()
-                };
-                println!("  {:>5} {}{}", p.clients, mva_columns(p), sim);
-            }
-        }
-        println!("\nagainst the hit ratio at N = {}:", a.clients);
-        println!(
-            "  {:>6} {:>12} {:>11} {:>7} {:>7} {:>7} {:>7}  bottleneck",
-            "h", "X (req/s)", "R (ms)", "U cpu", "U mem", "U disk", "U net"
-        );
-        for (h, p, b) in &by_hit {
-            println!("  {:>6.3} {}  {}", h, mva_columns(p), names[*b]);
-        }
-        println!(
-            "\nthe disk is the bottleneck up to a hit ratio of {:.3}; beyond it, the {}",
-            d.disk_bottleneck_until(),
-            if d.network >= d.cpu { "network" } else { "CPU" }
-        );
-    }
-
-    if let Some(stem) = &a.plot {
-        let mut charts = Charts::new(stem, "model");
-        let per_n = |f: &dyn Fn(&mva::MvaPoint) -> f64| -> Vec<Series> {
-            curves
-                .iter()
-                .map(|(h, c)| Series {
-                    name: format!("hit ratio {h}"),
-                    points: c.iter().map(|p| (p.clients as f64, f(p))).collect(),
-                })
-                .collect()
-        };
-        for (suffix, title, y, series) in [
-            (
-                "throughput",
-                "Server throughput vs clients (MVA)",
-                "requests/s",
-                per_n(&|p| p.throughput),
-            ),
-            (
-                "response",
-                "Response time vs clients (MVA)",
-                "ms per request",
-                per_n(&|p| p.response * 1e3),
-            ),
-        ] {
-            charts.line(
-                suffix,
-                &LineChart {
-                    title,
-                    x_label: "clients",
-                    y_label: y,
-                    log_x: false,
-                    log_y: false,
-                    series: &series,
-                },
-            )?;
-        }
-        let util: Vec<Series> = (0..4)
-            .map(|k| Series {
-                name: names[k].into(),
-                points: by_hit
-                    .iter()
-                    .map(|(h, p, _)| (*h, p.utilization[k]))
-                    .collect(),
-            })
-            .collect();
-        charts.line(
-            "utilization",
-            &LineChart {
-                title: &format!("Utilisation vs server hit ratio, {} clients", a.clients),
-                x_label: "server cache hit ratio",
-                y_label: "utilisation",
-                log_x: false,
-                log_y: false,
-                series: &util,
-            },
-        )?;
-        let xh = vec![Series {
-            name: format!("{} clients", a.clients),
-            points: by_hit.iter().map(|(h, p, _)| (*h, p.throughput)).collect(),
-        }];
-        charts.line(
-            "vs-hit",
-            &LineChart {
-                title: "Throughput vs server hit ratio (MVA)",
-                x_label: "server cache hit ratio",
-                y_label: "requests/s",
-                log_x: false,
-                log_y: false,
-                series: &xh,
-            },
-        )?;
-        if !a.json {
-            charts.report();
-        }
-    }
-    Ok(())
+    let opts = SweepOptions {
+        hits,
+        clients: a.clients,
+        max_clients: a.max_clients,
+        step: a.step,
+        // The simulation is shown in the tables only.
+        simulate: a.simulate && !a.json,
+    };
+    let s = sweep(&d, &opts)?;
+    show_mva(&d, &s, a.clients, a.simulate, a.json, a.plot.as_deref())
 }
 
 #[cfg(test)]

@@ -7,14 +7,12 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Parser;
 use roamdisk_trace::format::payload::sidecar_path;
-use roamdisk_workload::replay::{
-    self, DataSource, Grouping, ReplayOptions, ReplayReport, TargetMap, Timing,
-};
+use roamdisk_workload::replay::{self, DataSource, Grouping, ReplayOptions, TargetMap, Timing};
 use roamdisk_workload::target::TargetOptions;
 
-use crate::plot::bar_chart;
+use crate::args::device_pair;
 use crate::progress::{Output, Reporter};
-use roamdisk_blockdev::progress::{Progress, Unit};
+use crate::render::replay::{plot_report, print_report};
 
 /// Replay a trace (blksim; IOEmu for many clients). The trace is loaded
 /// into one command stream per client and partition (--per client: one
@@ -131,14 +129,8 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     }
     let mut map = BTreeMap::new();
     for m in &a.map {
-        let (d, t) = m
-            .split_once('=')
-            .with_context(|| format!("--map '{m}' is not DEVICE=TARGET"))?;
-        let d: u32 = d
-            .trim()
-            .parse()
-            .with_context(|| format!("--map: '{d}' is not a device number"))?;
-        map.insert(d, t.to_string());
+        let (d, t) = device_pair(m, "--map", "TARGET")?;
+        map.insert(d, t);
     }
     if a.target.is_none() && map.is_empty() {
         bail!("give a TARGET (e.g. mem:4G or nbd+unix:///?socket=PATH) or --map DEVICE=TARGET");
@@ -152,11 +144,10 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         data,
         keep_going: a.keep_going,
     };
-    let size = std::fs::metadata(&a.trace).map(|m| m.len()).unwrap_or(1);
-    let lp = Reporter::phase_of(Output::human(quiet), "loading", size.max(1), Unit::Bytes);
-    let loaded = replay::load(&a.trace, &opts, &|n| lp.set((n * 5).min(size)))
+    let p = Reporter::new(Output::human(quiet));
+    let loaded = replay::load(&a.trace, &opts, &p)
         .with_context(|| format!("cannot load {}", a.trace.display()))?;
-    lp.finish();
+    p.finish();
     if loaded.records() == 0 {
         bail!("{}: the trace holds no records", a.trace.display());
     }
@@ -169,9 +160,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             direct: !a.no_direct,
         },
     );
-    let total = loaded.requests();
-    let p = Reporter::phase_of(Output::human(quiet), "replaying", total.max(1), Unit::Items);
-    let rep = replay::replay(&loaded, &targets, &opts, &|d, _| p.set(d))?;
+    let rep = replay::replay(&loaded, &targets, &opts, &p)?;
     p.finish();
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&rep)?);
@@ -186,116 +175,6 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             "{} request(s) failed; first: {}",
             rep.errors,
             rep.first_error.as_deref().unwrap_or("?")
-        );
-    }
-    Ok(())
-}
-
-fn print_report(r: &ReplayReport, per_stream: bool, streams: usize) {
-    outln!(
-        "replayed {} requests ({:.1} MiB) in {} streams: {:.3} s, {:.0} requests/s, {:.1} MB/s",
-        r.requests,
-        r.bytes as f64 / 1048576.0,
-        streams,
-        r.wall_s,
-        r.requests_per_s,
-        r.bytes as f64 / r.wall_s.max(1e-9) / 1e6
-    );
-    if let Some(s) = r.simulated_s {
-        outln!("simulated card time: {s:.3} s");
-    }
-    outln!();
-    outln!(
-        "{:<13} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "op",
-        "count",
-        "MiB",
-        "mean µs",
-        "p50 µs",
-        "p90 µs",
-        "p99 µs",
-        "p99.9 µs",
-        "max µs"
-    );
-    for (name, o) in &r.ops {
-        outln!(
-            "{name:<13} {:>10} {:>12.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
-            o.count,
-            o.bytes as f64 / 1048576.0,
-            o.mean_us,
-            o.p50_us,
-            o.p90_us,
-            o.p99_us,
-            o.p999_us,
-            o.max_us
-        );
-    }
-    outln!();
-    let rows = if per_stream { &r.streams } else { &r.clients };
-    outln!(
-        "{:>8} {:>9} {:>10} {:>10} {:>10} {:>8} {:>7}",
-        "client",
-        if per_stream { "device" } else { "" },
-        "requests",
-        "MiB",
-        "seconds",
-        "late",
-        "errors"
-    );
-    for c in rows {
-        outln!(
-            "{:>8} {:>9} {:>10} {:>10.1} {:>10.3} {:>8} {:>7}",
-            c.client,
-            c.device.map(|d| d.to_string()).unwrap_or_default(),
-            c.requests,
-            c.bytes as f64 / 1048576.0,
-            c.runtime_s,
-            c.late,
-            c.errors
-        );
-    }
-    if r.clients.len() > 1 {
-        let times: Vec<f64> = r.clients.iter().map(|c| c.runtime_s).collect();
-        let min = times.iter().copied().fold(f64::MAX, f64::min);
-        let max = times.iter().copied().fold(0.0, f64::max);
-        let mean = times.iter().sum::<f64>() / times.len() as f64;
-        outln!(
-            "per-client runtime: min {min:.3} s, mean {mean:.3} s, max {max:.3} s over {} clients",
-            times.len()
-        );
-    }
-}
-
-fn plot_report(stem: &std::path::Path, r: &ReplayReport, quiet: bool) -> anyhow::Result<()> {
-    let name = |suffix: &str| {
-        let s = stem
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "replay".into());
-        stem.with_file_name(format!("{s}-{suffix}"))
-    };
-    let bars: Vec<(String, f64)> = r
-        .clients
-        .iter()
-        .map(|c| (c.client.to_string(), c.runtime_s))
-        .collect();
-    let (a, _) = bar_chart(&name("clients"), "Runtime per client", "seconds", &bars)?;
-    let lat: Vec<(String, f64)> = r
-        .ops
-        .iter()
-        .flat_map(|(n, o)| {
-            [
-                (format!("{n} p50"), o.p50_us),
-                (format!("{n} p99"), o.p99_us),
-            ]
-        })
-        .collect();
-    let (b, _) = bar_chart(&name("latency"), "Latency per op", "µs", &lat)?;
-    if !quiet {
-        eprintln!(
-            "roamdisk: wrote {} and {} (and .svg)",
-            a.display(),
-            b.display()
         );
     }
     Ok(())

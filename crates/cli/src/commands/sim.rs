@@ -2,21 +2,17 @@
 //! 5-6): many policies and sizes in one pass, the exact LRU curve, the
 //! Table 2 split by temporal distance, and two-level runs.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use roamdisk_blockdev::units::{format_size, parse_size};
-use roamdisk_cachesim::policy::{PolicyKind, PolicySpec};
-use roamdisk_cachesim::sim::{
-    trace_requests, ClientCache, HitMiss, Interner, LevelReport, Request, Sharing, SimConfig,
-    SimReport, Simulator,
-};
+use roamdisk_blockdev::units::parse_size;
+use roamdisk_cachesim::policy::PolicySpec;
+use roamdisk_cachesim::run::{simulate, CacheSize, RunOptions};
+use roamdisk_cachesim::sim::Sharing;
 
-use crate::plot::{Charts, LineChart, Series};
 use crate::progress::{Output, Reporter};
-use roamdisk_blockdev::progress::{Progress, Unit};
+use crate::render::sim::show;
 
 /// Simulate cache policies on a trace, TransCom style. The trace is cut
 /// into fixed-size blocks; a block is ⟨block, client⟩ under the
@@ -113,77 +109,8 @@ pub struct Args {
     shards: usize,
 }
 
-/// A cache size as given.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum SizeArg {
-    Bytes(u64),
-    Fraction(f64),
-}
-
-fn parse_size_arg(s: &str) -> anyhow::Result<SizeArg> {
-    let t = s.trim();
-    if let Some(p) = t.strip_suffix('%') {
-        let f: f64 = p
-            .trim()
-            .parse()
-            .with_context(|| format!("'{t}': expected a percentage such as 6.25%"))?;
-        if !(f > 0.0 && f <= 100.0) {
-            bail!("'{t}': a percentage of the working set must lie in (0, 100]");
-        }
-        return Ok(SizeArg::Fraction(f / 100.0));
-    }
-    if let Some((a, b)) = t.split_once('/') {
-        let (a, b): (f64, f64) = (
-            a.trim()
-                .parse()
-                .with_context(|| format!("'{t}': expected a fraction such as 1/16"))?,
-            b.trim()
-                .parse()
-                .with_context(|| format!("'{t}': expected a fraction such as 1/16"))?,
-        );
-        if !(a > 0.0 && b > 0.0 && a <= b) {
-            bail!("'{t}': a fraction of the working set must lie in (0, 1]");
-        }
-        return Ok(SizeArg::Fraction(a / b));
-    }
-    let n = parse_size(t)
-        .map_err(|e| anyhow::anyhow!("{e} (or give a fraction of the working set: 1/16, 6.25%)"))?;
-    if n == 0 {
-        bail!("'{t}': a cache size must be positive");
-    }
-    Ok(SizeArg::Bytes(n))
-}
-
-fn parse_size_list(s: &str) -> anyhow::Result<Vec<SizeArg>> {
-    s.split(',')
-        .filter(|x| !x.trim().is_empty())
-        .map(parse_size_arg)
-        .collect()
-}
-
-fn resolve(s: SizeArg, block: u64, working_set: u64) -> usize {
-    match s {
-        SizeArg::Bytes(b) => (b / block).max(1) as usize,
-        SizeArg::Fraction(f) => ((working_set as f64 * f).round() as usize).max(1),
-    }
-}
-
-/// Requests of a trace file, with the path in every error.
-pub(crate) fn read_requests(
-    path: &Path,
-) -> anyhow::Result<impl Iterator<Item = anyhow::Result<Option<Request>>>> {
-    let reader = trace_requests(path).with_context(|| {
-        format!(
-            "cannot read trace {} (record one with the trace: layer or make one with `roamdisk trace synth`)",
-            path.display()
-        )
-    })?;
-    let p = path.to_path_buf();
-    Ok(reader.map(move |r| r.with_context(|| format!("reading trace {}", p.display()))))
-}
-
 pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
-    let block = parse_size(&a.block).map_err(anyhow::Error::msg)?;
+    let block = parse_size(&a.block)?;
     if block == 0 || block > (1 << 30) {
         bail!("--block must lie between 1 byte and 1 GiB");
     }
@@ -203,12 +130,12 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     if specs.is_empty() {
         bail!("--policy: name at least one policy");
     }
-    let sizes = parse_size_list(&a.size).context("--size")?;
+    let sizes = CacheSize::parse_list(&a.size).context("--size")?;
     if sizes.is_empty() {
         bail!("--size: give at least one cache size");
     }
     let client_sizes = match &a.client_size {
-        Some(s) => parse_size_list(s).context("--client-size")?,
+        Some(s) => CacheSize::parse_list(s).context("--client-size")?,
         None => Vec::new(),
     };
     let client_policy =
@@ -221,503 +148,26 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let focus = a
         .focus
         .as_deref()
-        .map(parse_size_arg)
+        .map(str::parse::<CacheSize>)
         .transpose()
         .context("--focus")?;
-
-    // Pass 1: count requests and the working set under the sharing model.
-    let mut interner = Interner::new(sharing);
-    let mut total = 0u64;
-    for r in read_requests(&a.trace)? {
-        if a.limit.is_some_and(|l| total >= l) {
-            break;
-        }
-        total += 1;
-        if let Some(req) = r? {
-            for b in req.blocks(block) {
-                interner.key(&roamdisk_cachesim::sim::Access {
-                    client: req.client,
-                    device: req.device,
-                    block: b,
-                    write: req.write,
-                });
-            }
-        }
-    }
-    let working_set = interner.keys();
-    drop(interner);
-    if working_set == 0 {
-        bail!(
-            "{} has no read or write requests to simulate",
-            a.trace.display()
-        );
-    }
-
-    let mut capacities: Vec<usize> = sizes
-        .iter()
-        .map(|&s| resolve(s, block, working_set))
-        .collect();
-    capacities.sort_unstable();
-    capacities.dedup();
-    if a.shards == 0 {
-        bail!("--shards must be at least 1");
-    }
-    if let Some(&smallest) = capacities.first() {
-        if a.shards > smallest {
-            bail!(
-                "--shards {}: the smallest cache has only {smallest} blocks; give at most that many shards",
-                a.shards
-            );
-        }
-    }
-    let lru_curve = !a.no_lru_curve && a.shards == 1;
-    let mut server = Vec::new();
-    for spec in &specs {
-        if lru_curve && spec.kind == PolicyKind::Lru && spec.label() == "LRU" {
-            continue; // exact from the curve
-        }
-        for &c in &capacities {
-            server.push((spec.clone(), c));
-        }
-    }
-    let mut levels = vec![None];
-    for &cs in &client_sizes {
-        let cap = match cs {
-            SizeArg::Bytes(b) => (b / block).max(1) as usize,
-            SizeArg::Fraction(_) => bail!("--client-size takes sizes in bytes (1M), not fractions"),
-        };
-        levels.push(Some(ClientCache {
-            policy: client_policy.clone(),
-            capacity: cap,
-            write_through,
-        }));
-    }
-    let cfg = SimConfig {
-        block_size: block,
+    let opts = RunOptions {
+        block,
         sharing,
         split: a.split,
-        server,
+        policies: specs.clone(),
+        sizes,
+        client_sizes,
+        client_policy,
+        write_through,
         shards: a.shards,
-        lru_stack: lru_curve,
-        levels,
+        lru_curve: !a.no_lru_curve,
+        limit: a.limit,
+        export_keys: a.export_keys.clone(),
     };
-
-    // Pass 2: simulate.
-    let mut sim = Simulator::new(cfg);
-    let export = match &a.export_keys {
-        Some(path) => {
-            let f = std::fs::File::create(path)
-                .with_context(|| format!("cannot create {}", path.display()))?;
-            let w = std::rc::Rc::new(std::cell::RefCell::new(std::io::BufWriter::with_capacity(
-                1 << 20,
-                f,
-            )));
-            let failed = std::rc::Rc::new(std::cell::Cell::new(false));
-            let (w2, flag) = (w.clone(), failed.clone());
-            sim.set_server_key_sink(Box::new(move |k| {
-                if writeln!(w2.borrow_mut(), "{k}").is_err() {
-                    flag.set(true);
-                }
-            }));
-            Some((path.clone(), w, failed))
-        }
-        None => None,
-    };
-    run_pass(&a, &mut sim, total, quiet)?;
-    let report = sim.finish();
-    if let Some((path, w, failed)) = export {
-        if failed.get() || w.borrow_mut().flush().is_err() {
-            bail!("writing {} failed (disk full?)", path.display());
-        }
-    }
-    output(&a, &report, &specs, &capacities, working_set, focus)
-}
-
-fn run_pass(a: &Args, sim: &mut Simulator, total: u64, quiet: bool) -> anyhow::Result<()> {
-    let progress = Reporter::phase_of(
-        Output::human(quiet || a.json),
-        "simulating",
-        total,
-        Unit::Items,
-    );
-    let mut n = 0u64;
-    for r in read_requests(&a.trace)? {
-        if n >= total {
-            break;
-        }
-        n += 1;
-        if let Some(req) = r? {
-            sim.feed(&req);
-        }
-        if n.is_multiple_of(65536) {
-            progress.set(n);
-        }
-    }
+    let progress = Reporter::new(Output::human(quiet || a.json));
+    let run = simulate(&a.trace, &opts, &progress)?;
     progress.finish();
-    Ok(())
-}
-
-/// Rows of the Table 2 form at one capacity: (label, short, long), LRU
-/// from the exact curve when it was computed.
-fn rows_at(
-    level: &LevelReport,
-    specs: &[PolicySpec],
-    cap: usize,
-) -> Vec<(String, HitMiss, HitMiss)> {
-    let mut rows = Vec::new();
-    for spec in specs {
-        let label = spec.label();
-        if let Some(r) = level
-            .results
-            .iter()
-            .find(|r| r.policy == label && r.capacity == cap)
-        {
-            rows.push((label, r.short, r.long));
-        } else if spec.kind == PolicyKind::Lru {
-            if let Some(curve) = &level.lru {
-                let (s, l) = curve.at(cap);
-                rows.push((label, s, l));
-            }
-        }
-    }
-    rows
-}
-
-fn level_title(level: &LevelReport) -> String {
-    match &level.client {
-        None => "single level (the server sees every access)".into(),
-        Some(c) => format!(
-            "two levels: {} client cache of {} blocks per client ({}) in front of the server",
-            c.policy,
-            c.capacity,
-            if c.write_through {
-                "writes through"
-            } else {
-                "write hits absorbed"
-            }
-        ),
-    }
-}
-
-fn k(n: u64) -> String {
-    if n >= 10_000 {
-        format!("{}k", (n + 500) / 1000)
-    } else {
-        n.to_string()
-    }
-}
-
-fn output(
-    a: &Args,
-    r: &SimReport,
-    specs: &[PolicySpec],
-    capacities: &[usize],
-    working_set: u64,
-    focus: Option<SizeArg>,
-) -> anyhow::Result<()> {
-    let bs = r.block_size;
-    let focus_cap = match focus {
-        Some(f) => resolve(f, bs, working_set),
-        None => {
-            let target = working_set as f64 / 16.0;
-            *capacities
-                .iter()
-                .min_by(|x, y| {
-                    (**x as f64 / target)
-                        .ln()
-                        .abs()
-                        .total_cmp(&(**y as f64 / target).ln().abs())
-                })
-                .expect("at least one size")
-        }
-    };
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(r)?);
-    } else {
-        let split = r.split.to_string();
-        println!(
-            "trace: {} requests, {} block accesses of {} ({} reads, {} writes), {} clients",
-            r.requests,
-            r.accesses,
-            format_size(bs),
-            r.reads,
-            r.writes,
-            r.clients
-        );
-        println!(
-            "working set: {} blocks ({}) under {:?} sharing, {} private copies",
-            r.distinct_keys,
-            format_size(r.distinct_keys * bs),
-            r.sharing,
-            r.private_copies
-        );
-        for (li, level) in r.levels.iter().enumerate() {
-            println!("\nlevel {}: {}", li + 1, level_title(level));
-            if let Some(c) = &level.client {
-                let all = c.reads.plus(&c.writes);
-                println!(
-                    "  client caches: {} clients, hit ratio {:.2}% (reads {:.2}%, writes {:.2}%)",
-                    c.clients,
-                    100.0 * all.hit_ratio(),
-                    100.0 * c.reads.hit_ratio(),
-                    100.0 * c.writes.hit_ratio()
-                );
-            }
-            println!(
-                "  server: {} accesses, {} distinct blocks; temporal distance < {split}: {} ({:.1}%), ≥ {split}: {} (of which {} first accesses)",
-                level.server_accesses,
-                level.distinct,
-                level.short,
-                100.0 * level.short as f64 / level.server_accesses.max(1) as f64,
-                level.server_accesses - level.short,
-                level.cold
-            );
-            for &cap in capacities {
-                let rows = rows_at(level, specs, cap);
-                let lru_misses = rows
-                    .iter()
-                    .find(|r| r.0 == "LRU")
-                    .map(|r| r.1.misses + r.2.misses);
-                println!(
-                    "\n  server cache {} ({} blocks, {:.2}% of the working set){}",
-                    format_size(cap as u64 * bs),
-                    cap,
-                    100.0 * cap as f64 / working_set as f64,
-                    if cap == focus_cap {
-                        "  [Table 2 form]"
-                    } else {
-                        ""
-                    }
-                );
-                println!(
-                    "  {:<28} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}",
-                    "policy",
-                    format!("<{split} hit"),
-                    format!("<{split} miss"),
-                    format!("≥{split} hit"),
-                    format!("≥{split} miss"),
-                    "hit %",
-                    "vs LRU"
-                );
-                for (label, s, l) in &rows {
-                    let all = s.plus(l);
-                    let vs = lru_misses
-                        .filter(|&m| m > 0)
-                        .map(|m| {
-                            format!("{:+.1}%", 100.0 * (all.misses as f64 - m as f64) / m as f64)
-                        })
-                        .unwrap_or_default();
-                    println!(
-                        "  {:<28} {:>10} {:>10} {:>10} {:>10} {:>9.2} {:>9}",
-                        label,
-                        k(s.hits),
-                        k(s.misses),
-                        k(l.hits),
-                        k(l.misses),
-                        100.0 * all.hit_ratio(),
-                        vs
-                    );
-                }
-            }
-            if let Some(curve) = &level.lru {
-                let maxd = curve.max_distance().max(1);
-                println!(
-                    "\n  exact LRU hit ratio by size (stack distances; only cold misses beyond {} blocks = {}):",
-                    maxd,
-                    format_size(maxd as u64 * bs)
-                );
-                let mut c = 1usize;
-                let mut line = String::new();
-                while c < maxd * 2 {
-                    line.push_str(&format!(
-                        "  {}:{:.1}%",
-                        format_size(c as u64 * bs),
-                        100.0 * curve.hit_ratio(c)
-                    ));
-                    c *= 2;
-                }
-                println!("  {}", line.trim_start());
-            }
-        }
-    }
-    if let Some(stem) = &a.plot {
-        let charts = plots(stem, r, specs, capacities, focus_cap)?;
-        if !a.json {
-            println!();
-            charts.report();
-        }
-    }
-    Ok(())
-}
-
-/// `blocks` blocks of `bs` bytes in MiB.
-fn mib(blocks: usize, bs: u64) -> f64 {
-    blocks as f64 * bs as f64 / 1048576.0
-}
-
-fn lru_series(level: &LevelReport, bs: u64, lo: usize, hi: usize, name: String) -> Option<Series> {
-    let curve = level.lru.as_ref()?;
-    let mut pts = Vec::new();
-    let mut c = lo.max(1) as f64;
-    while c <= hi as f64 * 1.0001 {
-        let cap = c.round() as usize;
-        pts.push((mib(cap, bs), curve.hit_ratio(cap)));
-        c *= 2f64.powf(0.25);
-    }
-    Some(Series { name, points: pts })
-}
-
-/// The simulated hit ratio of `policy` at `level` against the cache size
-/// (MiB), at every simulated capacity.
-fn policy_series(
-    level: &LevelReport,
-    bs: u64,
-    capacities: &[usize],
-    policy: &str,
-    name: String,
-) -> Series {
-    let points = capacities
-        .iter()
-        .filter_map(|&c| {
-            level
-                .results
-                .iter()
-                .find(|x| x.policy == policy && x.capacity == c)
-                .map(|x| (mib(c, bs), x.all().hit_ratio()))
-        })
-        .collect();
-    Series { name, points }
-}
-
-fn plots(
-    stem: &Path,
-    r: &SimReport,
-    specs: &[PolicySpec],
-    capacities: &[usize],
-    focus_cap: usize,
-) -> anyhow::Result<Charts> {
-    let bs = r.block_size;
-    let (lo, hi) = (capacities[0], *capacities.last().unwrap());
-    // A logarithmic axis only labels decades: use it for wide ranges.
-    let log_x = hi >= 8 * lo;
-    let mut charts = Charts::new(stem, "sim");
-    let single = &r.levels[0];
-
-    // Hit ratio vs size per policy.
-    let mut series = Vec::new();
-    for spec in specs {
-        let label = spec.label();
-        if spec.kind == PolicyKind::Lru && single.lru.is_some() && label == "LRU" {
-            if let Some(s) = lru_series(single, bs, lo, hi, "LRU (exact)".into()) {
-                series.push(s);
-            }
-            continue;
-        }
-        series.push(policy_series(single, bs, capacities, &label, label.clone()));
-    }
-    charts.line(
-        "hit-ratio",
-        &LineChart {
-            title: &format!("Server cache hit ratio, {} blocks", format_size(bs)),
-            x_label: "cache size (MiB)",
-            y_label: "hit ratio",
-            log_x,
-            log_y: false,
-            series: &series,
-        },
-    )?;
-
-    // Table 2: misses by temporal distance at the focus size, one chart
-    // per class.
-    let split = r.split.to_string();
-    let rows = rows_at(single, specs, focus_cap);
-    let size = format_size(focus_cap as u64 * bs);
-    for (suffix, title, pick) in [
-        (
-            "table2-short",
-            format!("Misses at temporal distance < {split}, server cache {size}"),
-            0usize,
-        ),
-        (
-            "table2-long",
-            format!(
-                "Misses at temporal distance ≥ {split} (incl. {} first accesses), server cache {size}",
-                single.cold
-            ),
-            1,
-        ),
-    ] {
-        let bars: Vec<(String, f64)> = rows
-            .iter()
-            .map(|(label, s, l)| {
-                let hm = if pick == 0 { s } else { l };
-                (label.clone(), hm.misses as f64)
-            })
-            .collect();
-        charts.bar(suffix, &title, "misses", &bars)?;
-    }
-
-    // Two-level view.
-    if r.levels.len() > 1 {
-        let first = specs
-            .iter()
-            .find(|s| !(s.kind == PolicyKind::Lru && single.lru.is_some()))
-            .map(|s| s.label());
-        let mut series = Vec::new();
-        for level in &r.levels {
-            let who = match &level.client {
-                None => "no client cache".to_string(),
-                Some(c) => format!(
-                    "client {} ({:.0}% hits)",
-                    format_size(c.capacity as u64 * bs),
-                    100.0 * c.reads.plus(&c.writes).hit_ratio()
-                ),
-            };
-            if let Some(label) = &first {
-                series.push(policy_series(
-                    level,
-                    bs,
-                    capacities,
-                    label,
-                    format!("{label}, {who}"),
-                ));
-            }
-            if let Some(s) = lru_series(level, bs, lo, hi, format!("LRU, {who}")) {
-                series.push(s);
-            }
-        }
-        charts.line(
-            "two-level",
-            &LineChart {
-                title: "Server hit ratio behind client caches",
-                x_label: "server cache size (MiB)",
-                y_label: "server hit ratio",
-                log_x,
-                log_y: false,
-                series: &series,
-            },
-        )?;
-    }
-    Ok(charts)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn size_arguments() {
-        assert_eq!(
-            parse_size_arg("1/16").unwrap(),
-            SizeArg::Fraction(1.0 / 16.0)
-        );
-        assert_eq!(parse_size_arg("6.25%").unwrap(), SizeArg::Fraction(0.0625));
-        assert_eq!(parse_size_arg("256M").unwrap(), SizeArg::Bytes(256 << 20));
-        assert!(parse_size_arg("2/1").is_err());
-        assert!(parse_size_arg("0").is_err());
-        let e = parse_size_arg("lots").unwrap_err().to_string();
-        assert!(e.contains("1/16"), "{e}");
-        assert_eq!(resolve(SizeArg::Bytes(1 << 20), 4096, 10), 256);
-        assert_eq!(resolve(SizeArg::Fraction(0.25), 4096, 1000), 250);
-    }
+    let focus_cap = run.focus(focus);
+    show(&run, &specs, focus_cap, a.json, a.plot.as_deref())
 }

@@ -1,19 +1,22 @@
 //! `roamdisk trace`: trace statistics, synthetic workloads, converters.
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::io::{BufReader, ErrorKind};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use roamdisk_trace::convert::{blkparse, msr, ConvertReport};
-use roamdisk_trace::format::{Format, Reader, Record, TraceError, Writer};
-use roamdisk_trace::stats::{self, GroupStats, Stats, StatsOptions, Table3Row};
+use roamdisk_blockdev::units::parse_size;
+use roamdisk_trace::convert::blkparse::BlkparseOptions;
+use roamdisk_trace::convert::file::{convert_file, ConvertOptions, Input, Source};
+use roamdisk_trace::convert::msr::MsrOptions;
+use roamdisk_trace::format::{write_csv, TraceError};
+use roamdisk_trace::stats::{self, StatsOptions};
 use roamdisk_trace::synth::{self, Kind, SynthOptions};
 
-use crate::plot::{bar_chart, line_chart, LineChart, Series};
 use crate::progress::{Output, Reporter};
-use roamdisk_blockdev::progress::{Progress, Unit};
+use crate::render::trace::{
+    partition_names, plot_stats, print_stats, show_conversion, stats_json, synth_summary, with_hint,
+};
 
 /// Block-I/O traces: statistics, synthetic workloads, conversion.
 ///
@@ -201,87 +204,20 @@ pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
     }
 }
 
-fn parse_names(s: Option<&str>) -> anyhow::Result<BTreeMap<u32, String>> {
-    let mut m = BTreeMap::new();
-    match s {
-        None => {}
-        Some("android") => {
-            for d in 0..5u32 {
-                if let Some(n) = synth::android::partition_name(d) {
-                    m.insert(d, n.to_string());
-                }
-            }
-        }
-        Some(list) => {
-            for kv in list.split(',').filter(|p| !p.trim().is_empty()) {
-                let (k, v) = kv
-                    .split_once('=')
-                    .with_context(|| format!("--names: '{kv}' is not DEVICE=NAME"))?;
-                let d: u32 = k
-                    .trim()
-                    .parse()
-                    .with_context(|| format!("--names: '{k}' is not a device number"))?;
-                m.insert(d, v.trim().to_string());
-            }
-        }
-    }
-    Ok(m)
-}
-
-fn file_size(p: &Path) -> u64 {
-    std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
-}
-
-/// Read a whole trace with a progress bar over its bytes.
-fn read_trace(path: &Path, quiet: bool, mut f: impl FnMut(&Record)) -> anyhow::Result<u64> {
-    let reader = Reader::open(path)?;
-    let size = file_size(path);
-    let p = Reporter::phase_of(Output::human(quiet), "reading", size.max(1), Unit::Bytes);
-    let per_byte = match reader.format() {
-        Format::Binary => 5.0,
-        Format::Csv => 30.0,
-    };
-    let mut n = 0u64;
-    for r in reader {
-        let r = r.map_err(|e| match e {
-            TraceError::Truncated { .. } => anyhow::anyhow!(
-                "{e}\nhint: a trace whose recorder was killed ends without its end marker; `roamdisk trace convert` copies the valid records into a new file"
-            ),
-            e => e.into(),
-        })?;
-        f(&r);
-        n += 1;
-        if n.is_multiple_of(65536) {
-            p.set(((n as f64 * per_byte) as u64).min(size));
-        }
-    }
-    p.finish();
-    Ok(n)
-}
-
 fn run_stats(a: StatsArgs, quiet: bool) -> anyhow::Result<()> {
-    let names = parse_names(a.names.as_deref())?;
-    let block = roamdisk_blockdev::units::parse_size(&a.block)
-        .map_err(anyhow::Error::msg)
-        .context("--block")?;
+    let names = partition_names(a.names.as_deref())?;
+    let block = parse_size(&a.block).context("--block")?;
     if block == 0 {
         bail!("--block must be at least 1 byte");
     }
-    let mut an = stats::Analyzer::new(StatsOptions { block });
-    let n = read_trace(&a.trace, quiet, |r| an.add(r))?;
-    if n == 0 {
+    let p = Reporter::new(Output::human(quiet));
+    let s = stats::analyze_file(&a.trace, StatsOptions { block }, &p).map_err(with_hint)?;
+    p.finish();
+    if s.total.requests() == 0 {
         bail!("{}: the trace holds no records", a.trace.display());
     }
-    let s = an.finish();
     if a.json {
-        let mut v = serde_json::to_value(&s)?;
-        v["table3"] = serde_json::to_value(
-            s.partitions
-                .iter()
-                .map(|(d, g)| (d.to_string(), Table3Row::from(g)))
-                .collect::<BTreeMap<_, _>>(),
-        )?;
-        outln!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&stats_json(&s)?)?);
     } else {
         print_stats(&a.trace, &s, &names, a.max_clients);
     }
@@ -289,251 +225,6 @@ fn run_stats(a: StatsArgs, quiet: bool) -> anyhow::Result<()> {
         plot_stats(stem, &s, quiet)?;
     }
     Ok(())
-}
-
-fn kib(b: u64) -> f64 {
-    b as f64 / 1024.0
-}
-
-fn fmt_skip(p: Option<f64>) -> String {
-    p.map_or("NA".into(), |v| format!("{v:.0}"))
-}
-
-fn table3_line(name: &str, g: &GroupStats) -> String {
-    let r = Table3Row::from(g);
-    format!(
-        "{name:<10} | {:>9.0} {:>7} {:>6} {:>6} {:>6} {:>5} | {:>9.0} {:>7} {:>6} {:>6} {:>6} {:>5} | {:>6.0} {:>8.0}",
-        r.read.kib,
-        r.read.count,
-        r.read.small,
-        r.read.medium,
-        r.read.large,
-        fmt_skip(r.read.skip_pct),
-        r.write.kib,
-        r.write.count,
-        r.write.small,
-        r.write.medium,
-        r.write.large,
-        fmt_skip(r.write.skip_pct),
-        r.write_pct,
-        r.barrier_pct
-    )
-}
-
-fn print_stats(path: &Path, s: &Stats, names: &BTreeMap<u32, String>, max_clients: usize) {
-    let t = &s.total;
-    outln!(
-        "{}: {} requests, {} clients, {} partitions, {:.3} s",
-        path.display(),
-        t.requests(),
-        s.clients.len(),
-        s.partitions.len(),
-        t.duration_s()
-    );
-    outln!();
-    outln!("LBS Table 3 columns per partition (KB = KiB; sizes: 1 = below 2 KiB, <=4 = 2-4 KiB, >4 = above 4 KiB)");
-    outln!(
-        "{:<10} | {:>9} {:>7} {:>6} {:>6} {:>6} {:>5} | {:>9} {:>7} {:>6} {:>6} {:>6} {:>5} | {:>6} {:>8}",
-        "partition", "read KB", "count", "1", "<=4", ">4", "skip%", "write KB", "count", "1", "<=4", ">4",
-        "skip%", "write%", "barrier%"
-    );
-    for (d, g) in &s.partitions {
-        let name = names.get(d).cloned().unwrap_or_else(|| d.to_string());
-        outln!("{}", table3_line(&name, g));
-    }
-    if s.partitions.len() > 1 {
-        outln!("{}", table3_line("all", t));
-    }
-    outln!();
-    let total_n = t.requests().max(1) as f64;
-    let total_b = (t.read.bytes + t.write.bytes + t.trim_bytes + t.zero_bytes).max(1) as f64;
-    outln!(
-        "{:<13} {:>10} {:>7} {:>14} {:>7}",
-        "mix",
-        "count",
-        "%",
-        "KiB",
-        "%"
-    );
-    for (name, c, b) in [
-        ("read", t.read.count, t.read.bytes),
-        ("write", t.write.count, t.write.bytes),
-        ("trim", t.trim_count, t.trim_bytes),
-        ("write-zeroes", t.zero_count, t.zero_bytes),
-        ("flush", t.flushes, 0),
-    ] {
-        outln!(
-            "{name:<13} {c:>10} {:>7.2} {:>14.0} {:>7.2}",
-            100.0 * c as f64 / total_n,
-            kib(b),
-            100.0 * b as f64 / total_b
-        );
-    }
-    outln!();
-    if let Some(min) = s.min_size {
-        let (top, share) = s.most_frequent_size().unwrap_or((0, 0.0));
-        outln!(
-            "sizes: min {:.1} KiB, max {:.1} KiB, mean {:.2} KiB, most frequent {:.1} KiB ({:.1}%), at most 4 KiB {:.1}%",
-            kib(min as u64),
-            kib(s.max_size as u64),
-            s.mean_size() / 1024.0,
-            kib(top as u64),
-            100.0 * share,
-            100.0 * s.share_at_most(4096)
-        );
-    }
-    let seq = |d: &stats::DirStats| {
-        d.sequential_pct()
-            .map_or("-".into(), |v| format!("{v:.1}%"))
-    };
-    outln!(
-        "sequential requests: reads {}, writes {}, all {:.1}%",
-        seq(&t.read),
-        seq(&t.write),
-        100.0 * (t.read.sequential + t.write.sequential) as f64 / t.rw_count().max(1) as f64
-    );
-    let mib = |blocks: u64| blocks as f64 * s.block as f64 / 1048576.0;
-    outln!(
-        "working set ({} B blocks): read {:.1} MiB, written {:.1} MiB, either {:.1} MiB; read:write {:.3}",
-        s.block,
-        mib(s.read_working_set_blocks),
-        mib(s.write_working_set_blocks),
-        mib(t.working_set_blocks),
-        s.read_working_set_blocks as f64 / s.write_working_set_blocks.max(1) as f64
-    );
-    let reused: u64 = s.reuse.iter().sum();
-    let mut median = String::from("-");
-    let mut acc = 0;
-    for (i, c) in s.reuse.iter().enumerate() {
-        acc += c;
-        if reused > 0 && acc * 2 >= reused {
-            median = if i == 0 {
-                "0".into()
-            } else {
-                format!("< {}", 1u64 << i)
-            };
-            break;
-        }
-    }
-    outln!(
-        "reuse distance (block accesses in between): {} first accesses, {} re-accesses, median {}",
-        s.cold_accesses,
-        reused,
-        median
-    );
-    outln!();
-    outln!(
-        "{:>8} {:>10} {:>12} {:>12} {:>8} {:>7} {:>9} {:>10}",
-        "client",
-        "requests",
-        "read KiB",
-        "write KiB",
-        "barrier%",
-        "seq%",
-        "WS MiB",
-        "seconds"
-    );
-    for (c, g) in s.clients.iter().take(max_clients) {
-        outln!(
-            "{c:>8} {:>10} {:>12.0} {:>12.0} {:>8.1} {:>7.1} {:>9.1} {:>10.3}",
-            g.requests(),
-            kib(g.read.bytes),
-            kib(g.write.bytes),
-            g.barrier_pct(),
-            100.0 * (g.read.sequential + g.write.sequential) as f64 / g.rw_count().max(1) as f64,
-            mib(g.working_set_blocks),
-            g.duration_s()
-        );
-    }
-    if s.clients.len() > max_clients {
-        outln!(
-            "... {} more clients (--max-clients, or --json)",
-            s.clients.len() - max_clients
-        );
-    }
-}
-
-fn plot_stats(stem: &Path, s: &Stats, quiet: bool) -> anyhow::Result<()> {
-    let total: u64 = s.sizes.values().sum();
-    let mut buckets: BTreeMap<u32, u64> = BTreeMap::new();
-    for (&size, &c) in &s.sizes {
-        let b = size.max(1).next_power_of_two().max(512);
-        *buckets.entry(b).or_default() += c;
-    }
-    let bars: Vec<(String, f64)> = buckets
-        .iter()
-        .map(|(b, c)| {
-            let label = if *b >= 1024 {
-                format!("≤{}K", b / 1024)
-            } else {
-                format!("≤{b}")
-            };
-            (label, 100.0 * *c as f64 / total.max(1) as f64)
-        })
-        .collect();
-    let mut written = Vec::new();
-    if !bars.is_empty() {
-        let (png, _) = bar_chart(
-            &stem.with_file_name(format!("{}-sizes", file_stem(stem))),
-            "Request sizes",
-            "% of reads and writes",
-            &bars,
-        )?;
-        written.push(png);
-    }
-    let reused: u64 = s.reuse.iter().sum();
-    if reused > 0 {
-        let last = s.reuse.iter().rposition(|&c| c > 0).unwrap_or(0);
-        let mut acc = 0u64;
-        let pts: Vec<(f64, f64)> = s.reuse[..=last]
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                acc += c;
-                (2f64.powi(i as i32), 100.0 * acc as f64 / reused as f64)
-            })
-            .collect();
-        let (png, _) = line_chart(
-            &stem.with_file_name(format!("{}-reuse", file_stem(stem))),
-            &LineChart {
-                title: "Reuse distance",
-                x_label: "block accesses between two accesses of a block (less than)",
-                y_label: "% of re-accesses",
-                log_x: true,
-                log_y: false,
-                series: &[Series {
-                    name: "cumulative".into(),
-                    points: pts,
-                }],
-            },
-        )?;
-        written.push(png);
-    }
-    let t = &s.total;
-    let (png, _) = bar_chart(
-        &stem.with_file_name(format!("{}-mix", file_stem(stem))),
-        "Request mix by bytes",
-        "MiB",
-        &[
-            ("read".into(), t.read.bytes as f64 / 1048576.0),
-            ("write".into(), t.write.bytes as f64 / 1048576.0),
-            ("trim".into(), t.trim_bytes as f64 / 1048576.0),
-            ("write-zeroes".into(), t.zero_bytes as f64 / 1048576.0),
-        ],
-    )?;
-    written.push(png);
-    if !quiet {
-        for w in written {
-            eprintln!("roamdisk: wrote {} (and .svg)", w.display());
-        }
-    }
-    Ok(())
-}
-
-fn file_stem(p: &Path) -> String {
-    p.file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "trace".into())
 }
 
 fn run_synth(a: SynthArgs, quiet: bool) -> anyhow::Result<()> {
@@ -546,238 +237,50 @@ fn run_synth(a: SynthArgs, quiet: bool) -> anyhow::Result<()> {
     let (Some(kind), Some(out)) = (a.kind, a.output) else {
         bail!("give a workload and -o FILE (see --list)");
     };
-    let k = Kind::parse(&kind).map_err(anyhow::Error::msg)?;
+    let k = Kind::parse(&kind)?;
     let opts = SynthOptions {
         seed: a.seed,
         scale: a.scale,
         requests: a.requests,
         clients: a.clients,
     };
-    let expected: u64 = match k {
-        Kind::Android(i) => {
-            let t = &synth::android::TRACES[i];
-            let per: u64 = t
-                .partitions
-                .iter()
-                .map(|p| {
-                    let rw = p.read.count + p.write.count;
-                    rw + rw * p.barrier_pct as u64 / 100
-                })
-                .sum();
-            (per as f64 * a.scale) as u64 * a.clients.unwrap_or(1) as u64
-        }
-        Kind::Desktop => {
-            a.requests.unwrap_or(synth::desktop::DEFAULT_REQUESTS) * a.clients.unwrap_or(1) as u64
-        }
-        Kind::Boot => {
-            let n = a.requests.unwrap_or(synth::boot::DEFAULT_REQUESTS)
-                * a.clients.unwrap_or(synth::boot::DEFAULT_CLIENTS) as u64;
-            n + n / 80
-        }
-        Kind::VpcBoot | Kind::VpcOffice => {
-            let p = if k == Kind::VpcBoot {
-                synth::vpc::VpcParams::boot()
-            } else {
-                synth::vpc::VpcParams::office()
-            };
-            a.requests.unwrap_or(p.requests) * a.clients.unwrap_or(1) as u64
-        }
-    };
-    let gen = synth::generate(k, &opts).map_err(anyhow::Error::msg)?;
-    let mut w = Writer::create(&out, Format::from_path(&out))?;
-    let p = Reporter::phase_of(
-        Output::human(quiet),
-        "generating",
-        expected.max(1),
-        Unit::Items,
-    );
-    let mut n = 0u64;
-    let mut last = 0u64;
-    let mut devices = std::collections::BTreeSet::new();
-    let mut clients = std::collections::BTreeSet::new();
-    for r in gen {
-        w.write(&r)?;
-        devices.insert(r.device);
-        clients.insert(r.client);
-        last = r.time_ns;
-        n += 1;
-        if n.is_multiple_of(65536) {
-            p.set(n.min(expected));
-        }
-    }
-    w.finish()?;
+    let p = Reporter::new(Output::human(quiet));
+    let w = synth::write(k, &opts, &out, &p)?;
     p.finish();
     if !quiet {
-        let names: Vec<String> = devices
-            .iter()
-            .map(|d| match (k, synth::android::partition_name(*d)) {
-                (Kind::Android(_), Some(name)) => format!("{d}={name}"),
-                _ => d.to_string(),
-            })
-            .collect();
-        eprintln!(
-            "roamdisk: wrote {n} records to {} ({} clients, devices {}, {:.1} s of trace)",
-            out.display(),
-            clients.len(),
-            names.join(","),
-            last as f64 / 1e9
-        );
+        eprintln!("roamdisk: {}", synth_summary(k, &w, &out));
     }
     Ok(())
-}
-
-/// Guess the input format from the first bytes.
-fn detect(path: &Path) -> anyhow::Result<&'static str> {
-    if Reader::open(path).is_ok() {
-        return Ok("trace");
-    }
-    let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    for line in BufReader::new(f).lines().take(50) {
-        let line = line.unwrap_or_default();
-        let l = line.trim();
-        if l.is_empty() {
-            continue;
-        }
-        if blkparse::parse_line(l, 1).ok().flatten().is_some() {
-            return Ok("blkparse");
-        }
-        if l.split(',').count() == 7 {
-            return Ok("msr");
-        }
-    }
-    bail!(
-        "{}: cannot tell the format (not a roamdisk trace, blkparse text or MSR CSV); say it with --from",
-        path.display()
-    )
 }
 
 fn run_convert(a: ConvertArgs, quiet: bool) -> anyhow::Result<()> {
     let stdin = a.input.as_os_str() == "-";
-    let from = match (&a.from, stdin) {
-        (Some(f), _) => f.clone(),
-        (None, true) => "blkparse".into(),
-        (None, false) => detect(&a.input)?.into(),
-    };
-    let mut w = Writer::create(&a.output, Format::from_path(&a.output))?;
-    let input: Box<dyn BufRead> = if stdin {
-        Box::new(BufReader::new(std::io::stdin().lock()))
+    let from = a.from.as_deref().map(str::parse::<Source>).transpose()?;
+    let input = if stdin {
+        Input::Stream(Box::new(BufReader::new(std::io::stdin().lock())))
     } else {
-        Box::new(BufReader::with_capacity(
-            1 << 20,
-            std::fs::File::open(&a.input)
-                .with_context(|| format!("cannot open {}", a.input.display()))?,
-        ))
+        Input::File(a.input.clone())
     };
-    let p = Reporter::phase_of(
-        Output::human(quiet || stdin),
-        "converting",
-        file_size(&a.input).max(1),
-        Unit::Bytes,
-    );
-    let mut sink = |r: &Record| -> Result<(), TraceError> {
-        w.write(r)?;
-        if w.count().is_multiple_of(65536) {
-            p.set(w.count() * 40);
-        }
-        Ok(())
+    let opts = ConvertOptions {
+        from,
+        blkparse: BlkparseOptions {
+            action: a.action.clone(),
+            single_client: a.single_client,
+        },
+        msr: MsrOptions {
+            absolute_time: a.absolute_time,
+        },
     };
-    let at = |e: TraceError| anyhow::anyhow!("{}: {e}", a.input.display());
-    let rep: ConvertReport = match from.as_str() {
-        "blkparse" => blkparse::convert(
-            input,
-            &blkparse::BlkparseOptions {
-                action: a.action.clone(),
-                single_client: a.single_client,
-            },
-            &mut sink,
-        )
-        .map_err(at)?,
-        "msr" => msr::convert(
-            input,
-            &msr::MsrOptions {
-                absolute_time: a.absolute_time,
-            },
-            &mut sink,
-        )
-        .map_err(at)?,
-        "trace" => {
-            if stdin {
-                bail!("--from trace needs a file, not stdin");
-            }
-            let mut rep = ConvertReport::default();
-            let mut truncated = None;
-            for r in Reader::open(&a.input)? {
-                match r {
-                    Ok(r) => {
-                        sink(&r)?;
-                        rep.records += 1;
-                    }
-                    Err(e) if e.is_truncated() => {
-                        truncated = Some(e);
-                        break;
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            if let Some(e) = truncated {
-                eprintln!(
-                    "roamdisk: warning: {e}; the {} valid records were copied",
-                    rep.records
-                );
-            }
-            rep
-        }
-        other => bail!("--from must be blkparse, msr or trace, not '{other}'"),
-    };
+    let p = Reporter::new(Output::human(quiet || stdin));
+    let c = convert_file(input, &a.output, &opts, &p)?;
     p.finish();
-    let n = w.count();
-    w.finish()?;
-    if n == 0 {
-        bail!(
-            "{}: no records ({} lines read, {} skipped); wrong --from, or no '{}' events (--action)?",
-            a.input.display(),
-            rep.lines,
-            rep.skipped,
-            a.action
-        );
-    }
-    if !quiet {
-        eprintln!(
-            "roamdisk: wrote {n} records to {} ({} lines read, {} skipped)",
-            a.output.display(),
-            rep.lines,
-            rep.skipped
-        );
-        for (i, h) in rep.clients.iter().enumerate() {
-            eprintln!("roamdisk: client {i} = host {h}");
-        }
-    }
-    Ok(())
+    show_conversion(&c, &a.input, &a.output, &a.action, quiet)
 }
 
 fn run_cat(a: CatArgs) -> anyhow::Result<()> {
-    let out = std::io::stdout();
-    let mut out = std::io::BufWriter::new(out.lock());
-    writeln!(out, "{}", roamdisk_trace::format::csvfmt::HEADER)?;
-    for (i, r) in Reader::open(&a.trace)?.enumerate() {
-        if a.limit.is_some_and(|l| i as u64 >= l) {
-            break;
-        }
-        let r = r?;
-        let res = writeln!(out, "{}", roamdisk_trace::format::csvfmt::CsvRow(&r));
-        if let Err(e) = res {
-            if e.kind() == std::io::ErrorKind::BrokenPipe {
-                return Ok(());
-            }
-            return Err(e.into());
-        }
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    match write_csv(&a.trace, a.limit, &mut out) {
+        Err(TraceError::Io { source, .. }) if source.kind() == ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
     }
-    out.flush().or_else(|e| {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            Ok(())
-        } else {
-            Err(e)
-        }
-    })?;
-    Ok(())
 }

@@ -3,6 +3,7 @@
 //! line by line. How each field maps is in `docs/formats/trace.md`.
 
 pub mod blkparse;
+pub mod file;
 pub mod msr;
 
 use crate::format::{Record, TraceError};

@@ -5,7 +5,8 @@
 
 use std::io::{self, Read, Write};
 
-use super::{Record, TraceError, TraceOp};
+use super::error::TraceError;
+use super::record::{Record, TraceOp};
 
 /// File magic, bytes 0..8.
 pub const MAGIC: [u8; 8] = *b"RDTRACE\0";
@@ -476,5 +477,5 @@ fn corrupt(offset: u64, message: &str) -> TraceError {
 }
 
 fn read_full(r: &mut impl Read, buf: &mut [u8]) -> Result<usize, TraceError> {
-    super::read_up_to(r, buf).map_err(|e| TraceError::io(e, None))
+    super::bytes::read_up_to(r, buf).map_err(|e| TraceError::io(e, None))
 }

@@ -4,10 +4,11 @@
 
 use std::io::{Read, Write};
 
-use super::{Record, TraceError, TraceOp};
+use super::error::TraceError;
+use super::record::{Record, TraceOp};
 
 /// The required first line (also the CSV form's "magic").
-pub const HEADER: &str = "time_ns,client,device,op,offset,len,fragment";
+pub use super::record::HEADER;
 
 const FIELDS: [&str; 7] = [
     "time_ns", "client", "device", "op", "offset", "len", "fragment",

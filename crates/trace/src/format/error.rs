@@ -14,7 +14,7 @@ pub enum TraceError {
         source: std::io::Error,
     },
     /// Neither the binary magic nor the CSV header line.
-    #[error("{}not a roamdisk trace: it starts neither with the binary magic \"RDTRACE\\0\" nor with the CSV header \"{}\" (convert blkparse or MSR traces with `roamdisk trace convert`)", path_prefix(.path), super::csvfmt::HEADER)]
+    #[error("{}not a roamdisk trace: it starts neither with the binary magic \"RDTRACE\\0\" nor with the CSV header \"{}\" (convert blkparse or MSR traces with `roamdisk trace convert`)", path_prefix(.path), super::record::HEADER)]
     BadMagic { path: Option<PathBuf> },
     /// A binary trace of a format version this build does not read.
     #[error("{}trace format version {found} is not supported (this build reads version {supported}); upgrade roamdisk", path_prefix(.path))]

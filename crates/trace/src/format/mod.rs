@@ -19,107 +19,18 @@
 //! ```
 
 pub mod binary;
+mod bytes;
 pub mod csvfmt;
 mod error;
 pub mod payload;
+mod record;
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read};
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 pub use error::TraceError;
-
-/// The operation of a traced request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum TraceOp {
-    Read,
-    Write,
-    Trim,
-    WriteZeroes,
-    /// A barrier: every earlier request of the stream completes, then the
-    /// device's write cache is flushed, before any later request starts.
-    Flush,
-}
-
-impl TraceOp {
-    /// Every op, in code order.
-    pub const ALL: [TraceOp; 5] = [
-        TraceOp::Read,
-        TraceOp::Write,
-        TraceOp::Trim,
-        TraceOp::WriteZeroes,
-        TraceOp::Flush,
-    ];
-
-    /// The one-byte code of the binary format.
-    pub fn code(self) -> u8 {
-        match self {
-            TraceOp::Read => 0,
-            TraceOp::Write => 1,
-            TraceOp::Trim => 2,
-            TraceOp::WriteZeroes => 3,
-            TraceOp::Flush => 4,
-        }
-    }
-
-    /// The op for a binary code.
-    pub fn from_code(c: u8) -> Option<TraceOp> {
-        TraceOp::ALL.get(c as usize).copied()
-    }
-
-    /// The name used in CSV and in reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            TraceOp::Read => "read",
-            TraceOp::Write => "write",
-            TraceOp::Trim => "trim",
-            TraceOp::WriteZeroes => "write-zeroes",
-            TraceOp::Flush => "flush",
-        }
-    }
-
-    /// The op for a CSV name.
-    pub fn from_name(s: &str) -> Option<TraceOp> {
-        TraceOp::ALL.into_iter().find(|o| o.name() == s)
-    }
-
-    /// Whether the op changes the device's contents.
-    pub fn is_write_like(self) -> bool {
-        matches!(self, TraceOp::Write | TraceOp::Trim | TraceOp::WriteZeroes)
-    }
-}
-
-impl std::fmt::Display for TraceOp {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// One block request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Record {
-    /// Issue time in nanoseconds since the start of the trace.
-    pub time_ns: u64,
-    /// The client (VM, connection) that issued it.
-    pub client: u32,
-    /// The device or partition it addressed.
-    pub device: u32,
-    pub op: TraceOp,
-    /// Byte offset within the device (0 for a flush).
-    pub offset: u64,
-    /// Length in bytes (0 for a flush).
-    pub len: u32,
-    /// Index of this piece when one logical request was split into several
-    /// (LBS Table 4's "fragment"); 0 for an unsplit request.
-    pub fragment: u16,
-}
-
-impl Record {
-    /// One past the last byte.
-    pub fn end(&self) -> u64 {
-        self.offset.saturating_add(self.len as u64)
-    }
-}
+pub use record::{Record, TraceOp};
 
 /// The two on-disk forms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,7 +82,7 @@ impl Reader {
     /// Read a trace from any byte stream (binary or CSV).
     pub fn from_reader<R: Read + Send + 'static>(mut r: R) -> Result<Reader, TraceError> {
         let mut head = [0u8; binary::MAGIC.len()];
-        let n = read_up_to(&mut r, &mut head).map_err(|e| TraceError::io(e, None))?;
+        let n = bytes::read_up_to(&mut r, &mut head).map_err(|e| TraceError::io(e, None))?;
         let head_vec = head[..n].to_vec();
         let chained: Box<dyn Read + Send> = Box::new(std::io::Cursor::new(head_vec).chain(r));
         let inner = if n == head.len() && head == binary::MAGIC {
@@ -198,19 +109,6 @@ impl Reader {
     }
 }
 
-pub(crate) fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
-}
-
 impl Iterator for Reader {
     type Item = Result<Record, TraceError>;
 
@@ -231,6 +129,21 @@ impl Iterator for Reader {
             }
         }
     }
+}
+
+/// Write the records of the trace at `path` as CSV lines (the header line
+/// first) to `out`, at most `limit` records. A failed write is a
+/// [`TraceError::Io`] without a path (the reader's errors name `path`).
+pub fn write_csv(path: &Path, limit: Option<u64>, out: &mut impl Write) -> Result<(), TraceError> {
+    let wr = |e| TraceError::io(e, None);
+    writeln!(out, "{}", csvfmt::HEADER).map_err(wr)?;
+    for (i, r) in Reader::open(path)?.enumerate() {
+        if limit.is_some_and(|l| i as u64 >= l) {
+            break;
+        }
+        writeln!(out, "{}", csvfmt::CsvRow(&r?)).map_err(wr)?;
+    }
+    out.flush().map_err(wr)
 }
 
 enum WriterInner {

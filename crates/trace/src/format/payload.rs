@@ -7,7 +7,8 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::TraceError;
+use super::bytes::read_up_to;
+use super::error::TraceError;
 
 /// Sidecar magic, bytes 0..8.
 pub const MAGIC: [u8; 8] = *b"RDTRDATA";
@@ -103,7 +104,7 @@ impl PayloadIndex {
         let f = File::open(path).map_err(|e| TraceError::io(e, Some(path)))?;
         let mut r = BufReader::with_capacity(1 << 20, f);
         let mut h = [0u8; HEADER_LEN];
-        let n = super::read_up_to(&mut r, &mut h).map_err(|e| TraceError::io(e, Some(path)))?;
+        let n = read_up_to(&mut r, &mut h).map_err(|e| TraceError::io(e, Some(path)))?;
         if n < HEADER_LEN || h[..HDR_VERSION] != MAGIC {
             return Err(corrupt(
                 path,
@@ -139,8 +140,7 @@ impl PayloadIndex {
     /// file offset of its bytes.
     pub fn next(&mut self, len: u32) -> Result<u64, TraceError> {
         let mut h = [0u8; ENTRY_HEADER_LEN];
-        let n = super::read_up_to(&mut self.r, &mut h)
-            .map_err(|e| TraceError::io(e, Some(&self.path)))?;
+        let n = read_up_to(&mut self.r, &mut h).map_err(|e| TraceError::io(e, Some(&self.path)))?;
         if n < ENTRY_HEADER_LEN {
             return Err(TraceError::Truncated {
                 path: Some(self.path.clone()),

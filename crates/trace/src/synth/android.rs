@@ -354,7 +354,7 @@ impl Generator {
             target,
             remaining: scale,
             repetition: 0,
-            rng: super::rng(seed),
+            rng: super::stream::rng(seed),
             client,
             state: vec![[StreamState::default(); 2]; target.partitions.len()],
             buf: Default::default(),

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use rand::RngExt;
 
-use super::split;
+use super::stream::split;
 use crate::format::{Record, TraceOp};
 
 /// Clients when none is given.
@@ -168,7 +168,7 @@ impl Iterator for Client {
     type Item = Record;
     fn next(&mut self) -> Option<Record> {
         let time_ns = (self.start_ns + self.issued as f64 * self.ns_per_request) as u64;
-        let mk = |op, offset, len| super::request(time_ns, self.client, op, offset, len);
+        let mk = |op, offset, len| super::stream::request(time_ns, self.client, op, offset, len);
         if self.pending_flush {
             self.pending_flush = false;
             return Some(mk(TraceOp::Flush, 0, 0));
@@ -222,16 +222,16 @@ impl Iterator for Client {
 
 /// The boot storm of all clients, merged in time order.
 pub struct Generator {
-    merged: super::Merge,
+    merged: super::stream::Merge,
 }
 
 impl Generator {
     pub fn new(p: &BootParams, seed: u64) -> Self {
-        let mut rng = super::rng(seed);
+        let mut rng = super::stream::rng(seed);
         let script = Arc::new(script(p, &mut rng));
         let clients = (0..p.clients)
             .map(|c| {
-                let mut crng = super::rng(super::mix_seed(seed, c as u64 + 1));
+                let mut crng = super::stream::rng(super::stream::mix_seed(seed, c as u64 + 1));
                 let mut order: Vec<usize> = (0..script.len()).collect();
                 let mut i = 0;
                 while i + 1 < order.len() {
@@ -257,11 +257,11 @@ impl Generator {
                     hot_bytes: p.hot_bytes,
                     pending_flush: false,
                     last_read_end: None,
-                }) as super::RecordStream
+                }) as super::stream::RecordStream
             })
             .collect();
         Generator {
-            merged: super::Merge::new(clients),
+            merged: super::stream::Merge::new(clients),
         }
     }
 }

@@ -97,7 +97,7 @@ impl Generator {
     pub fn new(requests: u64, seed: u64, client: u32) -> Self {
         Generator {
             left: requests,
-            rng: super::rng(seed),
+            rng: super::stream::rng(seed),
             client,
             time: 0.0,
             read: Cursor::default(),
@@ -181,7 +181,13 @@ impl Iterator for Generator {
         } else {
             TraceOp::Read
         };
-        Some(super::request(self.time as u64, self.client, op, off, len))
+        Some(super::stream::request(
+            self.time as u64,
+            self.client,
+            op,
+            off,
+            len,
+        ))
     }
 }
 

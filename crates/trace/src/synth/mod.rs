@@ -11,16 +11,21 @@
 pub mod android;
 pub mod boot;
 pub mod desktop;
+mod error;
 mod sizes;
+mod stream;
 pub mod vpc;
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::BTreeSet;
+use std::path::Path;
 
-use rand::rngs::Xoshiro256PlusPlus;
-use rand::SeedableRng;
+use roamdisk_blockdev::progress::{Progress, Unit};
 
-use crate::format::{Record, TraceOp};
+use crate::format::{Format, Writer};
+
+pub use error::SynthError;
+use stream::mix_seed;
+pub use stream::{rng, Merge, RecordStream};
 
 /// A workload to generate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,14 +75,17 @@ impl Kind {
     }
 
     /// The kind with this name.
-    pub fn parse(name: &str) -> Result<Kind, String> {
+    pub fn parse(name: &str) -> Result<Kind, SynthError> {
         Kind::all()
             .into_iter()
             .find(|(n, _, _)| n == name)
             .map(|(_, k, _)| k)
             .ok_or_else(|| {
                 let names: Vec<String> = Kind::all().into_iter().map(|(n, _, _)| n).collect();
-                format!("unknown workload '{name}' (known: {})", names.join(", "))
+                SynthError::UnknownKind {
+                    name: name.to_string(),
+                    known: names.join(", "),
+                }
             })
     }
 }
@@ -106,28 +114,22 @@ impl Default for SynthOptions {
     }
 }
 
-/// A stream of records in time order.
-pub type RecordStream = Box<dyn Iterator<Item = Record> + Send>;
-
 /// The generator of `kind`.
-pub fn generate(kind: Kind, opts: &SynthOptions) -> Result<RecordStream, String> {
+pub fn generate(kind: Kind, opts: &SynthOptions) -> Result<RecordStream, SynthError> {
     if !(opts.scale > 0.0 && opts.scale.is_finite()) {
-        return Err(format!(
-            "scale must be a positive number, not {}",
-            opts.scale
-        ));
+        return Err(SynthError::Scale(opts.scale));
     }
     if opts.clients == Some(0) {
-        return Err("clients must be at least 1".into());
+        return Err(SynthError::NoClients);
     }
     if opts.requests == Some(0) {
-        return Err("requests must be at least 1".into());
+        return Err(SynthError::NoRequests);
     }
     Ok(match kind {
         Kind::Android(i) => {
             let t = android::TRACES
                 .get(i)
-                .ok_or_else(|| format!("no Android trace number {i}"))?;
+                .ok_or(SynthError::NoAndroidTrace(i))?;
             per_client(opts, |client, seed| {
                 Box::new(android::Generator::new(t, opts.scale, seed, client))
             })
@@ -161,6 +163,83 @@ pub fn generate(kind: Kind, opts: &SynthOptions) -> Result<RecordStream, String>
     })
 }
 
+impl Kind {
+    /// About how many records [`generate`] makes of this kind with `opts`
+    /// (exact for all but the boot storm, whose barriers are random): the
+    /// total of a progress display.
+    pub fn expected_records(self, opts: &SynthOptions) -> u64 {
+        let clients = opts.clients.unwrap_or(1) as u64;
+        match self {
+            Kind::Android(i) => {
+                let per: u64 = android::TRACES.get(i).map_or(0, |t| {
+                    t.partitions
+                        .iter()
+                        .map(|p| {
+                            let rw = p.read.count + p.write.count;
+                            rw + rw * p.barrier_pct as u64 / 100
+                        })
+                        .sum()
+                });
+                (per as f64 * opts.scale) as u64 * clients
+            }
+            Kind::Desktop => opts.requests.unwrap_or(desktop::DEFAULT_REQUESTS) * clients,
+            Kind::Boot => {
+                let n = opts.requests.unwrap_or(boot::DEFAULT_REQUESTS)
+                    * opts.clients.unwrap_or(boot::DEFAULT_CLIENTS) as u64;
+                n + n / 80
+            }
+            Kind::VpcBoot | Kind::VpcOffice => {
+                let p = if self == Kind::VpcBoot {
+                    vpc::VpcParams::boot()
+                } else {
+                    vpc::VpcParams::office()
+                };
+                opts.requests.unwrap_or(p.requests) * clients
+            }
+        }
+    }
+}
+
+/// What [`write`] wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Written {
+    /// Records written.
+    pub records: u64,
+    /// The devices and clients the records name.
+    pub devices: BTreeSet<u32>,
+    pub clients: BTreeSet<u32>,
+    /// Time of the last record.
+    pub last_ns: u64,
+}
+
+/// Generate `kind` into the trace file `out` (binary, or CSV when named
+/// `*.csv`), reporting a phase "generating" over the expected records.
+pub fn write(
+    kind: Kind,
+    opts: &SynthOptions,
+    out: &Path,
+    progress: &dyn Progress,
+) -> Result<Written, SynthError> {
+    let expected = kind.expected_records(opts);
+    let gen = generate(kind, opts)?;
+    let mut w = Writer::create(out, Format::from_path(out))?;
+    progress.start("generating", expected.max(1), Unit::Items);
+    let mut done = Written::default();
+    for r in gen {
+        w.write(&r)?;
+        done.devices.insert(r.device);
+        done.clients.insert(r.client);
+        done.last_ns = r.time_ns;
+        done.records += 1;
+        if done.records.is_multiple_of(65536) {
+            progress.set(done.records.min(expected));
+        }
+    }
+    w.finish()?;
+    progress.end();
+    Ok(done)
+}
+
 /// Independent copies of a single-client generator, one per client, merged
 /// in time order.
 fn per_client(opts: &SynthOptions, make: impl Fn(u32, u64) -> RecordStream) -> RecordStream {
@@ -173,94 +252,4 @@ fn per_client(opts: &SynthOptions, make: impl Fn(u32, u64) -> RecordStream) -> R
             .map(|c| make(c, mix_seed(opts.seed, c as u64)))
             .collect(),
     ))
-}
-
-/// A request of `client` on device 0, the one disk of the desktop, boot
-/// and Virtual PC generators.
-pub(crate) fn request(time_ns: u64, client: u32, op: TraceOp, offset: u64, len: u32) -> Record {
-    Record {
-        time_ns,
-        client,
-        device: 0,
-        op,
-        offset,
-        len,
-        fragment: 0,
-    }
-}
-
-/// A seed for a sub-generator, decorrelated from its siblings.
-pub(crate) fn mix_seed(seed: u64, salt: u64) -> u64 {
-    let mut z = seed ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// The random generator every workload uses: a fixed algorithm, so a seed
-/// gives the same trace on every platform and version.
-pub fn rng(seed: u64) -> Xoshiro256PlusPlus {
-    Xoshiro256PlusPlus::seed_from_u64(seed)
-}
-
-/// k-way merge of time-ordered streams; ties keep stream order.
-pub struct Merge {
-    streams: Vec<RecordStream>,
-    heap: BinaryHeap<Reverse<(u64, usize)>>,
-    heads: Vec<Option<Record>>,
-}
-
-impl Merge {
-    pub fn new(mut streams: Vec<RecordStream>) -> Self {
-        let mut heap = BinaryHeap::new();
-        let mut heads = Vec::with_capacity(streams.len());
-        for (i, s) in streams.iter_mut().enumerate() {
-            let h = s.next();
-            if let Some(r) = &h {
-                heap.push(Reverse((r.time_ns, i)));
-            }
-            heads.push(h);
-        }
-        Merge {
-            streams,
-            heap,
-            heads,
-        }
-    }
-}
-
-impl Iterator for Merge {
-    type Item = Record;
-    fn next(&mut self) -> Option<Record> {
-        let Reverse((_, i)) = self.heap.pop()?;
-        let out = self.heads[i].take();
-        let n = self.streams[i].next();
-        if let Some(r) = &n {
-            self.heap.push(Reverse((r.time_ns, i)));
-        }
-        self.heads[i] = n;
-        out
-    }
-}
-
-/// Split `n` items into `k` non-empty parts at random (the lengths of a
-/// generator's runs).
-pub(crate) fn split(n: u64, k: u64, rng: &mut impl rand::Rng) -> Vec<u64> {
-    if k == 0 || n == 0 {
-        return Vec::new();
-    }
-    let k = k.min(n);
-    let mut cuts: Vec<u64> = rand::seq::index::sample(rng, (n - 1) as usize, (k - 1) as usize)
-        .into_iter()
-        .map(|c| c as u64 + 1)
-        .collect();
-    cuts.sort_unstable();
-    let mut parts = Vec::with_capacity(k as usize);
-    let mut prev = 0;
-    for c in cuts {
-        parts.push(c - prev);
-        prev = c;
-    }
-    parts.push(n - prev);
-    parts
 }

@@ -51,7 +51,8 @@
 use rand::seq::SliceRandom;
 use rand::RngExt;
 
-use super::split;
+use super::error::SynthError;
+use super::stream::split;
 use crate::format::{Record, TraceOp};
 
 /// The installed system (the seed's 47,391 unique blocks of 64 KiB).
@@ -117,12 +118,12 @@ impl VpcParams {
     }
 
     /// Whether the generator can honour these parameters.
-    pub fn validate(&self) -> Result<(), String> {
-        let share = |name: &str, x: f64| {
-            if (0.0..=1.0).contains(&x) {
+    pub fn validate(&self) -> Result<(), SynthError> {
+        let share = |name: &'static str, value: f64| {
+            if (0.0..=1.0).contains(&value) {
                 Ok(())
             } else {
-                Err(format!("{name} must lie in [0, 1], not {x}"))
+                Err(SynthError::Share { name, value })
             }
         };
         share("read share", self.read_share)?;
@@ -135,13 +136,10 @@ impl VpcParams {
             self.read_64k_share + self.read_32k_share,
         )?;
         if self.requests == 0 || self.pagefile_run == 0 {
-            return Err("requests and page-file run length must be at least 1".into());
+            return Err(SynthError::EmptyRun);
         }
         if !(self.duration_s > 0.0 && self.duration_s.is_finite()) {
-            return Err(format!(
-                "duration must be positive, not {}",
-                self.duration_s
-            ));
+            return Err(SynthError::Duration(self.duration_s));
         }
         Ok(())
     }
@@ -215,7 +213,7 @@ impl Generator {
     /// [0, 1], no requests); [`super::generate`] checks them first.
     pub fn new(p: &VpcParams, seed: u64, client: u32) -> Generator {
         p.validate().expect("valid Virtual PC trace parameters");
-        let mut rng = super::rng(seed);
+        let mut rng = super::stream::rng(seed);
         let steps = script(p, &mut rng);
         Generator {
             steps: steps.into_iter(),
@@ -282,7 +280,13 @@ impl Iterator for Generator {
         let (op, offset, len) = self.pending.pop_front()?;
         let time_ns = (self.issued as f64 * self.ns_per_request) as u64;
         self.issued += 1;
-        Some(super::request(time_ns, self.client, op, offset, len))
+        Some(super::stream::request(
+            time_ns,
+            self.client,
+            op,
+            offset,
+            len,
+        ))
     }
 }
 
@@ -398,7 +402,11 @@ mod tests {
             read_32k_share: 0.4,
             ..VpcParams::boot()
         };
-        assert!(p.validate().unwrap_err().contains("64 KiB + 32 KiB"));
+        assert!(p
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("64 KiB + 32 KiB"));
         let p = VpcParams {
             requests: 0,
             ..VpcParams::boot()

@@ -17,7 +17,7 @@ use roamdisk_blockdev::{
     BlockDev, Error, ErrorKind, Extent, LayerKind, Op, OpenCtx, Result, WriteFlags, ZeroFlags,
 };
 
-pub use model::{FlashModel, FlashParams, FlashStats};
+pub use model::{FlashModel, FlashParams, FlashStats, ParamsError};
 
 /// Options of the layer besides the card's parameters.
 #[derive(Debug, Clone, Default)]
@@ -43,8 +43,14 @@ impl FlashSimDev {
         params: FlashParams,
         opts: FlashSimOptions,
     ) -> Result<Self> {
-        let model = FlashModel::new(params, next.size())
-            .map_err(|m| Error::new(ErrorKind::InvalidArgument, Op::Open, "flashsim", m))?;
+        let model = FlashModel::new(params, next.size()).map_err(|e| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                Op::Open,
+                "flashsim",
+                e.to_string(),
+            )
+        })?;
         Ok(FlashSimDev {
             next,
             model: Mutex::new(model),
@@ -144,7 +150,7 @@ impl BlockDev for FlashSimDev {
 /// `class6`). Keys: au, page (sizes), open, read-cmd, write-cmd, erase,
 /// flush, trim (microseconds), read-rate, write-rate, copy-rate (MB/s),
 /// fresh (on/off).
-pub fn parse_params(s: &str) -> std::result::Result<FlashParams, String> {
+pub fn parse_params(s: &str) -> std::result::Result<FlashParams, ParamsError> {
     let mut parts = s
         .split(',')
         .map(str::trim)
@@ -153,26 +159,31 @@ pub fn parse_params(s: &str) -> std::result::Result<FlashParams, String> {
     let mut p = match parts.peek() {
         Some(first) if !first.contains('=') => {
             let name = parts.next().expect("peeked");
-            FlashParams::preset(name).ok_or_else(|| {
-                format!("unknown card preset '{name}' (presets: class6, class4, class10)")
-            })?
+            FlashParams::preset(name).ok_or_else(|| ParamsError::Preset(name.to_string()))?
         }
         _ => FlashParams::class6(),
     };
     for kv in parts {
         let (k, v) = kv
             .split_once('=')
-            .ok_or_else(|| format!("'{kv}' is not KEY=VALUE"))?;
-        let size = || roamdisk_blockdev::units::parse_size(v).map_err(|m| format!("{k}: {m}"));
+            .ok_or_else(|| ParamsError::NotKeyValue(kv.to_string()))?;
+        let size = || {
+            roamdisk_blockdev::units::parse_size(v).map_err(|error| ParamsError::Size {
+                key: k.to_string(),
+                error,
+            })
+        };
         let num = || {
-            v.parse::<f64>()
-                .map_err(|_| format!("{k}: '{v}' is not a number"))
+            v.parse::<f64>().map_err(|_| ParamsError::Number {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
         };
         let us = || num().map(|x| (x * 1000.0) as u64);
         match k {
             "au" => p.au = size()?,
             "page" => p.page = size()?,
-            "open" => p.open_units = v.parse().map_err(|_| format!("open: '{v}' is not a count"))?,
+            "open" => p.open_units = v.parse().map_err(|_| ParamsError::Count(v.to_string()))?,
             "read-cmd" => p.read_cmd_ns = us()?,
             "write-cmd" => p.write_cmd_ns = us()?,
             "erase" => p.erase_ns = us()?,
@@ -183,13 +194,9 @@ pub fn parse_params(s: &str) -> std::result::Result<FlashParams, String> {
             "copy-rate" => p.copy_rate = num()? * 1e6,
             "fresh" => {
                 p.fresh = roamdisk_blockdev::spec::parse_on_off(v)
-                    .ok_or_else(|| format!("fresh must be on or off, not '{v}'"))?
+                    .ok_or_else(|| ParamsError::Fresh(v.to_string()))?
             }
-            _ => {
-                return Err(format!(
-                    "unknown parameter '{k}' (au, page, open, read-cmd, write-cmd, erase, flush, trim, read-rate, write-rate, copy-rate, fresh)"
-                ))
-            }
+            _ => return Err(ParamsError::Unknown(k.to_string())),
         }
     }
     p.validate()?;
@@ -204,7 +211,7 @@ pub fn open(
 ) -> Result<Arc<FlashSimDev>> {
     let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "flashsim", m);
     let card = params.get("params").map(String::as_str).unwrap_or("class6");
-    let p = parse_params(card).map_err(bad)?;
+    let p = parse_params(card).map_err(|e| bad(e.to_string()))?;
     let sleep = match params.get("sleep").map(String::as_str) {
         None => false,
         Some(o) => roamdisk_blockdev::spec::parse_on_off(o)
@@ -258,7 +265,7 @@ mod tests {
             ("au=3M,page=2M", "multiple of page"),
             ("write-rate=x", "not a number"),
         ] {
-            let e = parse_params(bad).unwrap_err();
+            let e = parse_params(bad).unwrap_err().to_string();
             assert!(e.contains(want), "{bad}: {e}");
         }
     }

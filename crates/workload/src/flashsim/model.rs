@@ -26,6 +26,7 @@
 //!   and sequential reads are alike (Figure 1).
 //! - Trim marks whole pages invalid: they are not copied any more.
 
+use roamdisk_blockdev::units::UnitError;
 use serde::Serialize;
 
 /// The parameters of a card.
@@ -116,15 +117,15 @@ impl FlashParams {
     }
 
     /// Check the parameters make sense.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ParamsError> {
         if self.page == 0 || self.au == 0 || !self.au.is_multiple_of(self.page) {
-            return Err(format!(
-                "au ({}) must be a non-zero multiple of page ({})",
-                self.au, self.page
-            ));
+            return Err(ParamsError::Geometry {
+                au: self.au,
+                page: self.page,
+            });
         }
         if !(1..=64).contains(&self.open_units) {
-            return Err(format!("open must be 1 to 64, not {}", self.open_units));
+            return Err(ParamsError::OpenUnits(self.open_units));
         }
         for (n, v) in [
             ("read-rate", self.read_rate),
@@ -132,11 +133,46 @@ impl FlashParams {
             ("copy-rate", self.copy_rate),
         ] {
             if !(v > 0.0 && v.is_finite()) {
-                return Err(format!("{n} must be a positive number of MB/s"));
+                return Err(ParamsError::Rate(n));
             }
         }
         Ok(())
     }
+}
+
+/// Card parameters that do not parse or make no sense.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ParamsError {
+    /// The AU is not a non-zero multiple of the page.
+    #[error("au ({au}) must be a non-zero multiple of page ({page})")]
+    Geometry { au: u64, page: u64 },
+    /// Open AUs outside 1-64.
+    #[error("open must be 1 to 64, not {0}")]
+    OpenUnits(usize),
+    /// A rate that is not a positive number.
+    #[error("{0} must be a positive number of MB/s")]
+    Rate(&'static str),
+    /// No preset has this name.
+    #[error("unknown card preset '{0}' (presets: class6, class4, class10)")]
+    Preset(String),
+    /// An item that is not `KEY=VALUE`.
+    #[error("'{0}' is not KEY=VALUE")]
+    NotKeyValue(String),
+    /// A size that does not parse.
+    #[error("{key}: {error}")]
+    Size { key: String, error: UnitError },
+    /// A number that does not parse.
+    #[error("{key}: '{value}' is not a number")]
+    Number { key: String, value: String },
+    /// The open count does not parse.
+    #[error("open: '{0}' is not a count")]
+    Count(String),
+    /// `fresh` is neither on nor off.
+    #[error("fresh must be on or off, not '{0}'")]
+    Fresh(String),
+    /// A key no parameter has.
+    #[error("unknown parameter '{0}' (au, page, open, read-cmd, write-cmd, erase, flush, trim, read-rate, write-rate, copy-rate, fresh)")]
+    Unknown(String),
 }
 
 /// Counters of a simulation.
@@ -177,7 +213,7 @@ pub struct FlashModel {
 
 impl FlashModel {
     /// A card of `size` bytes.
-    pub fn new(p: FlashParams, size: u64) -> Result<Self, String> {
+    pub fn new(p: FlashParams, size: u64) -> Result<Self, ParamsError> {
         p.validate()?;
         let pages = size.div_ceil(p.page);
         let words = pages.div_ceil(64) as usize;

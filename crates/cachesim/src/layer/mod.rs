@@ -50,9 +50,14 @@ use roamdisk_blockdev::{
     BlockDev, Error, ErrorKind, LayerKind, Op, OpenCtx, OptionalArg, Result, WriteFlags, ZeroFlags,
 };
 
-use crate::index::{FastMap, HashIndex};
-use crate::policy::{Outcome, PolicySpec};
+use crate::index::HashIndex;
+use crate::policy::PolicySpec;
 use crate::sharded::{EngineCounts, ShardedCache};
+
+mod slots;
+
+pub use slots::{DeviceStats, Slots, MAX_DEVICES};
+use slots::{ReadStep, BLOCK_BITS};
 
 /// Smallest and largest block size.
 pub const MIN_BLOCK: u64 = 4 << 10;
@@ -87,129 +92,6 @@ pub struct CacheStats {
     pub totals: DeviceStats,
 }
 
-/// A [`BlockCache`]'s counters: over every device ([`CacheStats::totals`]),
-/// or one device's share: its accesses, the evictions and trims of its
-/// blocks, and its blocks resident now.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct DeviceStats {
-    /// Block accesses (reads and writes) the policy found resident.
-    pub hits: u64,
-    /// Block accesses it did not (and admitted).
-    pub misses: u64,
-    /// Blocks evicted to admit others (a device's: its blocks evicted to
-    /// admit a block of any device).
-    pub evictions: u64,
-    /// Resident blocks forgotten by a trim.
-    pub trimmed: u64,
-    /// Bytes of reads served from memory.
-    pub bytes_from_cache: u64,
-    /// Bytes the read path fetched from NEXT (whole blocks).
-    pub bytes_from_next: u64,
-    /// Blocks resident now.
-    pub resident: u64,
-}
-
-impl DeviceStats {
-    fn add(&mut self, o: &DeviceStats) {
-        self.hits += o.hits;
-        self.misses += o.misses;
-        self.evictions += o.evictions;
-        self.trimmed += o.trimmed;
-        self.bytes_from_cache += o.bytes_from_cache;
-        self.bytes_from_next += o.bytes_from_next;
-        self.resident += o.resident;
-    }
-}
-
-/// Bits of a key that hold the block number; the device number sits
-/// above them. A key is thus [`shard_hint`](crate::sharded::shard_hint)`(device, block)` for every
-/// device below 2^20 and block below 2^44 (64 PiB in 4 KiB blocks), which
-/// is what the simulator hashes to pick a shard: a cache shared by several
-/// devices picks the shards `roamdisk sim` picks for a trace of several.
-const BLOCK_BITS: u32 = 44;
-/// Devices one cache can hold.
-pub const MAX_DEVICES: u32 = 1 << (64 - BLOCK_BITS);
-
-#[inline]
-fn device_of(key: u64) -> usize {
-    (key >> BLOCK_BITS) as usize
-}
-
-/// A cached block's state.
-struct Slot {
-    /// The block's bytes, equal to NEXT's; `None` while not yet fetched
-    /// (or dropped by a write that could not patch it).
-    data: Option<Arc<[u8]>>,
-    /// Changes whenever a write or a new admission makes earlier fetches
-    /// of this block unfit to install.
-    gen: u64,
-    /// The ticket of the read fetching this block now, if one is: later
-    /// readers wait for it instead of reading NEXT too.
-    filling: Option<u64>,
-}
-
-/// Writes of a block in flight.
-struct InFlight {
-    writers: u32,
-    /// Another write of the block overlapped one of them.
-    contended: bool,
-}
-
-/// The layer's part of a shard: the data of its resident blocks, by key.
-#[derive(Default)]
-pub struct Slots {
-    slots: FastMap<u64, Slot>,
-    writing: FastMap<u64, InFlight>,
-    next_gen: u64,
-    /// Counters per device, indexed by device number.
-    devices: Vec<DeviceStats>,
-}
-
-impl Slots {
-    fn gen(&mut self) -> u64 {
-        self.next_gen += 1;
-        self.next_gen
-    }
-
-    #[inline]
-    fn dev(&mut self, key: u64) -> &mut DeviceStats {
-        let d = device_of(key);
-        if d >= self.devices.len() {
-            self.devices.resize(d + 1, DeviceStats::default());
-        }
-        &mut self.devices[d]
-    }
-
-    /// Count an access's outcome and bring the slots in line with it;
-    /// returns the evicted block's bytes, for the caller to reuse as a
-    /// buffer.
-    fn admit(&mut self, key: u64, o: Outcome<u64>) -> Option<Arc<[u8]>> {
-        let Outcome::Miss { evicted } = o else {
-            self.dev(key).hits += 1;
-            return None;
-        };
-        let me = self.dev(key);
-        me.misses += 1;
-        me.resident += 1;
-        let old = evicted.and_then(|e| {
-            let victim = self.dev(e);
-            victim.evictions += 1;
-            victim.resident -= 1;
-            self.slots.remove(&e)?.data
-        });
-        let gen = self.gen();
-        self.slots.insert(
-            key,
-            Slot {
-                data: None,
-                gen,
-                filling: None,
-            },
-        );
-        old
-    }
-}
-
 /// A block a read must fetch: (block, ticket, the evicted block's buffer
 /// to reuse).
 type Fetch = (u64, u64, Option<Arc<[u8]>>);
@@ -234,7 +116,7 @@ enum Src<'a> {
 pub struct BlockCache {
     engine: ShardedCache<u64, Slots>,
     /// One per shard: readers waiting for another reader's fetch of a
-    /// block of that shard (see [`Slot::filling`]).
+    /// block of that shard (see `Slot::filling` in `slots.rs`).
     filled: Vec<Condvar>,
     opts: CacheOptions,
 }
@@ -436,17 +318,8 @@ impl CacheDev {
     /// if nothing made that fetch stale (see the module's comment).
     fn install(&self, b: u64, ticket: u64, data: Option<Arc<[u8]>>) {
         let (k, mut g) = self.lock(b);
-        let d = &mut g.data;
-        let writing = d.writing.contains_key(&k);
-        let Some(slot) = d.slots.get_mut(&k) else {
-            return;
-        };
-        if slot.filling == Some(ticket) {
-            slot.filling = None;
+        if g.data.install(k, ticket, data) {
             self.cache.filled[self.shard(k)].notify_all();
-        }
-        if !writing && slot.gen == ticket && slot.data.is_none() {
-            slot.data = data;
         }
     }
 
@@ -545,48 +418,15 @@ impl CacheDev {
             let o = g.access(k);
             let d = &mut g.data;
             d.admit(k, o);
-            let gen = d.gen();
-            if let Some(s) = d.slots.get_mut(&k) {
-                s.gen = gen;
-            }
-            d.writing
-                .entry(k)
-                .and_modify(|w| {
-                    w.writers += 1;
-                    w.contended = true;
-                })
-                .or_insert(InFlight {
-                    writers: 1,
-                    contended: false,
-                });
-            gens.push(gen);
+            gens.push(d.begin_write(k));
         }
         let r = io();
         for (b, my_gen) in self.blocks(off, len).zip(gens) {
             let (start, end) = self.span(b);
             let (k, mut g) = self.lock(b);
-            let d = &mut g.data;
-            let sole = match d.writing.get_mut(&k) {
-                Some(w) => {
-                    w.writers -= 1;
-                    let sole = !w.contended;
-                    if w.writers == 0 {
-                        d.writing.remove(&k);
-                    }
-                    sole
-                }
-                None => false,
-            };
-            let gen = d.gen();
-            let Some(slot) = d.slots.get_mut(&k) else {
+            let Some((slot, old)) = g.data.end_write(k, my_gen, r.is_ok()) else {
                 continue;
             };
-            let fresh = r.is_ok() && sole && slot.gen == my_gen;
-            slot.gen = gen;
-            let old = slot.data.take();
-            if !fresh {
-                continue;
-            }
             // The part of the block this write covered.
             let (lo, hi) = (off.max(start), (off + len).min(end));
             let fill = |blk: &mut [u8]| {
@@ -653,26 +493,16 @@ impl BlockDev for CacheDev {
             let o = g.access(k);
             let d = &mut g.data;
             let recycled = d.admit(k, o);
-            let slot = d.slots.get_mut(&k).expect("an accessed block has a slot");
-            if let Some(data) = &slot.data {
-                let data = data.clone();
-                d.dev(k).bytes_from_cache += hi - lo;
-                drop(g);
-                buf[(lo - off) as usize..(hi - off) as usize]
-                    .copy_from_slice(&data[(lo - start) as usize..(hi - start) as usize]);
-                continue;
-            }
-            // Not here yet: wait for the read fetching it, or fetch it
-            // (and mark it, unless a write of it is in flight: this fetch
-            // could not install then, so nobody should wait for it).
-            let writing = d.writing.contains_key(&k);
-            match slot.filling {
-                Some(filler) if !writing => wait.push((b, filler)),
-                _ => {
-                    if !writing {
-                        slot.filling = Some(slot.gen);
-                    }
-                    fetch.push((b, slot.gen, recycled));
+            match d.read_step(k) {
+                ReadStep::Cached(data) => {
+                    d.dev(k).bytes_from_cache += hi - lo;
+                    drop(g);
+                    buf[(lo - off) as usize..(hi - off) as usize]
+                        .copy_from_slice(&data[(lo - start) as usize..(hi - start) as usize]);
+                }
+                ReadStep::Wait(filler) => wait.push((b, filler)),
+                ReadStep::Fetch(ticket) => {
+                    fetch.push((b, ticket, recycled));
                     d.dev(k).bytes_from_next += end - start;
                 }
             }
@@ -816,303 +646,4 @@ pub static CACHE: LayerKind = LayerKind {
 pub static LAYERS: &[&LayerKind] = &[&CACHE];
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::sharded::shard_hint;
-    use roamdisk_blockdev::layers::mem::MemDev;
-
-    fn dev(policy: &str, size: u64, block: u64, shards: usize) -> (Arc<MemDev>, CacheDev) {
-        let mem = Arc::new(MemDev::new(8 << 20 | 1000));
-        let c = CacheDev::new(
-            mem.clone(),
-            CacheOptions {
-                policy: PolicySpec::parse(policy).unwrap(),
-                size,
-                block,
-                shards,
-                report: None,
-            },
-        )
-        .unwrap();
-        (mem, c)
-    }
-
-    /// Random reads, writes, zeroes and trims against a model, for every
-    /// policy and two block sizes, over a disk whose last block is short.
-    #[test]
-    fn reads_equal_a_model_under_random_operations() {
-        for policy in ["lru", "fmpq", "2q", "arc", "s3fifo", "fbr", "mq"] {
-            for block in [4096u64, 16384] {
-                let (_mem, c) = dev(policy, 24 * block, block, 4);
-                let size = c.size();
-                let mut model = vec![0u8; size as usize];
-                let mut x = 99u64;
-                let mut rnd = |n: u64| {
-                    x = x
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    (x >> 33) % n
-                };
-                for step in 0..3000u64 {
-                    let off = rnd(size);
-                    let len = (1 + rnd(3 * block)).min(size - off);
-                    match rnd(10) {
-                        0..=5 => {
-                            let mut buf = vec![0u8; len as usize];
-                            c.read_at(&mut buf, off).unwrap();
-                            assert!(
-                                buf == model[off as usize..(off + len) as usize],
-                                "{policy} {block}: read {off}+{len} at step {step}"
-                            );
-                        }
-                        6 | 7 => {
-                            let buf: Vec<u8> = (0..len).map(|i| (i + step) as u8 | 1).collect();
-                            c.write_at(&buf, off, WriteFlags::default()).unwrap();
-                            model[off as usize..(off + len) as usize].copy_from_slice(&buf);
-                        }
-                        8 => {
-                            c.write_zeroes(off, len, ZeroFlags::default()).unwrap();
-                            model[off as usize..(off + len) as usize].fill(0);
-                        }
-                        _ => {
-                            // MemDev trims to zeroes.
-                            c.trim(off, len, WriteFlags::default()).unwrap();
-                            let mut buf = vec![0u8; len as usize];
-                            c.next.read_at(&mut buf, off).unwrap();
-                            model[off as usize..(off + len) as usize].copy_from_slice(&buf);
-                        }
-                    }
-                }
-                let s = c.stats();
-                assert!(
-                    s.totals.hits > 0 && s.totals.bytes_from_cache > 0,
-                    "{policy}: {s:?}"
-                );
-                assert!(s.totals.resident <= s.capacity as u64);
-            }
-        }
-    }
-
-    /// Writers and readers of the same few blocks in threads: at the end
-    /// the cache's every byte equals NEXT's, and readers never see a block
-    /// mixing two writes (each write fills whole blocks with one value).
-    #[test]
-    fn racing_writes_and_reads_leave_no_stale_or_torn_block() {
-        for (policy, block) in [("lru", 4096u64), ("s3fifo", 1 << 20), ("fmpq", 64 << 10)] {
-            let pages = block / 4096;
-            let (mem, c) = dev(policy, 4 * block, block, 2);
-            let c = Arc::new(c);
-            std::thread::scope(|s| {
-                for t in 0..4u64 {
-                    let c = c.clone();
-                    s.spawn(move || {
-                        let mut x = t + 1;
-                        let mut buf = vec![0u8; block as usize];
-                        for i in 0..600u64 {
-                            x = x
-                                .wrapping_mul(6364136223846793005)
-                                .wrapping_add(1442695040888963407);
-                            let b = (x >> 33) % 6;
-                            if t % 2 == 0 {
-                                // Whole pages of one value.
-                                let p0 = (x >> 20) % pages;
-                                let np = 1 + (x >> 40) % (pages - p0);
-                                let v = (t * 60 + i % 60) as u8 + 1;
-                                let data = vec![v; (np * 4096) as usize];
-                                c.write_at(&data, b * block + p0 * 4096, WriteFlags::default())
-                                    .unwrap();
-                            } else {
-                                c.read_at(&mut buf, b * block).unwrap();
-                                for (p, page) in buf.chunks(4096).enumerate() {
-                                    assert!(
-                                        page.iter().all(|&x| x == page[0]),
-                                        "{policy} {block}: torn page {p} of block {b}"
-                                    );
-                                }
-                            }
-                        }
-                    });
-                }
-            });
-            for b in 0..6u64 {
-                let (mut a, mut m) = (vec![0u8; block as usize], vec![0u8; block as usize]);
-                c.read_at(&mut a, b * block).unwrap();
-                mem.read_at(&mut m, b * block).unwrap();
-                assert!(
-                    a == m,
-                    "{policy} {block}: block {b}: the cache disagrees with NEXT"
-                );
-            }
-        }
-    }
-
-    /// Two devices in front of one cache: the accesses of both are counted
-    /// by the engine as `roamdisk sim` counts a two-device trace (keys and
-    /// shards by `shard_hint(device, block)`), each device's counters sum
-    /// to the cache's, and each device reads its own bytes.
-    #[test]
-    fn devices_share_one_cache_as_the_simulator_models_it() {
-        let spec = PolicySpec::parse("fmpq").unwrap();
-        let cache = BlockCache::new(CacheOptions {
-            policy: spec.clone(),
-            size: 40 * 4096,
-            block: 4096,
-            shards: 4,
-            report: None,
-        })
-        .unwrap();
-        let mems: Vec<Arc<MemDev>> = (0..2).map(|_| Arc::new(MemDev::new(1 << 20))).collect();
-        for (i, m) in mems.iter().enumerate() {
-            m.write_at(&vec![i as u8 + 1; 1 << 20], 0, WriteFlags::default())
-                .unwrap();
-        }
-        let devs: Vec<CacheDev> = mems
-            .iter()
-            .enumerate()
-            .map(|(i, m)| cache.attach(i as u32, m.clone()).unwrap())
-            .collect();
-        let mut eng = ShardedCache::<u64>::new::<HashIndex<u64>>(&spec, 40, 4).unwrap();
-        let mut x = 11u64;
-        let mut buf = [0u8; 4096];
-        for _ in 0..5000 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let (d, b) = ((x >> 60) as u32 & 1, (x >> 33) % 60);
-            devs[d as usize].read_at(&mut buf, b * 4096).unwrap();
-            assert!(buf.iter().all(|&v| v == d as u8 + 1));
-            eng.access_mut(shard_hint(d, b), shard_hint(d, b));
-        }
-        let (s, e) = (cache.stats().totals, eng.counts());
-        assert_eq!(
-            (s.hits, s.misses, s.evictions),
-            (e.hits, e.misses, e.evictions)
-        );
-        let (a, b) = (cache.device_stats(0), cache.device_stats(1));
-        assert!(a.hits > 0 && b.hits > 0, "{a:?} {b:?}");
-        assert_eq!(a.hits + b.hits, s.hits);
-        assert_eq!(a.misses + b.misses, s.misses);
-        assert_eq!(a.evictions + b.evictions, s.evictions);
-        assert_eq!(a.resident + b.resident, s.resident);
-        assert_eq!(s.resident, 40);
-    }
-
-    /// The layer's hits are the simulator's for the same accesses.
-    #[test]
-    fn hits_equal_the_engine_run_alone() {
-        for policy in ["lru", "fmpq", "2q"] {
-            let (_mem, c) = dev(policy, 40 * 4096, 4096, 4);
-            let spec = PolicySpec::parse(policy).unwrap();
-            let mut eng = ShardedCache::<u64>::new::<HashIndex<u64>>(&spec, 40, 4).unwrap();
-            let mut x = 5u64;
-            let mut buf = [0u8; 4096];
-            for _ in 0..5000 {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let b = (x >> 33) % 100;
-                c.read_at(&mut buf, b * 4096).unwrap();
-                eng.access_mut(shard_hint(0, b), b);
-            }
-            let (s, e) = (c.stats().totals, eng.counts());
-            assert_eq!(
-                (s.hits, s.misses, s.evictions),
-                (e.hits, e.misses, e.evictions)
-            );
-        }
-    }
-
-    /// NEXT, slow, counting the reads it serves.
-    struct SlowCounting {
-        mem: MemDev,
-        reads: std::sync::atomic::AtomicU64,
-    }
-
-    impl BlockDev for SlowCounting {
-        fn layer(&self) -> &'static str {
-            "slow"
-        }
-        fn next(&self) -> Option<&dyn BlockDev> {
-            Some(&self.mem)
-        }
-        fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
-            self.reads
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            std::thread::sleep(Duration::from_millis(20));
-            self.mem.read_at(buf, off)
-        }
-    }
-
-    /// Sixteen readers of the same blocks at the same moment (a boot
-    /// storm): NEXT reads each block once, every reader gets its bytes,
-    /// and the hit counts are the engine's (one miss per block).
-    #[test]
-    fn readers_of_a_block_being_fetched_wait_for_that_fetch() {
-        let slow = Arc::new(SlowCounting {
-            mem: MemDev::new(1 << 20),
-            reads: Default::default(),
-        });
-        let mut want = vec![0u8; 1 << 20];
-        for (i, b) in want.iter_mut().enumerate() {
-            *b = (i / 4096 * 7 + i % 251) as u8;
-        }
-        slow.mem.write_at(&want, 0, WriteFlags::default()).unwrap();
-        let c = Arc::new(
-            CacheDev::new(
-                slow.clone(),
-                CacheOptions {
-                    policy: PolicySpec::parse("fmpq").unwrap(),
-                    size: 1 << 20,
-                    block: 4096,
-                    shards: 4,
-                    report: None,
-                },
-            )
-            .unwrap(),
-        );
-        let barrier = Arc::new(std::sync::Barrier::new(16));
-        let threads: Vec<_> = (0..16)
-            .map(|t| {
-                let (c, barrier, want) = (c.clone(), barrier.clone(), want.clone());
-                std::thread::spawn(move || {
-                    barrier.wait();
-                    // Blocks 3..11, half of the readers unaligned.
-                    let off = 3 * 4096 + if t % 2 == 0 { 0 } else { 100 };
-                    let mut buf = vec![0u8; 8 * 4096 - 200];
-                    c.read_at(&mut buf, off).unwrap();
-                    assert!(buf[..] == want[off as usize..off as usize + buf.len()]);
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        let reads = slow.reads.load(std::sync::atomic::Ordering::Relaxed);
-        assert!(reads <= 8, "NEXT served {reads} reads for 8 blocks");
-        let s = c.stats().totals;
-        assert_eq!(s.misses, 8);
-        assert_eq!(s.hits, 15 * 8);
-        assert_eq!(s.bytes_from_next, 8 * 4096);
-    }
-
-    #[test]
-    fn the_policy_may_be_left_out_and_is_lru_then() {
-        let mut reg = roamdisk_blockdev::Registry::with_builtin();
-        reg.add(&CACHE);
-        let short = reg.parse("cache:64K:mem:1M").unwrap();
-        assert_eq!(short, reg.parse("cache:lru:64K:mem:1M").unwrap());
-        let named = reg.parse("cache[block=8K]:fmpq:64K:mem:1M").unwrap();
-        assert_eq!(named.params["policy"], "fmpq");
-        assert_eq!(named.params["size"], "64K");
-        // A policy that is not one is still read as POLICY (and refused
-        // when the layer opens: "unknown policy").
-        let bad = reg.parse("cache:nosuch:64K:mem:1M").unwrap();
-        assert_eq!(bad.params["policy"], "nosuch");
-        // TOML: without a policy key.
-        let t: toml::Table = toml::from_str(
-            "kind = \"cache\"\nsize = \"64K\"\n[next]\nkind = \"mem\"\nsize = \"1M\"\n",
-        )
-        .unwrap();
-        assert_eq!(reg.from_toml(&t).unwrap(), short);
-    }
-}
+mod tests;
