@@ -1,7 +1,6 @@
 //! `roamdisk borrow`: a transient disk made of a host's free blocks
 //! (TransPart): scan, plans, device-mapper tables, the session workflow.
 
-use parking_lot::Mutex;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitStatus;
@@ -16,10 +15,11 @@ use roamdisk_borrow::free::list_free;
 use roamdisk_borrow::session::{self, CopyIn, Session, SessionOptions};
 use roamdisk_borrow::verify::{verify_host, Depth};
 use roamdisk_borrow::{BorrowOptions, Plan, ScanOptions, Verify};
-use roamdisk_nbd::{serve_until, signalled, Export, Listen, ServeOptions};
+use roamdisk_nbd::{Ended, Export, Listen, ServeOptions, Until};
 
 use crate::progress::{Output, Reporter};
 use crate::render::borrow::{matches, show_free, show_plan, show_scan, show_timings, started};
+use crate::serve::announce;
 
 /// Borrow the free blocks of a host's disks as a fast transient disk for a
 /// VM (TransPart). The host's file systems are only read; nothing
@@ -327,7 +327,6 @@ fn serve(
     exec: Option<&str>,
     quiet: bool,
 ) -> anyhow::Result<Option<ExitStatus>> {
-    let uri = listen.first().map(|l| l.to_string()).unwrap_or_default();
     let export = Export {
         name: String::new(),
         description: "roamdisk borrowed transient disk".into(),
@@ -338,42 +337,10 @@ fn serve(
         io_threads: 512,
         ..ServeOptions::default()
     };
-    // What the --exec command did: its exit status, or why it did not run.
-    let status: Arc<Mutex<Option<std::io::Result<ExitStatus>>>> = Arc::default();
-    let st2 = status.clone();
-    serve_until(vec![export], listen, opts, |bound| {
-        if !quiet {
-            for l in &bound.uris {
-                eprintln!("roamdisk: serving the borrowed disk on {l}");
-            }
-        }
-        let child = exec.map(|c| {
-            tokio::process::Command::new("sh")
-                .arg("-c")
-                .arg(c)
-                .env("ROAMDISK_NBD_URI", &uri)
-                .spawn()
-        });
-        async move {
-            match child {
-                Some(Ok(mut child)) => {
-                    tokio::select! {
-                        r = child.wait() => { *st2.lock() = Some(r); }
-                        _ = signalled() => { let _ = child.kill().await; }
-                    }
-                }
-                Some(Err(e)) => *st2.lock() = Some(Err(e)),
-                None => signalled().await,
-            }
-        }
-    })?;
-    let st = status.lock().take();
-    match st {
-        Some(Err(e)) => Err(anyhow::Error::new(e).context(format!(
-            "cannot run --exec command '{}'",
-            exec.unwrap_or_default()
-        ))),
-        Some(Ok(st)) => Ok(Some(st)),
-        None => Ok(None),
+    let until = exec.map_or(Until::Signal, |c| Until::Exec(c.to_string()));
+    let what = announce(quiet, "serving the borrowed disk");
+    match roamdisk_nbd::serve(vec![export], listen, opts, until, what)? {
+        Ended::Exited(st) => Ok(Some(st)),
+        Ended::Signalled => Ok(None),
     }
 }
