@@ -337,7 +337,10 @@ impl Inner {
                     "wrong key or passphrase for this image",
                 ));
             }
-            Some(Xts::new(&key).map_err(|m| err(ErrorKind::InvalidArgument, Op::Open, m))?)
+            Some(
+                Xts::new(&key)
+                    .map_err(|m| err(ErrorKind::InvalidArgument, Op::Open, m.to_string()))?,
+            )
         } else {
             None
         };
