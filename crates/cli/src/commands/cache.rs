@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use roamdisk_blockdev::units::format_size;
 use roamdisk_roam::cache::admin::{status, verify, CacheStatus};
-use roamdisk_roam::cache::{shared, CacheOptions, SharedCache};
+use roamdisk_roam::cache::{CacheOptions, SharedCache};
 use roamdisk_roam::hoard::percent;
 
 use crate::progress::{Output, Reporter};
@@ -108,7 +108,7 @@ impl CacheArgs {
                 bail!("--shared-cache off: name the cache's folder")
             }
             Some(d) => d.clone(),
-            None => shared::default_dir().context(
+            None => crate::env::get().shared_cache.clone().context(
                 "the shared cache is off ($ROAMDISK_SHARED_CACHE=off): name one with --shared-cache DIR",
             )?,
         };

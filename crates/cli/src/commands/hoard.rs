@@ -6,7 +6,7 @@ use clap::Parser;
 use roamdisk_blockdev::units::format_size;
 use roamdisk_chunkstore::repo::resolve;
 use roamdisk_chunkstore::ChunkId;
-use roamdisk_roam::cache::{SharedCache, SharedChoice};
+use roamdisk_roam::cache::SharedCache;
 use roamdisk_roam::hoard::{hoard, percent, HoardSummary};
 use roamdisk_roam::view::VersionView;
 use serde::Serialize;
@@ -66,7 +66,8 @@ pub struct Args {
 }
 
 fn open_cache(a: &Args) -> anyhow::Result<std::sync::Arc<SharedCache>> {
-    SharedChoice::parse(a.shared_cache.as_deref())
+    crate::env::get()
+        .shared_cache_choice(a.shared_cache.as_deref())
         .open()?
         .context(
         "the shared cache is off ($ROAMDISK_SHARED_CACHE=off): name one with --shared-cache DIR",
@@ -88,6 +89,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         store.config().hash,
         view.version.index.chunk_size,
         &a.lookaside,
+        crate::env::get().lookaside_index().as_deref(),
     )?;
     let view = view.with_lookaside(media);
     let progress = a.st.progress(quiet);
