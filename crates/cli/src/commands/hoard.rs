@@ -96,7 +96,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let s = hoard(&view, &name, a.check, &progress)?;
     progress.finish();
     if a.st.json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
+        outln!("{}", serde_json::to_string_pretty(&s)?);
     } else if !quiet {
         print_summary(&s, &cache, a.check);
     }
@@ -121,7 +121,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
 }
 
 fn print_summary(s: &HoardSummary, cache: &SharedCache, check: bool) {
-    println!(
+    outln!(
         "{}@{}: {} of {} chunks ({} of {}, {:.0}%) in the shared cache {}",
         s.name,
         short(&s.version),
@@ -133,7 +133,7 @@ fn print_summary(s: &HoardSummary, cache: &SharedCache, check: bool) {
         cache.dir().display()
     );
     if !check {
-        println!(
+        outln!(
             "  {} were there already; fetched {} ({}, {} of them from lookaside media) in {:.1} s",
             s.cached_before,
             s.fetched,
@@ -151,9 +151,9 @@ fn print_summary(s: &HoardSummary, cache: &SharedCache, check: bool) {
         "not hoarded: the cache's policy may evict it (`roamdisk hoard` keeps it)".to_string()
     };
     if s.complete {
-        println!("  fully hoarded: the network may go (sessions of this version read everything from this host)");
+        outln!("  fully hoarded: the network may go (sessions of this version read everything from this host)");
     }
-    println!("  {kept}");
+    outln!("  {kept}");
 }
 
 /// What `--release` did, for `--json`.
@@ -236,10 +236,10 @@ fn release(a: &Args, quiet: bool) -> anyhow::Result<()> {
         }
     }
     if a.st.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?);
     } else if !quiet {
         for r in &out.released {
-            println!(
+            outln!(
                 "released {}@{}: its {} chunks here ({:.0}% of {}) stay until the cache's policy evicts them",
                 r.name,
                 short(&r.version),
