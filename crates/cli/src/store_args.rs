@@ -175,6 +175,15 @@ impl Filters {
     }
 }
 
+/// The bytes of a file a command keeps with a version (`--config`), or
+/// nothing when none is given.
+pub fn read_optional(path: Option<&Path>) -> anyhow::Result<Vec<u8>> {
+    match path {
+        Some(p) => std::fs::read(p).with_context(|| format!("cannot read {}", p.display())),
+        None => Ok(Vec::new()),
+    }
+}
+
 /// `p` made absolute (as it is, if it cannot be).
 pub fn absolute(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
