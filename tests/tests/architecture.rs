@@ -26,7 +26,6 @@ const MAX_COMMAND_LINES: usize = 300;
 /// Files still over their limit, with the issue that brings them under it
 /// (empty once the architecture step is done).
 const OVER_LIMIT: &[&str] = &[
-    "crates/chunkstore/src/store/s3/mod.rs",
     "crates/roam/src/cache/shared.rs",
     "crates/chunkstore/src/store/local/mod.rs",
     "crates/cli/src/commands/borrow.rs",
