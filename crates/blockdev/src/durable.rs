@@ -14,7 +14,9 @@
 //!   rename, an unlink) durable.
 //! * [`rename_noreplace`]: move a file to a name only if that name is free
 //!   (`RENAME_NOREPLACE`), reporting what happened instead of failing;
-//!   [`rename_noreplace_at`] names it in a directory opened once.
+//!   [`rename_noreplace_at`] names it in a directory opened once;
+//!   [`move_into_place`] moves a durable file over another of the same
+//!   content.
 //!
 //! Every whole-file write of the project goes through here: `clippy.toml`
 //! refuses `std::fs::rename` (and the other renames) everywhere else. The
@@ -251,6 +253,16 @@ fn rename_noreplace_impl(
         Err(rustix::io::Errno::NOENT) => Ok(Renamed::SourceMissing),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Move `from`, a file whose data is already durable, to `to`,
+/// replacing any file there (a chunk the cache admits: the same content
+/// under the same name). The new name is durable only after
+/// [`sync_parent`] of `to`; a format that names the file elsewhere before
+/// that (a journal) must cope with the name missing after a crash.
+#[allow(clippy::disallowed_methods, reason = "durable is the home of renames")]
+pub fn move_into_place(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::rename(from, to)
 }
 
 #[cfg(test)]

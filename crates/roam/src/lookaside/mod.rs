@@ -12,7 +12,8 @@
 //!   and opened with the store's codec, which verifies them;
 //! - an **image file or block device** (raw bytes of a disk): hashed once
 //!   in chunks of the version's chunk size, and the index (id → offset)
-//!   is cached under `$XDG_CACHE_HOME/roamdisk/lookaside/`, keyed by the
+//!   is cached under the host's cache folder (`~/.cache/roamdisk/lookaside/`
+//!   for the `roamdisk` command), keyed by the
 //!   file's identity (path, size, mtime, inode), so it is hashed again
 //!   only when it changes. Format: `docs/formats/cas-lookaside-index.md`.
 //!   A **qcow2 image** (told by its magic) is the same, its virtual disk
@@ -33,7 +34,7 @@ use roamdisk_blockdev::{durable, Op, Result};
 use crate::fetch::{ChunkSource, Source, Wanted};
 use qemu_nbd::{Qcow2, StartError};
 use roamdisk_chunkstore::chunk::{ChunkCodec, Key};
-use roamdisk_chunkstore::error::io;
+use roamdisk_chunkstore::error::{corrupt, io};
 use roamdisk_chunkstore::hash::{ChunkId, HashKind, ID_LEN};
 use roamdisk_chunkstore::store::{local::LocalStore, ChunkRead};
 
@@ -88,27 +89,29 @@ pub fn encode_index(who: &Identity, entries: &[(ChunkId, u64)]) -> Vec<u8> {
 }
 
 /// Decode an index; `Err` says why it cannot be used (it is then rebuilt).
-pub fn decode_index(b: &[u8]) -> std::result::Result<(Identity, Vec<(ChunkId, u64)>), String> {
+pub fn decode_index(b: &[u8]) -> Result<(Identity, Vec<(ChunkId, u64)>)> {
     if b.len() < I_ENTRIES + 4 || b[..I_VERSION] != INDEX_MAGIC {
-        return Err("not a lookaside index".into());
+        return Err(corrupt("not a lookaside index"));
     }
     let u32_at = |a: usize| u32::from_le_bytes(b[a..a + 4].try_into().expect("4"));
     let u64_at = |a: usize| u64::from_le_bytes(b[a..a + 8].try_into().expect("8"));
     if u32_at(I_VERSION) != INDEX_VERSION {
-        return Err(format!(
+        return Err(corrupt(format!(
             "index version {} is not supported",
             u32_at(I_VERSION)
-        ));
+        )));
     }
     let end = b.len() - 4;
     if crc32c::crc32c(&b[..end]) != u32_at(end) {
-        return Err("index checksum does not match".into());
+        return Err(corrupt("index checksum does not match"));
     }
-    let hash =
-        HashKind::from_u8(u8::try_from(u32_at(I_HASH)).unwrap_or(0)).map_err(|e| e.to_string())?;
+    let hash = HashKind::from_u8(u8::try_from(u32_at(I_HASH)).unwrap_or(0))
+        .map_err(|e| corrupt(e.to_string()))?;
     let count = u64_at(I_COUNT);
     if (end - I_ENTRIES) as u64 != count.saturating_mul(ENTRY as u64) {
-        return Err(format!("index of {count} entries has the wrong length"));
+        return Err(corrupt(format!(
+            "index of {count} entries has the wrong length"
+        )));
     }
     let who = Identity {
         hash,
@@ -193,15 +196,6 @@ pub struct Lookaside {
     hits: AtomicU64,
     bytes: AtomicU64,
     bad: AtomicU64,
-}
-
-/// Where image indexes are cached: `$XDG_CACHE_HOME/roamdisk/lookaside`
-/// (else `~/.cache/roamdisk/lookaside`).
-pub fn default_index_dir() -> Option<PathBuf> {
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .map(|b| b.join("roamdisk/lookaside"))
 }
 
 impl Lookaside {
@@ -321,16 +315,19 @@ impl Lookaside {
 }
 
 /// Open `media` for reading the chunks of a version made of
-/// `chunk_size`-byte chunks named by `hash` (`None` if there are none).
+/// `chunk_size`-byte chunks named by `hash` (`None` if there are none);
+/// image media's chunk indexes are kept in `index_dir` (`None`: they are
+/// hashed at every open).
 pub fn open_media(
     hash: HashKind,
     chunk_size: u32,
     media: &[PathBuf],
+    index_dir: Option<&Path>,
 ) -> Result<Option<std::sync::Arc<Lookaside>>> {
     if media.is_empty() {
         return Ok(None);
     }
-    let la = Lookaside::open(media, hash, chunk_size, default_index_dir().as_deref())?;
+    let la = Lookaside::open(media, hash, chunk_size, index_dir)?;
     Ok(Some(std::sync::Arc::new(la)))
 }
 
