@@ -26,10 +26,7 @@ const MAX_COMMAND_LINES: usize = 300;
 
 /// Files still over their limit, with the issue that brings them under it
 /// (empty once the architecture step is done).
-const OVER_LIMIT: &[&str] = &[
-    "crates/chunkstore/src/store/s3/mod.rs",
-    "crates/chunkstore/src/store/local/mod.rs",
-];
+const OVER_LIMIT: &[&str] = &[];
 
 /// Circles still standing, each named by one of its files.
 const CIRCLES_LEFT: &[&str] = &["crates/chunkstore/src/store/mod.rs"];
