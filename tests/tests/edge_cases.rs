@@ -7,6 +7,11 @@
 //! read-back. The raw client is `nbdwire` (written from the protocol
 //! specification); a few cases are cross-checked with libnbd via `nbdsh`.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests read their environment (ROAMDISK_BIN, the S3 endpoint)"
+)]
+
 mod common;
 mod nbdwire;
 

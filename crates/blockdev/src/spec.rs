@@ -193,6 +193,9 @@ pub struct Registry {
     /// kind: what the program resolved from its environment (a default
     /// store, this host's cache folder), so that layers read none.
     defaults: BTreeMap<String, BTreeMap<String, String>>,
+    /// Typed settings the program hands every layer (one of each type):
+    /// what is not an option a user writes in a spec ([`Registry::context`]).
+    contexts: Vec<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Registry {
@@ -203,6 +206,17 @@ impl Registry {
             .entry(kind.to_string())
             .or_default()
             .insert(name.to_string(), value.into());
+    }
+
+    /// Hand every layer `value` (it replaces one of the same type).
+    pub fn set_context<T: std::any::Any + Send + Sync>(&mut self, value: T) {
+        self.contexts.retain(|c| !c.is::<T>());
+        self.contexts.push(std::sync::Arc::new(value));
+    }
+
+    /// The setting of type `T` the program handed the layers, if any.
+    pub fn context<T: std::any::Any + Send + Sync>(&self) -> Option<&T> {
+        self.contexts.iter().find_map(|c| c.downcast_ref::<T>())
     }
 
     /// A spec's parameters with the defaults of its kind filled in.

@@ -12,12 +12,19 @@
 //! | `ROAMDISK_STORE_TOKEN_FILE`, `ROAMDISK_STORE_CA` | a chunk server's token file and CA, when not given |
 //! | `XDG_CACHE_HOME`, `XDG_DATA_HOME`, `HOME` | the bases of the defaults (`CACHE` is `$XDG_CACHE_HOME/roamdisk`, else `~/.cache/roamdisk`) |
 //!
-//! The S3 client reads its own `AWS_*` variables (endpoint, region, keys).
+//! The `AWS_*` variables (endpoint, region, keys) go to the S3 client as
+//! settings ([`Env::s3`]).
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "this module is the one place the environment is read"
+)]
 
 use std::path::PathBuf;
 
 use roamdisk_blockdev::Registry;
 use roamdisk_chunkstore::store::http::Credentials;
+use roamdisk_chunkstore::store::s3::S3Env;
 use roamdisk_roam::cache::SharedChoice;
 use roamdisk_roam::session::dev::Host;
 
@@ -26,6 +33,8 @@ use roamdisk_roam::session::dev::Host;
 pub struct Env {
     /// The default chunk store's location.
     pub store: String,
+    /// The `AWS_*` variables (the S3 client's endpoint, region, keys).
+    pub aws: Vec<(String, String)>,
     /// This host's cache folder (`~/.cache/roamdisk`), if there is a home.
     pub cache_home: Option<PathBuf>,
     /// The shared chunk cache (`None`: off).
@@ -58,6 +67,9 @@ impl Env {
             None => cache_home.as_ref().map(|c| c.join(sub)),
         };
         Env {
+            aws: std::env::vars()
+                .filter(|(k, _)| k.starts_with("AWS_"))
+                .collect(),
             store: var("ROAMDISK_STORE").unwrap_or_else(|| {
                 data.unwrap_or_else(|| PathBuf::from("."))
                     .join("roamdisk/store")
@@ -107,11 +119,19 @@ impl Env {
         self.cache_home.as_ref().map(|c| c.join("lookaside"))
     }
 
-    /// This host's folders, for a session.
+    /// This host's folders and S3 settings, for a session.
     pub fn host(&self) -> Host {
         Host {
             cache: self.cache_home.clone(),
-            s3_index_cache: self.s3_index_cache.clone(),
+            s3: self.s3(),
+        }
+    }
+
+    /// How S3 stores are reached.
+    pub fn s3(&self) -> S3Env {
+        S3Env {
+            aws: self.aws.clone(),
+            index_cache: self.s3_index_cache.clone(),
         }
     }
 
@@ -119,18 +139,9 @@ impl Env {
     /// token file and CA are the last resort (`default-token-file`,
     /// `default-ca`: after the layer's options and a session's own).
     pub fn layer_defaults(&self, r: &mut Registry) {
+        r.set_context(self.host());
         for kind in ["cas", "cas-version"] {
             r.set_default(kind, "shared-cache", self.shared_cache_option());
-            if let Some(c) = &self.cache_home {
-                r.set_default(kind, "host-cache", c.display().to_string());
-            }
-            r.set_default(
-                kind,
-                "s3-index-cache",
-                self.s3_index_cache
-                    .as_ref()
-                    .map_or("off".to_string(), |d| d.display().to_string()),
-            );
             if let Some(t) = &self.credentials.token_file {
                 r.set_default(kind, "default-token-file", t.display().to_string());
             }

@@ -324,6 +324,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(clippy::disallowed_methods, reason = "a test reads its environment")]
     fn charts_are_written_as_png_and_svg() {
         let d = std::env::temp_dir().join(format!("roamdisk-plot-test-{}", std::process::id()));
         let series = vec![

@@ -70,6 +70,7 @@ impl StoreArgs {
             create: create.then(StoreConfig::default),
             parallel: Some(self.parallel),
             credentials: self.credentials(),
+            s3: crate::env::get().s3(),
             ..Default::default()
         };
         store::open(&loc, &opts).with_context(|| format!("cannot open chunk store {loc}"))

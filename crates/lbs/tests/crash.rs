@@ -22,6 +22,11 @@
 //! `ROAMDISK_CRASH_LONG=1` checks every crash point of 40 workloads and 4
 //! tight ones (over 20,000 points); the default checks a subset.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests read their environment (ROAMDISK_BIN, the S3 endpoint)"
+)]
+
 use roamdisk_blockdev::testkit::{Countdown, Rng};
 use roamdisk_blockdev::{BlockDev, WriteFlags, ZeroFlags};
 use roamdisk_lbs::create::{CreateOptions, Encryption};

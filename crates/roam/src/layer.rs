@@ -32,16 +32,17 @@ fn fallback_credentials(ctx: &OpenCtx<'_>) -> Credentials {
     }
 }
 
-/// This host's folders the program named: its cache folder (lookaside
-/// indexes) and where S3 pack indexes are kept (`off`: nowhere).
+/// This host as the program described it (`Registry::set_context`), with
+/// the layer's `host-cache` and `s3-index-cache` (`off`: nowhere) over it.
 fn host(ctx: &OpenCtx<'_>) -> Host {
-    Host {
-        cache: ctx.opt("host-cache").map(PathBuf::from),
-        s3_index_cache: ctx
-            .opt("s3-index-cache")
-            .filter(|v| *v != "off")
-            .map(PathBuf::from),
+    let mut h = ctx.registry.context::<Host>().cloned().unwrap_or_default();
+    if let Some(c) = ctx.opt("host-cache") {
+        h.cache = Some(PathBuf::from(c));
     }
+    if let Some(d) = ctx.opt("s3-index-cache") {
+        h.s3.index_cache = (d != "off").then(|| PathBuf::from(d));
+    }
+    h
 }
 
 /// The session folder of a `cas:` layer and how its options open it.
@@ -119,7 +120,7 @@ pub static CAS_VERSION: LayerKind = LayerKind {
             loc,
             &roamdisk_chunkstore::store::OpenOptions {
                 credentials: credentials(ctx).or(&fallback_credentials(ctx)),
-                s3_index_cache: host.s3_index_cache.clone(),
+                s3: host.s3.clone(),
                 ..Default::default()
             },
         )?;

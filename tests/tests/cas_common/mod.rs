@@ -5,6 +5,10 @@
 //! 4 KiB blocks that differ between two states of a disk image, as a guest
 //! file system would have written them.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests read their environment (ROAMDISK_BIN, the S3 endpoint)"
+)]
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};

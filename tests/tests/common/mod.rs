@@ -4,6 +4,10 @@
 //! A missing tool fails the test with a message naming `scripts/test`,
 //! which installs every tool; nothing is skipped.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests read their environment (ROAMDISK_BIN, the S3 endpoint)"
+)]
 #![allow(dead_code)]
 
 pub mod certs;

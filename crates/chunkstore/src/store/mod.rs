@@ -438,9 +438,9 @@ pub struct OpenOptions {
     pub known_config: Option<StoreConfig>,
     /// The token and CA of an HTTP store.
     pub credentials: http::Credentials,
-    /// Where an S3 store keeps the pack indexes it read, across processes
-    /// (`None`: in memory only).
-    pub s3_index_cache: Option<std::path::PathBuf>,
+    /// How an S3 store is reached besides its location: the program's
+    /// `AWS_*` settings and where pack indexes are kept.
+    pub s3: s3::S3Env,
 }
 
 /// Whether a store location is the URL of a `roamdisk store serve`.
@@ -458,7 +458,7 @@ pub fn is_remote(location: &str) -> bool {
 /// `https://` URL of a `roamdisk store serve`, or `s3://BUCKET/PREFIX`.
 pub fn open(location: &str, opts: &OpenOptions) -> Result<DynStore> {
     let store: DynStore = if s3::is_s3(location) {
-        Arc::new(s3::S3Store::open(location)?)
+        Arc::new(s3::S3Store::open(location, &opts.s3)?)
     } else if is_url(location) {
         Arc::new(http::HttpStore::connect(location, opts)?)
     } else {

@@ -71,15 +71,16 @@ pub struct SessionOpen {
     pub no_readahead: bool,
 }
 
-/// This host's folders, as the program resolved them (engines read no
-/// environment).
+/// This host's folders and how it reaches S3, as the program resolved
+/// them (engines read no environment). The `roamdisk` command hands one to
+/// the layers through the registry (`Registry::set_context`).
 #[derive(Debug, Clone, Default)]
 pub struct Host {
     /// Its cache folder (`~/.cache/roamdisk`): lookaside media's chunk
     /// indexes are kept under `lookaside/`.
     pub cache: Option<PathBuf>,
-    /// Where S3 stores keep the pack indexes they read.
-    pub s3_index_cache: Option<PathBuf>,
+    /// The `AWS_*` settings and where S3 stores keep their pack indexes.
+    pub s3: roamdisk_chunkstore::store::s3::S3Env,
 }
 
 impl Host {
@@ -175,7 +176,7 @@ impl CasDev {
                 credentials: config
                     .credentials(&opts.credentials)
                     .or(&opts.fallback_credentials),
-                s3_index_cache: opts.host.s3_index_cache.clone(),
+                s3: opts.host.s3.clone(),
                 ..Default::default()
             },
         )?;

@@ -5,7 +5,7 @@
 //! that cannot be written is fetched again next time, and one read back is
 //! checked like a fetched one.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use roamdisk_blockdev::durable;
 use roamdisk_blockdev::Result;
@@ -28,20 +28,11 @@ pub(super) fn parse_index_tail(hash: HashKind, size: u64, tail: &[u8]) -> Result
     trailer.parse_index(&pack::header(hash), index)
 }
 
-/// `$ROAMDISK_S3_INDEX_CACHE` (`off`: none), else
-/// `$XDG_CACHE_HOME/roamdisk/s3-index/KEY` (else under `~/.cache`), KEY
-/// naming the endpoint, bucket and prefix.
-fn cache_dir(endpoint: &str, loc: &S3Location) -> Option<PathBuf> {
-    let base = match std::env::var("ROAMDISK_S3_INDEX_CACHE") {
-        Ok(s) if s == "off" => return None,
-        Ok(s) if !s.is_empty() => PathBuf::from(s),
-        _ => std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?
-            .join("roamdisk/s3-index"),
-    };
+/// `BASE/KEY`, KEY naming the endpoint, bucket and prefix (none without a
+/// base: the indexes are kept in memory only).
+fn cache_dir(base: Option<&Path>, endpoint: &str, loc: &S3Location) -> Option<PathBuf> {
     let id = blake3::hash(format!("{endpoint}\n{}\n{}", loc.bucket, loc.prefix).as_bytes());
-    Some(base.join(&id.to_hex()[..32]))
+    Some(base?.join(&id.to_hex()[..32]))
 }
 
 /// The folder of cached pack indexes of one bucket and prefix (none:
@@ -52,11 +43,11 @@ pub(super) struct IndexCache {
 }
 
 impl IndexCache {
-    /// The cache of the bucket and prefix of `loc` at `endpoint`
-    /// ([`cache_dir`]).
-    pub(super) fn for_bucket(endpoint: &str, loc: &S3Location) -> IndexCache {
+    /// The cache under `base` of the bucket and prefix of `loc` at
+    /// `endpoint` ([`cache_dir`]).
+    pub(super) fn for_bucket(base: Option<&Path>, endpoint: &str, loc: &S3Location) -> IndexCache {
         IndexCache {
-            dir: cache_dir(endpoint, loc),
+            dir: cache_dir(base, endpoint, loc),
         }
     }
 

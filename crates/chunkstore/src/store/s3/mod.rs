@@ -51,4 +51,4 @@ mod table;
 
 pub use leases::parse_lease;
 pub use location::{is_s3, S3Location};
-pub use store::S3Store;
+pub use store::{S3Env, S3Store};

@@ -53,11 +53,21 @@ impl Drop for S3Store {
     }
 }
 
+/// What reaches S3 besides a store's location, as the program resolved it
+/// (the library reads no environment): the `AWS_*` settings (endpoint,
+/// region, keys: `("AWS_REGION", "garage")`...), and where pack indexes are
+/// kept across processes (`None`: in memory only).
+#[derive(Debug, Clone, Default)]
+pub struct S3Env {
+    pub aws: Vec<(String, String)>,
+    pub index_cache: Option<std::path::PathBuf>,
+}
+
 impl S3Store {
     /// Connect to the store at `location` (`s3://BUCKET/PREFIX?...`) and
     /// read its settings (`store.toml`).
-    pub fn open(location: &str) -> Result<S3Store> {
-        let mut s = Self::connect(location)?;
+    pub fn open(location: &str, env: &S3Env) -> Result<S3Store> {
+        let mut s = Self::connect(location, env)?;
         let text = s.block(s.get_text("store.toml"));
         let text = match text {
             Ok(Some(t)) => t,
@@ -77,8 +87,8 @@ impl S3Store {
     }
 
     /// Create a store at `location` (refused if one is there).
-    pub fn init(location: &str, config: &StoreConfig) -> Result<()> {
-        let s = Self::connect(location)?;
+    pub fn init(location: &str, config: &StoreConfig, env: &S3Env) -> Result<()> {
+        let s = Self::connect(location, env)?;
         if s.block(s.get_text("store.toml"))?.is_some() {
             return Err(err(
                 ErrorKind::InvalidArgument,
@@ -96,11 +106,21 @@ impl S3Store {
         s.block(s.put("store.toml", text.into_bytes()))
     }
 
-    fn connect(location: &str) -> Result<S3Store> {
+    fn connect(location: &str, env: &S3Env) -> Result<S3Store> {
         // reqwest is built without a default TLS provider: use ring's.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let loc = S3Location::parse(location)?;
-        let mut b = AmazonS3Builder::from_env().with_bucket_name(&loc.bucket);
+        let mut b = AmazonS3Builder::new().with_bucket_name(&loc.bucket);
+        // The AWS_* settings first (as the AWS tools read them), the
+        // location's query over them.
+        for (k, v) in &env.aws {
+            if let Ok(key) = k
+                .to_ascii_lowercase()
+                .parse::<object_store::aws::AmazonS3ConfigKey>()
+            {
+                b = b.with_config(key, v);
+            }
+        }
         for (k, v) in &loc.settings {
             let key: object_store::aws::AmazonS3ConfigKey = k
                 .parse()
@@ -158,7 +178,7 @@ impl S3Store {
             epoch: Mutex::new(Instant::now()),
             mine: Mutex::new(HashSet::new()),
             margin: loc.gc_margin,
-            index_cache: IndexCache::for_bucket(&endpoint, &loc),
+            index_cache: IndexCache::for_bucket(env.index_cache.as_deref(), &endpoint, &loc),
             batcher: Batcher::default(),
             last_missing: Mutex::new(None),
             loc,

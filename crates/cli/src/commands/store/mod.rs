@@ -115,7 +115,7 @@ pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
                 None => None,
             };
             match i.dir.to_str().filter(|d| store::s3::is_s3(d)) {
-                Some(loc) => store::s3::S3Store::init(loc, &cfg)?,
+                Some(loc) => store::s3::S3Store::init(loc, &cfg, &crate::env::get().s3())?,
                 None => LocalStore::init(&i.dir, &cfg)?,
             }
             if !quiet {

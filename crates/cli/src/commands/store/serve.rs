@@ -70,7 +70,13 @@ pub struct ServeArgs {
 
 pub fn run(s: ServeArgs, quiet: bool) -> anyhow::Result<()> {
     let loc = s.dir.to_str().context("store path is not UTF-8")?;
-    let st = store::open(loc, &Default::default())?;
+    let st = store::open(
+        loc,
+        &store::OpenOptions {
+            s3: crate::env::get().s3(),
+            ..Default::default()
+        },
+    )?;
     let cache = match &s.cache {
         Some(c) => parse_size(c)?,
         None if store::is_remote(loc) => 256 << 20,
