@@ -10,7 +10,7 @@ use std::path::Path;
 
 use crate::error::bad_arg;
 use crate::hash::ChunkId;
-use crate::store::is_name_part;
+use crate::store::api::is_name_part;
 use roamdisk_blockdev::Result;
 
 /// BLAKE3 key-derivation context of token hashes.

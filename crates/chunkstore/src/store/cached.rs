@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use super::{
-    ChunkPrune, ChunkRead, ChunkWrite, DynStore, LeaseStore, RefStore, Store, StoreConfig,
-    StoreLayer,
+use super::api::{
+    ChunkPrune, ChunkRead, ChunkWrite, DynStore, LeaseStore, RefStore, Store, StoreLayer,
 };
+use super::config::StoreConfig;
 use crate::hash::ChunkId;
 use roamdisk_blockdev::Result;
 

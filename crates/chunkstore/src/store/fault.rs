@@ -14,10 +14,11 @@ use parking_lot::Mutex;
 use roamdisk_blockdev::testkit::Rng;
 use roamdisk_blockdev::{ErrorKind, Op, Result};
 
-use super::{
+use super::api::{
     ChunkPrune, ChunkRead, ChunkWrite, DynStore, Lease, LeaseStore, ObjectEntry, ObjectParts,
-    PutGroup, PutOutcome, RefStore, Store, StoreConfig, StoreLayer,
+    PutGroup, PutOutcome, RefStore, Store, StoreLayer,
 };
+use super::config::StoreConfig;
 use crate::error::err;
 use crate::hash::ChunkId;
 
@@ -290,9 +291,9 @@ mod tests {
             assert!(b.len() < 300, "every read cut short");
         }
         // Verification catches a short object: an error, never data.
-        assert!(crate::store::fetch(&f, &stored[0], None).is_err());
+        assert!(crate::store::api::fetch(&f, &stored[0], None).is_err());
         f.set(Faults::NONE);
-        assert!(crate::store::fetch(&f, &stored[0], None).is_ok());
+        assert!(crate::store::api::fetch(&f, &stored[0], None).is_ok());
         assert!(f.injected() > 0);
     }
 }

@@ -9,7 +9,7 @@
 //! a token file makes every request carry `Authorization: Bearer`.
 //! Protocol: `docs/formats/cas-http.md`; manual: `docs/store-server.md`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
@@ -17,11 +17,13 @@ use rayon::prelude::*;
 use roamdisk_blockdev::{ErrorKind, Op, Result};
 use ureq::tls::{PemItem, RootCerts, TlsConfig, TlsProvider};
 
-use super::wire;
-use super::{
-    check_ref_name, ChunkPrune, ChunkRead, ChunkWrite, Lease, LeaseStore, ObjectEntry, OpenOptions,
-    PutOutcome, RefStore, StoreConfig, StoreLayer,
+use super::api::OpenOptions;
+use super::api::{
+    check_ref_name, ChunkPrune, ChunkRead, ChunkWrite, Lease, LeaseStore, ObjectEntry, PutOutcome,
+    RefStore, StoreLayer,
 };
+use super::config::StoreConfig;
+use super::wire;
 use crate::chunk::{HEADER_SIZE, MAX_OBJECT};
 use crate::error::{bad_arg, context, corrupt, err, io, not_found};
 use crate::hash::ChunkId;
@@ -36,25 +38,7 @@ const HAVE_BATCH: usize = 16384;
 /// Fewest ids per batch get request when a list is split over several
 /// (a shorter list goes in one request).
 const GET_BATCH_MIN: usize = 16;
-/// Who the client is to a chunk server, and which servers it trusts.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Credentials {
-    /// A token file (`USER.SECRET`, made by `roamdisk store user add`).
-    pub token_file: Option<PathBuf>,
-    /// PEM certificates trusted for `https://` stores instead of the
-    /// system's roots: the private CA that signed the server's certificate.
-    pub ca_file: Option<PathBuf>,
-}
-
-impl Credentials {
-    /// These, with what is missing taken from `other`.
-    pub fn or(&self, other: &Credentials) -> Credentials {
-        Credentials {
-            token_file: self.token_file.clone().or_else(|| other.token_file.clone()),
-            ca_file: self.ca_file.clone().or_else(|| other.ca_file.clone()),
-        }
-    }
-}
+pub use super::api::Credentials;
 
 /// A chunk store behind `roamdisk store serve`.
 pub struct HttpStore {

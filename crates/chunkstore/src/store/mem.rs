@@ -12,10 +12,11 @@ use std::time::{Duration, SystemTime};
 use parking_lot::Mutex;
 use roamdisk_blockdev::{ErrorKind, Op, Result};
 
-use super::{
+use super::api::{
     ref_tag, ChunkPrune, ChunkRead, ChunkWrite, Lease, LeaseStore, ObjectEntry, PutOutcome,
-    RefStore, StoreConfig, StoreLayer,
+    RefStore, StoreLayer,
 };
+use super::config::StoreConfig;
 use crate::error::err;
 use crate::hash::ChunkId;
 
@@ -198,7 +199,7 @@ impl RefStore for MemStore {
         expected: Option<ChunkId>,
         new: Option<&[u8]>,
     ) -> Result<bool> {
-        super::check_ref_name(name)?;
+        super::api::check_ref_name(name)?;
         let mut st = self.state.lock();
         if st.refs.get(name).map(|b| ref_tag(b)) != expected {
             return Ok(false);

@@ -12,10 +12,11 @@ use roamdisk_blockdev::{ErrorKind, Op, Result};
 
 use parking_lot::Mutex;
 
-use super::{
+use super::api::{
     ChunkPrune, ChunkRead, ChunkWrite, DynStore, LeaseStore, ObjectParts, PutGroup, PutOutcome,
-    RefStore, Store, StoreConfig, StoreLayer,
+    RefStore, Store, StoreLayer,
 };
+use super::config::StoreConfig;
 use crate::error::err;
 use crate::hash::ChunkId;
 

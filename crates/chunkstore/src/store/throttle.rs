@@ -9,10 +9,11 @@
 use roamdisk_blockdev::throttle::{Link, LinkSpec};
 use roamdisk_blockdev::Result;
 
-use super::{
+use super::api::{
     collect_group, ChunkPrune, ChunkRead, ChunkWrite, DynStore, LeaseStore, ObjectParts, PutGroup,
-    PutOutcome, RefStore, Store, StoreConfig, StoreLayer,
+    PutOutcome, RefStore, Store, StoreLayer,
 };
+use super::config::StoreConfig;
 use crate::hash::ChunkId;
 
 pub struct ThrottleStore {

@@ -9,7 +9,7 @@ use crate::bytes::{Reader, Writer};
 use crate::chunk::{HEADER_SIZE, MAX_OBJECT};
 use crate::error::corrupt;
 use crate::hash::ChunkId;
-use crate::store::ObjectEntry;
+use crate::store::api::ObjectEntry;
 use roamdisk_blockdev::Result;
 
 pub const HAVE_MAGIC: [u8; 8] = *b"RDHAVE01";

@@ -22,8 +22,8 @@ use super::packs::{mtime, pack_names_in};
 use super::store::LocalStore;
 use crate::error::io;
 use crate::hash::ChunkId;
+use crate::store::api::{ChunkPrune, ChunkWrite, ObjectEntry, PutGroup};
 use crate::store::pack::{is_pack_name, Entry};
-use crate::store::{ChunkPrune, ChunkWrite, ObjectEntry, PutGroup};
 
 impl LocalStore {
     /// Put back an object a crashed (or concurrent) gc moved aside, and
@@ -319,8 +319,8 @@ impl ChunkPrune for LocalStore {
 mod tests {
     use super::super::store::testing::{hour, pack_files, packed, set_mtime, store};
     use super::*;
-    use crate::store::fetch;
-    use crate::store::prelude::*;
+    use crate::store::api::fetch;
+    use crate::store::api::prelude::*;
     use std::time::Duration;
 
     #[test]

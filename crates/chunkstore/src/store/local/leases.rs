@@ -12,7 +12,7 @@ use roamdisk_blockdev::{Op, Result};
 use super::files::touch;
 use super::store::LocalStore;
 use crate::error::io;
-use crate::store::{Lease, LeaseStore};
+use crate::store::api::{Lease, LeaseStore};
 
 /// Lease body's first line.
 const LEASE_MAGIC: &str = "roamdisk-lease 1";

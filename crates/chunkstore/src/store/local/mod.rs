@@ -18,7 +18,7 @@
 //! its own: written to an unnamed file in its folder (`O_TMPFILE`; a named
 //! file in `tmp/` where the file system has none), made durable, then given
 //! its name (a link that fails if the name exists). The folders that
-//! received names are fsynced by [`ChunkWrite::sync`](crate::store::ChunkWrite::sync)
+//! received names are fsynced by [`ChunkWrite::sync`](crate::store::api::ChunkWrite::sync)
 //! before any version refers to them. Details and the crash argument:
 //! `docs/formats/cas-store.md`.
 //!
@@ -26,16 +26,16 @@
 //!
 //! * `store.rs` — [`LocalStore`]: its state, `open`, `init`, its paths;
 //! * `objects.rs` — reading, looking up, touching and writing objects
-//!   ([`ChunkRead`](crate::store::ChunkRead),
-//!   [`ChunkWrite`](crate::store::ChunkWrite)), single objects as files of
+//!   ([`ChunkRead`](crate::store::api::ChunkRead),
+//!   [`ChunkWrite`](crate::store::api::ChunkWrite)), single objects as files of
 //!   their own;
 //! * `packs.rs` — packs: the folder, their indexes, reads and touches of
 //!   packed objects; `pack_writer.rs` — the writer of a new pack;
 //!   `table.rs` — where each packed object is;
 //! * `gc.rs` — listing, remove-if-older, repacking and recovery
-//!   ([`ChunkPrune`](crate::store::ChunkPrune));
-//! * `refs.rs` — catalogs ([`RefStore`](crate::store::RefStore));
-//! * `leases.rs` — leases ([`LeaseStore`](crate::store::LeaseStore));
+//!   ([`ChunkPrune`](crate::store::api::ChunkPrune));
+//! * `refs.rs` — catalogs ([`RefStore`](crate::store::api::RefStore));
+//! * `leases.rs` — leases ([`LeaseStore`](crate::store::api::LeaseStore));
 //! * local only: `files.rs` (unnamed files and how they get a name,
 //!   vectored writes, touches).
 

@@ -25,7 +25,7 @@ use super::pack_writer::PackGroup;
 use super::store::{LocalStore, FANS};
 use crate::error::{io, not_found};
 use crate::hash::ChunkId;
-use crate::store::{ChunkRead, ChunkWrite, ObjectParts, PutGroup, PutOutcome};
+use crate::store::api::{ChunkRead, ChunkWrite, ObjectParts, PutGroup, PutOutcome};
 
 /// How long a fan-out folder found absent is taken as absent by lookups.
 const FAN_ABSENT_MEMO_MS: u64 = 1000;
@@ -382,7 +382,7 @@ impl ChunkWrite for LocalStore {
 mod tests {
     use super::super::store::testing::store;
     use super::*;
-    use crate::store::{fetch, StoreLayer};
+    use crate::store::api::{fetch, StoreLayer};
     use roamdisk_blockdev::ErrorKind;
 
     #[test]

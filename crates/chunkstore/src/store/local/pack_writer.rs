@@ -21,8 +21,8 @@ use super::files::{open_unnamed, pwrite_parts, Unnamed};
 use super::store::LocalStore;
 use crate::error::{err, io};
 use crate::hash::ChunkId;
+use crate::store::api::{PutGroup, PutOutcome};
 use crate::store::pack::{self, Entry};
-use crate::store::{PutGroup, PutOutcome};
 
 /// A fresh random pack name.
 fn new_pack_name() -> std::io::Result<String> {
@@ -32,7 +32,7 @@ fn new_pack_name() -> std::io::Result<String> {
     Ok(format!("{hex}.pack"))
 }
 
-/// A group of puts stored as new packs ([`crate::store::ChunkWrite::put_group`]
+/// A group of puts stored as new packs ([`crate::store::api::ChunkWrite::put_group`]
 /// of a local store): one pack per worker thread that writes (threads
 /// appending to one file wait for each other on its inode lock).
 pub(super) struct PackGroup<'a> {
@@ -204,7 +204,7 @@ impl LocalStore {
     /// Steps 2-3 of writing a pack: append the index, make the whole file
     /// durable, then give it a name (nothing names an object of the pack
     /// before its data is on disk). The `packs/` folder is synced by
-    /// [`crate::store::ChunkWrite::sync`]. Returns the pack's name.
+    /// [`crate::store::api::ChunkWrite::sync`]. Returns the pack's name.
     fn seal_pack(&self, b: &Unnamed, entries: &mut [Entry], end: u64) -> Result<String> {
         let p = self.packs_path();
         let tail = pack::encode_tail(&pack::header(self.config.hash), entries, end);
@@ -269,8 +269,8 @@ impl LocalStore {
 mod tests {
     use super::super::store::testing::{pack_files, packed, store};
     use super::*;
-    use crate::store::fetch;
-    use crate::store::prelude::*;
+    use crate::store::api::fetch;
+    use crate::store::api::prelude::*;
     use std::fs;
 
     #[test]

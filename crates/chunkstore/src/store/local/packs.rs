@@ -26,8 +26,8 @@ use super::store::LocalStore;
 use super::table::Loc;
 use crate::error::{corrupt, io};
 use crate::hash::ChunkId;
+use crate::store::api::ObjectEntry;
 use crate::store::pack::{self, is_pack_name, Entry, Trailer};
-use crate::store::ObjectEntry;
 
 /// The names of the packs in `dir` (none if it does not exist).
 pub(super) fn pack_names_in(dir: &Path) -> Result<Vec<String>> {
@@ -289,8 +289,8 @@ impl LocalStore {
 mod tests {
     use super::super::store::testing::{hour, pack_files, packed, set_mtime, store};
     use super::*;
-    use crate::store::fetch;
-    use crate::store::prelude::*;
+    use crate::store::api::fetch;
+    use crate::store::api::prelude::*;
     use std::time::Duration;
 
     #[test]

@@ -13,7 +13,7 @@ use roamdisk_blockdev::{Op, Result};
 use super::store::LocalStore;
 use crate::error::io;
 use crate::hash::ChunkId;
-use crate::store::{check_ref_name, ref_tag, RefStore};
+use crate::store::api::{check_ref_name, ref_tag, RefStore};
 
 impl LocalStore {
     /// The file of catalog `name` (checked).

@@ -19,8 +19,9 @@ use super::files::Naming;
 use super::table::PackTable;
 use crate::error::{err, io, not_found};
 use crate::hash::ChunkId;
-use crate::store::prelude::*;
-use crate::store::{config, StoreConfig};
+use crate::store::api::prelude::*;
+use crate::store::config;
+use crate::store::config::StoreConfig;
 
 /// Fan-out folders under `objects/`: one per first byte of an id.
 pub(super) const FANS: usize = 256;
@@ -210,8 +211,9 @@ pub mod testing {
 
     use super::LocalStore;
     use crate::hash::ChunkId;
-    use crate::store::prelude::*;
-    use crate::store::{PutOutcome, StoreConfig};
+    use crate::store::api::prelude::*;
+    use crate::store::api::PutOutcome;
+    use crate::store::config::StoreConfig;
 
     /// A new store with the default settings in a temporary folder.
     pub fn store() -> (tempfile::TempDir, LocalStore) {

@@ -19,8 +19,8 @@ use super::store::S3Store;
 use super::table::{Table, Where};
 use crate::error::not_found;
 use crate::hash::ChunkId;
+use crate::store::api::{ChunkPrune, ObjectEntry};
 use crate::store::pack::Entry;
-use crate::store::{ChunkPrune, ObjectEntry};
 
 impl S3Store {
     /// The reference time of a container: its own time or its touch

@@ -87,7 +87,7 @@ impl IndexCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::StoreConfig;
+    use crate::store::config::StoreConfig;
 
     #[test]
     fn a_pack_index_is_read_from_its_tail_alone_and_checked() {

@@ -12,7 +12,7 @@ use roamdisk_blockdev::Result;
 use super::bridge::random_hex;
 use super::store::S3Store;
 use crate::error::{corrupt, not_found};
-use crate::store::{ChunkPrune, Lease, LeaseStore};
+use crate::store::api::{ChunkPrune, Lease, LeaseStore};
 
 /// Lease body's first line.
 const LEASE_MAGIC: &str = "roamdisk-lease 1";

@@ -22,15 +22,15 @@
 //!
 //! * `store.rs` — [`S3Store`]: its state, `open`, `init`, the connection;
 //! * `objects.rs` — reading, looking up, touching and writing objects
-//!   ([`ChunkRead`](crate::store::ChunkRead),
-//!   [`ChunkWrite`](crate::store::ChunkWrite));
+//!   ([`ChunkRead`](crate::store::api::ChunkRead),
+//!   [`ChunkWrite`](crate::store::api::ChunkWrite));
 //! * `packs.rs` — packs: the listing that finds them, their indexes;
 //!   `pack_writer.rs` — the writer of a new pack; `table.rs` — where each
 //!   known object is;
 //! * `gc.rs` — listing, removal (trash and touch markers), repacking and
-//!   recovery ([`ChunkPrune`](crate::store::ChunkPrune));
-//! * `refs.rs` — catalogs ([`RefStore`](crate::store::RefStore));
-//! * `leases.rs` — leases ([`LeaseStore`](crate::store::LeaseStore));
+//!   recovery ([`ChunkPrune`](crate::store::api::ChunkPrune));
+//! * `refs.rs` — catalogs ([`RefStore`](crate::store::api::RefStore));
+//! * `leases.rs` — leases ([`LeaseStore`](crate::store::api::LeaseStore));
 //! * S3 only: `bridge.rs` (the tokio runtime and the requests),
 //!   `batch.rs` (single puts of several threads gathered into one pack),
 //!   `index_cache.rs` (pack indexes kept on local disk between runs),
@@ -49,6 +49,7 @@ pub mod refs;
 mod store;
 mod table;
 
+pub use super::api::S3Env;
 pub use leases::parse_lease;
 pub use location::{is_s3, S3Location};
-pub use store::{S3Env, S3Store};
+pub use store::S3Store;

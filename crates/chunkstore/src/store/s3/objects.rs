@@ -17,7 +17,7 @@ use super::store::S3Store;
 use super::table::Where;
 use crate::error::{err, not_found};
 use crate::hash::ChunkId;
-use crate::store::{ChunkRead, ChunkWrite, PutGroup, PutOutcome};
+use crate::store::api::{ChunkRead, ChunkWrite, PutGroup, PutOutcome};
 
 /// How many times a reader lists the packs again, with growing waits,
 /// before it calls an object missing (a listing may lag a new pack).

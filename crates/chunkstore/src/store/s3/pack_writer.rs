@@ -13,10 +13,10 @@ use roamdisk_blockdev::Result;
 use super::bridge::random_hex;
 use super::store::S3Store;
 use crate::hash::ChunkId;
+use crate::store::api::{PutGroup, PutOutcome};
 use crate::store::pack::{self, Entry};
-use crate::store::{PutGroup, PutOutcome};
 
-/// A pack being filled in memory ([`crate::store::ChunkWrite::put_group`]).
+/// A pack being filled in memory ([`crate::store::api::ChunkWrite::put_group`]).
 pub(super) struct S3Group<'a> {
     store: &'a S3Store,
     buf: Vec<u8>,

@@ -23,7 +23,7 @@ use super::store::S3Store;
 use crate::catalog::{Catalog, Entry};
 use crate::error::context;
 use crate::hash::ChunkId;
-use crate::store::{check_ref_name, ref_tag, RefStore};
+use crate::store::api::{check_ref_name, ref_tag, RefStore};
 
 /// One stored update of a catalog.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,7 +16,9 @@ use super::index_cache::IndexCache;
 use super::location::S3Location;
 use super::table::Table;
 use crate::error::{bad_arg, err, not_found};
-use crate::store::{StoreConfig, StoreLayer};
+use crate::store::api::S3Env;
+use crate::store::api::StoreLayer;
+use crate::store::config::StoreConfig;
 
 /// An S3 chunk store.
 pub struct S3Store {
@@ -51,16 +53,6 @@ impl Drop for S3Store {
             rt.shutdown_background();
         }
     }
-}
-
-/// What reaches S3 besides a store's location, as the program resolved it
-/// (the library reads no environment): the `AWS_*` settings (endpoint,
-/// region, keys: `("AWS_REGION", "garage")`...), and where pack indexes are
-/// kept across processes (`None`: in memory only).
-#[derive(Debug, Clone, Default)]
-pub struct S3Env {
-    pub aws: Vec<(String, String)>,
-    pub index_cache: Option<std::path::PathBuf>,
 }
 
 impl S3Store {
