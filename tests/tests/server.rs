@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use common::certs::{client_dir, make_ca, make_leaf, CLIENT_EXT, SERVER_EXT};
 use common::{
-    nbd_direct_write, output_text, path_str, psk_add, random_file, rd, rd_fail, require_tool, run,
-    run_stdout, tempdir, tool, uid, write_server_config, ServerProc,
+    nbd_direct_write, output_text, path_str, psk_add, qemu_io_tls_args, random_file, rd, rd_fail,
+    require_tool, run, run_stdout, tempdir, tool, uid, write_server_config, ServerProc,
 };
 
 const SIZE: u64 = 8 << 20;
@@ -253,20 +253,7 @@ fn qemu_io_tls(srv: &Srv, via: &Via, export: &str, cmds: &[&str]) -> Vec<String>
             d.display()
         ),
     };
-    let mut v = vec![
-        "--object".to_string(),
-        object,
-        "--image-opts".to_string(),
-        format!(
-            "driver=nbd,host=127.0.0.1,port={},export={export},tls-creds=tls0",
-            srv.port
-        ),
-    ];
-    for c in cmds {
-        v.push("-c".into());
-        v.push(c.to_string());
-    }
-    v
+    qemu_io_tls_args(object, srv.port, export, cmds)
 }
 
 /// [`qemu_io_tls`] run by [`ok`]: it must succeed.

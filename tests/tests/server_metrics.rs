@@ -87,19 +87,12 @@ read-only = ["desk"]
 
 /// `qemu-io` as `who` over TLS-PSK, running `cmds` on `desk`.
 fn qemu_io_psk(site: &Site, port: u16, who: &str, cmds: &[&str]) -> Command {
+    let creds = format!(
+        "tls-creds-psk,id=tls0,endpoint=client,dir={},username={who}",
+        site.qemu_psk.display()
+    );
     let mut c = Command::new("qemu-io");
-    c.args([
-        "--object",
-        &format!(
-            "tls-creds-psk,id=tls0,endpoint=client,dir={},username={who}",
-            site.qemu_psk.display()
-        ),
-        "--image-opts",
-        &format!("driver=nbd,host=127.0.0.1,port={port},export=desk,tls-creds=tls0"),
-    ]);
-    for cmd in cmds {
-        c.args(["-c", cmd]);
-    }
+    c.args(qemu_io_tls_args(creds, port, "desk", cmds));
     c
 }
 

@@ -192,15 +192,6 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// A registry with the generic layers of this crate.
-    pub fn with_builtin() -> Self {
-        let mut r = Registry::default();
-        for k in crate::layers::BUILTIN {
-            r.add(k);
-        }
-        r
-    }
-
     /// Add a layer kind (later crates register theirs).
     pub fn add(&mut self, kind: &'static LayerKind) {
         self.kinds.retain(|k| k.name != kind.name);

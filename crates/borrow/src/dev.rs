@@ -173,7 +173,7 @@ impl BorrowDev {
         }
         let units = size.div_ceil(UNIT);
         let xts = if opts.encrypt {
-            Some(Xts::new(&new_key()).map_err(|m| err(Op::Open, m))?)
+            Some(Xts::new(&new_key()).map_err(|m| err(Op::Open, m.to_string()))?)
         } else {
             None
         };

@@ -254,7 +254,7 @@ fn admit(g: &Gate, req: &Request) -> std::result::Result<Caller, Refused> {
         .to_string();
     users
         .authorize(&name, need(req.method(), req.uri().path()))
-        .map_err(|why| Refused::new(&name, StatusCode::FORBIDDEN, why.clone(), why))?;
+        .map_err(|why| Refused::new(&name, StatusCode::FORBIDDEN, why.0.clone(), why.0))?;
     Ok(Caller::User { name, users })
 }
 

@@ -47,6 +47,11 @@ pub struct User {
     pub write: Vec<String>,
 }
 
+/// A request an authenticated user may not make: who, and what.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Forbidden(pub String);
+
 /// What a request needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Need<'a> {
@@ -139,7 +144,7 @@ impl Users {
 
     /// Whether authenticated `user` may do what `need` says; the refusal
     /// names the user and the catalog.
-    pub fn authorize(&self, user: &str, need: Need<'_>) -> std::result::Result<(), String> {
+    pub fn authorize(&self, user: &str, need: Need<'_>) -> std::result::Result<(), Forbidden> {
         let ok = match need {
             Need::User => true,
             Need::Read(c) => self.may_read(user, c),
@@ -149,12 +154,12 @@ impl Users {
         if ok {
             return Ok(());
         }
-        Err(match need {
+        Err(Forbidden(match need {
             Need::Read(c) => format!("user {user} may not read catalog {c}"),
             Need::Write(c) => format!("user {user} may not write catalog {c}"),
             Need::Admin(what) => format!("user {user} may not {what}: that needs an admin"),
             Need::User => unreachable!("every user may"),
-        })
+        }))
     }
 
     /// Own catalogs, catalogs shared with the user, and (admins) all.
@@ -419,7 +424,9 @@ mod tests {
         assert!(u.may_write("alice", "bob/vm") && !u.may_write("alice", "bob/other"));
         assert_eq!(
             u.authorize("alice", Need::Write("bob/other")),
-            Err("user alice may not write catalog bob/other".into())
+            Err(Forbidden(
+                "user alice may not write catalog bob/other".into()
+            ))
         );
         u.revoke("alice").unwrap();
         let d = u.authenticate(Some(a.as_str())).unwrap_err();

@@ -11,8 +11,6 @@
 //! [`ChunkCodec::open`]: a chunk that does not match its name is reported
 //! by name and never used.
 
-use openssl::symm::{Cipher, Crypter, Mode};
-
 use crate::error::corrupt;
 use crate::hash::{ChunkId, HashKind};
 use roamdisk_blockdev::Result;
@@ -129,19 +127,6 @@ impl Envelope {
     }
 }
 
-fn aes_ctr(key: &Key, data: &[u8]) -> Vec<u8> {
-    // AES-256-CTR with a zero IV: each key encrypts exactly one plaintext
-    // (the key is derived from it), so the keystream is never reused for
-    // different data.
-    let cipher = Cipher::aes_256_ctr();
-    let mut c = Crypter::new(cipher, Mode::Encrypt, key, Some(&[0u8; 16])).expect("aes-256-ctr");
-    let mut out = vec![0u8; data.len() + cipher.block_size()];
-    let n = c.update(data, &mut out).expect("ctr update");
-    let m = c.finalize(&mut out[n..]).expect("ctr final");
-    out.truncate(n + m);
-    out
-}
-
 impl ChunkCodec {
     /// The convergent key of a plaintext.
     pub fn convergent_key(&self, data: &[u8]) -> Key {
@@ -213,7 +198,7 @@ impl ChunkCodec {
         let key = self.convergent_key(data);
         let (flags, compressed) = self.maybe_compress(data);
         let body = compressed.as_deref().unwrap_or(data);
-        let payload = aes_ctr(&key, body);
+        let payload = roamdisk_crypto::aes256_ctr(&key, body);
         let env = Envelope {
             flags: flags | FLAG_ENCRYPTED,
             hash: self.hash,
@@ -284,7 +269,7 @@ impl ChunkCodec {
                 "chunk {id} is encrypted but the index gives no key for it"
             ))
         })?;
-        let body = aes_ctr(key, payload);
+        let body = roamdisk_crypto::aes256_ctr(key, payload);
         let data = if env.flags & FLAG_ZSTD != 0 {
             decompress(id, &body, env.original_len)?
         } else {

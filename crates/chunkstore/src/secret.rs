@@ -12,13 +12,8 @@ use roamdisk_blockdev::{ErrorKind, Op, Result};
 /// Fill `buf` from the operating system's random generator; `what` names
 /// the use in the error.
 pub fn fill_random(buf: &mut [u8], what: &str) -> Result<()> {
-    openssl::rand::rand_bytes(buf).map_err(|e| {
-        err(
-            ErrorKind::Io,
-            Op::Write,
-            format!("no randomness for {what}: {e}"),
-        )
-    })
+    roamdisk_crypto::fill_random(buf)
+        .map_err(|e| err(ErrorKind::Io, Op::Write, format!("{what}: {e}")))
 }
 
 /// Create `path` (it must not exist) with mode 0600 holding `line` and a

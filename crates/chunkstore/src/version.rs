@@ -8,8 +8,6 @@
 //! key) is sealed with the user's key (AES-256-GCM); the list of objects
 //! the version references stays readable so that gc works without keys.
 
-use openssl::symm::{decrypt_aead, encrypt_aead, Cipher};
-
 use crate::bytes::{Reader, Writer};
 use crate::chunk::Key;
 use crate::error::{bad_arg, corrupt, err};
@@ -274,15 +272,8 @@ impl Version {
         let mut aad = h.buf.clone();
         aad.extend_from_slice(&refs);
         let mut tag = [0u8; TAG_LEN];
-        let ct = encrypt_aead(
-            Cipher::aes_256_gcm(),
-            key,
-            Some(&nonce),
-            &aad,
-            &body,
-            &mut tag,
-        )
-        .map_err(|e| err(ErrorKind::Io, Op::Write, format!("AES-GCM failed: {e}")))?;
+        let ct = roamdisk_crypto::aes256_gcm_seal(key, &nonce, &aad, &body, &mut tag)
+            .map_err(|e| err(ErrorKind::Io, Op::Write, e.to_string()))?;
         let mut out = h.buf;
         out.extend_from_slice(&refs);
         out.extend_from_slice(&key_id(key));
@@ -324,9 +315,9 @@ impl Version {
             let (nonce, rest) = rest.split_at(NONCE_LEN);
             let (ct, tag) = rest.split_at(rest.len() - TAG_LEN);
             let aad = &b[..body_at];
-            body = decrypt_aead(Cipher::aes_256_gcm(), key, Some(nonce), aad, ct, tag).map_err(
-                |_| corrupt("encrypted version body fails authentication (tampered or damaged)"),
-            )?;
+            body = roamdisk_crypto::aes256_gcm_open(key, nonce, aad, ct, tag).map_err(|_| {
+                corrupt("encrypted version body fails authentication (tampered or damaged)")
+            })?;
             &body
         } else {
             sealed

@@ -1,7 +1,15 @@
-//! roamdisk's block encryption, in one place for every layer that encrypts
-//! blocks (the LBS image, the borrowed disk): XTS-AES-256 per block,
-//! through OpenSSL (AES-NI/VAES), with one cipher context per thread
-//! reused across blocks; key files and Argon2id passphrases.
+//! Every cipher, MAC, key derivation and random byte of roamdisk, in one
+//! place (clippy.toml refuses OpenSSL's ciphers and random generator
+//! elsewhere):
+//!
+//! * block encryption for every layer that encrypts blocks (the LBS image,
+//!   the borrowed disk): XTS-AES-256 per block, through OpenSSL
+//!   (AES-NI/VAES), with one cipher context per thread reused across
+//!   blocks; key files and Argon2id passphrases;
+//! * the content-addressed store's ciphers: AES-256-CTR for convergent
+//!   chunk encryption ([`aes256_ctr`]) and AES-256-GCM for sealed version
+//!   packages ([`aes256_gcm_seal`], [`aes256_gcm_open`]);
+//! * random bytes ([`fill_random`]).
 //!
 //! The 128-bit tweak of a block is two 64-bit numbers the caller chooses
 //! (little-endian, low then high). LBS uses the block's PBN and the write
@@ -9,13 +17,45 @@
 //! from an earlier use of the same place, decrypts to noise and fails its
 //! checksum.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "this crate is the home of ciphers and random bytes"
+)]
+
 use std::cell::RefCell;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use openssl::cipher::Cipher as OsslCipher;
 use openssl::cipher_ctx::CipherCtx;
+use openssl::symm::{decrypt_aead, encrypt_aead, Cipher, Crypter, Mode};
 use sha2::Digest;
+
+/// What went wrong in a cryptographic operation; the message says what to
+/// do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CryptoError {
+    /// A key that cannot be used (the two XTS halves equal, a key file of
+    /// the wrong length).
+    #[error("{0}")]
+    BadKey(String),
+    /// A key file that cannot be read.
+    #[error("{0}")]
+    KeyFile(String),
+    /// Argon2id refused its parameters or failed.
+    #[error("{0}")]
+    Derive(String),
+    /// Sealed data failed authentication: tampered, damaged, or the wrong
+    /// key.
+    #[error("authentication failed (tampered, damaged, or the wrong key)")]
+    Authentication,
+    /// The operating system's random generator failed.
+    #[error("no randomness from the operating system: {0}")]
+    Random(String),
+    /// The cipher library failed.
+    #[error("{0}")]
+    Cipher(String),
+}
 
 /// XTS-AES-256 key length (two AES-256 keys).
 pub const KEY_LEN: usize = 64;
@@ -45,9 +85,11 @@ fn tweak(pbn: u64, epoch: u64) -> [u8; 16] {
 
 impl Xts {
     /// A cipher for `key`. XTS refuses keys whose two halves are equal.
-    pub fn new(key: &[u8; KEY_LEN]) -> Result<Xts, String> {
+    pub fn new(key: &[u8; KEY_LEN]) -> Result<Xts, CryptoError> {
         if key[..32] == key[32..] {
-            return Err("invalid XTS key: both halves are equal".into());
+            return Err(CryptoError::BadKey(
+                "invalid XTS key: both halves are equal".into(),
+            ));
         }
         Ok(Xts {
             key: *key,
@@ -107,9 +149,55 @@ pub fn key_check(key: &[u8; KEY_LEN]) -> [u8; 16] {
     out
 }
 
-/// Fill `buf` with random bytes from the OS.
+/// Fill `buf` with random bytes from the operating system.
+pub fn fill_random(buf: &mut [u8]) -> Result<(), CryptoError> {
+    openssl::rand::rand_bytes(buf).map_err(|e| CryptoError::Random(e.to_string()))
+}
+
+/// Fill `buf` with random bytes from the OS; a generator that fails (it
+/// does not, on Linux, once booted) ends the process.
 pub fn random(buf: &mut [u8]) {
-    openssl::rand::rand_bytes(buf).expect("OS random generator");
+    fill_random(buf).expect("OS random generator");
+}
+
+/// AES-256-CTR of `data` under `key` with a zero IV: only for keys that
+/// encrypt exactly one plaintext (convergent encryption derives the key
+/// from the plaintext), so the keystream is never reused for other data.
+/// Decryption is the same call.
+pub fn aes256_ctr(key: &[u8; 32], data: &[u8]) -> Vec<u8> {
+    let cipher = Cipher::aes_256_ctr();
+    let mut c = Crypter::new(cipher, Mode::Encrypt, key, Some(&[0u8; 16])).expect("aes-256-ctr");
+    let mut out = vec![0u8; data.len() + cipher.block_size()];
+    let n = c.update(data, &mut out).expect("ctr update");
+    let m = c.finalize(&mut out[n..]).expect("ctr final");
+    out.truncate(n + m);
+    out
+}
+
+/// AES-256-GCM: `plain` sealed under `key` and `nonce` (never used twice
+/// with one key), `aad` authenticated with it; the tag goes to `tag`.
+pub fn aes256_gcm_seal(
+    key: &[u8; 32],
+    nonce: &[u8; 12],
+    aad: &[u8],
+    plain: &[u8],
+    tag: &mut [u8; 16],
+) -> Result<Vec<u8>, CryptoError> {
+    encrypt_aead(Cipher::aes_256_gcm(), key, Some(nonce), aad, plain, tag)
+        .map_err(|e| CryptoError::Cipher(format!("AES-GCM failed: {e}")))
+}
+
+/// Open what [`aes256_gcm_seal`] sealed; [`CryptoError::Authentication`]
+/// if the ciphertext, `aad` or `tag` changed, or the key is not the one.
+pub fn aes256_gcm_open(
+    key: &[u8; 32],
+    nonce: &[u8],
+    aad: &[u8],
+    sealed: &[u8],
+    tag: &[u8],
+) -> Result<Vec<u8>, CryptoError> {
+    decrypt_aead(Cipher::aes_256_gcm(), key, Some(nonce), aad, sealed, tag)
+        .map_err(|_| CryptoError::Authentication)
 }
 
 /// A fresh random key.
@@ -137,15 +225,16 @@ pub fn write_key_file(path: &Path, key: &[u8; KEY_LEN]) -> std::io::Result<()> {
 }
 
 /// Read a 64-byte key file.
-pub fn read_key_file(path: &Path) -> Result<[u8; KEY_LEN], String> {
-    let b =
-        std::fs::read(path).map_err(|e| format!("cannot read key file {}: {e}", path.display()))?;
+pub fn read_key_file(path: &Path) -> Result<[u8; KEY_LEN], CryptoError> {
+    let b = std::fs::read(path).map_err(|e| {
+        CryptoError::KeyFile(format!("cannot read key file {}: {e}", path.display()))
+    })?;
     b.as_slice().try_into().map_err(|_| {
-        format!(
+        CryptoError::BadKey(format!(
             "key file {} holds {} bytes; an LBS key file holds exactly {KEY_LEN}",
             path.display(),
             b.len()
-        )
+        ))
     })
 }
 
@@ -154,13 +243,13 @@ pub fn derive_key(
     passphrase: &[u8],
     salt: &[u8; 32],
     (m, t, p): (u32, u32, u32),
-) -> Result<[u8; KEY_LEN], String> {
+) -> Result<[u8; KEY_LEN], CryptoError> {
     let params = argon2::Params::new(m, t, p, Some(KEY_LEN))
-        .map_err(|e| format!("bad Argon2 parameters: {e}"))?;
+        .map_err(|e| CryptoError::Derive(format!("bad Argon2 parameters: {e}")))?;
     let a = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
     let mut key = [0u8; KEY_LEN];
     a.hash_password_into(passphrase, salt, &mut key)
-        .map_err(|e| format!("Argon2id failed: {e}"))?;
+        .map_err(|e| CryptoError::Derive(format!("Argon2id failed: {e}")))?;
     Ok(key)
 }
 
@@ -197,6 +286,29 @@ mod tests {
         a.decrypt(1, 1, &mut x);
         assert_eq!(x, vec![1u8; 1024]);
         assert_ne!(y, vec![1u8; 1024]);
+    }
+
+    #[test]
+    fn gcm_seals_and_refuses_what_changed_and_ctr_round_trips() {
+        let key = [7u8; 32];
+        let nonce = [1u8; 12];
+        let mut tag = [0u8; 16];
+        let ct = aes256_gcm_seal(&key, &nonce, b"aad", b"plain text", &mut tag).unwrap();
+        assert_eq!(
+            aes256_gcm_open(&key, &nonce, b"aad", &ct, &tag).unwrap(),
+            b"plain text"
+        );
+        assert_eq!(
+            aes256_gcm_open(&key, &nonce, b"aaX", &ct, &tag),
+            Err(CryptoError::Authentication)
+        );
+        assert_eq!(
+            aes256_gcm_open(&[8u8; 32], &nonce, b"aad", &ct, &tag),
+            Err(CryptoError::Authentication)
+        );
+        let c = aes256_ctr(&key, b"chunk bytes");
+        assert_ne!(c, b"chunk bytes");
+        assert_eq!(aes256_ctr(&key, &c), b"chunk bytes");
     }
 
     #[test]

@@ -58,6 +58,7 @@ mod part;
 mod probe;
 mod signatures;
 mod swap;
+mod volume;
 
 pub use bytes::{hex, Region};
 /// The ext2/3/4 metadata checksums as e2fsprogs computes them (also for
@@ -65,9 +66,8 @@ pub use bytes::{hex, Region};
 pub use ext::csum as ext_csum;
 pub use extent::{clear_runs, normalize, Extent};
 pub use part::{guid_text, partitions, read_table, Partition, PartitionTable, Scheme};
-pub use probe::{
-    for_each_free_extent, free_space, probe, FreeSpace, FsKind, Health, Probe, Reason,
-};
+pub use probe::{for_each_free_extent, free_space, probe, FreeSpace};
+pub use volume::{FsKind, Health, Probe, Reason};
 
 #[doc(hidden)]
 pub use roamdisk_blockdev::BlockDev;

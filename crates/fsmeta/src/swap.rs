@@ -18,7 +18,7 @@ use roamdisk_blockdev::Result;
 
 use crate::bytes::{corrupt, sha256, text, uuid_text, Fields, Region};
 use crate::extent::Merger;
-use crate::probe::{FsKind, Health, Probe, Reason};
+use crate::volume::{FsKind, Health, Probe, Reason};
 
 const PAGE_SIZES: [usize; 5] = [4096, 8192, 16384, 32768, 65536];
 const HIBERNATION: [&[u8]; 4] = [b"S1SUSPEND", b"S2SUSPEND", b"ULSUSPEND", b"LINHIB0001"];

@@ -113,7 +113,7 @@ pub fn plan(o: &CreateOptions) -> Result<(MetaHeader, DataSuper, Option<[u8; 64]
         Encryption::None => (Cipher::None, KeySource::None, (0, 0, 0), None),
         Encryption::KeyFile(p) => {
             let key = if p.exists() {
-                crypto::read_key_file(p).map_err(bad)?
+                crypto::read_key_file(p).map_err(|e| bad(e.to_string()))?
             } else {
                 let k = crypto::new_key();
                 crypto::write_key_file(p, &k).map_err(|e| {
@@ -131,7 +131,8 @@ pub fn plan(o: &CreateOptions) -> Result<(MetaHeader, DataSuper, Option<[u8; 64]
                 return Err(bad("the passphrase is empty"));
             }
             crypto::random(&mut salt);
-            let key = crypto::derive_key(pw, &salt, crypto::ARGON_DEFAULT).map_err(bad)?;
+            let key = crypto::derive_key(pw, &salt, crypto::ARGON_DEFAULT)
+                .map_err(|e| bad(e.to_string()))?;
             (
                 Cipher::Aes256Xts,
                 KeySource::Passphrase,
@@ -231,7 +232,9 @@ pub fn resolve_key(header: &MetaHeader, k: &KeyOptions) -> Result<Option<[u8; 64
                 .key_file
                 .as_ref()
                 .ok_or_else(|| bad("the image is encrypted with a key file: give key-file=PATH"))?;
-            Ok(Some(crypto::read_key_file(p).map_err(bad)?))
+            Ok(Some(
+                crypto::read_key_file(p).map_err(|e| bad(e.to_string()))?,
+            ))
         }
         KeySource::Passphrase => {
             let p = k.passphrase_file.as_ref().ok_or_else(|| {
@@ -239,7 +242,8 @@ pub fn resolve_key(header: &MetaHeader, k: &KeyOptions) -> Result<Option<[u8; 64
             })?;
             let pw = read_passphrase(p).map_err(|e| Error::io(Op::Open, "lbs", e).path(p))?;
             Ok(Some(
-                crypto::derive_key(&pw, &header.salt, header.argon).map_err(bad)?,
+                crypto::derive_key(&pw, &header.salt, header.argon)
+                    .map_err(|e| bad(e.to_string()))?,
             ))
         }
     }

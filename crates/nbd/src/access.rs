@@ -8,7 +8,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::server::Export;
+use crate::export::Export;
 
 /// What the TLS handshake proved about a client.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -15,8 +15,11 @@ use roamdisk_blockdev::Access;
 use roamdisk_blockdev::Registry;
 use tokio::io::AsyncWriteExt;
 
+use crate::export::Export;
 use crate::handshake::negotiate;
-use crate::server::{BoxStream, Export, Shared, TlsMode};
+use crate::shared::Shared;
+use crate::stream::BoxStream;
+use crate::tls::TlsMode;
 use crate::transmission::serve;
 
 /// The default export (first, empty name): writable.

@@ -5,8 +5,11 @@ use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::access::Peer;
+use crate::export::Export;
 use crate::proto::*;
-use crate::server::{BoxStream, Export, Shared, TlsMode};
+use crate::shared::Shared;
+use crate::stream::BoxStream;
+use crate::tls::TlsMode;
 
 /// Most options one client may send before we hang up on it.
 const MAX_OPTIONS: usize = 1024;

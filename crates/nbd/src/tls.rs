@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::str::FromStr;
 use std::sync::OnceLock;
 
 use openssl::ex_data::Index;
@@ -19,13 +20,104 @@ use openssl::ssl::{
 use openssl::x509::X509Ref;
 
 use crate::access::TlsPeer;
-use crate::server::BoxStream;
+use crate::stream::BoxStream;
 
 /// Where the PSK callback notes the identity a client claimed, so that a
 /// failed handshake (wrong key) can still be logged with it.
 fn psk_index() -> Index<Ssl, String> {
     static INDEX: OnceLock<Index<Ssl, String>> = OnceLock::new();
     *INDEX.get_or_init(|| Ssl::new_ex_index().expect("OpenSSL ex_data index"))
+}
+
+/// How TLS is offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsMode {
+    /// STARTTLS is refused.
+    Off,
+    /// Clients may upgrade; plain clients are served too.
+    Optional,
+    /// Every option but STARTTLS and ABORT is refused until TLS is up.
+    Require,
+}
+
+impl FromStr for TlsMode {
+    type Err = TlsError;
+
+    /// `off`, `on` (clients may upgrade) or `require`, as `--tls` and a
+    /// config file's `tls` key give it.
+    fn from_str(s: &str) -> Result<TlsMode, TlsError> {
+        match s {
+            "off" => Ok(TlsMode::Off),
+            "on" => Ok(TlsMode::Optional),
+            "require" => Ok(TlsMode::Require),
+            other => Err(TlsError::BadMode(other.to_string())),
+        }
+    }
+}
+
+impl TlsMode {
+    /// The TLS policy of every roamdisk NBD server, in one place.
+    ///
+    /// Credentials are a certificate with its key, or a PSK file (or
+    /// both); a certificate without its key, or a key without its
+    /// certificate, is an error that says what to add. With no mode asked
+    /// for, TLS is required when there are credentials and off when there
+    /// are none; `on` and `require` need credentials. Returns the mode and,
+    /// unless it is off, the acceptor built from the credentials.
+    pub fn resolve(
+        requested: Option<TlsMode>,
+        creds: &TlsOptions,
+    ) -> Result<(TlsMode, Option<TlsAcceptor>), TlsError> {
+        creds.check_pairs()?;
+        let mode = requested.unwrap_or(if creds.has_credentials() {
+            TlsMode::Require
+        } else {
+            TlsMode::Off
+        });
+        if mode == TlsMode::Off {
+            return Ok((mode, None));
+        }
+        Ok((mode, Some(TlsAcceptor::new(creds)?)))
+    }
+}
+
+/// Why TLS cannot be set up, saying what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// Not a TLS mode.
+    #[error("--tls must be off, on or require, not '{0}'")]
+    BadMode(String),
+    /// A key without the certificate it belongs to.
+    #[error("a TLS key needs its certificate: add --tls-cert (tls-cert in a config file), or drop the key")]
+    KeyWithoutCert,
+    /// A certificate without its private key.
+    #[error("a TLS certificate needs its private key: add --tls-key (tls-key in a config file)")]
+    CertWithoutKey,
+    /// TLS asked for, but no credentials.
+    #[error("TLS needs --tls-cert and --tls-key, or --tls-psk")]
+    NoCredentials,
+    /// The PSK file cannot be read.
+    #[error("cannot read PSK file {}: {detail}", path.display())]
+    PskUnreadable {
+        path: PathBuf,
+        detail: std::io::Error,
+    },
+    /// A line of the PSK file is malformed.
+    #[error("{}:{line}: {problem}", path.display())]
+    PskLine {
+        path: PathBuf,
+        line: usize,
+        problem: &'static str,
+    },
+    /// The PSK file has no key in it.
+    #[error("PSK file {} holds no keys", path.display())]
+    PskEmpty { path: PathBuf },
+    /// OpenSSL refused a file (certificate, key, CA) or a setting.
+    #[error("{what}: {detail}")]
+    Ssl {
+        what: String,
+        detail: openssl::error::ErrorStack,
+    },
 }
 
 /// What TLS credentials to use.
@@ -39,6 +131,22 @@ pub struct TlsOptions {
     pub verify_ca: Option<PathBuf>,
     /// GnuTLS psktool key file (`identity:hexkey` per line).
     pub psk_file: Option<PathBuf>,
+}
+
+impl TlsOptions {
+    /// A certificate with its key, or a PSK file.
+    pub fn has_credentials(&self) -> bool {
+        (self.cert.is_some() && self.key.is_some()) || self.psk_file.is_some()
+    }
+
+    /// A certificate and a key come together or not at all.
+    fn check_pairs(&self) -> Result<(), TlsError> {
+        match (&self.cert, &self.key) {
+            (Some(_), None) => Err(TlsError::CertWithoutKey),
+            (None, Some(_)) => Err(TlsError::KeyWithoutCert),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// A configured TLS server context.
@@ -55,7 +163,7 @@ fn load_identity(
     key: &Path,
     verify_ca: Option<&Path>,
     verify: SslVerifyMode,
-) -> Result<(), String> {
+) -> Result<(), TlsError> {
     b.set_certificate_chain_file(cert)
         .map_err(|e| ssl_err(&format!("certificate {}", cert.display()), e))?;
     b.set_private_key_file(key, SslFiletype::PEM)
@@ -72,35 +180,35 @@ fn load_identity(
 
 /// The keys of a GnuTLS psktool file (`identity:hexkey` per line), by
 /// identity; the server reads all of them, a client the line of its own.
-pub(crate) fn read_psk_file(path: &Path) -> Result<HashMap<Vec<u8>, Vec<u8>>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read PSK file {}: {e}", path.display()))?;
+pub(crate) fn read_psk_file(path: &Path) -> Result<HashMap<Vec<u8>, Vec<u8>>, TlsError> {
+    let text = std::fs::read_to_string(path).map_err(|detail| TlsError::PskUnreadable {
+        path: path.to_path_buf(),
+        detail,
+    })?;
+    let bad = |i: usize, problem| TlsError::PskLine {
+        path: path.to_path_buf(),
+        line: i + 1,
+        problem,
+    };
     let mut keys = HashMap::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let (id, hex) = line.split_once(':').ok_or_else(|| {
-            format!(
-                "{}:{}: expected IDENTITY:HEXKEY (as written by psktool)",
-                path.display(),
-                i + 1
-            )
-        })?;
-        let key = decode_hex(hex.trim())
-            .ok_or_else(|| format!("{}:{}: key is not hexadecimal", path.display(), i + 1))?;
+        let (id, hex) = line
+            .split_once(':')
+            .ok_or_else(|| bad(i, "expected IDENTITY:HEXKEY (as written by psktool)"))?;
+        let key = decode_hex(hex.trim()).ok_or_else(|| bad(i, "key is not hexadecimal"))?;
         if key.is_empty() || key.len() > 256 {
-            return Err(format!(
-                "{}:{}: key must be 1 to 256 bytes",
-                path.display(),
-                i + 1
-            ));
+            return Err(bad(i, "key must be 1 to 256 bytes"));
         }
         keys.insert(id.as_bytes().to_vec(), key);
     }
     if keys.is_empty() {
-        return Err(format!("PSK file {} holds no keys", path.display()));
+        return Err(TlsError::PskEmpty {
+            path: path.to_path_buf(),
+        });
     }
     Ok(keys)
 }
@@ -115,8 +223,11 @@ fn decode_hex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-fn ssl_err(what: &str, e: impl std::fmt::Display) -> String {
-    format!("{what}: {e}")
+fn ssl_err(what: &str, detail: openssl::error::ErrorStack) -> TlsError {
+    TlsError::Ssl {
+        what: what.to_string(),
+        detail,
+    }
 }
 
 /// Answer a PSK client from `keys`, noting the identity it claimed.
@@ -160,7 +271,7 @@ fn tls_peer(ssl: &SslRef) -> TlsPeer {
 
 impl TlsAcceptor {
     /// Build a context from certificate files or a PSK file.
-    pub fn new(o: &TlsOptions) -> Result<Self, String> {
+    pub fn new(o: &TlsOptions) -> Result<Self, TlsError> {
         let mut b: SslContextBuilder = match (&o.cert, &o.key, &o.psk_file) {
             (Some(cert), Some(key), None) => {
                 let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server())
@@ -216,14 +327,9 @@ impl TlsAcceptor {
                 install_psk(&mut b, keys);
                 b
             }
-            (Some(_), None, _) | (None, Some(_), _) => {
-                return Err(
-                    "TLS needs both a certificate (--tls-cert) and its key (--tls-key)".into(),
-                )
-            }
-            (None, None, None) => {
-                return Err("TLS needs --tls-cert and --tls-key, or --tls-psk".into())
-            }
+            (Some(_), None, _) => return Err(TlsError::CertWithoutKey),
+            (None, Some(_), _) => return Err(TlsError::KeyWithoutCert),
+            (None, None, None) => return Err(TlsError::NoCredentials),
         };
         b.set_session_id_context(b"roamdisk")
             .map_err(|e| ssl_err("TLS setup", e))?;
@@ -268,5 +374,63 @@ mod tests {
         assert!(read_psk_file(&p).is_err());
         std::fs::write(&p, "\n").unwrap();
         assert!(read_psk_file(&p).is_err());
+    }
+
+    #[test]
+    fn one_policy_credentials_are_a_certificate_with_its_key_or_a_psk_file() {
+        let d = tempfile::tempdir().unwrap();
+        let psk = d.path().join("k.psk");
+        std::fs::write(&psk, "alice:0123abcd\n").unwrap();
+        let file = |n: &str| Some(d.path().join(n));
+        // Nothing asked, nothing given: off.
+        let (mode, acc) = TlsMode::resolve(None, &TlsOptions::default()).unwrap();
+        assert_eq!(mode, TlsMode::Off);
+        assert!(acc.is_none());
+        // A PSK file is a credential: TLS is required.
+        let creds = TlsOptions {
+            psk_file: Some(psk.clone()),
+            ..TlsOptions::default()
+        };
+        let (mode, acc) = TlsMode::resolve(None, &creds).unwrap();
+        assert_eq!(mode, TlsMode::Require);
+        assert!(acc.is_some());
+        assert_eq!(
+            TlsMode::resolve(Some(TlsMode::Off), &creds).unwrap().0,
+            TlsMode::Off
+        );
+        // A key alone, or a certificate alone, says what to add.
+        for (creds, want) in [
+            (
+                TlsOptions {
+                    key: file("k.pem"),
+                    ..TlsOptions::default()
+                },
+                "add --tls-cert",
+            ),
+            (
+                TlsOptions {
+                    cert: file("c.pem"),
+                    psk_file: Some(psk.clone()),
+                    ..TlsOptions::default()
+                },
+                "add --tls-key",
+            ),
+        ] {
+            for requested in [None, Some(TlsMode::Off), Some(TlsMode::Require)] {
+                let e = TlsMode::resolve(requested, &creds).err().unwrap();
+                assert!(e.to_string().contains(want), "{e}");
+            }
+        }
+        // TLS asked for without credentials.
+        let e = TlsMode::resolve(Some(TlsMode::Optional), &TlsOptions::default())
+            .err()
+            .unwrap();
+        assert!(matches!(e, TlsError::NoCredentials), "{e}");
+        assert_eq!("on".parse::<TlsMode>().unwrap(), TlsMode::Optional);
+        assert!("maybe"
+            .parse::<TlsMode>()
+            .unwrap_err()
+            .to_string()
+            .contains("off, on or require"));
     }
 }

@@ -27,10 +27,10 @@
 //! ([`buffers`]); whether a structured READ must look for holes comes from
 //! what the export's connections have learnt of its allocation ([`alloc`]).
 
-mod alloc;
+pub(crate) mod alloc;
 mod buffers;
-mod pace;
-mod spin;
+pub(crate) mod pace;
+pub(crate) mod spin;
 #[cfg(test)]
 mod tests;
 
@@ -46,20 +46,19 @@ use roamdisk_blockdev::{
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, WriteHalf};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
-pub(crate) use self::alloc::AllocMap;
+use self::alloc::AllocMap;
 use self::buffers::Buffers;
-pub(crate) use self::pace::BusyConns;
 use self::pace::Pace;
 use self::spin::Spin;
-pub(crate) use self::spin::Spinners;
 use crate::handshake::Session;
 use crate::proto::*;
-use crate::server::{BoxStream, Shared};
+use crate::shared::Shared;
+use crate::stream::BoxStream;
 
 /// Reads and writes up to this size may run inline.
 /// Larger ones go to the pool, where copying one request's data overlaps
 /// with receiving or sending the next on another CPU, unless there are
-/// enough busy connections to keep the CPUs busy ([`BusyConns`]); then
+/// enough busy connections to keep the CPUs busy ([`BusyConns`](pace::BusyConns)); then
 /// those up to `INLINE_WIDE_MAX_LEN` run inline too.
 const INLINE_MAX_LEN: u32 = 64 << 10;
 const INLINE_WIDE_MAX_LEN: u32 = 4 << 20;
@@ -82,7 +81,7 @@ struct Conn {
     ctx: IoContext,
     wrote: AtomicBool,
     /// Requests holding a slot; from 0 to 1 and back the connection
-    /// enters and leaves the server's [`BusyConns`].
+    /// enters and leaves the server's [`BusyConns`](pace::BusyConns).
     in_flight: AtomicUsize,
     pace: Pace,
     buffers: Buffers,

@@ -18,10 +18,6 @@
 //! `cas-lookaside-index.md`, `cas-working-set.md`. Manual:
 //! `docs/layers/cas.md`, `docs/roaming.md`.
 
-// Until its temp+rename writes go through roamdisk_blockdev::durable
-// (cache/pins.rs, cache/shared.rs, session/workset.rs): clippy.toml refuses renames elsewhere.
-#![allow(clippy::disallowed_methods)]
-
 pub mod cache;
 pub mod checkout;
 pub mod fetch;

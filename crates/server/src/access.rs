@@ -1,5 +1,5 @@
 //! Who a connection is ([`identify`]) and what a client may open
-//! ([`Grant`]).
+//! ([`Grant`], [`views_of`]).
 
 use roamdisk_nbd::Peer;
 
@@ -58,6 +58,45 @@ pub fn grants(client: &ClientConfig) -> impl Iterator<Item = (&str, Grant)> {
             .iter()
             .map(|n| (n.as_str(), Grant::ReadOnly)),
     )
+}
+
+/// Why a client's views cannot be worked on (`server reset`, `server
+/// promote`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GrantError {
+    #[error("no [[client]] named '{0}' in the config")]
+    NoClient(String),
+    #[error("client '{client}' has '{image}' read-only: it has no view of it")]
+    ReadOnly { client: String, image: String },
+    #[error("client '{client}' has no grant for an image '{image}'")]
+    NoGrant { client: String, image: String },
+}
+
+/// The images whose views of `client` to work on: `image` (which the
+/// client must have as a view), or all its views.
+pub fn views_of(
+    cfg: &ServerConfig,
+    client: &str,
+    image: Option<&str>,
+) -> Result<Vec<String>, GrantError> {
+    let c = cfg
+        .client(client)
+        .ok_or_else(|| GrantError::NoClient(client.to_string()))?;
+    let Some(im) = image else {
+        return Ok(c.view.clone());
+    };
+    let named = || (client.to_string(), im.to_string());
+    match grant(c, im) {
+        Some(Grant::View) => Ok(vec![im.to_string()]),
+        Some(Grant::ReadOnly) => {
+            let (client, image) = named();
+            Err(GrantError::ReadOnly { client, image })
+        }
+        None => {
+            let (client, image) = named();
+            Err(GrantError::NoGrant { client, image })
+        }
+    }
 }
 
 #[cfg(test)]
@@ -168,5 +207,24 @@ psk-identity = "carol"
             grants(alice).map(|(n, _)| n).collect::<Vec<_>>(),
             ["a", "b"]
         );
+    }
+
+    #[test]
+    fn views_of_a_client_are_its_views_and_nothing_else() {
+        let c = cfg();
+        assert_eq!(views_of(&c, "alice", None).unwrap(), vec!["a".to_string()]);
+        assert_eq!(
+            views_of(&c, "alice", Some("a")).unwrap(),
+            vec!["a".to_string()]
+        );
+        assert!(views_of(&c, "bob", None).unwrap().is_empty());
+        for (client, image, want) in [
+            ("alice", Some("b"), "read-only: it has no view"),
+            ("bob", Some("a"), "no grant for an image 'a'"),
+            ("dave", None, "no [[client]] named 'dave'"),
+        ] {
+            let e = views_of(&c, client, image).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
     }
 }

@@ -109,16 +109,16 @@ fn min_block() -> Bytes {
 
 impl CacheConfig {
     /// The cache's options, checked; `None` for a size of 0.
-    pub fn options(&self) -> Result<Option<CacheOptions>, String> {
+    pub fn options(&self) -> Result<Option<CacheOptions>, ServerConfigError> {
         let at = |key: &str| format!("[cache] key '{key}'");
-        let policy =
-            PolicySpec::parse(&self.policy).map_err(|e| format!("{}: {}", at("policy"), e.0))?;
+        let policy = PolicySpec::parse(&self.policy)
+            .map_err(|e| ServerConfigError(format!("{}: {}", at("policy"), e.0)))?;
         let Bytes(block) = self.block;
         if !block.is_power_of_two() || !(MIN_BLOCK..=MAX_BLOCK).contains(&block) {
-            return Err(format!(
+            return Err(ServerConfigError(format!(
                 "{}: {block} must be a power of two from 4K to 1M",
                 at("block")
-            ));
+            )));
         }
         let Bytes(size) = self.size;
         if size == 0 {
@@ -126,18 +126,18 @@ impl CacheConfig {
         }
         let blocks = size / block;
         if blocks == 0 {
-            return Err(format!(
+            return Err(ServerConfigError(format!(
                 "{}: {size} bytes hold no block of {block} bytes; give at least the block size (or 0 for no cache)",
                 at("size")
-            ));
+            )));
         }
         let shards = match self.shards {
-            Some(0) => return Err(format!("{}: give at least 1", at("shards"))),
+            Some(0) => return Err(ServerConfigError(format!("{}: give at least 1", at("shards")))),
             Some(n) if n as u64 > blocks => {
-                return Err(format!(
+                return Err(ServerConfigError(format!(
                     "{}: {n} shards for a cache of {blocks} blocks; give at most {blocks} (or a larger size)",
                     at("shards")
-                ))
+                )))
             }
             Some(n) => n,
             None => DEFAULT_SHARDS.min(blocks as usize),
@@ -257,96 +257,109 @@ impl ServerConfig {
         }
         let cfg: ServerConfig =
             toml::from_str(text).map_err(|e| ServerConfigError(e.to_string().trim().into()))?;
-        cfg.check().map_err(ServerConfigError)?;
+        cfg.check()?;
         Ok(cfg)
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), ServerConfigError> {
         if self.socket.is_none() && self.listen.is_empty() {
-            return Err(
+            return Err(ServerConfigError(
                 "no listener: give socket = \"PATH\" and/or listen = [\"ADDR:PORT\"]".into(),
-            );
+            ));
         }
         let has_cert = self.tls_cert.is_some() || self.tls_key.is_some();
         if self.tls_cert.is_some() != self.tls_key.is_some() {
-            return Err("keys 'tls-cert' and 'tls-key' go together".into());
+            return Err(ServerConfigError(
+                "keys 'tls-cert' and 'tls-key' go together".into(),
+            ));
         }
         if !self.listen.is_empty() && !has_cert && self.tls_psk.is_none() {
-            return Err(
+            return Err(ServerConfigError(
                 "key 'listen': TCP clients must use TLS; give tls-cert + tls-key and/or tls-psk"
                     .into(),
-            );
+            ));
         }
         if self.tls_verify_ca.is_some() && !has_cert {
-            return Err("key 'tls-verify-ca' needs tls-cert and tls-key".into());
+            return Err(ServerConfigError(
+                "key 'tls-verify-ca' needs tls-cert and tls-key".into(),
+            ));
         }
         if self.image.is_empty() {
-            return Err("no [[image]] table".into());
+            return Err(ServerConfigError("no [[image]] table".into()));
         }
         if let Some(c) = &self.cache {
             c.options()?;
         }
         for (i, im) in self.image.iter().enumerate() {
             if !valid_name(&im.name) {
-                return Err(format!(
+                return Err(ServerConfigError(format!(
                     "image[{i}] key 'name': '{}' must be 1-64 letters, digits, '.', '_' or '-', not starting with '.'",
                     im.name
-                ));
+                )));
             }
             if self.image[..i].iter().any(|x| x.name == im.name) {
-                return Err(format!("image name '{}' appears twice", im.name));
+                return Err(ServerConfigError(format!(
+                    "image name '{}' appears twice",
+                    im.name
+                )));
             }
         }
         for (i, c) in self.client.iter().enumerate() {
             let at = |key: &str| format!("client '{}' key '{key}'", c.name);
             if !valid_name(&c.name) {
-                return Err(format!(
+                return Err(ServerConfigError(format!(
                     "client[{i}] key 'name': '{}' must be 1-64 letters, digits, '.', '_' or '-', not starting with '.'",
                     c.name
-                ));
+                )));
             }
             if self.client[..i].iter().any(|x| x.name == c.name) {
-                return Err(format!("client name '{}' appears twice", c.name));
+                return Err(ServerConfigError(format!(
+                    "client name '{}' appears twice",
+                    c.name
+                )));
             }
             if c.cert_cn.is_none()
                 && c.cert_sha256.is_none()
                 && c.psk_identity.is_none()
                 && c.uid.is_none()
             {
-                return Err(format!(
+                return Err(ServerConfigError(format!(
                     "client '{}' has no identity: give cert-cn, cert-sha256, psk-identity and/or uid",
                     c.name
-                ));
+                )));
             }
             if c.cert_cn.is_some() && self.tls_verify_ca.is_none() {
-                return Err(format!(
+                return Err(ServerConfigError(format!(
                     "{}: a certificate's name proves nothing unless tls-verify-ca checks who signed it",
                     at("cert-cn")
-                ));
+                )));
             }
             if let Some(fp) = &c.cert_sha256 {
                 let n = normalize_fingerprint(fp);
                 if n.len() != 64 || !n.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(format!(
+                    return Err(ServerConfigError(format!(
                         "{}: expected 64 hex digits (openssl x509 -noout -fingerprint -sha256)",
                         at("cert-sha256")
-                    ));
+                    )));
                 }
                 if self.tls_verify_ca.is_none() {
-                    return Err(format!(
+                    return Err(ServerConfigError(format!(
                         "{}: needs tls-verify-ca (the server asks for client certificates only then)",
                         at("cert-sha256")
-                    ));
+                    )));
                 }
             }
             if c.psk_identity.is_some() && self.tls_psk.is_none() {
-                return Err(format!("{}: needs tls-psk", at("psk-identity")));
+                return Err(ServerConfigError(format!(
+                    "{}: needs tls-psk",
+                    at("psk-identity")
+                )));
             }
             if c.uid.is_some() && self.socket.is_none() {
-                return Err(format!(
+                return Err(ServerConfigError(format!(
                     "{}: uids are checked on the Unix socket only; give socket",
                     at("uid")
-                ));
+                )));
             }
             for x in &self.client[..i] {
                 let same = |a: &Option<String>, b: &Option<String>| a.is_some() && a == b;
@@ -365,25 +378,28 @@ impl ServerConfig {
                     None
                 };
                 if let Some(key) = clash {
-                    return Err(format!(
+                    return Err(ServerConfigError(format!(
                         "{}: the same identity as client '{}'",
                         at(key),
                         x.name
-                    ));
+                    )));
                 }
             }
             for (key, list) in [("view", &c.view), ("read-only", &c.read_only)] {
                 for name in list {
                     if !self.image.iter().any(|im| &im.name == name) {
-                        return Err(format!("{}: no [[image]] named '{name}'", at(key)));
+                        return Err(ServerConfigError(format!(
+                            "{}: no [[image]] named '{name}'",
+                            at(key)
+                        )));
                     }
                 }
             }
             if let Some(name) = c.view.iter().find(|n| c.read_only.contains(n)) {
-                return Err(format!(
+                return Err(ServerConfigError(format!(
                     "{}: '{name}' is also in view; grant an image one way",
                     at("read-only")
-                ));
+                )));
             }
         }
         Ok(())

@@ -7,6 +7,7 @@
 //!   [`fetch_status`] (`roamdisk server status`) reads.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +17,9 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
-use crate::metrics::{Metrics, Status, STATUS_FORMAT, STATUS_VERSION};
+use crate::config::{ServerConfig, ServerConfigError};
+use crate::metrics::Metrics;
+use crate::status::{Status, STATUS_FORMAT, STATUS_VERSION};
 
 /// A running metrics endpoint; told to stop when dropped (not waited
 /// for: a scraper holding its connection open must not hold up the
@@ -91,31 +94,84 @@ pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<Metrics
     })
 }
 
+/// Why the status of a running server cannot be had.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// The config cannot be read.
+    #[error(transparent)]
+    Config(#[from] ServerConfigError),
+    /// The config has no metrics endpoint to ask.
+    #[error("{} has no metrics key: add metrics = \"127.0.0.1:PORT\" and restart the server", .0.display())]
+    NoMetrics(PathBuf),
+    /// Nothing listens at the metrics address.
+    #[error("nothing answers at {0} (the config's metrics address): is the server running?")]
+    NotRunning(SocketAddr),
+    /// The request failed.
+    #[error("cannot fetch {url}: {error}")]
+    Fetch { url: String, error: ureq::Error },
+    /// The answer could not be read.
+    #[error("cannot read {url}: {error}")]
+    Read { url: String, error: ureq::Error },
+    /// The answer is not a status document.
+    #[error(
+        "{url} is not a roamdisk server's status ({error}); is something else listening there?"
+    )]
+    NotStatus {
+        url: String,
+        error: serde_json::Error,
+    },
+    /// A status document of another format or version.
+    #[error("{url}: a '{format}' document version {version}, this roamdisk reads '{STATUS_FORMAT}' version {STATUS_VERSION}")]
+    Version {
+        url: String,
+        format: String,
+        version: u32,
+    },
+}
+
+/// The status of the server running with the config at `path`, from its
+/// metrics endpoint.
+pub fn status_of(path: &Path) -> Result<Status, StatusError> {
+    let cfg = ServerConfig::read(path)?;
+    let addr = cfg
+        .metrics
+        .ok_or_else(|| StatusError::NoMetrics(path.to_path_buf()))?;
+    fetch_status(addr)
+}
+
 /// `GET http://ADDR/status.json` of a running server.
-pub fn fetch_status(addr: SocketAddr) -> Result<Status, String> {
+pub fn fetch_status(addr: SocketAddr) -> Result<Status, StatusError> {
     let url = format!("http://{addr}/status.json");
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(Duration::from_secs(10)))
         .build()
         .into();
     let mut resp = agent.get(&url).call().map_err(|e| match e {
-        ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => format!(
-            "nothing answers at {addr} (the config's metrics address): is the server running?"
-        ),
-        e => format!("cannot fetch {url}: {e}"),
+        ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            StatusError::NotRunning(addr)
+        }
+        error => StatusError::Fetch {
+            url: url.clone(),
+            error,
+        },
     })?;
     let text = resp
         .body_mut()
         .read_to_string()
-        .map_err(|e| format!("cannot read {url}: {e}"))?;
-    let st: Status = serde_json::from_str(&text).map_err(|e| {
-        format!("{url} is not a roamdisk server's status ({e}); is something else listening there?")
+        .map_err(|error| StatusError::Read {
+            url: url.clone(),
+            error,
+        })?;
+    let st: Status = serde_json::from_str(&text).map_err(|error| StatusError::NotStatus {
+        url: url.clone(),
+        error,
     })?;
     if st.format != STATUS_FORMAT || st.version != STATUS_VERSION {
-        return Err(format!(
-            "{url}: a '{}' document version {}, this roamdisk reads '{STATUS_FORMAT}' version {STATUS_VERSION}",
-            st.format, st.version
-        ));
+        return Err(StatusError::Version {
+            url,
+            format: st.format,
+            version: st.version,
+        });
     }
     Ok(st)
 }

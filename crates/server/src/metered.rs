@@ -9,10 +9,7 @@ use std::time::Instant;
 
 use roamdisk_blockdev::{BlockDev, ErrorKind, Extent, Result, WriteFlags, ZeroFlags};
 
-use crate::metrics::{OpKind, Pair};
-
-/// The refusal kind of a write to a read-only grant.
-pub const READ_ONLY_WRITE: &str = "read_only_write";
+use crate::metrics::{OpKind, Pair, READ_ONLY_WRITE};
 
 /// `next`, counted into `pair`.
 pub struct Metered {

@@ -1,7 +1,7 @@
 //! What a running server counts, and the two documents it serves from
 //! them (`docs/server.md`, "Metrics"): `/metrics` in Prometheus' text
-//! format and `/status.json` ([`Status`], which `roamdisk server status`
-//! reads).
+//! format and `/status.json` (the [`Status`] of [`crate::status`], which
+//! `roamdisk server status` reads).
 //!
 //! Every (client, image) grant of the config has its [`Pair`] of counters,
 //! made when the server starts, so that counting a request looks nothing
@@ -21,11 +21,14 @@ use std::time::Instant;
 
 use roamdisk_blockdev::layers::cow::CowDev;
 use roamdisk_cachesim::layer::BlockCache;
-use serde::{Deserialize, Serialize};
 
 use crate::access::{grants, Grant};
 use crate::config::ServerConfig;
 use crate::state::overlay_path;
+use crate::status::{
+    CacheStatus, ClientStatus, ImageCacheStatus, ImageStatus, OpStatus, Status, STATUS_FORMAT,
+    STATUS_VERSION,
+};
 
 /// The operations counted, in the order of [`Pair::ops`].
 pub const OPS: [&str; 6] = [
@@ -55,14 +58,21 @@ pub const BUCKETS_US: [u64; 16] = [
     500_000, 1_000_000,
 ];
 
+/// Refusal kinds of the resolver ([`crate::views`]).
+pub const UNKNOWN_CLIENT: &str = "unknown_client";
+pub const NOT_GRANTED: &str = "not_granted";
+pub const VIEW_FAILED: &str = "view_failed";
+/// The refusal kind of a write to a read-only grant ([`crate::metered`]).
+pub const READ_ONLY_WRITE: &str = "read_only_write";
+
 /// Refusal kinds shown even while zero.
 pub const REFUSALS: [&str; 6] = [
-    crate::views::UNKNOWN_CLIENT,
-    crate::views::NOT_GRANTED,
-    crate::views::VIEW_FAILED,
+    UNKNOWN_CLIENT,
+    NOT_GRANTED,
+    VIEW_FAILED,
     roamdisk_nbd::access::refusal_kind::TLS_REQUIRED,
     roamdisk_nbd::access::refusal_kind::TLS_FAILED,
-    crate::metered::READ_ONLY_WRITE,
+    READ_ONLY_WRITE,
 ];
 
 /// Counters of one operation of one pair.
@@ -601,97 +611,6 @@ impl Prom {
         }
         let _ = writeln!(self.0, " {v}");
     }
-}
-
-/// The value of the status document's `format` key.
-pub const STATUS_FORMAT: &str = "roamdisk-server-status";
-/// Its version.
-pub const STATUS_VERSION: u32 = 1;
-
-/// `/status.json` (docs/server.md, "Status").
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Status {
-    pub format: String,
-    pub version: u32,
-    pub uptime_seconds: f64,
-    /// `null` without a server cache.
-    pub cache: Option<CacheStatus>,
-    pub images: Vec<ImageStatus>,
-    /// One entry per grant (client, image), in the config's order.
-    pub clients: Vec<ClientStatus>,
-    /// Refusals per reason.
-    pub refusals: BTreeMap<String, u64>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CacheStatus {
-    pub policy: String,
-    /// The configured size in bytes.
-    pub size: u64,
-    pub block: u64,
-    pub shards: usize,
-    /// Whole blocks of the size.
-    pub capacity_bytes: u64,
-    pub hits: u64,
-    pub misses: u64,
-    pub evictions: u64,
-    /// Resident blocks times the block size.
-    pub bytes_held: u64,
-    /// hits / (hits + misses); `null` before the first access.
-    pub hit_ratio: Option<f64>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ImageStatus {
-    pub name: String,
-    pub size: u64,
-    /// Behind the server cache.
-    pub cached: bool,
-    /// Its share of the cache's counters (when cached).
-    pub cache: Option<ImageCacheStatus>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ImageCacheStatus {
-    pub hits: u64,
-    pub misses: u64,
-    /// Its blocks evicted (to admit a block of any image).
-    pub evictions: u64,
-    pub bytes_held: u64,
-    pub bytes_from_cache: u64,
-    /// Bytes the cache read from the image (whole blocks).
-    pub bytes_from_image: u64,
-    pub hit_ratio: Option<f64>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ClientStatus {
-    pub client: String,
-    pub image: String,
-    /// `view` or `read-only`.
-    pub grant: String,
-    pub connections_open: u64,
-    /// Connections since the server started.
-    pub connections: u64,
-    /// Per operation: read, write, write_zeroes, trim, flush, block_status.
-    pub ops: BTreeMap<String, OpStatus>,
-    /// Views only, once the overlay exists.
-    pub overlay_allocated_bytes: Option<u64>,
-    /// Views only, once the view was opened since the server started.
-    pub overlay_mapped_bytes: Option<u64>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct OpStatus {
-    pub requests: u64,
-    pub errors: u64,
-    /// Bytes of the requests that succeeded (read and written bytes for
-    /// read and write; the length for write_zeroes and trim).
-    pub bytes: u64,
-    pub latency_mean_us: Option<f64>,
-    /// From the histogram: interpolated within a bucket.
-    pub latency_p50_us: Option<f64>,
-    pub latency_p99_us: Option<f64>,
 }
 
 #[cfg(test)]

@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 
 use roamdisk_blockdev::layers::cow::map_path;
 
+use crate::access::{views_of, GrantError};
+use crate::config::{ServerConfig, ServerConfigError};
+
 /// The lock file's name in the state directory.
 pub const LOCK: &str = "server.lock";
 
@@ -87,4 +90,36 @@ impl StateLock {
         }
         Ok(had)
     }
+}
+
+/// Why `server reset` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ResetError {
+    #[error(transparent)]
+    Config(#[from] ServerConfigError),
+    #[error(transparent)]
+    Grant(#[from] GrantError),
+    /// The state directory is locked (a server runs on it) or an overlay
+    /// cannot be removed.
+    #[error(transparent)]
+    State(#[from] std::io::Error),
+}
+
+/// `server reset`: with the config at `path`, return `client` to the
+/// golden image of `image` (which it must have as a view), or of every
+/// image it has as a view, taking the state directory's lock first.
+/// `done` is told each image reset and whether it had an overlay.
+pub fn reset(
+    path: &Path,
+    client: &str,
+    image: Option<&str>,
+    mut done: impl FnMut(&str, bool),
+) -> Result<(), ResetError> {
+    let cfg = ServerConfig::read(path)?;
+    let images = views_of(&cfg, client, image)?;
+    let lock = StateLock::take(&cfg.state)?;
+    for im in images {
+        done(&im, lock.reset(client, &im)?);
+    }
+    Ok(())
 }

@@ -25,13 +25,42 @@ use roamdisk_nbd::{Export, ExportResolver, Peer, Refusal};
 use crate::access::{grant, grants, identify, Grant};
 use crate::config::ServerConfig;
 use crate::metered::Metered;
-use crate::metrics::{Connection, Metrics};
+use crate::metrics::{Connection, Metrics, NOT_GRANTED, UNKNOWN_CLIENT, VIEW_FAILED};
 use crate::state::overlay_path;
 
-/// Refusal kinds of the resolver (counted in `/metrics`).
-pub const UNKNOWN_CLIENT: &str = "unknown_client";
-pub const NOT_GRANTED: &str = "not_granted";
-pub const VIEW_FAILED: &str = "view_failed";
+/// Why the golden images, the cache or a client's view cannot be opened
+/// (each says which image and what to fix).
+#[derive(Debug, thiserror::Error)]
+pub enum ViewsError {
+    /// An image's `stack` or `view-layers` does not parse or open.
+    #[error("image '{image}' key '{key}': {error}")]
+    Key {
+        image: String,
+        key: &'static str,
+        error: Box<roamdisk_blockdev::Error>,
+    },
+    /// An image's stack does not open.
+    #[error("cannot open image '{image}': {error}")]
+    Image {
+        image: String,
+        error: Box<roamdisk_blockdev::Error>,
+    },
+    /// The `[cache]` table's cache cannot be made.
+    #[error("[cache]: {0}")]
+    Cache(Box<roamdisk_blockdev::Error>),
+    /// An image cannot be put behind the cache.
+    #[error("image '{image}': {error}")]
+    Attach {
+        image: String,
+        error: Box<roamdisk_blockdev::Error>,
+    },
+    /// A client's view (its overlay) does not open.
+    #[error("cannot open the view: {0}")]
+    View(Box<roamdisk_blockdev::Error>),
+    /// The layers of an image's `view-layers` do not open over a view.
+    #[error("cannot open the view's view-layers: {0}")]
+    ViewLayers(Box<roamdisk_blockdev::Error>),
+}
 
 /// A client's opened view: its export (metered) and the same view
 /// unmetered, for the server's final flush.
@@ -64,15 +93,20 @@ pub struct Views {
 pub fn open_golden(
     cfg: &ServerConfig,
     reg: &Registry,
-) -> Result<HashMap<String, Arc<dyn BlockDev>>, String> {
+) -> Result<HashMap<String, Arc<dyn BlockDev>>, ViewsError> {
     let mut golden = HashMap::new();
     for im in &cfg.image {
-        let spec = reg
-            .parse(&im.stack)
-            .map_err(|e| format!("image '{}' key 'stack': {e}", im.name))?;
+        let spec = reg.parse(&im.stack).map_err(|error| ViewsError::Key {
+            image: im.name.clone(),
+            key: "stack",
+            error: Box::new(error),
+        })?;
         let dev = reg
             .open(&spec, Access::ReadOnly)
-            .map_err(|e| format!("cannot open image '{}': {e}", im.name))?;
+            .map_err(|error| ViewsError::Image {
+                image: im.name.clone(),
+                error: Box::new(error),
+            })?;
         golden.insert(im.name.clone(), dev);
     }
     Ok(golden)
@@ -120,23 +154,27 @@ fn meter(
 impl Views {
     /// Open the golden images, behind the server cache if the config has
     /// one; views open on demand.
-    pub fn open(cfg: Arc<ServerConfig>, state: &Path, reg: &Registry) -> Result<Views, String> {
+    pub fn open(cfg: Arc<ServerConfig>, state: &Path, reg: &Registry) -> Result<Views, ViewsError> {
         let mut golden = open_golden(&cfg, reg)?;
         let mut view_layers = HashMap::new();
         for im in &cfg.image {
             if let Some(v) = &im.view_layers {
-                let bad = |m: String| format!("image '{}' key 'view-layers': {m}", im.name);
-                let spec = reg.parse_over(v).map_err(|e| bad(e.to_string()))?;
+                let bad = |error| ViewsError::Key {
+                    image: im.name.clone(),
+                    key: "view-layers",
+                    error: Box::new(error),
+                };
+                let spec = reg.parse_over(v).map_err(bad)?;
                 // Their options are checked when they open: open them
                 // once now, over a stand-in, so a mistake stops the start.
                 let stand_in = Arc::new(roamdisk_blockdev::layers::mem::MemDev::new(1 << 20));
                 reg.open_over(&spec, Access::ReadWrite, stand_in)
-                    .map_err(|e| bad(e.to_string()))?;
+                    .map_err(bad)?;
                 view_layers.insert(im.name.clone(), spec);
             }
         }
         let cache = match cfg.cache_options() {
-            Some(o) => Some(BlockCache::new(o).map_err(|e| format!("[cache]: {e}"))?),
+            Some(o) => Some(BlockCache::new(o).map_err(|e| ViewsError::Cache(Box::new(e)))?),
             None => None,
         };
         let mut metrics = Metrics::new(&cfg, state);
@@ -149,7 +187,10 @@ impl Views {
                 let d = u32::try_from(i).unwrap_or(u32::MAX);
                 let front = c
                     .attach(d, dev.clone())
-                    .map_err(|e| format!("image '{}': {e}", im.name))?;
+                    .map_err(|error| ViewsError::Attach {
+                        image: im.name.clone(),
+                        error: Box::new(error),
+                    })?;
                 golden.insert(im.name.clone(), Arc::new(front));
                 device = Some(d);
             }
@@ -198,7 +239,7 @@ impl Views {
 
     /// `client`'s view of `image`, opened (and its overlay created) on
     /// first use.
-    fn view(&self, client: &str, image: &str) -> Result<Arc<Export>, String> {
+    fn view(&self, client: &str, image: &str) -> Result<Arc<Export>, ViewsError> {
         let mut views = self.views.lock();
         let key = (client.to_string(), image.to_string());
         if let Some(v) = views.get(&key) {
@@ -214,7 +255,7 @@ impl Views {
         .map_err(|e| {
             // The client is refused; the admin has something to fix.
             tracing::error!(client, image, error = %e, "cannot open a client's view");
-            format!("cannot open the view: {e}")
+            ViewsError::View(Box::new(e))
         })?;
         let description = self
             .cfg
@@ -234,7 +275,7 @@ impl Views {
                 .open_over(spec, Access::ReadWrite, dev)
                 .map_err(|e| {
                     tracing::error!(client, image, error = %e, "cannot open a client's view");
-                    format!("cannot open the view's view-layers: {e}")
+                    ViewsError::ViewLayers(Box::new(e))
                 })?;
         }
         let checked: Arc<dyn BlockDev> = Arc::new(Checked::new(dev, Access::ReadWrite));

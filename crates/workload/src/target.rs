@@ -182,8 +182,7 @@ impl Target {
     /// block device (O_DIRECT unless `opts.direct` is off), or a stack.
     pub fn open(reg: &Registry, s: &str, opts: &TargetOptions) -> Result<Target> {
         if NbdUri::is_uri(s) {
-            let uri = NbdUri::parse(s)
-                .map_err(|m| Error::new(ErrorKind::InvalidArgument, Op::Open, "nbd", m))?;
+            let uri = NbdUri::parse(s)?;
             let probe = NbdDev::connect(&uri)?;
             let size = probe.size();
             return Ok(Target {

@@ -530,6 +530,23 @@ pub fn qemu_io_command(image: &str, cmds: &[String]) -> Command {
     c
 }
 
+/// `qemu-io` arguments that run `cmds` on `export` of the NBD server at
+/// 127.0.0.1:`port` over TLS, with qemu's credentials object `creds`
+/// (`tls-creds-x509,...` or `tls-creds-psk,...`, whose id is `tls0`).
+pub fn qemu_io_tls_args(creds: String, port: u16, export: &str, cmds: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        "--object".to_string(),
+        creds,
+        "--image-opts".to_string(),
+        format!("driver=nbd,host=127.0.0.1,port={port},export={export},tls-creds=tls0"),
+    ];
+    for c in cmds {
+        v.push("-c".into());
+        v.push(c.to_string());
+    }
+    v
+}
+
 /// Panic at the first differing byte of two files (or if their sizes differ).
 pub fn assert_files_equal(a: &Path, b: &Path) {
     use std::os::unix::fs::FileExt;

@@ -35,7 +35,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crate::dev::{Alloc, BlockDev, Extent, WriteFlags, ZeroFlags};
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Op, Result};
 use crate::layers::report::{write_report, ReportAt};
 
 /// The emulated disk's parameters.
@@ -137,15 +137,20 @@ impl Disk {
     /// The disk called `name` in this process, made with `spec` if no
     /// layer holds it now; a different `spec` for a disk in use is an
     /// error (one spindle has one set of parameters).
-    pub fn named(name: &str, spec: HddSpec) -> std::result::Result<Arc<Disk>, String> {
+    pub fn named(name: &str, spec: HddSpec) -> Result<Arc<Disk>> {
         static DISKS: OnceLock<Mutex<HashMap<String, Weak<Disk>>>> = OnceLock::new();
         let mut disks = DISKS.get_or_init(Default::default).lock();
         disks.retain(|_, d| d.strong_count() > 0);
         if let Some(d) = disks.get(name).and_then(Weak::upgrade) {
             if d.spec != spec {
-                return Err(format!(
-                    "head '{name}' is already open with other settings ({:?}); give every layer on it the same",
-                    d.spec
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    Op::Open,
+                    "hdd",
+                    format!(
+                        "head '{name}' is already open with other settings ({:?}); give every layer on it the same",
+                        d.spec
+                    ),
                 ));
             }
             return Ok(d);
@@ -375,7 +380,10 @@ mod tests {
             rpm: 7200,
             ..spec()
         };
-        let e = Disk::named("test-shared", other).err().expect("refused");
+        let e = Disk::named("test-shared", other)
+            .err()
+            .expect("refused")
+            .to_string();
         assert!(e.contains("other settings"), "{e}");
         drop((a, b));
         assert!(Disk::named("test-shared", other).is_ok());

@@ -11,10 +11,21 @@ use std::sync::Arc;
 
 use crate::dev::BlockDev;
 use crate::error::{Error, ErrorKind, Op};
-use crate::spec::{LayerKind, OpenCtx};
+use crate::spec::{LayerKind, OpenCtx, Registry};
 
 /// The layer kinds of this crate.
 pub static BUILTIN: &[&LayerKind] = &[&RAW, &MEM, &COW, &THROTTLE, &HDD];
+
+impl Registry {
+    /// A registry with the generic layers of this crate ([`BUILTIN`]).
+    pub fn with_builtin() -> Self {
+        let mut r = Registry::default();
+        for k in BUILTIN {
+            r.add(k);
+        }
+        r
+    }
+}
 
 /// `raw:PATH`.
 pub static RAW: LayerKind = LayerKind {
@@ -140,7 +151,7 @@ pub static HDD: LayerKind = LayerKind {
             c => return Err(bad(format!("charge '{c}': expected all or writes"))),
         };
         let disk = match ctx.opt("head") {
-            Some(name) => hdd::Disk::named(name, spec).map_err(bad)?,
+            Some(name) => hdd::Disk::named(name, spec)?,
             None => hdd::Disk::new(spec),
         };
         Ok(Arc::new(hdd::HddDev::on(next, disk, charge_reads, report)) as Arc<dyn BlockDev>)

@@ -240,36 +240,39 @@ pub fn encode_commit(runs: &[Run], seq: u64, mut chain: u32) -> (Vec<u8>, u32) {
     (buf, chain)
 }
 
+/// A minimal header for the format's own tests and the engine's
+/// (`overlay/mod.rs`).
 #[cfg(test)]
-pub(crate) mod tests {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TestHeader {
+    pub units: u64,
+}
+
+#[cfg(test)]
+impl MapHeader for TestHeader {
+    const MAGIC: [u8; 8] = *b"RDTESTMP";
+    const VERSION: u32 = 1;
+    const MAX_STATE: u8 = 3;
+    const WHAT: &'static str = "test map";
+    fn encode_body(&self, body: &mut [u8; BODY_SIZE]) {
+        body[..8].copy_from_slice(&self.units.to_le_bytes());
+    }
+    fn parse_body(body: &[u8; BODY_SIZE]) -> Result<Self, MapError> {
+        if body[8..].iter().any(|&x| x != 0) {
+            return Err(MapError::BadField("reserved bytes are not zero".into()));
+        }
+        Ok(TestHeader {
+            units: u64_at(body, 0),
+        })
+    }
+    fn units(&self) -> u64 {
+        self.units
+    }
+}
+
+#[cfg(test)]
+mod tests {
     use super::*;
-
-    /// A minimal header for the format's own tests.
-    #[derive(Debug, Clone, PartialEq, Eq)]
-    pub struct TestHeader {
-        pub units: u64,
-    }
-
-    impl MapHeader for TestHeader {
-        const MAGIC: [u8; 8] = *b"RDTESTMP";
-        const VERSION: u32 = 1;
-        const MAX_STATE: u8 = 3;
-        const WHAT: &'static str = "test map";
-        fn encode_body(&self, body: &mut [u8; BODY_SIZE]) {
-            body[..8].copy_from_slice(&self.units.to_le_bytes());
-        }
-        fn parse_body(body: &[u8; BODY_SIZE]) -> Result<Self, MapError> {
-            if body[8..].iter().any(|&x| x != 0) {
-                return Err(MapError::BadField("reserved bytes are not zero".into()));
-            }
-            Ok(TestHeader {
-                units: u64_at(body, 0),
-            })
-        }
-        fn units(&self) -> u64 {
-            self.units
-        }
-    }
 
     fn file_with(runs: &[(u64, u32, u8)], commit: bool) -> Vec<u8> {
         let hb = encode_header(&TestHeader { units: 100 });

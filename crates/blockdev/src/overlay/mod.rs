@@ -430,7 +430,7 @@ fn push_runs(out: &mut Vec<Run>, mut s: u64, e: u64, v: u8) {
 
 #[cfg(test)]
 mod tests {
-    use super::log::tests::TestHeader;
+    use super::log::TestHeader;
     use super::*;
 
     fn open_rw(p: &Path) -> (OverlayMap<TestHeader>, Opened) {

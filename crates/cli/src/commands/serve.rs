@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use roamdisk_blockdev::{Access, BlockDev, LayerSpec};
+use roamdisk_blockdev::{find_layers, Access, BlockDev, LayerSpec};
 use roamdisk_lbs::Lbs;
 use roamdisk_nbd::config::ServeConfig;
-use roamdisk_nbd::{
-    serve_until, signalled, Export, Listen, ServeOptions, TlsAcceptor, TlsMode, TlsOptions,
-};
+use roamdisk_nbd::{Export, Listen, ServeOptions, TlsMode, TlsOptions, Until};
+
+use crate::serve::{announce, Limits};
 
 /// Serve a stack (or several, from a TOML file) over NBD until SIGINT or
 /// SIGTERM; then finish in-flight requests, flush, and remove the socket.
@@ -89,15 +89,8 @@ pub struct Args {
     /// Pre-shared keys for TLS-PSK (psktool format: IDENTITY:HEXKEY per line).
     #[arg(long, value_name = "FILE")]
     tls_psk: Option<PathBuf>,
-    /// Requests processed at once per connection.
-    #[arg(long, default_value_t = 64, value_name = "N")]
-    max_in_flight: usize,
-    /// Connections served at once.
-    #[arg(long, default_value_t = 256, value_name = "N")]
-    max_connections: usize,
-    /// Threads doing block I/O (default: 64).
-    #[arg(long, value_name = "N")]
-    io_threads: Option<usize>,
+    #[command(flatten)]
+    limits: Limits,
     /// Microseconds a connection keeps polling for the next request before
     /// its thread sleeps, while its client sends requests back to back
     /// (queue depth 1): waking a sleeping CPU costs more than a cached 4 KiB
@@ -167,26 +160,8 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     if listen.is_empty() {
         bail!("say where to listen: --socket PATH and/or --listen ADDR:PORT");
     }
-    let has_creds = tls.cert.is_some() || tls.key.is_some() || tls.psk_file.is_some();
-    let mode = match tls_mode.as_deref() {
-        None if has_creds => TlsMode::Require,
-        None | Some("off") => TlsMode::Off,
-        Some("on") => TlsMode::Optional,
-        Some("require") => TlsMode::Require,
-        Some(other) => bail!("--tls must be off, on or require, not '{other}'"),
-    };
-    let acceptor = if mode == TlsMode::Off {
-        None
-    } else {
-        Some(TlsAcceptor::new(&tls).map_err(anyhow::Error::msg)?)
-    };
-    for l in &listen {
-        if let Listen::Tcp(addr) = l {
-            if !addr.ip().is_loopback() && acceptor.is_none() {
-                tracing::warn!(%addr, "serving without TLS on a non-loopback address: anyone on the network can read and write this disk");
-            }
-        }
-    }
+    let requested = tls_mode.as_deref().map(str::parse::<TlsMode>).transpose()?;
+    let (tls_mode, tls) = TlsMode::resolve(requested, &tls)?;
     let names: Vec<String> = exports
         .iter()
         .map(|e| {
@@ -201,55 +176,25 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let lbs_images: Vec<(String, Arc<dyn BlockDev>)> = exports
         .iter()
         .zip(&names)
-        .filter(|(e, _)| !roamdisk_blockdev::find_layers::<Lbs>(e.dev.as_ref()).is_empty())
+        .filter(|(e, _)| !find_layers::<Lbs>(e.dev.as_ref()).is_empty())
         .map(|(e, n)| (n.clone(), e.dev.clone()))
         .collect();
-    let opts = ServeOptions {
-        tls: acceptor,
-        tls_mode: mode,
-        max_in_flight: a.max_in_flight,
-        max_connections: a.max_connections,
+    let opts = a.limits.apply(ServeOptions {
+        tls,
+        tls_mode,
         busy_poll: Duration::from_micros(a.busy_poll),
-        io_threads: a.io_threads.unwrap_or(64),
         ..ServeOptions::default()
-    };
-    serve_until(exports, listen, opts, |bound| {
-        if !quiet {
-            for uri in &bound.uris {
-                eprintln!("roamdisk: serving {} on {uri}", names.join(", "));
-            }
-        }
-        signalled()
-    })?;
+    });
+    let what = format!("serving {}", names.join(", "));
+    roamdisk_nbd::serve(exports, listen, opts, Until::Signal, announce(quiet, &what))?;
     if !quiet {
         eprintln!("roamdisk: stopped cleanly (exports flushed)");
         for (name, dev) in &lbs_images {
-            for lbs in roamdisk_blockdev::find_layers::<Lbs>(dev.as_ref()) {
-                eprintln!("roamdisk: lbs counters of {name}: {}", lbs_counters(lbs));
+            for lbs in find_layers::<Lbs>(dev.as_ref()) {
+                let counters = serde_json::to_string(&lbs.stats())?;
+                eprintln!("roamdisk: lbs counters of {name}: {counters}");
             }
         }
     }
     Ok(())
-}
-
-/// An LBS image's counters since it was opened, and its space, as one
-/// JSON object: what the collector did (`gc_moved`, `gc_clusters`) next to
-/// what clients wrote (`client_blocks`) and what reached the data file
-/// (`physical_blocks`).
-fn lbs_counters(lbs: &Lbs) -> serde_json::Value {
-    let s = lbs.stats();
-    serde_json::json!({
-        "client_blocks": s.client_blocks,
-        "absorbed": s.absorbed,
-        "physical_blocks": s.physical_blocks,
-        "gc_moved": s.gc_moved,
-        "gc_clusters": s.gc_clusters,
-        "barriers": s.barriers,
-        "compactions": s.compactions,
-        "integrity_errors": s.integrity_errors,
-        "free_clusters": s.free_clusters,
-        "used_clusters": s.used_clusters,
-        "mapped_blocks": s.mapped_blocks,
-        "zero_blocks": s.zero_blocks,
-    })
 }

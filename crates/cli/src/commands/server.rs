@@ -3,21 +3,13 @@
 //! `server status`.
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use roamdisk_blockdev::units::format_size;
-use roamdisk_blockdev::{copy_sparse, Access, BlockDev, CopyOptions, NoProgress};
-use roamdisk_nbd::{
-    serve_until, signalled, Listen, ServeOptions, TlsAcceptor, TlsMode, TlsOptions,
-};
-use roamdisk_server::access::grant;
-use roamdisk_server::state::{overlay_path, StateLock};
-use roamdisk_server::views::{open_golden, open_view};
-use roamdisk_server::{ServerConfig, Views};
+use roamdisk_server::{access::views_of, promote, state::StateLock, Server, ServerConfig};
 
+use crate::serve::{announce, Limits};
 use crate::store_args::StoreArgs;
 use roamdisk_chunkstore::commit::{commit_image, CommitOptions, Source};
 
@@ -74,15 +66,8 @@ pub struct Args {
     config: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Option<Cmd>,
-    /// Requests processed at once per connection.
-    #[arg(long, default_value_t = 64, value_name = "N")]
-    max_in_flight: usize,
-    /// Connections served at once.
-    #[arg(long, default_value_t = 256, value_name = "N")]
-    max_connections: usize,
-    /// Threads doing block I/O.
-    #[arg(long, default_value_t = 64, value_name = "N")]
-    io_threads: usize,
+    #[command(flatten)]
+    limits: Limits,
 }
 
 #[derive(Subcommand)]
@@ -188,78 +173,27 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let Some(path) = &a.config else {
         bail!("give the config file: roamdisk server CONFIG.toml (see roamdisk server --help)");
     };
-    let cfg = Arc::new(ServerConfig::read(path)?);
-    let lock = StateLock::take(&cfg.state)?;
-    let views = Views::open(cfg.clone(), &lock.dir, &super::registry())
-        .map_err(anyhow::Error::msg)
-        .with_context(|| format!("{}", path.display()))?;
-    let metrics = match cfg.metrics {
-        Some(addr) => Some(roamdisk_server::http::serve(addr, views.metrics().clone())?),
-        None => None,
-    };
-    let mut listen = Vec::new();
-    if let Some(s) = &cfg.socket {
-        listen.push(Listen::Unix(s.clone()));
+    let server = Server::open(path, &super::registry())?;
+    let cfg = server.config();
+    let (images, clients) = (cfg.image.len(), cfg.client.len());
+    let what = format!("server serving {images} image(s) to {clients} client(s)");
+    let cached = cfg.image.iter().filter(|i| i.cache).count();
+    match (cfg.cache_options(), &cfg.cache) {
+        _ if quiet => {}
+        (Some(o), _) => eprintln!(
+            "roamdisk: server cache {} of {} in blocks of {} ({} shards) in front of {cached} image(s)",
+            o.policy.label(),
+            format_size(o.size),
+            format_size(o.block),
+            o.shards
+        ),
+        (None, Some(c)) if c.size.0 == 0 => eprintln!("roamdisk: server cache off (size 0)"),
+        _ => {}
     }
-    listen.extend(cfg.listen.iter().copied().map(Listen::Tcp));
-    let tls = TlsOptions {
-        cert: cfg.tls_cert.clone(),
-        key: cfg.tls_key.clone(),
-        verify_ca: cfg.tls_verify_ca.clone(),
-        psk_file: cfg.tls_psk.clone(),
-    };
-    let has_creds = tls.cert.is_some() || tls.psk_file.is_some();
-    let (mode, acceptor) = if has_creds {
-        let acc = TlsAcceptor::new(&tls)
-            .map_err(anyhow::Error::msg)
-            .with_context(|| format!("{}", path.display()))?;
-        (TlsMode::Require, Some(acc))
-    } else {
-        (TlsMode::Off, None)
-    };
-    let opts = ServeOptions {
-        tls: acceptor,
-        tls_mode: mode,
-        max_in_flight: a.max_in_flight,
-        max_connections: a.max_connections,
-        io_threads: a.io_threads,
-        busy_poll: Duration::from_micros(100),
-        resolver: Some(Arc::new(views)),
-        unix_without_tls: true,
-        ..ServeOptions::default()
-    };
-    let what = format!(
-        "{} image(s) to {} client(s)",
-        cfg.image.len(),
-        cfg.client.len()
-    );
-    if let (Some(c), false) = (&cfg.cache, quiet) {
-        if let Some(o) = cfg.cache_options() {
-            eprintln!(
-                "roamdisk: server cache {} of {} in blocks of {} ({} shards) in front of {} image(s)",
-                o.policy.label(),
-                format_size(o.size),
-                format_size(o.block),
-                o.shards,
-                cfg.image.iter().filter(|i| i.cache).count()
-            );
-        } else if c.size.0 == 0 {
-            eprintln!("roamdisk: server cache off (size 0)");
-        }
+    if let (Some(addr), false) = (server.metrics_addr(), quiet) {
+        eprintln!("roamdisk: server metrics on http://{addr}/metrics");
     }
-    if let (Some(m), false) = (&metrics, quiet) {
-        eprintln!("roamdisk: server metrics on http://{}/metrics", m.addr);
-    }
-    serve_until(Vec::new(), listen, opts, |bound| {
-        if !quiet {
-            for uri in &bound.uris {
-                eprintln!("roamdisk: server serving {what} on {uri}");
-            }
-        }
-        signalled()
-    })?;
-    drop(metrics);
-    drop(lock);
+    server.serve(a.limits.into(), announce(quiet, &what))?;
     if !quiet {
         eprintln!("roamdisk: server stopped cleanly (views flushed)");
     }
@@ -267,94 +201,37 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
 }
 
 fn status(a: StatusArgs) -> anyhow::Result<()> {
-    let cfg = ServerConfig::read(&a.config)?;
-    let Some(addr) = cfg.metrics else {
-        bail!(
-            "{} has no metrics key: add metrics = \"127.0.0.1:PORT\" and restart the server",
-            a.config.display()
-        );
-    };
-    let st = roamdisk_server::http::fetch_status(addr).map_err(anyhow::Error::msg)?;
+    let st = roamdisk_server::http::status_of(&a.config)?;
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&st)?);
         return Ok(());
     }
-    let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
-    let mut rows = vec![[
-        "client", "image", "grant", "conns", "reads", "writes", "read", "written", "p50 us",
-        "p99 us", "overlay",
-    ]
-    .map(String::from)];
-    for c in &st.clients {
-        let op = |k: &str| c.ops.get(k);
-        let reads = op("read").map_or(0, |o| o.requests);
-        let writes = ["write", "write_zeroes", "trim"]
-            .iter()
-            .filter_map(|k| op(k))
-            .map(|o| o.requests)
-            .sum::<u64>();
-        let r = op("read");
-        rows.push([
-            c.client.clone(),
-            c.image.clone(),
-            c.grant.clone(),
-            c.connections_open.to_string(),
-            reads.to_string(),
-            writes.to_string(),
-            format_size(r.map_or(0, |o| o.bytes)),
-            format_size(op("write").map_or(0, |o| o.bytes)),
-            opt(r.and_then(|o| o.latency_p50_us)),
-            opt(r.and_then(|o| o.latency_p99_us)),
-            c.overlay_allocated_bytes.map_or("-".into(), format_size),
-        ]);
-    }
-    let widths: Vec<usize> = (0..rows[0].len())
-        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
-        .collect();
-    for r in &rows {
-        let line: Vec<String> = r
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(i, (v, w))| {
-                if i < 3 {
-                    format!("{v:<w$}")
-                } else {
-                    format!("{v:>w$}")
-                }
-            })
-            .collect();
-        outln!("{}", line.join("  ").trim_end());
-    }
+    outln!("{}", crate::output::table(&st.table(), 3).join("\n"));
     outln!("(p50/p99: read latency at the server, from its histogram buckets)");
+    let hits = |held, ratio: Option<f64>, hits, misses, evictions| {
+        let ratio = ratio.map_or("-".into(), |r| format!("{:.1}%", r * 100.0));
+        let held = format_size(held);
+        format!(
+            "{held} held, hit ratio {ratio} ({hits} hits, {misses} misses), {evictions} evictions"
+        )
+    };
     match &st.cache {
         None => outln!("cache: none"),
         Some(c) => {
-            let ratio = c
-                .hit_ratio
-                .map_or("-".into(), |r| format!("{:.1}%", r * 100.0));
             outln!(
-                "cache: {} {} in blocks of {}, {} shards: {} held, hit ratio {ratio} ({} hits, {} misses), {} evictions",
+                "cache: {} {} in blocks of {}, {} shards: {}",
                 c.policy,
                 format_size(c.size),
                 format_size(c.block),
                 c.shards,
-                format_size(c.bytes_held),
-                c.hits,
-                c.misses,
-                c.evictions
+                hits(c.bytes_held, c.hit_ratio, c.hits, c.misses, c.evictions)
             );
             for im in &st.images {
                 match &im.cache {
-                    Some(ic) => outln!(
-                        "  {}: {} held, hit ratio {} ({} hits, {} misses), {} evictions",
+                    Some(i) => outln!(
+                        "  {}: {}",
                         im.name,
-                        format_size(ic.bytes_held),
-                        ic.hit_ratio
-                            .map_or("-".into(), |r| format!("{:.1}%", r * 100.0)),
-                        ic.hits,
-                        ic.misses,
-                        ic.evictions
+                        hits(i.bytes_held, i.hit_ratio, i.hits, i.misses, i.evictions)
                     ),
                     None => outln!("  {}: not cached", im.name),
                 }
@@ -362,66 +239,33 @@ fn status(a: StatusArgs) -> anyhow::Result<()> {
         }
     }
     let refused: Vec<String> = st
-        .refusals
+        .refusals_seen()
         .iter()
-        .filter(|(_, &n)| n > 0)
         .map(|(k, n)| format!("{k} {n}"))
         .collect();
-    outln!(
-        "refusals: {}",
-        if refused.is_empty() {
-            "none".to_string()
-        } else {
-            refused.join(", ")
-        }
-    );
+    match refused.is_empty() {
+        true => outln!("refusals: none"),
+        false => outln!("refusals: {}", refused.join(", ")),
+    }
     outln!("uptime: {:.0} s", st.uptime_seconds);
     Ok(())
 }
 
-/// The client's images to work on: `image` (granted as a view) or all its
-/// views.
-fn client_views(
-    cfg: &ServerConfig,
-    client: &str,
-    image: Option<&str>,
-) -> anyhow::Result<Vec<String>> {
-    let Some(c) = cfg.client(client) else {
-        bail!("no [[client]] named '{client}' in the config");
-    };
-    match image {
-        None => Ok(c.view.clone()),
-        Some(im) => match grant(c, im) {
-            Some(roamdisk_server::access::Grant::View) => Ok(vec![im.to_string()]),
-            Some(_) => bail!("client '{client}' has '{im}' read-only: it has no view of it"),
-            None => bail!("client '{client}' has no grant for an image '{im}'"),
-        },
-    }
-}
-
 fn reset(r: ResetArgs, quiet: bool) -> anyhow::Result<()> {
-    let cfg = ServerConfig::read(&r.config)?;
-    let images = client_views(&cfg, &r.client, r.image.as_deref())?;
-    let lock = StateLock::take(&cfg.state)?;
-    for im in images {
-        let had = lock.reset(&r.client, &im)?;
-        if !quiet {
-            if had {
-                outln!(
-                    "{}/{im}: overlay removed; back to the golden image",
-                    r.client
-                );
-            } else {
-                outln!("{}/{im}: already the golden image (no overlay)", r.client);
-            }
+    let who = &r.client;
+    roamdisk_server::state::reset(&r.config, who, r.image.as_deref(), |im, had| {
+        match (quiet, had) {
+            (true, _) => {}
+            (false, true) => outln!("{who}/{im}: overlay removed; back to the golden image"),
+            (false, false) => outln!("{who}/{im}: already the golden image (no overlay)"),
         }
-    }
+    })?;
     Ok(())
 }
 
 fn promote(p: PromoteArgs, quiet: bool) -> anyhow::Result<()> {
     let cfg = ServerConfig::read(&p.config)?;
-    client_views(&cfg, &p.client, Some(&p.image))?;
+    views_of(&cfg, &p.client, Some(&p.image))?;
     let lock = StateLock::take(&cfg.state)?;
     let to = PathBuf::from(&p.to);
     if p.st.store.is_some() {
@@ -430,14 +274,7 @@ fn promote(p: PromoteArgs, quiet: bool) -> anyhow::Result<()> {
         bail!("{} exists; promote writes a new file", to.display());
     }
     let reg = super::registry();
-    let mut golden = open_golden(&cfg, &reg).map_err(anyhow::Error::msg)?;
-    let base = golden.remove(&p.image).expect("checked image");
-    let ovl = overlay_path(&lock.dir, &p.client, &p.image);
-    let src: Arc<dyn BlockDev> = if ovl.exists() {
-        open_view(&lock.dir, &p.client, &p.image, base, true)?
-    } else {
-        base
-    };
+    let src = promote::open_source(&cfg, &lock, &p.client, &p.image, &reg)?;
     if p.st.store.is_some() {
         let progress = p.st.progress(quiet);
         let store = p.st.open(true)?;
@@ -449,30 +286,14 @@ fn promote(p: PromoteArgs, quiet: bool) -> anyhow::Result<()> {
         let summary = commit_image(&*store, Source::Dev(src.as_ref()), &opts, &progress)?;
         return crate::render::commit::finish(&summary, progress, quiet, p.st.json);
     }
-    let size = src.size();
-    std::fs::File::create_new(&to)
-        .and_then(|f| f.set_len(size))
-        .with_context(|| format!("cannot create {}", to.display()))?;
-    let escaped = to
-        .display()
-        .to_string()
-        .replace('\\', "\\\\")
-        .replace(':', "\\:");
-    let dst = reg.build(&format!("raw:{escaped}"), Access::ReadWrite)?;
-    let written = copy_sparse(
-        src.as_ref(),
-        dst.as_ref(),
-        &CopyOptions::default(),
-        &NoProgress,
-    )?;
-    dst.flush()?;
+    let written = promote::write_new_file(src.as_ref(), &to, &reg)?;
     if !quiet {
-        outln!(
-            "{}/{} written to {} ({size} bytes, {written} bytes of data)",
-            p.client,
-            p.image,
-            to.display()
+        let (who, to, size) = (
+            format!("{}/{}", p.client, p.image),
+            to.display(),
+            src.size(),
         );
+        outln!("{who} written to {to} ({size} bytes, {written} bytes of data)");
     }
     Ok(())
 }

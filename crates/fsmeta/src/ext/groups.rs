@@ -11,7 +11,7 @@
 use roamdisk_blockdev::Result;
 
 use super::csum::{crc16, crc32c_raw};
-use super::{Ext, Super, INCOMPAT_FLEX_BG};
+use super::sb::{Super, INCOMPAT_FLEX_BG};
 use crate::bytes::{corrupt, Fields, Region};
 use crate::extent::{clear_runs, normalize, Extent, Merger};
 
@@ -238,14 +238,18 @@ fn metadata_blocks(sb: &Super, descs: &[Desc]) -> Vec<Extent> {
 }
 
 /// Stream the free space of `e`, in bytes of the device, in order.
-pub(crate) fn scan_free(r: &Region<'_>, e: &Ext, m: &mut Merger<'_>) -> Result<()> {
-    let sb = &e.sb;
+pub(crate) fn scan_free(
+    r: &Region<'_>,
+    sb: &Super,
+    descs: &[Desc],
+    m: &mut Merger<'_>,
+) -> Result<()> {
     let bs = sb.block_size;
     let cb = sb.cluster_bits;
     // Metadata in bitmap units (clusters counted from the first data
     // block): every cluster containing a metadata block.
     let fdb = sb.first_data_block;
-    let meta: Vec<(u64, u64)> = metadata_blocks(sb, &e.descs)
+    let meta: Vec<(u64, u64)> = metadata_blocks(sb, descs)
         .into_iter()
         .map(|x| {
             (
@@ -273,8 +277,8 @@ pub(crate) fn scan_free(r: &Region<'_>, e: &Ext, m: &mut Merger<'_>) -> Result<(
         // descriptor checksums vouch for the flag), sorted by location so
         // adjacent bitmap blocks come in one read.
         let mut want: Vec<(u64, usize)> = (g0..g1)
-            .filter(|&g| !(sb.has_csum() && e.descs[g as usize].flags & BG_BLOCK_UNINIT != 0))
-            .map(|g| (e.descs[g as usize].block_bitmap, (g - g0) as usize))
+            .filter(|&g| !(sb.has_csum() && descs[g as usize].flags & BG_BLOCK_UNINIT != 0))
+            .map(|g| (descs[g as usize].block_bitmap, (g - g0) as usize))
             .collect();
         want.sort_unstable();
         let mut i = 0;
@@ -295,7 +299,7 @@ pub(crate) fn scan_free(r: &Region<'_>, e: &Ext, m: &mut Merger<'_>) -> Result<(
                 let bits = &tmp[from..from + bitmap_bytes as usize];
                 if sb.metadata_csum() {
                     let g = g0 + slot as u64;
-                    let d = &e.descs[g as usize];
+                    let d = &descs[g as usize];
                     let mut got = crc32c_raw(sb.csum_seed, bits);
                     if d.bb_csum_bits == 16 {
                         got &= 0xFFFF;

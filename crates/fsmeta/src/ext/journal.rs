@@ -13,9 +13,10 @@
 
 use roamdisk_blockdev::Result;
 
-use super::{Ext, COMPAT_HAS_JOURNAL, S_JOURNAL_INUM};
+use super::groups::Desc;
+use super::sb::{Super, COMPAT_HAS_JOURNAL, S_JOURNAL_INUM};
 use crate::bytes::{corrupt, Fields, Region};
-use crate::probe::{Health, Reason};
+use crate::volume::{Health, Reason};
 
 const EXTENTS_FL: u32 = 0x0008_0000;
 const EXT_MAGIC: u16 = 0xF30A;
@@ -23,8 +24,7 @@ const JBD2_MAGIC: u32 = 0xC03B_3998;
 const MAX_DEPTH: u32 = 5;
 
 /// `Some(unsafe verdict)` when the journal holds transactions or an error.
-pub(crate) fn check(r: &Region<'_>, e: &Ext) -> Result<Option<Health>> {
-    let sb = &e.sb;
+pub(crate) fn check(r: &Region<'_>, sb: &Super, descs: &[Desc]) -> Result<Option<Health>> {
     if sb.compat & COMPAT_HAS_JOURNAL == 0 {
         return Ok(None);
     }
@@ -42,12 +42,12 @@ pub(crate) fn check(r: &Region<'_>, e: &Ext) -> Result<Option<Health>> {
     }
     let g = (ino - 1) / sb.inodes_per_group;
     let idx = (ino - 1) % sb.inodes_per_group;
-    let off = e.descs[g as usize].inode_table * sb.block_size + idx * sb.inode_size;
+    let off = descs[g as usize].inode_table * sb.block_size + idx * sb.inode_size;
     let inode = r.read_vec("ext", off, 128)?;
     let flags = inode.le32(0x20).unwrap_or(0);
     let iblock = &inode[0x28..0x28 + 60];
     let phys = if flags & EXTENTS_FL != 0 {
-        first_block_by_extents(r, e, iblock)?
+        first_block_by_extents(r, sb, iblock)?
     } else {
         iblock.le32(0).unwrap_or(0) as u64
     };
@@ -83,7 +83,7 @@ pub(crate) fn check(r: &Region<'_>, e: &Ext) -> Result<Option<Health>> {
 
 /// Physical block of logical block 0 through an extent tree rooted in
 /// `i_block`.
-fn first_block_by_extents(r: &Region<'_>, e: &Ext, iblock: &[u8]) -> Result<u64> {
+fn first_block_by_extents(r: &Region<'_>, sb: &Super, iblock: &[u8]) -> Result<u64> {
     let mut node = iblock.to_vec();
     for _ in 0..=MAX_DEPTH {
         if node.le16(0) != Some(EXT_MAGIC) {
@@ -110,13 +110,13 @@ fn first_block_by_extents(r: &Region<'_>, e: &Ext, iblock: &[u8]) -> Result<u64>
             );
         }
         let leaf = first.le32(4).unwrap_or(0) as u64 | (first.le16(8).unwrap_or(0) as u64) << 32;
-        if leaf == 0 || leaf >= e.sb.blocks_count {
+        if leaf == 0 || leaf >= sb.blocks_count {
             return Err(corrupt(
                 "ext",
                 "journal inode extent index points outside the file system",
             ));
         }
-        node = r.read_vec("ext", leaf * e.sb.block_size, e.sb.block_size as usize)?;
+        node = r.read_vec("ext", leaf * sb.block_size, sb.block_size as usize)?;
     }
     Err(corrupt("ext", "journal inode extent tree is too deep"))
 }

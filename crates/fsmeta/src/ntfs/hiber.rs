@@ -27,9 +27,9 @@ use roamdisk_blockdev::Result;
 use super::mft::{
     apply_fixups, AT_BITMAP, AT_DATA, AT_FILE_NAME, AT_INDEX_ALLOCATION, AT_INDEX_ROOT,
 };
-use super::{Ntfs, ROOT_RECORD};
+use super::vol::{Ntfs, ROOT_RECORD};
 use crate::bytes::{corrupt, sub, Fields, Region};
-use crate::probe::{Health, Reason};
+use crate::volume::{Health, Reason};
 
 const NAME: &str = "hiberfil.sys";
 const HEADER: usize = 4096;

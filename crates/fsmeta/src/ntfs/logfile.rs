@@ -13,7 +13,7 @@
 use roamdisk_blockdev::Result;
 
 use super::mft::{apply_fixups, AT_DATA};
-use super::Ntfs;
+use super::vol::Ntfs;
 use crate::bytes::{corrupt, Fields, Region};
 
 const NO_CLIENT: u16 = 0xFFFF;

@@ -1,4 +1,5 @@
-//! MFT records: fixups, attributes, runlists, attribute lists.
+//! MFT records: fixups, attributes, runlists, attribute lists (parsing
+//! only; reading them from a volume is `vol`'s).
 //!
 //! Record header: "FILE" @0, update sequence offset u16 @4, count u16 @6,
 //! sequence number u16 @0x10, first attribute offset u16 @0x14, flags u16
@@ -12,8 +13,7 @@
 
 use roamdisk_blockdev::Result;
 
-use super::Ntfs;
-use crate::bytes::{corrupt, sub, Fields, Region};
+use crate::bytes::{corrupt, sub, Fields};
 
 /// Fixup stride: the last two bytes of every 512-byte block of a record
 /// are replaced by the update sequence number.
@@ -200,6 +200,17 @@ pub fn parse_record(b: &[u8], number: u64, nr_clusters: u64) -> Result<Record> {
     })
 }
 
+/// What is wrong with a runlist (its caller names the attribute).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadRuns(String);
+
+impl From<&str> for BadRuns {
+    fn from(m: &str) -> BadRuns {
+        BadRuns(m.to_string())
+    }
+}
+
 /// Decode mapping pairs: per run a header byte (low nibble: bytes of the
 /// length, high nibble: bytes of the signed LCN delta, 0 = sparse), the
 /// length, the delta; a zero byte ends the list.
@@ -207,7 +218,7 @@ pub fn decode_runs(
     b: &[u8],
     first_vcn: u64,
     nr_clusters: u64,
-) -> std::result::Result<Vec<Run>, String> {
+) -> std::result::Result<Vec<Run>, BadRuns> {
     let mut runs = Vec::new();
     let mut i = 0;
     let mut vcn = first_vcn;
@@ -223,7 +234,7 @@ pub fn decode_runs(
         let ln = (h & 0x0F) as usize;
         let on = (h >> 4) as usize;
         if ln == 0 || ln > 8 || on > 8 {
-            return Err(format!("run header {h:#04x} is invalid"));
+            return Err(BadRuns(format!("run header {h:#04x} is invalid")));
         }
         let lb = sub(b, i + 1, ln).ok_or("run length runs off the attribute")?;
         let mut len = 0u64;
@@ -250,9 +261,9 @@ pub fn decode_runs(
                     .checked_add(len)
                     .is_none_or(|e| e > nr_clusters)
             {
-                return Err(format!(
+                return Err(BadRuns(format!(
                     "run of {len} clusters at LCN {lcn} lies outside the volume"
-                ));
+                )));
             }
             Some(lcn as u64)
         };
@@ -265,178 +276,6 @@ pub fn decode_runs(
         i += 1 + ln + on;
     }
     Ok(runs)
-}
-
-impl Ntfs {
-    /// Read and parse MFT record `n`.
-    pub fn record(&self, r: &Region<'_>, n: u64) -> Result<Record> {
-        let rs = self.record_size;
-        let mut b = vec![0u8; rs as usize];
-        let off = n
-            .checked_mul(rs)
-            .ok_or_else(|| corrupt("ntfs", format!("MFT record {n} does not exist")))?;
-        self.read_runs(r, &self.mft_runs, off, &mut b, "$MFT")?;
-        apply_fixups(&mut b, &format!("MFT record {n}"))?;
-        parse_record(&b, n, self.nr_clusters)
-    }
-
-    /// Read `buf.len()` bytes at byte `off` of a non-resident stream.
-    /// Sparse runs and unmapped ranges are errors: the metadata read here
-    /// is never sparse.
-    pub fn read_runs(
-        &self,
-        r: &Region<'_>,
-        runs: &[Run],
-        off: u64,
-        buf: &mut [u8],
-        what: &str,
-    ) -> Result<()> {
-        let cs = self.cluster_size;
-        let mut done = 0usize;
-        while done < buf.len() {
-            let pos = off
-                .checked_add(done as u64)
-                .ok_or_else(|| corrupt("ntfs", format!("{what}: offset overflows")))?;
-            let vcn = pos / cs;
-            let run = runs
-                .iter()
-                .find(|x| x.vcn <= vcn && vcn < x.vcn + x.len)
-                .ok_or_else(|| {
-                    corrupt(
-                        "ntfs",
-                        format!("{what}: byte {pos} is not mapped by its runlist"),
-                    )
-                })?;
-            let lcn = run
-                .lcn
-                .ok_or_else(|| corrupt("ntfs", format!("{what}: byte {pos} is in a sparse run")))?;
-            let in_run = (run.vcn + run.len - vcn) * cs - pos % cs;
-            let n = (buf.len() - done).min(in_run as usize);
-            let disk = (lcn + (vcn - run.vcn)) * cs + pos % cs;
-            r.read("ntfs", &mut buf[done..done + n], disk)?;
-            done += n;
-        }
-        Ok(())
-    }
-
-    /// Every piece of attribute (`kind`, `name`) of base record `n`,
-    /// following `$ATTRIBUTE_LIST` into extension records; non-resident
-    /// pieces come back sorted by lowest VCN with their runs concatenated
-    /// into the first.
-    pub fn attribute(
-        &self,
-        r: &Region<'_>,
-        rec: &Record,
-        kind: u32,
-        name: &str,
-    ) -> Result<Option<Attr>> {
-        let list = rec.attrs.iter().find(|a| a.kind == AT_ATTRIBUTE_LIST);
-        let mut pieces: Vec<Attr> = Vec::new();
-        match list {
-            None => pieces.extend(
-                rec.attrs
-                    .iter()
-                    .filter(|a| a.kind == kind && a.name == name)
-                    .cloned(),
-            ),
-            Some(l) => {
-                let data = match &l.resident {
-                    Some(v) => v.clone(),
-                    None => {
-                        if l.data_size > 1 << 24 {
-                            return Err(corrupt("ntfs", "attribute list is implausibly large"));
-                        }
-                        let mut v = vec![0u8; l.data_size as usize];
-                        self.read_runs(r, &l.runs, 0, &mut v, "$ATTRIBUTE_LIST")?;
-                        v
-                    }
-                };
-                let mut wanted = Vec::new();
-                let mut off = 0;
-                while off + 0x1A <= data.len() {
-                    let t = data.le32(off).unwrap_or(0);
-                    let len = data.le16(off + 4).unwrap_or(0) as usize;
-                    if len < 0x1A || off + len > data.len() {
-                        return Err(corrupt(
-                            "ntfs",
-                            "attribute list entry has an invalid length",
-                        ));
-                    }
-                    let nl = data[off + 6] as usize;
-                    let no = data[off + 7] as usize;
-                    let ename = if nl == 0 {
-                        String::new()
-                    } else {
-                        let units: Vec<u16> = sub(&data[off..off + len], no, nl * 2)
-                            .ok_or_else(|| {
-                                corrupt("ntfs", "attribute list entry name lies outside it")
-                            })?
-                            .chunks_exact(2)
-                            .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                            .collect();
-                        String::from_utf16_lossy(&units)
-                    };
-                    if t == kind && ename == name {
-                        let mref = data.le64(off + 0x10).unwrap_or(0) & 0x0000_FFFF_FFFF_FFFF;
-                        if !wanted.contains(&mref) {
-                            wanted.push(mref);
-                        }
-                    }
-                    off += len;
-                }
-                for mref in wanted {
-                    let ext = if mref == rec.number {
-                        None
-                    } else {
-                        Some(self.record(r, mref)?)
-                    };
-                    let src = ext.as_ref().unwrap_or(rec);
-                    if let Some(e) = &ext {
-                        if e.base != rec.number || !e.in_use() {
-                            return Err(corrupt(
-                                "ntfs",
-                                format!(
-                                    "extension record {mref} does not belong to record {}",
-                                    rec.number
-                                ),
-                            ));
-                        }
-                    }
-                    pieces.extend(
-                        src.attrs
-                            .iter()
-                            .filter(|a| a.kind == kind && a.name == name)
-                            .cloned(),
-                    );
-                }
-            }
-        }
-        if pieces.is_empty() {
-            return Ok(None);
-        }
-        if pieces.len() == 1 || pieces[0].resident.is_some() {
-            return Ok(pieces.into_iter().next());
-        }
-        pieces.sort_by_key(|p| p.lowest_vcn);
-        let mut first = pieces[0].clone();
-        if first.lowest_vcn != 0 {
-            return Err(corrupt(
-                "ntfs",
-                format!("attribute {kind:#x} does not start at VCN 0"),
-            ));
-        }
-        for p in &pieces[1..] {
-            let end = first.runs.last().map_or(0, |x| x.vcn + x.len);
-            if p.resident.is_some() || p.lowest_vcn != end {
-                return Err(corrupt(
-                    "ntfs",
-                    format!("attribute {kind:#x} pieces do not join up"),
-                ));
-            }
-            first.runs.extend_from_slice(&p.runs);
-        }
-        Ok(Some(first))
-    }
 }
 
 #[cfg(test)]

@@ -13,19 +13,19 @@
 mod hiber;
 mod logfile;
 pub mod mft;
+mod vol;
 
 use roamdisk_blockdev::Result;
 
 use crate::bytes::{corrupt, sha256, Fields, Region};
 use crate::extent::{clear_runs, Merger};
-use crate::probe::{FsKind, Health, Probe, Reason};
-use mft::{Run, AT_DATA, AT_VOLUME_INFORMATION};
+use crate::volume::{FsKind, Health, Probe, Reason};
+use mft::{AT_DATA, AT_VOLUME_INFORMATION};
+pub(crate) use vol::Ntfs;
 
-/// System file record numbers.
-const MFT_RECORD: u64 = 0;
+/// System file record numbers (`$MFT` and the root are [`vol`]'s).
 const LOGFILE_RECORD: u64 = 2;
 const VOLUME_RECORD: u64 = 3;
-pub(crate) const ROOT_RECORD: u64 = 5;
 const BITMAP_RECORD: u64 = 6;
 const AT_VOLUME_NAME: u32 = 0x60;
 /// `$VOLUME_INFORMATION` flags.
@@ -39,114 +39,7 @@ pub fn has_magic(head: &[u8]) -> bool {
     head.get(3..11) == Some(b"NTFS    ")
 }
 
-/// An opened NTFS volume.
-pub(crate) struct Ntfs {
-    pub boot: Vec<u8>,
-    pub sector_size: u64,
-    pub cluster_size: u64,
-    pub nr_clusters: u64,
-    pub total_sectors: u64,
-    pub record_size: u64,
-    pub index_block_size: u64,
-    pub mft_runs: Vec<Run>,
-    pub serial: u64,
-}
-
-fn size_from_clusters(v: i8, cluster: u64) -> Option<u64> {
-    if v > 0 {
-        cluster.checked_mul(v as u64)
-    } else {
-        let e = -(v as i32);
-        (e < 32).then(|| 1u64 << e)
-    }
-}
-
 impl Ntfs {
-    pub fn open(r: &Region<'_>, head: &[u8]) -> Result<Ntfs> {
-        let b = head
-            .get(..512)
-            .ok_or_else(|| corrupt("ntfs", "volume shorter than a boot sector"))?;
-        let bad = |m: String| corrupt("ntfs", format!("boot sector: {m}"));
-        if b.le16(0x1FE) != Some(0xAA55) {
-            return Err(bad("no 0x55AA signature".into()));
-        }
-        let bps = b.le16(0x0B).unwrap_or(0) as u64;
-        if !(256..=4096).contains(&bps) || !bps.is_power_of_two() {
-            return Err(bad(format!("{bps} bytes per sector")));
-        }
-        let spc_raw = b[0x0D];
-        let spc = if spc_raw > 0x80 {
-            let e = 256 - spc_raw as u32;
-            if e > 20 {
-                return Err(bad(format!("sectors per cluster code {spc_raw:#x}")));
-            }
-            1u64 << e
-        } else if spc_raw == 0 || !spc_raw.is_power_of_two() {
-            return Err(bad(format!("{spc_raw} sectors per cluster")));
-        } else {
-            spc_raw as u64
-        };
-        let cluster_size = bps * spc;
-        if cluster_size > 2 << 20 {
-            return Err(bad(format!("cluster size {cluster_size} is over 2 MiB")));
-        }
-        let total_sectors = b.le64(0x28).unwrap_or(0);
-        let vol_bytes = total_sectors
-            .checked_mul(bps)
-            .filter(|&v| v > 0 && v <= r.len)
-            .ok_or_else(|| {
-                bad(format!(
-                    "{total_sectors} sectors of {bps} bytes do not fit the {}-byte partition: truncated image or wrong partition table",
-                    r.len
-                ))
-            })?;
-        let nr_clusters = vol_bytes / cluster_size;
-        let mft_lcn = b.le64(0x30).unwrap_or(0);
-        if mft_lcn == 0 || mft_lcn >= nr_clusters {
-            return Err(bad(format!("$MFT cluster {mft_lcn} is outside the volume")));
-        }
-        let record_size = size_from_clusters(b[0x40] as i8, cluster_size)
-            .filter(|&s| (512..=65536).contains(&s) && s.is_power_of_two())
-            .ok_or_else(|| bad(format!("MFT record size code {:#x}", b[0x40])))?;
-        let index_block_size = size_from_clusters(b[0x44] as i8, cluster_size)
-            .filter(|&s| (512..=65536).contains(&s) && s.is_power_of_two())
-            .ok_or_else(|| bad(format!("index block size code {:#x}", b[0x44])))?;
-        let mut n = Ntfs {
-            boot: b.to_vec(),
-            sector_size: bps,
-            cluster_size,
-            nr_clusters,
-            total_sectors,
-            record_size,
-            index_block_size,
-            // Bootstrap: the first records are contiguous at $MFT's cluster.
-            mft_runs: vec![Run {
-                vcn: 0,
-                lcn: Some(mft_lcn),
-                len: (16 * record_size)
-                    .div_ceil(cluster_size)
-                    .min(nr_clusters - mft_lcn),
-            }],
-            serial: b.le64(0x48).unwrap_or(0),
-        };
-        let rec0 = n.record(r, MFT_RECORD)?;
-        if !rec0.in_use() {
-            return Err(corrupt("ntfs", "$MFT record is not in use"));
-        }
-        let data = n
-            .attribute(r, &rec0, AT_DATA, "")?
-            .filter(|a| a.resident.is_none() && !a.runs.is_empty())
-            .ok_or_else(|| corrupt("ntfs", "$MFT has no non-resident data attribute"))?;
-        if data.runs[0].lcn != Some(mft_lcn) {
-            return Err(corrupt(
-                "ntfs",
-                "$MFT's data does not start at the cluster the boot sector names",
-            ));
-        }
-        n.mft_runs = data.runs;
-        Ok(n)
-    }
-
     fn volume_info(&self, r: &Region<'_>) -> Result<(u16, Option<String>, Vec<u8>)> {
         let rec = self.record(r, VOLUME_RECORD)?;
         let info = self
@@ -265,41 +158,6 @@ impl Ntfs {
             clear_runs(&buf[..n], bits, |s, len| push(first + s, len));
             off += n as u64;
         }
-        Ok(())
-    }
-}
-
-impl Ntfs {
-    /// Read `buf.len()` bytes at `off` of an attribute's value, resident or
-    /// not; bytes past the initialized size read as zero, past the data
-    /// size are an error.
-    pub(crate) fn read_stream(
-        &self,
-        r: &Region<'_>,
-        a: &mft::Attr,
-        off: u64,
-        buf: &mut [u8],
-        what: &str,
-    ) -> Result<()> {
-        let end = off
-            .checked_add(buf.len() as u64)
-            .filter(|&e| e <= a.data_size)
-            .ok_or_else(|| {
-                corrupt(
-                    "ntfs",
-                    format!("{what}: read past its {} bytes", a.data_size),
-                )
-            })?;
-        if let Some(v) = &a.resident {
-            buf.copy_from_slice(&v[off as usize..end as usize]);
-            return Ok(());
-        }
-        let init = a.init_size.min(a.data_size);
-        let n = init.saturating_sub(off).min(buf.len() as u64) as usize;
-        if n > 0 {
-            self.read_runs(r, &a.runs, off, &mut buf[..n], what)?;
-        }
-        buf[n..].fill(0);
         Ok(())
     }
 }

@@ -11,7 +11,7 @@
 
 use roamdisk_blockdev::{BlockDev, Result};
 
-use super::{check_layout, Partition, PartitionTable, Scheme};
+use super::table::{check_layout, Partition, PartitionTable, Scheme};
 use crate::bytes::{corrupt, sha256, sub, Fields};
 
 /// Largest entry array read (the usual one is 128 x 128 bytes = 16 KiB).
@@ -45,47 +45,64 @@ struct Header {
     entries_crc: u32,
 }
 
+/// Why one GPT header, with its entry array, cannot be used (the table
+/// falls back to the other header, and names both reasons when neither
+/// can).
+#[derive(Debug, thiserror::Error)]
+enum Unusable {
+    /// The header or its array is malformed.
+    #[error("{0}")]
+    Bad(String),
+    /// The entry array could not be read.
+    #[error(transparent)]
+    Read(#[from] roamdisk_blockdev::Error),
+}
+
 fn parse_header(
     b: &[u8],
     lba: u64,
     sector: u64,
     sectors: u64,
-) -> std::result::Result<Header, String> {
+) -> std::result::Result<Header, Unusable> {
     if b.get(0..8) != Some(b"EFI PART") {
-        return Err("no \"EFI PART\" signature".into());
+        return Err(Unusable::Bad("no \"EFI PART\" signature".into()));
     }
     let hsize = b.le32(12).unwrap_or(0) as usize;
     if hsize < 92 || hsize as u64 > sector {
-        return Err(format!(
+        return Err(Unusable::Bad(format!(
             "header size {hsize} is not between 92 and the sector size"
-        ));
+        )));
     }
     let mut h = b[..hsize].to_vec();
     let want = b.le32(16).unwrap_or(0);
     h[16..20].fill(0);
     if crc32fast::hash(&h) != want {
-        return Err("header CRC32 mismatch".into());
+        return Err(Unusable::Bad("header CRC32 mismatch".into()));
     }
     let my = b.le64(24).unwrap_or(0);
     if my != lba {
-        return Err(format!("header says it is at LBA {my}, found at LBA {lba}"));
+        return Err(Unusable::Bad(format!(
+            "header says it is at LBA {my}, found at LBA {lba}"
+        )));
     }
     let f = |o| b.le64(o).unwrap_or(0);
     let (first_usable, last_usable) = (f(40), f(48));
     if first_usable > last_usable || last_usable >= sectors {
-        return Err(format!(
+        return Err(Unusable::Bad(format!(
             "usable range {first_usable}..={last_usable} is not inside the {sectors}-sector disk"
-        ));
+        )));
     }
     let count = b.le32(80).unwrap_or(0);
     let entry_size = b.le32(84).unwrap_or(0);
     if entry_size < 128 || !entry_size.is_multiple_of(8) || entry_size > 4096 {
-        return Err(format!("partition entry size {entry_size} is invalid"));
+        return Err(Unusable::Bad(format!(
+            "partition entry size {entry_size} is invalid"
+        )));
     }
     if count as u64 * entry_size as u64 > MAX_ARRAY {
-        return Err(format!(
+        return Err(Unusable::Bad(format!(
             "{count} partition entries of {entry_size} bytes is implausibly many"
-        ));
+        )));
     }
     Ok(Header {
         raw: b[..hsize].to_vec(),
@@ -104,22 +121,22 @@ fn read_entries(
     dev: &dyn BlockDev,
     h: &Header,
     sector: u64,
-) -> std::result::Result<Vec<u8>, String> {
+) -> std::result::Result<Vec<u8>, Unusable> {
     let len = h.count as u64 * h.entry_size as u64;
     let off = h
         .entries_lba
         .checked_mul(sector)
         .filter(|o| o.checked_add(len).is_some_and(|e| e <= dev.size()))
         .ok_or_else(|| {
-            format!(
+            Unusable::Bad(format!(
                 "the entry array at LBA {} lies past the end of the disk",
                 h.entries_lba
-            )
+            ))
         })?;
     let mut v = vec![0u8; len as usize];
-    dev.read_at(&mut v, off).map_err(|e| e.to_string())?;
+    dev.read_at(&mut v, off)?;
     if crc32fast::hash(&v) != h.entries_crc {
-        return Err("partition entry array CRC32 mismatch".into());
+        return Err(Unusable::Bad("partition entry array CRC32 mismatch".into()));
     }
     Ok(v)
 }
@@ -142,7 +159,7 @@ pub(super) fn read(dev: &dyn BlockDev, s0: &[u8; 512]) -> Result<PartitionTable>
             Err(e) => {
                 if b.get(0..8) != Some(b"EFI PART") && sector == 512 {
                     // Maybe a 4 KiB-sector disk; the backup is tried there too.
-                    last_err = e;
+                    last_err = e.to_string();
                     continue;
                 }
                 // Primary unusable: the backup header sits at the last LBA.

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 
 use roamdisk_blockdev::{BlockDev, Result};
 
-use super::{check_layout, Partition, PartitionTable, Scheme};
+use super::table::{check_layout, Partition, PartitionTable, Scheme};
 use crate::bytes::{corrupt, Fields};
 
 const SECTOR: u64 = 512;

@@ -128,41 +128,46 @@ impl Inner {
     }
 }
 
-pub(super) fn gc_thread(lbs: Arc<Inner>) {
-    let idle = Duration::from_millis(100);
-    loop {
-        if lbs.stop.load(Ordering::SeqCst) {
-            return;
-        }
-        let mut st = lbs.state.lock();
-        let mut progressed = false;
-        if st.free < lbs.policy.low && st.poisoned.is_none() {
-            // One victim per lock hold, up to the high watermark counting
-            // clusters that the next barrier frees; then that barrier.
-            while !lbs.stop.load(Ordering::SeqCst)
-                && st.free + (st.pending.len() as u64) < lbs.policy.high
-            {
-                match lbs.collect_one(&mut st) {
-                    Ok(true) => progressed = true,
-                    Ok(false) => break,
-                    Err(e) => {
-                        tracing::error!(error = %e, "background garbage collection failed");
-                        break;
+impl Inner {
+    /// The background collector: keeps free clusters between the
+    /// watermarks until `stop` is set (run on its own thread by `Lbs::open`).
+    pub(super) fn gc_thread(self: Arc<Self>) {
+        let lbs = self;
+        let idle = Duration::from_millis(100);
+        loop {
+            if lbs.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            let mut st = lbs.state.lock();
+            let mut progressed = false;
+            if st.free < lbs.policy.low && st.poisoned.is_none() {
+                // One victim per lock hold, up to the high watermark counting
+                // clusters that the next barrier frees; then that barrier.
+                while !lbs.stop.load(Ordering::SeqCst)
+                    && st.free + (st.pending.len() as u64) < lbs.policy.high
+                {
+                    match lbs.collect_one(&mut st) {
+                        Ok(true) => progressed = true,
+                        Ok(false) => break,
+                        Err(e) => {
+                            tracing::error!(error = %e, "background garbage collection failed");
+                            break;
+                        }
+                    }
+                    drop(st);
+                    std::thread::yield_now();
+                    st = lbs.state.lock();
+                }
+                if !st.pending.is_empty() {
+                    if let Err(e) = lbs.barrier(&mut st) {
+                        tracing::error!(error = %e, "barrier after garbage collection failed");
                     }
                 }
+            }
+            if !progressed {
+                lbs.gc_wake.wait_for(&mut st, idle);
                 drop(st);
-                std::thread::yield_now();
-                st = lbs.state.lock();
             }
-            if !st.pending.is_empty() {
-                if let Err(e) = lbs.barrier(&mut st) {
-                    tracing::error!(error = %e, "barrier after garbage collection failed");
-                }
-            }
-        }
-        if !progressed {
-            lbs.gc_wake.wait_for(&mut st, idle);
-            drop(st);
         }
     }
 }

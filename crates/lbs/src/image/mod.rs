@@ -102,8 +102,14 @@ pub struct Stats {
     pub retires: AtomicU64,
 }
 
-/// A snapshot of [`Stats`] plus space figures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A snapshot of [`Stats`] plus space figures. Serialised, it is the
+/// counters object `roamdisk serve` prints for each image as it stops
+/// (`roamdisk: lbs counters of NAME: {...}`): what the collector did
+/// (`gc_moved`, `gc_clusters`) next to what clients wrote
+/// (`client_blocks`) and what reached the data file (`physical_blocks`),
+/// and the space; the per-stream counts, retires and log size are left
+/// out of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct StatsSnapshot {
     pub client_blocks: u64,
     pub absorbed: u64,
@@ -114,12 +120,15 @@ pub struct StatsSnapshot {
     pub compactions: u64,
     pub integrity_errors: u64,
     /// Blocks put into each write stream (`crate::gc::WARM` ..).
+    #[serde(skip)]
     pub stream_blocks: [u64; STREAMS],
+    #[serde(skip)]
     pub retires: u64,
     pub free_clusters: u64,
     pub used_clusters: u64,
     pub mapped_blocks: u64,
     pub zero_blocks: u64,
+    #[serde(skip)]
     pub log_bytes: u64,
 }
 
@@ -328,7 +337,10 @@ impl Inner {
                     "wrong key or passphrase for this image",
                 ));
             }
-            Some(Xts::new(&key).map_err(|m| err(ErrorKind::InvalidArgument, Op::Open, m))?)
+            Some(
+                Xts::new(&key)
+                    .map_err(|m| err(ErrorKind::InvalidArgument, Op::Open, m.to_string()))?,
+            )
         } else {
             None
         };
@@ -574,7 +586,7 @@ impl Lbs {
             Some(
                 std::thread::Builder::new()
                     .name("lbs-gc".into())
-                    .spawn(move || gc_mover::gc_thread(i))
+                    .spawn(move || i.gc_thread())
                     .map_err(|e| Error::io(Op::Open, "lbs", e))?,
             )
         } else {

@@ -11,8 +11,9 @@ use roamdisk_blockdev::{
     ZeroFlags,
 };
 
-use super::conn::{connect, proto_err, Negotiated, LAYER};
-use super::pipeline::{Failed, Pipeline, Reply};
+use super::conn::{connect, Negotiated};
+use super::pipeline::{Broken, Failed, Pipeline, Reply};
+use super::sock::{io_err, proto_err, LAYER};
 use super::tls::ClientTls;
 use super::uri::NbdUri;
 use crate::proto::*;
@@ -89,7 +90,7 @@ fn errno_kind(e: u32) -> ErrorKind {
 
 fn start(uri: &NbdUri, opts: &NbdOptions, tls: Option<&ClientTls>) -> Result<Pipeline> {
     let (sock, neg) = connect(uri, opts.structured, tls, opts.handshake_timeout)?;
-    Pipeline::start(sock, neg).map_err(|e| super::conn::io_err(Op::Open, e))
+    Pipeline::start(sock, neg).map_err(|e| io_err(Op::Open, e))
 }
 
 impl NbdDev {
@@ -130,7 +131,7 @@ impl NbdDev {
 
     /// Replace `old` by a new connection, unless another thread already
     /// did.
-    fn reconnect(&self, old: &Arc<Pipeline>, op: Op, why: &str) -> Result<()> {
+    fn reconnect(&self, old: &Arc<Pipeline>, op: Op, why: &Broken) -> Result<()> {
         let mut cur = self.conn.lock();
         if !Arc::ptr_eq(&cur, old) {
             return Ok(());
@@ -139,7 +140,7 @@ impl NbdDev {
         let mut wait = self.opts.first_backoff;
         let mut last = None;
         for attempt in 1..=self.opts.reconnect_tries {
-            tracing::warn!(uri = %self.uri, attempt, of = self.opts.reconnect_tries, reason = why,
+            tracing::warn!(uri = %self.uri, attempt, of = self.opts.reconnect_tries, reason = %why,
                 "NBD connection lost; reconnecting in {} ms", wait.as_millis());
             std::thread::sleep(wait);
             wait = (wait * 2).min(self.opts.max_backoff);

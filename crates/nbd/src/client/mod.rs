@@ -3,7 +3,8 @@
 //! | module | job |
 //! |---|---|
 //! | `uri` | `nbd[s]://[USER@]HOST[:PORT]/EXPORT`, `nbd[s]+unix:///EXPORT?socket=PATH`, TLS parameters |
-//! | `conn` | the socket and the handshake (STARTTLS, structured replies, `base:allocation`, `OPT_GO`) |
+//! | `sock` | the socket (TCP or Unix) and the layer's error helpers |
+//! | `conn` | connecting and the handshake (STARTTLS, structured replies, `base:allocation`, `OPT_GO`) |
 //! | `tls` | the client's TLS credentials (certificates folder or PSK file) and handshake |
 //! | `relay` | the thread that owns a TLS stream and gives the pipeline a plain socket |
 //! | `pipeline` | many requests in flight on one connection, replies matched by cookie |
@@ -15,6 +16,7 @@ mod conn;
 mod dev;
 mod pipeline;
 mod relay;
+mod sock;
 #[cfg(test)]
 mod tests;
 mod tls;
@@ -22,10 +24,10 @@ mod uri;
 
 use std::sync::Arc;
 
-use roamdisk_blockdev::{BlockDev, Error, ErrorKind, LayerKind, Op, OpenCtx, Registry, Result};
+use roamdisk_blockdev::{BlockDev, LayerKind, OpenCtx, Registry, Result};
 
 pub use dev::{NbdDev, NbdOptions};
-pub use uri::{NbdAddr, NbdUri, TlsParams};
+pub use uri::{NbdAddr, NbdUri, TlsParams, UriError};
 
 /// `nbd:URI`.
 pub static NBD: LayerKind = LayerKind {
@@ -40,8 +42,7 @@ pub static NBD: LayerKind = LayerKind {
 };
 
 fn open_layer(ctx: &OpenCtx<'_>, _next: Option<Arc<dyn BlockDev>>) -> Result<Arc<dyn BlockDev>> {
-    let uri = NbdUri::parse(ctx.get(NBD.name, "uri")?)
-        .map_err(|m| Error::new(ErrorKind::InvalidArgument, Op::Open, NBD.name, m))?;
+    let uri = NbdUri::parse(ctx.get(NBD.name, "uri")?)?;
     Ok(Arc::new(NbdDev::connect_with(
         &uri,
         NbdOptions::default(),

@@ -16,7 +16,8 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::conn::{read_array, Negotiated, Sock};
+use super::conn::Negotiated;
+use super::sock::{read_array, Sock};
 use crate::proto::*;
 
 /// Why a request failed.
@@ -25,7 +26,46 @@ pub(super) enum Failed {
     /// The server answered with an error.
     Server { errno: u32, message: String },
     /// The connection is gone; the request may or may not have run.
-    Gone(String),
+    Gone(Broken),
+}
+
+/// Why a connection stopped carrying requests (every request in flight
+/// on it fails with this).
+#[derive(Debug, Clone, thiserror::Error)]
+pub(super) enum Broken {
+    /// The server hung up between replies.
+    #[error("the server closed the connection")]
+    Closed,
+    /// Reading a reply failed.
+    #[error("connection lost: {0}")]
+    Lost(Arc<std::io::Error>),
+    /// Sending a request failed.
+    #[error("cannot send a request: {0}")]
+    Send(Arc<std::io::Error>),
+    /// A reply header the protocol does not allow.
+    #[error(transparent)]
+    Proto(#[from] ProtoError),
+    /// A reply that is not a reply.
+    #[error("bad reply magic {0:#010x}")]
+    Magic(u32),
+    /// A structured chunk larger than any request could need.
+    #[error("a reply chunk of {0} bytes")]
+    ChunkTooLarge(u32),
+    /// A reply to a request that is not waiting for one.
+    #[error("a reply to request {0}, which is not in flight")]
+    NotInFlight(u64),
+    /// A structured chunk that does not fit its request.
+    #[error("bad reply chunk (type {rtype}): {what}")]
+    Chunk { rtype: u16, what: String },
+    /// The thread reading replies is gone.
+    #[error("the reply reader stopped")]
+    ReaderStopped,
+}
+
+impl From<std::io::Error> for Broken {
+    fn from(e: std::io::Error) -> Broken {
+        Broken::Lost(Arc::new(e))
+    }
 }
 
 /// A successful reply.
@@ -61,13 +101,13 @@ impl Slot {
 struct State {
     slots: HashMap<u64, Slot>,
     /// Set once the connection is broken, with the reason.
-    dead: Option<String>,
+    dead: Option<Broken>,
 }
 
 type Shared = Arc<Mutex<State>>;
 
 /// Mark the connection broken and fail every waiting request.
-fn kill(state: &Shared, why: String) {
+fn kill(state: &Shared, why: Broken) {
     let slots = {
         let mut st = state.lock();
         if st.dead.is_none() {
@@ -87,7 +127,7 @@ impl Pending {
     pub(super) fn wait(self) -> Result<Reply, Failed> {
         self.0
             .recv()
-            .unwrap_or_else(|_| Err(Failed::Gone("the reply reader stopped".into())))
+            .unwrap_or(Err(Failed::Gone(Broken::ReaderStopped)))
     }
 }
 
@@ -111,7 +151,7 @@ impl Pipeline {
             .spawn(move || {
                 let mut rd = rd;
                 let why = match read_replies(&mut rd, &st) {
-                    Ok(()) => "the server closed the connection".to_string(),
+                    Ok(()) => Broken::Closed,
                     Err(e) => e,
                 };
                 kill(&st, why);
@@ -170,7 +210,7 @@ impl Pipeline {
         if let Err(e) = sent {
             // The reader sees the shutdown too; our own slot fails with
             // the rest.
-            kill(&self.state, format!("cannot send a request: {e}"));
+            kill(&self.state, Broken::Send(Arc::new(e)));
             self.writer.lock().shutdown();
         }
         Ok(Pending(rx))
@@ -207,32 +247,31 @@ fn header(cmd: u16, flags: u16, handle: u64, offset: u64, length: u32) -> [u8; R
 const MAX_CHUNK: u32 = MAX_PAYLOAD + 4096;
 
 /// Read replies until the connection ends; `Err` carries why it broke.
-fn read_replies(rd: &mut Sock, state: &Shared) -> Result<(), String> {
-    let io = |e: std::io::Error| format!("connection lost: {e}");
+fn read_replies(rd: &mut Sock, state: &Shared) -> Result<(), Broken> {
     loop {
         let mut magic = [0u8; 4];
         match rd.read_exact(&mut magic) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(io(e)),
+            Err(e) => return Err(e.into()),
         }
         match u32::from_be_bytes(magic) {
             SIMPLE_REPLY_MAGIC => {
-                let b: [u8; SIMPLE_REPLY_SIZE - 4] = read_array(rd).map_err(io)?;
-                let (errno, handle) = parse_simple_reply(&b).map_err(|e| e.to_string())?;
+                let b: [u8; SIMPLE_REPLY_SIZE - 4] = read_array(rd)?;
+                let (errno, handle) = parse_simple_reply(&b)?;
                 let mut slot = take(state, handle)?;
                 if errno != 0 {
                     slot.error = Some((errno, String::new()));
                 } else if slot.cmd == CMD_READ {
-                    rd.read_exact(&mut slot.reply.data).map_err(io)?;
+                    rd.read_exact(&mut slot.reply.data)?;
                 }
                 slot.finish();
             }
             STRUCTURED_REPLY_MAGIC => {
-                let b: [u8; CHUNK_HEADER_SIZE - 4] = read_array(rd).map_err(io)?;
-                let h = parse_chunk_header(&b).map_err(|e| e.to_string())?;
+                let b: [u8; CHUNK_HEADER_SIZE - 4] = read_array(rd)?;
+                let h = parse_chunk_header(&b)?;
                 if h.length > MAX_CHUNK {
-                    return Err(format!("a reply chunk of {} bytes", h.length));
+                    return Err(Broken::ChunkTooLarge(h.length));
                 }
                 let mut slot = take(state, h.handle)?;
                 chunk(rd, &h, &mut slot)?;
@@ -245,38 +284,39 @@ fn read_replies(rd: &mut Sock, state: &Shared) -> Result<(), String> {
                     }
                 }
             }
-            m => return Err(format!("bad reply magic {m:#010x}")),
+            m => return Err(Broken::Magic(m)),
         }
     }
 }
 
-fn take(state: &Shared, handle: u64) -> Result<Slot, String> {
+fn take(state: &Shared, handle: u64) -> Result<Slot, Broken> {
     state
         .lock()
         .slots
         .remove(&handle)
-        .ok_or_else(|| format!("a reply to request {handle}, which is not in flight"))
+        .ok_or(Broken::NotInFlight(handle))
 }
 
 /// Apply one structured chunk's payload to its request.
-fn chunk(rd: &mut Sock, h: &ChunkHeader, slot: &mut Slot) -> Result<(), String> {
-    let io = |e: std::io::Error| format!("connection lost: {e}");
-    let bad = |m: &str| format!("bad reply chunk (type {}): {m}", h.rtype);
+fn chunk(rd: &mut Sock, h: &ChunkHeader, slot: &mut Slot) -> Result<(), Broken> {
+    let bad = |m: &str| Broken::Chunk {
+        rtype: h.rtype,
+        what: m.to_string(),
+    };
     let end = slot.offset + slot.len as u64;
     match h.rtype {
         REPLY_TYPE_NONE if h.length == 0 => {}
         REPLY_TYPE_OFFSET_DATA if h.length >= 8 && slot.cmd == CMD_READ => {
-            let off = u64::from_be_bytes(read_array(rd).map_err(io)?);
+            let off = u64::from_be_bytes(read_array(rd)?);
             let n = (h.length - 8) as u64;
             if off < slot.offset || off + n > end {
                 return Err(bad("data outside the request"));
             }
             let at = (off - slot.offset) as usize;
-            rd.read_exact(&mut slot.reply.data[at..at + n as usize])
-                .map_err(io)?;
+            rd.read_exact(&mut slot.reply.data[at..at + n as usize])?;
         }
         REPLY_TYPE_OFFSET_HOLE if h.length == 12 && slot.cmd == CMD_READ => {
-            let b: [u8; 12] = read_array(rd).map_err(io)?;
+            let b: [u8; 12] = read_array(rd)?;
             let off = u64::from_be_bytes(b[0..8].try_into().expect("8"));
             let n = u32::from_be_bytes(b[8..12].try_into().expect("4")) as u64;
             if off < slot.offset || off + n > end {
@@ -287,7 +327,7 @@ fn chunk(rd: &mut Sock, h: &ChunkHeader, slot: &mut Slot) -> Result<(), String> 
         }
         REPLY_TYPE_BLOCK_STATUS if h.length >= 4 && (h.length - 4).is_multiple_of(8) => {
             let mut b = vec![0u8; h.length as usize];
-            rd.read_exact(&mut b).map_err(io)?;
+            rd.read_exact(&mut b)?;
             for d in b[4..].chunks_exact(8) {
                 let len = u32::from_be_bytes(d[0..4].try_into().expect("4"));
                 let flags = u32::from_be_bytes(d[4..8].try_into().expect("4"));
@@ -296,7 +336,7 @@ fn chunk(rd: &mut Sock, h: &ChunkHeader, slot: &mut Slot) -> Result<(), String> 
         }
         t if t & (1 << 15) != 0 && h.length >= 6 => {
             let mut b = vec![0u8; h.length as usize];
-            rd.read_exact(&mut b).map_err(io)?;
+            rd.read_exact(&mut b)?;
             let errno = u32::from_be_bytes(b[0..4].try_into().expect("4"));
             let mlen = u16::from_be_bytes([b[4], b[5]]) as usize;
             let message = String::from_utf8_lossy(b.get(6..6 + mlen).unwrap_or(&[])).into_owned();

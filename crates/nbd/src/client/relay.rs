@@ -22,7 +22,7 @@ use std::os::unix::net::UnixStream;
 
 use openssl::ssl::{ErrorCode, SslStream};
 
-use super::conn::Sock;
+use super::sock::Sock;
 
 /// Plaintext held in each direction.
 const BUF: usize = 1 << 20;
@@ -79,18 +79,33 @@ pub(super) fn spawn(tls: SslStream<Sock>) -> std::io::Result<UnixStream> {
     Ok(ours)
 }
 
+/// Why a relay ended (logged at debug level).
+#[derive(Debug, thiserror::Error)]
+enum RelayEnd {
+    #[error("the server closed TLS")]
+    TlsClosed,
+    #[error("the server closed the connection")]
+    ServerClosed,
+    #[error("TLS failed: {0}")]
+    Tls(openssl::ssl::Error),
+    #[error("the client side closed: {0}")]
+    LocalGone(std::io::Error),
+    #[error("the client closed the connection")]
+    ClientClosed,
+    #[error("poll: {0}")]
+    Poll(std::io::Error),
+}
+
 /// Map a TLS error to the poll event of the socket that the call waits
 /// for (a read may want to write, a write to read); Err ends the relay
 /// with why.
-fn tls_wait(e: openssl::ssl::Error) -> Result<i16, String> {
+fn tls_wait(e: openssl::ssl::Error) -> Result<i16, RelayEnd> {
     match e.code() {
         ErrorCode::WANT_READ => Ok(libc::POLLIN),
         ErrorCode::WANT_WRITE => Ok(libc::POLLOUT),
-        ErrorCode::ZERO_RETURN => Err("the server closed TLS".into()),
-        ErrorCode::SYSCALL if e.io_error().is_none() => {
-            Err("the server closed the connection".into())
-        }
-        _ => Err(format!("TLS failed: {e}")),
+        ErrorCode::ZERO_RETURN => Err(RelayEnd::TlsClosed),
+        ErrorCode::SYSCALL if e.io_error().is_none() => Err(RelayEnd::ServerClosed),
+        _ => Err(RelayEnd::Tls(e)),
     }
 }
 
@@ -121,7 +136,7 @@ fn poll2(a: (RawFd, i16), b: (RawFd, i16)) -> std::io::Result<()> {
 }
 
 /// Move bytes both ways until one side ends; returns why.
-fn relay(mut tls: SslStream<Sock>, mut local: UnixStream) -> String {
+fn relay(mut tls: SslStream<Sock>, mut local: UnixStream) -> RelayEnd {
     let net_fd = tls.get_ref().as_raw_fd();
     let local_fd = local.as_raw_fd();
     // down: server -> pipeline; up: pipeline -> server.
@@ -138,7 +153,7 @@ fn relay(mut tls: SslStream<Sock>, mut local: UnixStream) -> String {
         // Server -> buffer, as much as fits.
         while let Some(space) = down.space() {
             match tls.ssl_read(space) {
-                Ok(0) => return "the server closed TLS".into(),
+                Ok(0) => return RelayEnd::TlsClosed,
                 Ok(n) => {
                     down.filled(n);
                     moved = true;
@@ -169,7 +184,7 @@ fn relay(mut tls: SslStream<Sock>, mut local: UnixStream) -> String {
                     break;
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return format!("the client side closed: {e}"),
+                Err(e) => return RelayEnd::LocalGone(e),
             }
         }
         // Pipeline -> buffer.
@@ -212,7 +227,7 @@ fn relay(mut tls: SslStream<Sock>, mut local: UnixStream) -> String {
             // The pipeline is done and everything it sent is out: say
             // goodbye (best effort: the socket is non-blocking).
             let _ = tls.shutdown();
-            return "the client closed the connection".into();
+            return RelayEnd::ClientClosed;
         }
         if moved {
             continue;
@@ -220,7 +235,7 @@ fn relay(mut tls: SslStream<Sock>, mut local: UnixStream) -> String {
         // A closed local end would wake poll() at once, again and again.
         let local_fd = if local_done { -1 } else { local_fd };
         if let Err(e) = poll2((net_fd, net_ev), (local_fd, local_ev)) {
-            return format!("poll: {e}");
+            return RelayEnd::Poll(e);
         }
     }
 }

@@ -12,7 +12,7 @@ use openssl::ssl::{
 use openssl::x509::X509VerifyResult;
 use roamdisk_blockdev::{Error, ErrorKind, Op, Result};
 
-use super::conn::LAYER;
+use super::sock::LAYER;
 use super::uri::TlsParams;
 
 /// How this client proves itself.

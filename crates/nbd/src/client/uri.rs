@@ -73,7 +73,7 @@ pub struct NbdUri {
     pub tls: Option<TlsParams>,
 }
 
-fn pct_decode(s: &str) -> std::result::Result<String, String> {
+fn pct_decode(s: &str) -> std::result::Result<String, Problem> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -91,7 +91,39 @@ fn pct_decode(s: &str) -> std::result::Result<String, String> {
             i += 1;
         }
     }
-    String::from_utf8(out).map_err(|_| format!("'{s}' is not UTF-8"))
+    String::from_utf8(out).map_err(|_| format!("'{s}' is not UTF-8").into())
+}
+
+/// What is wrong with a URI (without the URI: [`UriError`] adds it).
+struct Problem(String);
+
+impl From<&str> for Problem {
+    fn from(m: &str) -> Problem {
+        Problem(m.to_string())
+    }
+}
+
+impl From<String> for Problem {
+    fn from(m: String) -> Problem {
+        Problem(m)
+    }
+}
+
+/// An NBD URI that cannot be used: the URI, and what is wrong with it
+/// (and how to write it instead).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{uri}': {problem}")]
+pub struct UriError {
+    pub uri: String,
+    pub problem: String,
+}
+
+/// A bad URI given to open a layer or a target is a bad argument.
+impl From<UriError> for roamdisk_blockdev::Error {
+    fn from(e: UriError) -> roamdisk_blockdev::Error {
+        use roamdisk_blockdev::{ErrorKind, Op};
+        roamdisk_blockdev::Error::new(ErrorKind::InvalidArgument, Op::Open, "nbd", e.to_string())
+    }
 }
 
 /// `s` with every byte but ASCII letters, digits, `-._~` and those in
@@ -113,7 +145,7 @@ const KNOWN: &str =
     "socket, tls-certificates, tls-psk-file, tls-verify-peer, tls-hostname, tls-type";
 
 /// `HOST[:PORT]` as `host:port` for [`std::net::TcpStream::connect`].
-fn tcp_addr(hostport: &str) -> std::result::Result<String, String> {
+fn tcp_addr(hostport: &str) -> std::result::Result<String, Problem> {
     let (host, port) = if let Some(rest) = hostport.strip_prefix('[') {
         let (v6, after) = rest
             .split_once(']')
@@ -141,7 +173,7 @@ fn tcp_addr(hostport: &str) -> std::result::Result<String, String> {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "-._~".contains(c))
         {
-            return Err(format!("'{h}' is not a host name or address"));
+            return Err(format!("'{h}' is not a host name or address").into());
         }
         (h, p)
     };
@@ -149,7 +181,7 @@ fn tcp_addr(hostport: &str) -> std::result::Result<String, String> {
         None => DEFAULT_PORT,
         Some(p) => match p.parse::<u16>() {
             Ok(n) if n > 0 && p.bytes().all(|c| c.is_ascii_digit()) => n,
-            _ => return Err(format!("'{p}' is not a port (1-65535)")),
+            _ => return Err(format!("'{p}' is not a port (1-65535)").into()),
         },
     };
     Ok(format!("{host}:{port}"))
@@ -163,15 +195,20 @@ impl NbdUri {
             .any(|p| s.starts_with(p))
     }
 
-    pub fn parse(s: &str) -> std::result::Result<NbdUri, String> {
-        Self::parse_inner(s).map_err(|m| format!("'{s}': {m}"))
+    /// Parse `s`; what is wrong with it comes back with the URI.
+    pub fn parse(s: &str) -> std::result::Result<NbdUri, UriError> {
+        Self::parse_inner(s).map_err(|Problem(problem)| UriError {
+            uri: s.to_string(),
+            problem,
+        })
     }
 
-    fn parse_inner(s: &str) -> std::result::Result<NbdUri, String> {
+    fn parse_inner(s: &str) -> std::result::Result<NbdUri, Problem> {
         if let Some(c) = s.chars().find(|c| c.is_control() || *c == ' ') {
             return Err(format!(
                 "{c:?} is not allowed in a URI; percent-encode it (a space is %20)"
-            ));
+            )
+            .into());
         }
         let (scheme, rest) = s.split_once("://").ok_or(
             "not an NBD URI (nbd://HOST:PORT/EXPORT, nbds://..., nbd+unix:///EXPORT?socket=PATH)",
@@ -185,7 +222,8 @@ impl NbdUri {
             _ => {
                 return Err(format!(
                     "'{scheme}' is not an NBD URI scheme (nbd, nbds, nbd+unix, nbds+unix)"
-                ))
+                )
+                .into())
             }
         };
         if rest.contains('#') {
@@ -224,11 +262,11 @@ impl NbdUri {
                 continue;
             }
             if seen.contains(&k) {
-                return Err(format!("'{k}' is given twice"));
+                return Err(format!("'{k}' is given twice").into());
             }
             let nonempty = |v: &str| {
                 if v.is_empty() {
-                    Err(format!("'{k}=' needs a value"))
+                    Err(Problem(format!("'{k}=' needs a value")))
                 } else {
                     Ok(v.to_string())
                 }
@@ -247,13 +285,13 @@ impl NbdUri {
                 _ => {
                     return Err(format!(
                         "unknown query parameter '{k}' (known: {KNOWN}; the PSK identity is the user part, nbds://NAME@HOST/...)"
-                    ))
+                    ).into())
                 }
             }
             if !tls && k.starts_with("tls-") {
                 return Err(format!(
                     "'{k}' needs an nbds:// or nbds+unix:// URI (with {scheme}:// the connection would not be encrypted)"
-                ));
+                ).into());
             }
             seen.push(k);
         }
@@ -262,7 +300,8 @@ impl NbdUri {
             if !hostport.is_empty() {
                 return Err(format!(
                     "a Unix-socket URI takes no host ('{hostport}'): {scheme}:///EXPORT?socket=PATH"
-                ));
+                )
+                .into());
             }
             let socket = socket.ok_or(
                 "a Unix-socket NBD URI needs ?socket=PATH (nbd+unix:///EXPORT?socket=/tmp/nbd.sock)",
@@ -275,7 +314,8 @@ impl NbdUri {
             if socket.is_some() {
                 return Err(format!(
                     "socket= is for nbd+unix:// and nbds+unix:// URIs, not {scheme}://"
-                ));
+                )
+                .into());
             }
             NbdAddr::Tcp(tcp_addr(hostport)?)
         };
@@ -293,7 +333,7 @@ impl NbdUri {
                 Some("anon") => {
                     return Err("tls-type=anon: anonymous TLS is not supported (use certificates or a pre-shared key)".into())
                 }
-                Some(t) => return Err(format!("tls-type={t}: expected x509 or psk")),
+                Some(t) => return Err(format!("tls-type={t}: expected x509 or psk").into()),
             }
             if certificates.is_some() && psk_file.is_some() {
                 return Err(
@@ -380,6 +420,7 @@ mod tests {
         assert_eq!(u.export, "/disk");
         assert!(NbdUri::parse("nbd+unix:///x")
             .unwrap_err()
+            .to_string()
             .contains("socket"));
         assert!(NbdUri::parse("http://x").is_err());
         assert!(NbdUri::parse("nbd:///x").is_err());
@@ -465,7 +506,7 @@ mod tests {
             ("nbdx://h/", "not an NBD URI scheme"),
             ("nbds:h/x", "not an NBD URI"),
         ] {
-            let e = NbdUri::parse(uri).expect_err(uri);
+            let e = NbdUri::parse(uri).expect_err(uri).to_string();
             assert!(e.contains(why), "{uri}: {e}");
             assert!(e.contains(&format!("'{uri}'")), "{uri}: names the URI: {e}");
         }

@@ -11,9 +11,12 @@ use roamdisk_blockdev::{BlockDev, Registry, Result, WriteFlags};
 use tokio::io::AsyncWriteExt;
 
 use super::serve;
+use crate::export::Export;
 use crate::handshake::negotiate;
 use crate::proto::*;
-use crate::server::{BoxStream, Export, Shared, TlsMode};
+use crate::shared::Shared;
+use crate::stream::BoxStream;
+use crate::tls::TlsMode;
 
 /// Passes everything to `next` and notes which client each write and
 /// flush came from.

@@ -122,7 +122,7 @@ pub fn status(cache: &SharedCache) -> Result<CacheStatus> {
             }
             Err(e) => damaged_marks.push(DamagedMark {
                 file: l.path,
-                error: e,
+                error: e.to_string(),
             }),
         }
     }

@@ -88,6 +88,8 @@ pub enum MarkError {
     ZeroVersion,
     #[error("the hoard mark's chunk {0} is all zero, or not above the one before it")]
     Order(usize),
+    #[error("the mark in file {file} is for version {version}")]
+    OtherVersion { file: String, version: ChunkId },
 }
 
 fn u16_at(b: &[u8], at: usize) -> u16 {
@@ -241,7 +243,7 @@ pub fn remove(dir: &Path, version: &ChunkId) -> Result<bool> {
 /// damaged.
 pub struct Listed {
     pub path: PathBuf,
-    pub mark: std::result::Result<HoardMark, String>,
+    pub mark: std::result::Result<HoardMark, MarkError>,
 }
 
 /// Whether a name in the marks folder is a mark's (64 hex digits); others
@@ -279,11 +281,11 @@ pub fn list(dir: &Path) -> Result<Vec<Listed>> {
         };
         let mark = match decode(&bytes) {
             Ok(m) if m.version == id => Ok(m),
-            Ok(m) => Err(format!(
-                "the mark in file {name} is for version {}",
-                m.version
-            )),
-            Err(e) => Err(e.to_string()),
+            Ok(m) => Err(MarkError::OtherVersion {
+                file: name.clone(),
+                version: m.version,
+            }),
+            Err(e) => Err(e),
         };
         out.push(Listed { path, mark });
     }

@@ -7,11 +7,15 @@
 //! fetch chain (`source.rs`). Formats: `docs/formats/cas-shared-cache.md`.
 
 pub mod admin;
+mod config;
+mod files;
 pub mod hoard_marks;
+mod inner;
 pub mod journal;
 pub mod pins;
 pub mod shared;
 mod source;
+mod state;
 
 pub use shared::{CacheOptions, CacheStats, Evicted, SharedCache, SharedChoice, Snapshot};
 

@@ -18,7 +18,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use roamdisk_blockdev::{Op, Result};
+use roamdisk_blockdev::{durable, Op, Result};
 
 use roamdisk_chunkstore::error::{corrupt, io};
 use roamdisk_chunkstore::hash::{ChunkId, ID_LEN};
@@ -108,7 +108,17 @@ pub fn pin(dir: &Path, ids: &[ChunkId]) -> Result<PinGuard> {
         .map_err(|e| io(Op::Open, e.into(), &tmp))?;
     f.write_all(&encode(ids))
         .map_err(|e| io(Op::Write, e, &tmp))?;
-    std::fs::rename(&tmp, &path).map_err(|e| io(Op::Write, e, &path))?;
+    // A unique name: nobody else can hold it.
+    match durable::rename_noreplace(&tmp, &path).map_err(|e| io(Op::Write, e, &path))? {
+        durable::Renamed::Moved => {}
+        other => {
+            return Err(io(
+                Op::Write,
+                std::io::Error::other(format!("pin set name taken ({other:?})")),
+                &path,
+            ))
+        }
+    }
     Ok(PinGuard { path, _file: f })
 }
 

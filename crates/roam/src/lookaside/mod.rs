@@ -33,7 +33,7 @@ use roamdisk_blockdev::{durable, Op, Result};
 use crate::fetch::{ChunkSource, Source, Wanted};
 use qemu_nbd::{Qcow2, StartError};
 use roamdisk_chunkstore::chunk::{ChunkCodec, Key};
-use roamdisk_chunkstore::error::io;
+use roamdisk_chunkstore::error::{corrupt, io};
 use roamdisk_chunkstore::hash::{ChunkId, HashKind, ID_LEN};
 use roamdisk_chunkstore::store::{local::LocalStore, ChunkRead};
 
@@ -88,27 +88,29 @@ pub fn encode_index(who: &Identity, entries: &[(ChunkId, u64)]) -> Vec<u8> {
 }
 
 /// Decode an index; `Err` says why it cannot be used (it is then rebuilt).
-pub fn decode_index(b: &[u8]) -> std::result::Result<(Identity, Vec<(ChunkId, u64)>), String> {
+pub fn decode_index(b: &[u8]) -> Result<(Identity, Vec<(ChunkId, u64)>)> {
     if b.len() < I_ENTRIES + 4 || b[..I_VERSION] != INDEX_MAGIC {
-        return Err("not a lookaside index".into());
+        return Err(corrupt("not a lookaside index"));
     }
     let u32_at = |a: usize| u32::from_le_bytes(b[a..a + 4].try_into().expect("4"));
     let u64_at = |a: usize| u64::from_le_bytes(b[a..a + 8].try_into().expect("8"));
     if u32_at(I_VERSION) != INDEX_VERSION {
-        return Err(format!(
+        return Err(corrupt(format!(
             "index version {} is not supported",
             u32_at(I_VERSION)
-        ));
+        )));
     }
     let end = b.len() - 4;
     if crc32c::crc32c(&b[..end]) != u32_at(end) {
-        return Err("index checksum does not match".into());
+        return Err(corrupt("index checksum does not match"));
     }
-    let hash =
-        HashKind::from_u8(u8::try_from(u32_at(I_HASH)).unwrap_or(0)).map_err(|e| e.to_string())?;
+    let hash = HashKind::from_u8(u8::try_from(u32_at(I_HASH)).unwrap_or(0))
+        .map_err(|e| corrupt(e.to_string()))?;
     let count = u64_at(I_COUNT);
     if (end - I_ENTRIES) as u64 != count.saturating_mul(ENTRY as u64) {
-        return Err(format!("index of {count} entries has the wrong length"));
+        return Err(corrupt(format!(
+            "index of {count} entries has the wrong length"
+        )));
     }
     let who = Identity {
         hash,

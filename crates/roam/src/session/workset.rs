@@ -112,10 +112,9 @@ impl Recorder {
             (encode(&order), order.len())
         };
         let p = dir.join(FILE);
-        let tmp = dir.join(format!("{FILE}.tmp"));
-        std::fs::write(&tmp, bytes)
-            .and_then(|()| std::fs::rename(&tmp, &p))
-            .map_err(|e| io(Op::Write, e, &p))?;
+        // A hint, rewritten every few seconds: whole for readers, not
+        // synced (docs/formats/cas-working-set.md).
+        roamdisk_blockdev::durable::write_unsynced(&p, &bytes).map_err(|e| io(Op::Write, e, &p))?;
         self.saved.store(len, Ordering::Relaxed);
         *self.last_save.lock() = Some(std::time::Instant::now());
         Ok(())

@@ -51,7 +51,7 @@ fn pack_names_in(dir: &Path) -> Result<Vec<String>> {
 /// A fresh random pack name.
 fn new_pack_name() -> std::io::Result<String> {
     let mut r = [0u8; 16];
-    openssl::rand::rand_bytes(&mut r).map_err(std::io::Error::other)?;
+    roamdisk_crypto::fill_random(&mut r).map_err(std::io::Error::other)?;
     let hex: String = r.iter().map(|b| format!("{b:02x}")).collect();
     Ok(format!("{hex}.pack"))
 }
