@@ -12,7 +12,7 @@ use roamdisk_roam::cache::SharedChoice;
 use roamdisk_roam::session::dev::{CasDev, SessionOpen};
 
 /// The unit of the generated disks' content (and of dedup between them).
-pub const BLOCK: usize = 4096;
+const BLOCK: usize = 4096;
 /// Most chunks of a disk: one gather batch of a checkout
 /// (`roamdisk_roam::view::GATHER_BATCH`), so it runs on one thread.
 const MAX_CHUNKS: u64 = 64;

@@ -61,7 +61,7 @@ impl World {
         };
         let mem = Arc::new(MemStore::new(config));
         let faulty = Arc::new(FaultStore::new(mem.clone(), Faults::NONE, seed ^ 0xfa17));
-        let keys = tempfile::tempdir().unwrap();
+        let keys = scratch();
         let key_file = keys.path().join("user.key");
         let key = roamdisk_chunkstore::version::create_key_file(&key_file).unwrap();
         let disks = Disks::new(&mut rng);
