@@ -8,6 +8,8 @@
 //! the version must be a clean ext4 holding the edits, and the session must
 //! still read exactly what the guest wrote.
 
+#![allow(clippy::disallowed_macros, reason = "a test prints what it measured")]
+
 mod cas_common;
 mod common;
 

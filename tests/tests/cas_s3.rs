@@ -16,6 +16,8 @@
 //! Objects are edited with boto3 from the Swift virtualenv; nothing is
 //! skipped: a missing virtualenv fails the test (scripts/test installs it).
 
+#![allow(clippy::disallowed_macros, reason = "a test prints what it measured")]
+
 mod cas_common;
 mod common;
 

@@ -5,6 +5,8 @@
 //! The committed versions hold the users' files and stay consistent
 //! (`e2fsck -fn`, `ntfscat`).
 
+#![allow(clippy::disallowed_macros, reason = "a test prints what it measured")]
+
 mod cas_common;
 mod common;
 

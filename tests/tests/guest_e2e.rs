@@ -7,6 +7,8 @@
 //! version `roamdisk commit cas:SESSION` makes of it must both be clean
 //! ext4 file systems holding exactly what the guest wrote.
 
+#![allow(clippy::disallowed_macros, reason = "a test prints what it measured")]
+
 mod cas_common;
 mod common;
 mod guest_common;

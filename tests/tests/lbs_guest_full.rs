@@ -15,6 +15,8 @@
 //! it maps no more blocks than ext4 uses, although every block of the disk
 //! was written.
 
+#![allow(clippy::disallowed_macros, reason = "a test prints what it measured")]
+
 mod common;
 mod guest_common;
 

@@ -9,6 +9,8 @@
 //! killed; `roamdisk replay` gives each emulated client its own identity
 //! and each one's writes land in its own view on the server.
 
+#![allow(clippy::disallowed_macros, reason = "a test prints what it measured")]
+
 mod common;
 mod guest_common;
 

@@ -4,12 +4,19 @@
 //! * [`write_atomically`]: a whole file replaced through a temporary name,
 //!   `fsync`, `rename` and an `fsync` of the directory, so a crash leaves
 //!   either the old file or the new one, never a mix.
+//! * [`write_then_rename`]: the same without the `fsync` of the directory,
+//!   which the caller does once for a batch of names (a chunk store's
+//!   catalogs, leases and settings).
 //! * [`write_unsynced`]: the same without the `fsync`s, atomic for readers
-//!   only: for a report rewritten at every flush.
+//!   only: for a report rewritten at every flush, or a cache checked on
+//!   read.
 //! * [`sync_parent`] / [`sync_dir`]: make a directory entry (a create, a
 //!   rename, an unlink) durable.
 //! * [`rename_noreplace`]: move a file to a name only if that name is free
-//!   (`RENAME_NOREPLACE`), reporting what happened instead of failing.
+//!   (`RENAME_NOREPLACE`), reporting what happened instead of failing;
+//!   [`rename_noreplace_at`] names it in a directory opened once;
+//!   [`move_into_place`] moves a durable file over another of the same
+//!   content.
 //!
 //! Every whole-file write of the project goes through here: `clippy.toml`
 //! refuses `std::fs::rename` (and the other renames) everywhere else. The
@@ -22,6 +29,8 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::fd::AsFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// The file-system calls a whole-file write is made of, so the crash tests
@@ -31,6 +40,10 @@ pub trait FileSystem {
     type File: Write;
     /// Create `path`, or truncate it if it exists, open for writing.
     fn create(&self, path: &Path) -> std::io::Result<Self::File>;
+    /// Create `path`, which must not exist (`AlreadyExists` otherwise),
+    /// open for writing, readable by everyone and writable by its owner
+    /// (mode 0644).
+    fn create_new(&self, path: &Path) -> std::io::Result<Self::File>;
     /// `fsync` `file`: its data and size are durable when this returns.
     fn sync_file(&self, file: &mut Self::File) -> std::io::Result<()>;
     /// Rename `from` to `to`, atomically replacing `to` if it exists. The
@@ -52,6 +65,13 @@ impl FileSystem for Os {
             .write(true)
             .create(true)
             .truncate(true)
+            .open(path)
+    }
+    fn create_new(&self, path: &Path) -> std::io::Result<File> {
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
             .open(path)
     }
     fn sync_file(&self, file: &mut File) -> std::io::Result<()> {
@@ -117,6 +137,31 @@ pub fn write_atomically_via(path: &Path, tmp: &Path, bytes: &[u8]) -> std::io::R
     replace(&Os, path, tmp, bytes, true)
 }
 
+/// [`write_atomically_via`] without the `fsync` of the directory: `tmp`
+/// (a new file: it must not exist) is written, `fsync`ed and renamed over
+/// `path`. The content is durable before it gets the name, so a crash
+/// leaves the old file or the new one; the new name is durable once the
+/// caller has run [`sync_dir`] on `path`'s directory, once for a batch of
+/// names. On failure `tmp` may be left behind: the caller removes it.
+pub fn write_then_rename(path: &Path, tmp: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_then_rename_in(&Os, path, tmp, bytes)
+}
+
+/// [`write_then_rename`] on the file system `fs`.
+pub fn write_then_rename_in<F: FileSystem>(
+    fs: &F,
+    path: &Path,
+    tmp: &Path,
+    bytes: &[u8],
+) -> std::io::Result<()> {
+    {
+        let mut f = fs.create_new(tmp)?;
+        f.write_all(bytes)?;
+        fs.sync_file(&mut f)?;
+    }
+    fs.rename(tmp, path)
+}
+
 /// Replace `path` with `bytes` for readers only: [`write_atomically`]
 /// without its two `fsync`s. A reader sees the old content or the new one,
 /// never a part, but a power cut may leave an empty or torn file. Only for
@@ -131,6 +176,12 @@ pub fn write_unsynced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// [`write_unsynced`] on the file system `fs`.
 pub fn write_unsynced_in<F: FileSystem>(fs: &F, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     replace(fs, path, &with_suffix(path, ".tmp"), bytes, false)
+}
+
+/// [`write_unsynced`] through the temporary file `tmp` (a name of the
+/// writer's own, where several processes may write one file at once).
+pub fn write_unsynced_via(path: &Path, tmp: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    replace(&Os, path, tmp, bytes, false)
 }
 
 /// The algorithm: write `tmp`, rename it over `path`. With `sync`, the new
@@ -170,10 +221,33 @@ pub enum Renamed {
 
 /// Rename `from` to `to` unless `to` exists (atomic: `RENAME_NOREPLACE`).
 /// The rename is durable only after [`sync_parent`] of both names.
-#[allow(clippy::disallowed_methods, reason = "durable is the home of renames")]
 pub fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<Renamed> {
-    use rustix::fs::{renameat_with, RenameFlags, CWD};
-    match renameat_with(CWD, from, CWD, to, RenameFlags::NOREPLACE) {
+    rename_noreplace_impl(rustix::fs::CWD, from, rustix::fs::CWD, to)
+}
+
+/// [`rename_noreplace`] of the file at `from` to the name `to` in the
+/// directory opened as `dir` (a folder opened once and named into many
+/// times, without a walk of its whole path each time). `SourceMissing`
+/// also when `dir` was removed since it was opened. The rename is durable
+/// only after an `fsync` of `dir` (and of `from`'s directory).
+pub fn rename_noreplace_at(
+    from: &Path,
+    dir: impl AsFd,
+    to: impl AsRef<Path>,
+) -> std::io::Result<Renamed> {
+    rename_noreplace_impl(rustix::fs::CWD, from, dir, to.as_ref())
+}
+
+/// The one `RENAME_NOREPLACE` of the project.
+#[allow(clippy::disallowed_methods, reason = "durable is the home of renames")]
+fn rename_noreplace_impl(
+    from_dir: impl AsFd,
+    from: &Path,
+    to_dir: impl AsFd,
+    to: &Path,
+) -> std::io::Result<Renamed> {
+    use rustix::fs::{renameat_with, RenameFlags};
+    match renameat_with(from_dir, from, to_dir, to, RenameFlags::NOREPLACE) {
         Ok(()) => Ok(Renamed::Moved),
         Err(rustix::io::Errno::EXIST) => Ok(Renamed::TargetExists),
         Err(rustix::io::Errno::NOENT) => Ok(Renamed::SourceMissing),
@@ -218,5 +292,57 @@ mod tests {
         assert_eq!(rename_noreplace(&a, &b).unwrap(), Renamed::Moved);
         assert_eq!(std::fs::read(&b).unwrap(), b"a");
         sync_parent(&b).unwrap();
+    }
+
+    #[test]
+    fn rename_noreplace_at_names_into_an_opened_directory() {
+        let d = tempfile::tempdir().unwrap();
+        let sub = d.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let dir = File::open(&sub).unwrap();
+        let a = d.path().join("a");
+        assert_eq!(
+            rename_noreplace_at(&a, &dir, "x").unwrap(),
+            Renamed::SourceMissing
+        );
+        std::fs::write(&a, b"a").unwrap();
+        std::fs::write(sub.join("x"), b"x").unwrap();
+        assert_eq!(
+            rename_noreplace_at(&a, &dir, "x").unwrap(),
+            Renamed::TargetExists
+        );
+        assert_eq!(std::fs::read(sub.join("x")).unwrap(), b"x");
+        assert_eq!(rename_noreplace_at(&a, &dir, "y").unwrap(), Renamed::Moved);
+        assert_eq!(std::fs::read(sub.join("y")).unwrap(), b"a");
+        assert!(!a.exists());
+    }
+
+    #[test]
+    fn write_then_rename_refuses_a_taken_temporary_and_writes_0644() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let (p, tmp) = (d.path().join("f"), d.path().join("f.tmp"));
+        write_then_rename(&p, &tmp, b"one").unwrap();
+        write_then_rename(&p, &tmp, b"two").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        assert!(!tmp.exists());
+        // Never more than 0644, whatever the umask allows.
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert!(mode & !0o644 == 0 && mode & 0o600 == 0o600, "{mode:o}");
+        std::fs::write(&tmp, b"stale").unwrap();
+        let e = write_then_rename(&p, &tmp, b"three").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        sync_dir(d.path()).unwrap();
+    }
+
+    #[test]
+    fn write_unsynced_via_replaces_through_the_given_temporary() {
+        let d = tempfile::tempdir().unwrap();
+        let (p, tmp) = (d.path().join("f"), d.path().join(".f.7"));
+        write_unsynced_via(&p, &tmp, b"one").unwrap();
+        write_unsynced_via(&p, &tmp, b"two").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        assert!(!tmp.exists());
     }
 }

@@ -189,9 +189,33 @@ pub struct Registry {
     /// URI prefixes (`nbd://`) read as the whole argument of a bottom
     /// layer kind with one argument.
     schemes: Vec<(&'static str, &'static str)>,
+    /// Option values a layer gets when its spec does not give them, by
+    /// kind: what the program resolved from its environment (a default
+    /// store, this host's cache folder), so that layers read none.
+    defaults: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl Registry {
+    /// Give every layer of `kind` the option `name = value` unless its
+    /// spec sets it.
+    pub fn set_default(&mut self, kind: &str, name: &str, value: impl Into<String>) {
+        self.defaults
+            .entry(kind.to_string())
+            .or_default()
+            .insert(name.to_string(), value.into());
+    }
+
+    /// A spec's parameters with the defaults of its kind filled in.
+    pub fn params_of(&self, spec: &LayerSpec) -> BTreeMap<String, String> {
+        let mut p = spec.params.clone();
+        if let Some(d) = self.defaults.get(&spec.kind) {
+            for (k, v) in d {
+                p.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        p
+    }
+
     /// Add a layer kind (later crates register theirs).
     pub fn add(&mut self, kind: &'static LayerKind) {
         self.kinds.retain(|k| k.name != kind.name);
@@ -520,9 +544,10 @@ impl Registry {
             Some(n) => self.open_over(n, access, bottom)?,
             None => bottom,
         };
+        let params = self.params_of(spec);
         let ctx = OpenCtx {
             read_only: access.is_read_only(),
-            params: &spec.params,
+            params: &params,
             registry: self,
         };
         (kind.open)(&ctx, Some(next))
@@ -541,9 +566,10 @@ impl Registry {
             Some(n) => Some(self.open_layer(n, read_only || kind.inner_read_only)?),
             None => None,
         };
+        let params = self.params_of(spec);
         let ctx = OpenCtx {
             read_only,
-            params: &spec.params,
+            params: &params,
             registry: self,
         };
         (kind.open)(&ctx, next)

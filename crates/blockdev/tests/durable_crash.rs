@@ -173,3 +173,88 @@ fn an_unsynced_write_is_atomic_for_readers_only() {
         }
     }
 }
+
+/// A reboot after each I/O of `write` in turn (and after it returned) on a
+/// file system holding `old` at `/d/f`: the cuts (I/O number, seed) whose
+/// reboot found neither `old` nor `new` at `/d/f`, or not `new` although
+/// `write` had returned, or after which `write` run again with another
+/// temporary did not leave `new`.
+fn cuts_with_temporaries(
+    old: &[u8],
+    new: &[u8],
+    write: impl Fn(&SimFs, &Path) -> std::io::Result<()>,
+) -> Vec<(u64, u64, &'static str)> {
+    let path = Path::new("/d/f");
+    let start = |countdown| {
+        let fs = SimFs::new(countdown);
+        fs.put(path, old);
+        fs
+    };
+    let counter = Countdown::unarmed();
+    write(&start(counter.clone()), Path::new("/t/f.1")).unwrap();
+    let mut bad = Vec::new();
+    for cut_at in 1..=counter.spent() + 1 {
+        let fs = start(Countdown::crash_at(cut_at));
+        let completed = write(&fs, Path::new("/t/f.1")).is_ok();
+        for seed in 0..REBOOTS {
+            let after = fs.after_crash(&mut Rng::new((cut_at << 32) | seed), Countdown::unarmed());
+            let found = after.read(path);
+            if completed && found.as_deref() != Some(new) {
+                bad.push((cut_at, seed, "a completed write was lost"));
+            } else if found.as_deref() != Some(old) && found.as_deref() != Some(new) {
+                bad.push((cut_at, seed, "neither the old file nor the new one"));
+            } else if write(&after, Path::new("/t/f.2")).is_err()
+                || after.read(path).as_deref() != Some(new)
+            {
+                bad.push((cut_at, seed, "the next write did not leave the new file"));
+            }
+        }
+    }
+    bad
+}
+
+/// `write_then_rename` and then the caller's `fsync` of the directory (a
+/// chunk store's catalog update, lease or settings; its temporaries are in
+/// `tmp/`, named by process and sequence number, and a stale one is
+/// removed by the store's recovery): a reboot finds the old file or the new
+/// one, the new one once the sync returned.
+#[test]
+fn write_then_rename_and_a_directory_sync_leave_the_old_file_or_the_new_one() {
+    let mut r = Rng::new(5);
+    for (old_len, new_len) in [(0, 100), (700, 1100), (2048, 512)] {
+        let (old, new) = (r.bytes(old_len), r.bytes(new_len));
+        let bad = cuts_with_temporaries(&old, &new, |fs, tmp| {
+            durable::write_then_rename_in(fs, Path::new("/d/f"), tmp, &new)?;
+            fs.sync_dir(Path::new("/d"))
+        });
+        assert!(bad.is_empty(), "{old_len} -> {new_len}: {bad:?}");
+    }
+}
+
+/// Without the caller's directory sync the write is atomic, not durable:
+/// a reboot may find the old file after it returned (never a torn one).
+#[test]
+fn write_then_rename_without_the_directory_sync_is_atomic_only() {
+    let mut r = Rng::new(6);
+    let (old, new) = (r.bytes(700), r.bytes(1100));
+    let bad = cuts_with_temporaries(&old, &new, |fs, tmp| {
+        durable::write_then_rename_in(fs, Path::new("/d/f"), tmp, &new)
+    });
+    assert!(!bad.is_empty());
+    assert!(
+        bad.iter().all(|b| b.2 == "a completed write was lost"),
+        "{bad:?}"
+    );
+}
+
+/// A temporary that exists is never written through.
+#[test]
+fn write_then_rename_refuses_a_taken_temporary() {
+    let fs = SimFs::new(Countdown::unarmed());
+    let (path, tmp) = (Path::new("/d/f"), Path::new("/t/f.1"));
+    fs.put(tmp, b"stale");
+    let e = durable::write_then_rename_in(&fs, path, tmp, b"new").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
+    assert_eq!(fs.read(tmp).unwrap(), b"stale");
+    assert_eq!(fs.read(path), None);
+}

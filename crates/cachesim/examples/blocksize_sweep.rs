@@ -13,6 +13,11 @@
 //! cargo run --release -p roamdisk-cachesim --example blocksize_sweep [boot|vpc]
 //! ```
 
+#![allow(
+    clippy::disallowed_macros,
+    reason = "an example program prints its results"
+)]
+
 use roamdisk_cachesim::blocksize::{BlockSizeConfig, BlockSizeModel, BlockSizeReport};
 use roamdisk_cachesim::sim::Request;
 use roamdisk_trace::format::Record;

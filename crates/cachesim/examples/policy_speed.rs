@@ -14,6 +14,11 @@
 //! dense `u32` ids in an array — and the best run is reported, along with
 //! its miss ratio. The one-pass stack-distance curve is timed too.
 
+#![allow(
+    clippy::disallowed_macros,
+    reason = "an example program prints its results"
+)]
+
 use std::io::BufRead;
 use std::time::Instant;
 

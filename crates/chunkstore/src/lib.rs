@@ -15,10 +15,6 @@
 //! and roaming are `roamdisk-roam`, the HTTP server `roamdisk-chunkserver`.
 //! Formats: `docs/formats/cas-*.md`.
 
-// Until its temp+rename writes go through roamdisk_blockdev::durable
-// (store/local/mod.rs, store/local/packs.rs, store/s3/mod.rs): clippy.toml refuses renames elsewhere.
-#![allow(clippy::disallowed_methods)]
-
 pub mod bytes;
 pub mod catalog;
 pub mod chunk;

@@ -6,6 +6,7 @@ mod output;
 mod args;
 mod commands;
 mod disk;
+mod env;
 #[allow(dead_code)]
 mod plot;
 mod progress;

@@ -60,7 +60,7 @@ impl StoreArgs {
     pub fn location(&self) -> String {
         self.store
             .clone()
-            .unwrap_or_else(roamdisk_roam::layer::default_store)
+            .unwrap_or_else(|| crate::env::get().store.clone())
     }
 
     /// Open the store; a local default store is created on first use.
@@ -75,12 +75,13 @@ impl StoreArgs {
         store::open(&loc, &opts).with_context(|| format!("cannot open chunk store {loc}"))
     }
 
-    /// The token file and CA given on the command line.
+    /// The token file and CA given on the command line, else in the
+    /// environment.
     pub fn credentials(&self) -> Credentials {
-        Credentials {
+        crate::env::get().credentials(&Credentials {
             token_file: self.token_file.clone(),
             ca_file: self.ca.clone(),
-        }
+        })
     }
 
     /// The session folder of a `cas:SESSION` spec and how to open it: the
@@ -88,9 +89,10 @@ impl StoreArgs {
     /// credentials over the session's own.
     pub fn session_open(&self, spec: &LayerSpec) -> anyhow::Result<(PathBuf, SessionOpen)> {
         let reg = crate::commands::registry();
+        let params = reg.params_of(spec);
         let ctx = OpenCtx {
             read_only: false,
-            params: &spec.params,
+            params: &params,
             registry: &reg,
         };
         let (dir, mut open) = roamdisk_roam::layer::session_open(&ctx)?;
@@ -113,7 +115,7 @@ impl StoreArgs {
     pub fn new_session(&self, target: String, cache: &str) -> anyhow::Result<NewSession> {
         let location = self.location();
         let credentials = if store::is_url(&location) {
-            let c = self.credentials().or_env();
+            let c = self.credentials();
             Credentials {
                 token_file: c.token_file.as_deref().map(absolute),
                 ca_file: c.ca_file.as_deref().map(absolute),
@@ -170,6 +172,15 @@ impl Filters {
 
     pub fn any_off(&self) -> bool {
         self.no_p1 || self.no_p2 || self.no_p3
+    }
+}
+
+/// The bytes of a file a command keeps with a version (`--config`), or
+/// nothing when none is given.
+pub fn read_optional(path: Option<&Path>) -> anyhow::Result<Vec<u8>> {
+    match path {
+        Some(p) => std::fs::read(p).with_context(|| format!("cannot read {}", p.display())),
+        None => Ok(Vec::new()),
     }
 }
 

@@ -1,6 +1,11 @@
 //! Print the partitions of a disk image and each one's probe and free
 //! extents as JSON: `cargo run -p roamdisk-fsmeta --example fsmeta -- IMAGE`.
 
+#![allow(
+    clippy::disallowed_macros,
+    reason = "an example program prints its results"
+)]
+
 use roamdisk_blockdev::layers::raw::RawDev;
 
 fn main() {

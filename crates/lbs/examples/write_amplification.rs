@@ -14,6 +14,11 @@
 //! collection; results then vary from run to run with thread timing.
 //! Prints one JSON line.
 
+#![allow(
+    clippy::disallowed_macros,
+    reason = "an example program prints its results"
+)]
+
 use std::sync::Arc;
 
 use roamdisk_blockdev::layers::mem::MemDev;

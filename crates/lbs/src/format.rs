@@ -416,6 +416,18 @@ pub enum Entry {
 const MAP_FIXED: usize = 8 + 8 + 4 + 4 + 8;
 const MOVED_FIXED: usize = MAP_FIXED + 8 + 8;
 
+/// The blocks a MAP or MOVED entry places ([`Entry::placed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placed<'a> {
+    pub lbn: u64,
+    pub pbn: u64,
+    pub count: u64,
+    pub epoch: u64,
+    /// Where and when the blocks were sealed, for MOVED copies.
+    pub seal: Option<(u64, u64)>,
+    pub sums: &'a [u8],
+}
+
 impl Entry {
     /// The entry placing LBNs `lbn..lbn+count` at PBNs `pbn..` of a
     /// cluster in `epoch`: MAP when they are sealed there (`seal` None),
@@ -448,6 +460,43 @@ impl Entry {
         }
     }
 
+    /// What a MAP or MOVED entry places (`None` for the other kinds).
+    pub fn placed(&self) -> Option<Placed<'_>> {
+        match self {
+            Entry::Map {
+                lbn,
+                pbn,
+                count,
+                epoch,
+                sums,
+            } => Some(Placed {
+                lbn: *lbn,
+                pbn: *pbn,
+                count: *count,
+                epoch: *epoch,
+                seal: None,
+                sums,
+            }),
+            Entry::Moved {
+                lbn,
+                pbn,
+                count,
+                epoch,
+                seal_pbn,
+                seal_epoch,
+                sums,
+            } => Some(Placed {
+                lbn: *lbn,
+                pbn: *pbn,
+                count: *count,
+                epoch: *epoch,
+                seal: Some((*seal_pbn, *seal_epoch)),
+                sums,
+            }),
+            _ => None,
+        }
+    }
+
     /// Number of blocks an entry maps, zeroes or trims.
     pub fn count(&self) -> u64 {
         match self {
@@ -464,38 +513,20 @@ impl Entry {
 pub fn encode_entry(e: &Entry, seq: u64, sum_width: usize) -> Vec<u8> {
     let mut body = Vec::new();
     let kind = match e {
-        Entry::Map {
-            lbn,
-            pbn,
-            count,
-            epoch,
-            sums,
-        }
-        | Entry::Moved {
-            lbn,
-            pbn,
-            count,
-            epoch,
-            sums,
-            ..
-        } => {
-            debug_assert_eq!(sums.len(), *count as usize * sum_width);
-            body.extend_from_slice(&lbn.to_le_bytes());
-            body.extend_from_slice(&pbn.to_le_bytes());
-            body.extend_from_slice(&(*count as u32).to_le_bytes());
+        Entry::Map { .. } | Entry::Moved { .. } => {
+            let p = e.placed().expect("MAP or MOVED");
+            debug_assert_eq!(p.sums.len(), p.count as usize * sum_width);
+            body.extend_from_slice(&p.lbn.to_le_bytes());
+            body.extend_from_slice(&p.pbn.to_le_bytes());
+            body.extend_from_slice(&(p.count as u32).to_le_bytes());
             body.extend_from_slice(&0u32.to_le_bytes());
-            body.extend_from_slice(&epoch.to_le_bytes());
-            if let Entry::Moved {
-                seal_pbn,
-                seal_epoch,
-                ..
-            } = e
-            {
+            body.extend_from_slice(&p.epoch.to_le_bytes());
+            if let Some((seal_pbn, seal_epoch)) = p.seal {
                 body.extend_from_slice(&seal_pbn.to_le_bytes());
                 body.extend_from_slice(&seal_epoch.to_le_bytes());
             }
-            body.extend_from_slice(sums);
-            if matches!(e, Entry::Moved { .. }) {
+            body.extend_from_slice(p.sums);
+            if p.seal.is_some() {
                 KIND_MOVED
             } else {
                 KIND_MAP

@@ -450,18 +450,24 @@ mod tests {
         assert_eq!(t.outlier, 0.0);
     }
 
-    #[test]
-    fn emptiness_dominates_when_space_is_short() {
-        // Without domination the write-position boost picks the fuller cluster 1.
-        let states = [Active, Used, Used, Used, Used, Used, Used, Used];
-        let live = [1, 15, 9, 16, 16, 16, 16, 16];
-        let mut p = GcPolicy {
+    /// Watermarks 1 and 2, default weights, no domination, no
+    /// cost-benefit.
+    fn plain_policy() -> GcPolicy {
+        GcPolicy {
             low: 1,
             high: 2,
             weights: Weights::default(),
             emptiness_dominates_below: None,
             cost_benefit: false,
-        };
+        }
+    }
+
+    #[test]
+    fn emptiness_dominates_when_space_is_short() {
+        // Without domination the write-position boost picks the fuller cluster 1.
+        let states = [Active, Used, Used, Used, Used, Used, Used, Used];
+        let live = [1, 15, 9, 16, 16, 16, 16, 16];
+        let mut p = plain_policy();
         assert_eq!(
             pick_victim(&states, &live, &[0.0; 8], 16, Some(0), &p),
             Some(1)
@@ -480,13 +486,7 @@ mod tests {
         // quarter empty and its data lives long; cluster 2: full.
         let live = [8, 12, 16];
         let lifetimes = [1.0, 100.0, 500.0];
-        let mut p = GcPolicy {
-            low: 1,
-            high: 2,
-            weights: Weights::default(),
-            emptiness_dominates_below: None,
-            cost_benefit: false,
-        };
+        let mut p = plain_policy();
         assert_eq!(
             pick_victim(&states, &live, &lifetimes, 16, None, &p),
             Some(0)

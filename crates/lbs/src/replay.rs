@@ -94,48 +94,26 @@ impl MapState {
             }
         };
         match e {
-            Entry::Map {
-                lbn,
-                pbn,
-                count,
-                epoch,
-                sums,
-            }
-            | Entry::Moved {
-                lbn,
-                pbn,
-                count,
-                epoch,
-                sums,
-                ..
-            } => {
-                let c = (*pbn / bpc) as usize;
-                if self.epochs[c] != *epoch {
-                    if *epoch < self.epochs[c] {
+            Entry::Map { .. } | Entry::Moved { .. } => {
+                let p = e.placed().expect("MAP or MOVED");
+                let c = (p.pbn / bpc) as usize;
+                if self.epochs[c] != p.epoch {
+                    if p.epoch < self.epochs[c] {
                         return Err("MAP entry with an older epoch than its cluster's");
                     }
                     if live[c] != 0 {
                         return Err("cluster reused while it still held live blocks");
                     }
-                    self.epochs[c] = *epoch;
+                    self.epochs[c] = p.epoch;
                 }
-                let seal = match e {
-                    Entry::Moved {
-                        seal_pbn,
-                        seal_epoch,
-                        ..
-                    } => Some((*seal_pbn, *seal_epoch)),
-                    _ => None,
-                };
-                let n = *count as usize;
-                for i in 0..n {
-                    let l = *lbn as usize + i;
+                for i in 0..p.count as usize {
+                    let l = p.lbn as usize + i;
                     release(&mut self.l2p, live, l);
-                    self.l2p[l] = (*pbn + i as u64) as u32;
+                    self.l2p[l] = (p.pbn + i as u64) as u32;
                     live[c] += 1;
                     self.sums[l * width..(l + 1) * width]
-                        .copy_from_slice(&sums[i * width..(i + 1) * width]);
-                    match seal {
+                        .copy_from_slice(&p.sums[i * width..(i + 1) * width]);
+                    match p.seal {
                         Some((sp, se)) => {
                             self.seal_pbn[l] = (sp + i as u64) as u32;
                             self.seal_epoch[l] = se;

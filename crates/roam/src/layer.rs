@@ -11,30 +11,36 @@ use std::sync::Arc;
 use roamdisk_blockdev::{BlockDev, LayerKind, OpenCtx};
 
 use crate::cache::SharedChoice;
-use crate::session::dev::{CasDev, SessionOpen};
+use crate::session::dev::{CasDev, Host, SessionOpen};
 use crate::view::VersionView;
 use roamdisk_chunkstore::store::http::Credentials;
-
-/// The store used when none is named: `$ROAMDISK_STORE`, else
-/// `$XDG_DATA_HOME/roamdisk/store`, else `~/.local/share/roamdisk/store`.
-pub fn default_store() -> String {
-    if let Ok(s) = std::env::var("ROAMDISK_STORE") {
-        if !s.is_empty() {
-            return s;
-        }
-    }
-    let base = std::env::var_os("XDG_DATA_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
-        .unwrap_or_else(|| PathBuf::from("."));
-    base.join("roamdisk/store").display().to_string()
-}
 
 /// The `token-file` and `ca` options of a layer.
 fn credentials(ctx: &OpenCtx<'_>) -> Credentials {
     Credentials {
         token_file: ctx.opt("token-file").map(PathBuf::from),
         ca_file: ctx.opt("ca").map(PathBuf::from),
+    }
+}
+
+/// What the program running the layer says when nothing else does: the
+/// registry's `default-token-file` and `default-ca` (its environment).
+fn fallback_credentials(ctx: &OpenCtx<'_>) -> Credentials {
+    Credentials {
+        token_file: ctx.opt("default-token-file").map(PathBuf::from),
+        ca_file: ctx.opt("default-ca").map(PathBuf::from),
+    }
+}
+
+/// This host's folders the program named: its cache folder (lookaside
+/// indexes) and where S3 pack indexes are kept (`off`: nowhere).
+fn host(ctx: &OpenCtx<'_>) -> Host {
+    Host {
+        cache: ctx.opt("host-cache").map(PathBuf::from),
+        s3_index_cache: ctx
+            .opt("s3-index-cache")
+            .filter(|v| *v != "off")
+            .map(PathBuf::from),
     }
 }
 
@@ -46,6 +52,8 @@ pub fn session_open(ctx: &OpenCtx<'_>) -> roamdisk_blockdev::Result<(PathBuf, Se
         store: ctx.opt("store").map(str::to_string),
         key_file: ctx.opt("key-file").map(PathBuf::from),
         credentials: credentials(ctx),
+        fallback_credentials: fallback_credentials(ctx),
+        host: host(ctx),
         zero_detect: ctx.flag("cas", "zero-detect")?,
         shared_cache: SharedChoice::parse(ctx.opt("shared-cache")),
         lookaside: crate::lookaside::parse_media(ctx.opt("lookaside")),
@@ -63,11 +71,13 @@ pub static CAS: LayerKind = LayerKind {
     options: &[
         ("store", "chunk store (directory or http(s):// URL) instead of the session's"),
         ("key-file", "the user's key file (encrypted images)"),
-        ("token-file", "token file for an HTTP store, instead of the session's (default $ROAMDISK_STORE_TOKEN_FILE)"),
+        ("token-file", "token file for an HTTP store, instead of the session's (default: the session's, else $ROAMDISK_STORE_TOKEN_FILE)"),
         ("ca", "CA certificates (PEM) trusted for an https:// store, instead of the session's (default $ROAMDISK_STORE_CA, else the system's)"),
         ("zero-detect", "P1 at write time: a sector of zeroes is kept as ZERO with no data (on/off, default on)"),
         ("shared-cache", "the host's shared chunk cache: a folder, or off (default $ROAMDISK_SHARED_CACHE, else ~/.cache/roamdisk/shared)"),
         ("lookaside", "media tried before the store, separated by '+': chunk-store folders (a resume set), image files (raw, or qcow2 read through qemu-nbd), block devices; every chunk found is verified"),
+        ("host-cache", "this host's cache folder: image media's chunk indexes are kept under lookaside/ in it (the roamdisk command: $XDG_CACHE_HOME/roamdisk, else ~/.cache/roamdisk)"),
+        ("s3-index-cache", "where an s3:// store keeps the pack indexes it read, or off (the roamdisk command: $ROAMDISK_S3_INDEX_CACHE, else HOST-CACHE/s3-index)"),
         ("prefetch", "fetch the base version's recorded working set in the background, in the order it was first read (on/off, default on)"),
         ("readahead", "while the guest reads the base in sequence, fetch the next 4 to 32 chunks in the background, together (on/off, default on)"),
     ],
@@ -95,17 +105,21 @@ pub static CAS_VERSION: LayerKind = LayerKind {
         ("ca", "CA certificates (PEM) trusted for an https:// store (default $ROAMDISK_STORE_CA, else the system's)"),
         ("shared-cache", "the host's shared chunk cache: a folder, or off (default $ROAMDISK_SHARED_CACHE, else ~/.cache/roamdisk/shared)"),
         ("lookaside", "media tried before the store, separated by '+': chunk-store folders (a resume set), image files (raw, or qcow2 read through qemu-nbd), block devices; every chunk found is verified"),
+        ("host-cache", "this host's cache folder: image media's chunk indexes are kept under lookaside/ in it (the roamdisk command: $XDG_CACHE_HOME/roamdisk, else ~/.cache/roamdisk)"),
+        ("s3-index-cache", "where an s3:// store keeps the pack indexes it read, or off (the roamdisk command: $ROAMDISK_S3_INDEX_CACHE, else HOST-CACHE/s3-index)"),
     ],
     wraps: false,
     inner_read_only: false,
     optional_first: None,
     open: |ctx: &OpenCtx<'_>, _next| {
         let target = ctx.get("cas-version", "image")?;
-        let loc = ctx.opt("store").map(str::to_string).unwrap_or_else(default_store);
+        let loc = ctx.get("cas-version", "store")?;
+        let host = host(ctx);
         let store = roamdisk_chunkstore::store::open(
-            &loc,
+            loc,
             &roamdisk_chunkstore::store::OpenOptions {
-                credentials: credentials(ctx),
+                credentials: credentials(ctx).or(&fallback_credentials(ctx)),
+                s3_index_cache: host.s3_index_cache.clone(),
                 ..Default::default()
             },
         )?;
@@ -121,6 +135,7 @@ pub static CAS_VERSION: LayerKind = LayerKind {
             store.config().hash,
             view.version.index.chunk_size,
             &media,
+            host.lookaside_index().as_deref(),
         )?;
         let view = view.with_lookaside(media);
         Ok(view.served() as Arc<dyn BlockDev>)

@@ -40,6 +40,11 @@
 //!                    (as the `lbs:` layer runs it; timing-dependent, so
 //!                    not repeatable to the block)
 
+#![allow(
+    clippy::disallowed_macros,
+    reason = "an example program prints its results"
+)]
+
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -13,6 +13,11 @@
 //! Run: cargo run --release -p roamdisk-workload --example lbs_vs_flat -- [CARD] [SCALE]
 //! (CARD: class6, class4 or class10; SCALE: repetitions of each trace, default 1).
 
+#![allow(
+    clippy::disallowed_macros,
+    reason = "an example program prints its results"
+)]
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

@@ -8,6 +8,11 @@
 //!
 //! Run: cargo run --release -p roamdisk-workload --example recorder_cost -- [N]
 
+#![allow(
+    clippy::disallowed_macros,
+    reason = "an example program prints its results"
+)]
+
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -259,6 +259,13 @@ impl FileSystem for SimFs {
             pos: 0,
         })
     }
+    fn create_new(&self, path: &Path) -> io::Result<SimFile> {
+        if self.state.lock().live.contains_key(path) {
+            power(&self.countdown)?;
+            return Err(io::Error::from(io::ErrorKind::AlreadyExists));
+        }
+        self.create(path)
+    }
     fn sync_file(&self, file: &mut SimFile) -> io::Result<()> {
         power(&self.countdown)?;
         let mut st = self.state.lock();

@@ -36,11 +36,6 @@ const HAVE_BATCH: usize = 16384;
 /// Fewest ids per batch get request when a list is split over several
 /// (a shorter list goes in one request).
 const GET_BATCH_MIN: usize = 16;
-/// The token file used when none is given.
-pub const TOKEN_FILE_ENV: &str = "ROAMDISK_STORE_TOKEN_FILE";
-/// The CA file used when none is given.
-pub const CA_ENV: &str = "ROAMDISK_STORE_CA";
-
 /// Who the client is to a chunk server, and which servers it trusts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Credentials {
@@ -52,17 +47,11 @@ pub struct Credentials {
 }
 
 impl Credentials {
-    /// These, with what is missing taken from `$ROAMDISK_STORE_TOKEN_FILE`
-    /// and `$ROAMDISK_STORE_CA`.
-    pub fn or_env(&self) -> Credentials {
-        let env = |k: &str| {
-            std::env::var_os(k)
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-        };
+    /// These, with what is missing taken from `other`.
+    pub fn or(&self, other: &Credentials) -> Credentials {
         Credentials {
-            token_file: self.token_file.clone().or_else(|| env(TOKEN_FILE_ENV)),
-            ca_file: self.ca_file.clone().or_else(|| env(CA_ENV)),
+            token_file: self.token_file.clone().or_else(|| other.token_file.clone()),
+            ca_file: self.ca_file.clone().or_else(|| other.ca_file.clone()),
         }
     }
 }
@@ -161,7 +150,7 @@ impl HttpStore {
     /// (its settings as last seen) is given, the store opens anyway: every
     /// request then fails, and readers are served by their caches.
     pub fn connect(url: &str, opts: &OpenOptions) -> Result<HttpStore> {
-        let creds = opts.credentials.or_env();
+        let creds = opts.credentials.clone();
         let token = creds
             .token_file
             .as_deref()

@@ -436,9 +436,11 @@ pub struct OpenOptions {
     /// HTTP store that cannot be reached opens with them, so what is
     /// cached or on lookaside media stays readable with no network.
     pub known_config: Option<StoreConfig>,
-    /// The token and CA of an HTTP store (what is not given here comes
-    /// from `$ROAMDISK_STORE_TOKEN_FILE` and `$ROAMDISK_STORE_CA`).
+    /// The token and CA of an HTTP store.
     pub credentials: http::Credentials,
+    /// Where an S3 store keeps the pack indexes it read, across processes
+    /// (`None`: in memory only).
+    pub s3_index_cache: Option<std::path::PathBuf>,
 }
 
 /// Whether a store location is the URL of a `roamdisk store serve`.

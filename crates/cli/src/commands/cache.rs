@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use roamdisk_blockdev::units::format_size;
 use roamdisk_roam::cache::admin::{status, verify, CacheStatus};
-use roamdisk_roam::cache::{shared, CacheOptions, SharedCache};
+use roamdisk_roam::cache::{CacheOptions, SharedCache};
 use roamdisk_roam::hoard::percent;
 
 use crate::progress::{Output, Reporter};
@@ -108,7 +108,7 @@ impl CacheArgs {
                 bail!("--shared-cache off: name the cache's folder")
             }
             Some(d) => d.clone(),
-            None => shared::default_dir().context(
+            None => crate::env::get().shared_cache.clone().context(
                 "the shared cache is off ($ROAMDISK_SHARED_CACHE=off): name one with --shared-cache DIR",
             )?,
         };
@@ -128,7 +128,7 @@ pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
             let cache = a.c.open()?;
             let s = status(&cache)?;
             if a.c.json {
-                println!("{}", serde_json::to_string_pretty(&s)?);
+                outln!("{}", serde_json::to_string_pretty(&s)?);
             } else {
                 print_status(&s);
             }
@@ -143,16 +143,17 @@ pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
             let r = verify(&cache, &progress)?;
             progress.finish();
             if a.c.json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
+                outln!("{}", serde_json::to_string_pretty(&r)?);
             } else if !quiet {
                 for d in &r.damaged {
-                    println!(
+                    outln!(
                         "damaged chunk {}: {}; dropped (the next read fetches it again)",
-                        d.id, d.reason
+                        d.id,
+                        d.reason
                     );
                 }
                 if r.damaged.is_empty() {
-                    println!(
+                    outln!(
                         "ok: all {} chunks ({}) in {} match their names ({:.1} s)",
                         r.chunks,
                         format_size(r.bytes),
@@ -160,7 +161,7 @@ pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
                         r.seconds
                     );
                 } else {
-                    println!(
+                    outln!(
                         "dropped {} damaged chunks of {} ({}) in {} ({:.1} s)",
                         r.damaged.len(),
                         r.chunks,
@@ -176,12 +177,12 @@ pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
             let cache = a.c.open()?;
             let e = cache.evict(a.all)?;
             if a.c.json {
-                println!("{}", serde_json::to_string_pretty(&e)?);
+                outln!("{}", serde_json::to_string_pretty(&e)?);
             } else if !quiet {
                 if e.released > 0 {
-                    println!("released {} hoarded versions", e.released);
+                    outln!("released {} hoarded versions", e.released);
                 }
-                println!(
+                outln!(
                     "evicted {} chunks ({}) from {}; kept {} pinned by running sessions and {} of hoarded versions",
                     e.chunks,
                     format_size(e.bytes),
@@ -196,49 +197,52 @@ pub fn run(cmd: Cmd, quiet: bool) -> anyhow::Result<()> {
 }
 
 fn print_status(s: &CacheStatus) {
-    println!(
+    outln!(
         "shared cache  {} (format {})",
         s.path.display(),
         s.format_version
     );
-    println!(
+    outln!(
         "cap           {}: at most {} chunks of {}; policy {}",
         format_size(s.size),
         s.capacity,
         format_size(s.unit as u64),
         s.policy
     );
-    println!(
+    outln!(
         "used          {} ({:.0}% of the cap) in {} chunks",
         format_size(s.bytes),
         percent(s.bytes, s.size),
         s.chunks
     );
-    println!(
+    outln!(
         "  hoarded     {} in {} chunks",
         format_size(s.hoarded_bytes),
         s.hoarded_chunks
     );
-    println!(
+    outln!(
         "  pinned      {} in {} chunks (running sessions)",
         format_size(s.pinned_bytes),
         s.pinned_chunks
     );
-    println!(
+    outln!(
         "  evictable   {} in {} chunks (`roamdisk cache evict` drops them)",
         format_size(s.evictable_bytes),
         s.evictable_chunks
     );
-    println!();
+    outln!();
     if s.hoards.is_empty() {
-        println!("no version is hoarded here (`roamdisk hoard USER/IMAGE` keeps one)");
+        outln!("no version is hoarded here (`roamdisk hoard USER/IMAGE` keeps one)");
     } else {
-        println!(
+        outln!(
             "{:<40} {:>17} {:>23} {:>6}",
-            "HOARDED VERSION", "CHUNKS", "BYTES", "LEVEL"
+            "HOARDED VERSION",
+            "CHUNKS",
+            "BYTES",
+            "LEVEL"
         );
         for h in &s.hoards {
-            println!(
+            outln!(
                 "{:<40} {:>17} {:>23} {:>5.0}%",
                 format!("{}@{}", h.name, short(&h.version)),
                 format!("{} of {}", h.present_chunks, h.chunks),
@@ -252,19 +256,19 @@ fn print_status(s: &CacheStatus) {
         }
     }
     for d in &s.damaged_marks {
-        println!(
+        outln!(
             "damaged hoard mark {}: {} (the cache evicts nothing while it is there: `roamdisk hoard --release` or remove it)",
             d.file.display(),
             d.error
         );
     }
-    println!();
+    outln!();
     if s.sessions.is_empty() {
-        println!("no session is running on this cache");
+        outln!("no session is running on this cache");
     } else {
-        println!("{:<10} {:>10} {:>10}", "SESSION", "PINNED", "IN CACHE");
+        outln!("{:<10} {:>10} {:>10}", "SESSION", "PINNED", "IN CACHE");
         for p in &s.sessions {
-            println!(
+            outln!(
                 "{:<10} {:>10} {:>10}",
                 p.pid.map_or("?".into(), |p| format!("pid {p}")),
                 p.chunks,

@@ -104,12 +104,12 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         img.finish()?;
         progress.finish();
         if a.st.json {
-            println!(
+            outln!(
                 "{}",
                 serde_json::json!({"version": entry.version.to_hex(), "output": dest, "format": a.format, "bytes_written": n})
             );
         } else if !quiet {
-            println!(
+            outln!(
                 "checked out {describe} to {} ({} of data)",
                 dest.display(),
                 format_size(n)
@@ -122,7 +122,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         let new = a.st.new_session(target.clone(), &a.cache)?;
         roamdisk_roam::session::create_on(dir, &view, &package, &new)?;
         if !quiet {
-            println!(
+            outln!(
                 "session {} on {describe}; commits go to {target}\n  serve it:  roamdisk serve cas:{} --socket /tmp/vm.sock\n  commit it: roamdisk commit cas:{} -m \"...\"",
                 dir.display(),
                 dir.display(),

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Parser;
 use roamdisk_blockdev::units::parse_size;
 use roamdisk_blockdev::Access;
@@ -81,10 +81,7 @@ pub struct Args {
 
 pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let progress = a.st.progress(quiet);
-    let config = match &a.config {
-        Some(p) => std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?,
-        None => Vec::new(),
-    };
+    let config = crate::store_args::read_optional(a.config.as_deref())?;
     let mut opts = CommitOptions {
         target: a.to.clone().unwrap_or_default(),
         description: a.message.clone(),

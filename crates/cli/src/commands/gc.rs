@@ -40,9 +40,9 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let r = gc(&*store, &opts, &progress)?;
     progress.finish();
     if a.st.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        outln!("{}", serde_json::to_string_pretty(&r)?);
     } else if !quiet {
-        println!(
+        outln!(
             "{} {} objects ({}) of {} ({}); {} referenced by {} versions in {} catalogs",
             if r.dry_run { "would remove" } else { "removed" },
             r.removed_objects,
@@ -54,18 +54,19 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             r.catalogs
         );
         if r.kept_recent > 0 || r.live_leases > 0 {
-            println!(
+            outln!(
                 "kept {} unreferenced objects too recent to remove ({} commits running)",
-                r.kept_recent, r.live_leases
+                r.kept_recent,
+                r.live_leases
             );
         }
         if r.restored > 0 {
-            println!(
+            outln!(
                 "put back {} objects an interrupted gc had set aside",
                 r.restored
             );
         }
-        println!("{:.2} s", r.seconds);
+        outln!("{:.2} s", r.seconds);
     }
     Ok(())
 }

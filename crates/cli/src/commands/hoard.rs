@@ -6,7 +6,7 @@ use clap::Parser;
 use roamdisk_blockdev::units::format_size;
 use roamdisk_chunkstore::repo::resolve;
 use roamdisk_chunkstore::ChunkId;
-use roamdisk_roam::cache::{SharedCache, SharedChoice};
+use roamdisk_roam::cache::SharedCache;
 use roamdisk_roam::hoard::{hoard, percent, HoardSummary};
 use roamdisk_roam::view::VersionView;
 use serde::Serialize;
@@ -66,7 +66,8 @@ pub struct Args {
 }
 
 fn open_cache(a: &Args) -> anyhow::Result<std::sync::Arc<SharedCache>> {
-    SharedChoice::parse(a.shared_cache.as_deref())
+    crate::env::get()
+        .shared_cache_choice(a.shared_cache.as_deref())
         .open()?
         .context(
         "the shared cache is off ($ROAMDISK_SHARED_CACHE=off): name one with --shared-cache DIR",
@@ -88,13 +89,14 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         store.config().hash,
         view.version.index.chunk_size,
         &a.lookaside,
+        crate::env::get().lookaside_index().as_deref(),
     )?;
     let view = view.with_lookaside(media);
     let progress = a.st.progress(quiet);
     let s = hoard(&view, &name, a.check, &progress)?;
     progress.finish();
     if a.st.json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
+        outln!("{}", serde_json::to_string_pretty(&s)?);
     } else if !quiet {
         print_summary(&s, &cache, a.check);
     }
@@ -119,7 +121,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
 }
 
 fn print_summary(s: &HoardSummary, cache: &SharedCache, check: bool) {
-    println!(
+    outln!(
         "{}@{}: {} of {} chunks ({} of {}, {:.0}%) in the shared cache {}",
         s.name,
         short(&s.version),
@@ -131,7 +133,7 @@ fn print_summary(s: &HoardSummary, cache: &SharedCache, check: bool) {
         cache.dir().display()
     );
     if !check {
-        println!(
+        outln!(
             "  {} were there already; fetched {} ({}, {} of them from lookaside media) in {:.1} s",
             s.cached_before,
             s.fetched,
@@ -149,9 +151,9 @@ fn print_summary(s: &HoardSummary, cache: &SharedCache, check: bool) {
         "not hoarded: the cache's policy may evict it (`roamdisk hoard` keeps it)".to_string()
     };
     if s.complete {
-        println!("  fully hoarded: the network may go (sessions of this version read everything from this host)");
+        outln!("  fully hoarded: the network may go (sessions of this version read everything from this host)");
     }
-    println!("  {kept}");
+    outln!("  {kept}");
 }
 
 /// What `--release` did, for `--json`.
@@ -234,10 +236,10 @@ fn release(a: &Args, quiet: bool) -> anyhow::Result<()> {
         }
     }
     if a.st.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?);
     } else if !quiet {
         for r in &out.released {
-            println!(
+            outln!(
                 "released {}@{}: its {} chunks here ({:.0}% of {}) stay until the cache's policy evicts them",
                 r.name,
                 short(&r.version),

@@ -78,13 +78,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 .collect();
             v["map"] = serde_json::Value::Array(m);
         }
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!("size:         {size} bytes ({})", format_size(size));
-    println!("layers:       {}", layers.join("  ->  "));
+    outln!("size:         {size} bytes ({})", format_size(size));
+    outln!("layers:       {}", layers.join("  ->  "));
     let yn = |b: bool| if b { "yes" } else { "no" };
-    println!(
+    outln!(
         "capabilities: write={} (info opens read-only) flush={} fua={} trim={} zero={} fast-zero={} multi-conn={} extents={}",
         yn(dev.inner().caps().can_write), yn(caps.can_flush), yn(caps.can_fua), yn(caps.can_trim),
         yn(caps.can_zero), yn(caps.can_fast_zero), yn(caps.can_multi_conn), yn(caps.can_extents)
@@ -96,7 +96,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             n as f64 * 100.0 / size as f64
         }
     };
-    println!(
+    outln!(
         "allocation:   data {} ({:.1}%), zero {} ({:.1}%), hole {} ({:.1}%)",
         format_size(data),
         pct(data),
@@ -106,10 +106,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         pct(hole)
     );
     if a.map {
-        println!("{:>20} {:>20}  state", "offset", "length");
+        outln!("{:>20} {:>20}  state", "offset", "length");
         let mut off = 0u64;
         for e in &extents {
-            println!(
+            outln!(
                 "{off:>20} {:>20}  {}",
                 e.len,
                 format!("{:?}", e.state).to_lowercase()

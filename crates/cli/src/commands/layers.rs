@@ -28,18 +28,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     for k in reg.kinds() {
         let usage = k.usage(true);
-        println!("{usage}\n    {}", k.summary);
+        outln!("{usage}\n    {}", k.summary);
         for (n, h) in k.options {
-            println!("    {n}=VALUE  {h}");
+            outln!("    {n}=VALUE  {h}");
         }
-        println!();
+        outln!();
     }
-    println!(
+    outln!(
         "Details: docs/layers/<name>.md. Stacks can also be TOML files: see docs/layers/README.md."
     );
     Ok(())

@@ -52,12 +52,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<12}  {:<20}  {:>9}  {:>7}  {:>10}  DESCRIPTION",
-        "VERSION", "COMMITTED (UTC)", "DATA", "NEW", "UPLOADED"
+        "VERSION",
+        "COMMITTED (UTC)",
+        "DATA",
+        "NEW",
+        "UPLOADED"
     );
     let ids: Vec<_> = cat.entries.iter().map(|e| e.version).collect();
     for e in cat.entries.iter().rev() {
@@ -73,7 +77,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         if e.encrypted {
             desc.push_str(" (encrypted)");
         }
-        println!(
+        outln!(
             "{:<12}  {:<20}  {:>9}  {:>7}  {:>10}  {}",
             e.version.short(),
             format_time(e.created),

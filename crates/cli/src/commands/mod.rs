@@ -44,5 +44,6 @@ pub fn registry() -> Registry {
         r.add(k);
     }
     roamdisk_nbd::client::register(&mut r);
+    crate::env::get().layer_defaults(&mut r);
     r
 }

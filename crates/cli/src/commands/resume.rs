@@ -11,7 +11,6 @@ use clap::Parser;
 use roamdisk_blockdev::units::format_size;
 use roamdisk_blockdev::{Access, BlockDev};
 use roamdisk_nbd::Listen;
-use roamdisk_roam::cache::SharedChoice;
 use roamdisk_roam::fetch::GatherStats;
 use roamdisk_roam::resume::{resume, ResumeOptions, ResumeReport, Resumed};
 use roamdisk_roam::session::dev::SessionOpen;
@@ -142,9 +141,10 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             store: a.st.store.clone(),
             key_file: a.st.key_file.clone(),
             credentials: a.st.credentials(),
+            host: crate::env::get().host(),
             ..Default::default()
         },
-        shared_cache: SharedChoice::parse(a.shared_cache.as_deref()),
+        shared_cache: crate::env::get().shared_cache_choice(a.shared_cache.as_deref()),
         memory_out: a.memory_out.clone(),
         config_out: a.config_out.clone(),
     };

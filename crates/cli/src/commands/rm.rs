@@ -42,7 +42,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
                 Ok(())
             })?;
             if !quiet {
-                println!("dropped {name} ({n} versions); run `roamdisk gc` to free space");
+                outln!("dropped {name} ({n} versions); run `roamdisk gc` to free space");
             }
             continue;
         }
@@ -56,7 +56,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             Ok(())
         })?;
         if !quiet {
-            println!(
+            outln!(
                 "dropped {name}@{}; run `roamdisk gc` to free space",
                 id.short()
             );

@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
 use roamdisk_chunkstore::commit::CommitOptions;
@@ -60,10 +59,7 @@ pub struct Args {
 
 pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let progress = a.st.progress(quiet);
-    let config = match &a.config {
-        Some(p) => std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?,
-        None => Vec::new(),
-    };
+    let config = crate::store_args::read_optional(a.config.as_deref())?;
     if let Some(t) = &a.tag {
         roamdisk_chunkstore::catalog::check_tag(t)?;
     }

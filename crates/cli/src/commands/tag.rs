@@ -46,7 +46,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             bail!("{name} has no tag '{t}'");
         }
         if !quiet {
-            println!("removed tag {t} from {name}");
+            outln!("removed tag {t} from {name}");
         }
         return Ok(());
     }
@@ -65,7 +65,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         Ok(())
     })?;
     if !quiet {
-        println!("tagged {name}@{} as {tag}", entry.version.short());
+        outln!("tagged {name}@{} as {tag}", entry.version.short());
     }
     Ok(())
 }

@@ -8,11 +8,11 @@ use crate::store_args::short;
 
 pub fn print_summary(s: &CommitSummary, json: bool) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(s)?);
+        outln!("{}", serde_json::to_string_pretty(s)?);
         return Ok(());
     }
     let u = &s.upload;
-    println!(
+    outln!(
         "committed {}@{}{}",
         s.catalog,
         short(&s.version),
@@ -21,7 +21,7 @@ pub fn print_summary(s: &CommitSummary, json: bool) -> anyhow::Result<()> {
             .map(|p| format!(" (parent {})", short(p)))
             .unwrap_or_default()
     );
-    println!(
+    outln!(
         "  disk        {} in {} chunks of {}: {} all-zero (stored as nothing), {} hashed ({})",
         format_size(s.disk_size),
         s.disk_size.div_ceil(s.chunk_size as u64),
@@ -30,21 +30,21 @@ pub fn print_summary(s: &CommitSummary, json: bool) -> anyhow::Result<()> {
         u.chunks - u.zero_chunks,
         format_size(u.hashed_bytes)
     );
-    println!(
+    outln!(
         "  store       {} new chunks uploaded ({} after compression), {} already there (reused)",
         u.new_objects,
         format_size(u.uploaded_bytes),
         u.reused_objects
     );
     if u.uploaded_bytes == 0 {
-        println!("  dedup       nothing new: every chunk was already stored");
+        outln!("  dedup       nothing new: every chunk was already stored");
     } else {
-        println!(
+        outln!(
             "  dedup       {:.2}x (bytes hashed / bytes uploaded, compression included)",
             u.hashed_bytes as f64 / u.uploaded_bytes as f64
         );
     }
-    println!(
+    outln!(
         "  index       {} compressed ({:.3}% of the disk), in a {} version package{}",
         format_size(s.index_bytes as u64),
         s.index_bytes as f64 * 100.0 / s.disk_size as f64,
@@ -57,8 +57,8 @@ pub fn print_summary(s: &CommitSummary, json: bool) -> anyhow::Result<()> {
     );
     if let Some(f) = &s.filters {
         let pct = |n: u64| n as f64 * 100.0 / f.dirty.max(1) as f64;
-        println!("  useful updates (sectors; the seed's Figure 9):");
-        println!("    dirty                       {:>10}  100.0%", f.dirty);
+        outln!("  useful updates (sectors; the seed's Figure 9):");
+        outln!("    dirty                       {:>10}  100.0%", f.dirty);
         let mut left = f.dirty;
         for (name, on, dropped) in [
             ("P1 zero writes", f.p1, f.p1_zero),
@@ -67,13 +67,13 @@ pub fn print_summary(s: &CommitSummary, json: bool) -> anyhow::Result<()> {
         ] {
             left -= dropped;
             let label = format!("after {name}{}", if on { "" } else { " (off)" });
-            println!(
+            outln!(
                 "    {label:<26}  {left:>10}  {:>5.1}%  (-{dropped})",
                 pct(left)
             );
         }
     }
-    println!("  time        {:.2} s ({:.0} MB/s)", s.seconds, s.mb_per_s);
+    outln!("  time        {:.2} s ({:.0} MB/s)", s.seconds, s.mb_per_s);
     Ok(())
 }
 

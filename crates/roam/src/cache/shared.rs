@@ -586,21 +586,6 @@ impl Drop for SharedCache {
     }
 }
 
-/// Where the host's shared cache lives unless told otherwise:
-/// `$ROAMDISK_SHARED_CACHE` (`off` turns it off), else
-/// `$XDG_CACHE_HOME/roamdisk/shared`, else `~/.cache/roamdisk/shared`.
-pub fn default_dir() -> Option<PathBuf> {
-    match std::env::var("ROAMDISK_SHARED_CACHE") {
-        Ok(s) if s == "off" => return None,
-        Ok(s) if !s.is_empty() => return Some(PathBuf::from(s)),
-        _ => {}
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("roamdisk/shared"))
-}
-
 /// The shared cache in `dir`, opened once per process: every session of
 /// this process uses the same instance (one writer, one set of open
 /// files).
@@ -620,34 +605,28 @@ pub fn host(dir: &Path) -> Result<Arc<SharedCache>> {
     Ok(c)
 }
 
-/// Which shared cache a disk uses: the host's default, none, or a folder.
+/// Which shared cache a disk uses: none, or the one in a folder (the
+/// `roamdisk` command resolves the host's default).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum SharedChoice {
     #[default]
-    Default,
     Off,
     Dir(PathBuf),
 }
 
 impl SharedChoice {
-    /// A layer option's value: `off`, or a folder.
+    /// A layer option's value: `off` (or nothing), or a folder.
     pub fn parse(v: Option<&str>) -> SharedChoice {
         match v {
-            None => SharedChoice::Default,
-            Some("off") => SharedChoice::Off,
+            None | Some("off") => SharedChoice::Off,
             Some(d) => SharedChoice::Dir(PathBuf::from(d)),
         }
     }
 
     pub fn open(&self) -> Result<Option<Arc<SharedCache>>> {
-        let dir = match self {
-            SharedChoice::Off => return Ok(None),
-            SharedChoice::Dir(d) => d.clone(),
-            SharedChoice::Default => match default_dir() {
-                Some(d) => d,
-                None => return Ok(None),
-            },
-        };
-        host(&dir).map(Some)
+        match self {
+            SharedChoice::Off => Ok(None),
+            SharedChoice::Dir(d) => host(d).map(Some),
+        }
     }
 }

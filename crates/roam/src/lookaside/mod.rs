@@ -12,7 +12,8 @@
 //!   and opened with the store's codec, which verifies them;
 //! - an **image file or block device** (raw bytes of a disk): hashed once
 //!   in chunks of the version's chunk size, and the index (id → offset)
-//!   is cached under `$XDG_CACHE_HOME/roamdisk/lookaside/`, keyed by the
+//!   is cached under the host's cache folder (`~/.cache/roamdisk/lookaside/`
+//!   for the `roamdisk` command), keyed by the
 //!   file's identity (path, size, mtime, inode), so it is hashed again
 //!   only when it changes. Format: `docs/formats/cas-lookaside-index.md`.
 //!   A **qcow2 image** (told by its magic) is the same, its virtual disk
@@ -197,15 +198,6 @@ pub struct Lookaside {
     bad: AtomicU64,
 }
 
-/// Where image indexes are cached: `$XDG_CACHE_HOME/roamdisk/lookaside`
-/// (else `~/.cache/roamdisk/lookaside`).
-pub fn default_index_dir() -> Option<PathBuf> {
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .map(|b| b.join("roamdisk/lookaside"))
-}
-
 impl Lookaside {
     /// Open every medium. A medium that cannot be opened at all (missing,
     /// unreadable) is an error naming it; a medium that holds nothing
@@ -323,16 +315,19 @@ impl Lookaside {
 }
 
 /// Open `media` for reading the chunks of a version made of
-/// `chunk_size`-byte chunks named by `hash` (`None` if there are none).
+/// `chunk_size`-byte chunks named by `hash` (`None` if there are none);
+/// image media's chunk indexes are kept in `index_dir` (`None`: they are
+/// hashed at every open).
 pub fn open_media(
     hash: HashKind,
     chunk_size: u32,
     media: &[PathBuf],
+    index_dir: Option<&Path>,
 ) -> Result<Option<std::sync::Arc<Lookaside>>> {
     if media.is_empty() {
         return Ok(None);
     }
-    let la = Lookaside::open(media, hash, chunk_size, default_index_dir().as_deref())?;
+    let la = Lookaside::open(media, hash, chunk_size, index_dir)?;
     Ok(Some(std::sync::Arc::new(la)))
 }
 

@@ -52,6 +52,11 @@ pub struct SessionOpen {
     pub key_file: Option<PathBuf>,
     /// Use this token file or CA instead of those in session.toml.
     pub credentials: Credentials,
+    /// The token file or CA when neither these options nor session.toml
+    /// name one (the program's environment).
+    pub fallback_credentials: Credentials,
+    /// This host's folders.
+    pub host: Host,
     /// Override P1 at write time.
     pub zero_detect: Option<bool>,
     /// The host's shared cache to read through.
@@ -64,6 +69,24 @@ pub struct SessionOpen {
     /// Do not fetch ahead of the guest's sequential reads
     /// ([`CasDev::start_readahead`] does nothing).
     pub no_readahead: bool,
+}
+
+/// This host's folders, as the program resolved them (engines read no
+/// environment).
+#[derive(Debug, Clone, Default)]
+pub struct Host {
+    /// Its cache folder (`~/.cache/roamdisk`): lookaside media's chunk
+    /// indexes are kept under `lookaside/`.
+    pub cache: Option<PathBuf>,
+    /// Where S3 stores keep the pack indexes they read.
+    pub s3_index_cache: Option<PathBuf>,
+}
+
+impl Host {
+    /// Where lookaside image media's chunk indexes are kept.
+    pub fn lookaside_index(&self) -> Option<PathBuf> {
+        self.cache.as_ref().map(|c| c.join("lookaside"))
+    }
 }
 
 /// Where a sector reads from.
@@ -170,7 +193,10 @@ impl CasDev {
                 opts.store.as_deref().unwrap_or(&config.store),
                 &roamdisk_chunkstore::store::OpenOptions {
                     known_config: known.clone(),
-                    credentials: config.credentials(&opts.credentials),
+                    credentials: config
+                        .credentials(&opts.credentials)
+                        .or(&opts.fallback_credentials),
+                    s3_index_cache: opts.host.s3_index_cache.clone(),
                     ..Default::default()
                 },
             )?,
@@ -200,6 +226,7 @@ impl CasDev {
             store.config().hash,
             base.version.index.chunk_size,
             &media,
+            opts.host.lookaside_index().as_deref(),
         )?;
         let base = base.with_lookaside(media);
         let pins = pin_base(&base)?;

@@ -5,13 +5,25 @@
 //! catalog is the newest generation; two updates made from the same
 //! generation (two commits at once, or a reader whose listing lagged) are
 //! both kept and read as their union, so a commit's version is never lost.
-//! Layout and argument: `docs/formats/cas-s3.md`. Pure logic (no I/O).
+//! Removed versions are recorded by tombstones (`removed/HEX`) so that a
+//! merge cannot bring them back, and every update is also copied to
+//! `at/GEN`, which a reader finds by key when a listing lags. Layout and
+//! argument: `docs/formats/cas-s3.md`. The naming, grouping and merging
+//! are pure functions (fuzzed: `fuzz/fuzz_targets/cas_s3_names.rs`); the
+//! store's [`RefStore`] is built on them.
 
+use std::collections::HashSet;
 use std::time::SystemTime;
 
+use object_store::ObjectStoreExt;
+use roamdisk_blockdev::{Op, Result};
+
+use super::bridge::{is_not_found, random_u64};
+use super::store::S3Store;
 use crate::catalog::{Catalog, Entry};
 use crate::error::context;
-use roamdisk_blockdev::Result;
+use crate::hash::ChunkId;
+use crate::store::{check_ref_name, ref_tag, RefStore};
 
 /// One stored update of a catalog.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,6 +145,155 @@ pub fn merge(name: &str, bodies: &[Vec<u8>]) -> Result<Option<Vec<u8>>> {
         "concurrent updates of a catalog were merged (every version of each is kept)"
     );
     Ok(Some(merged.encode()))
+}
+
+impl S3Store {
+    /// Every update of catalog `name` (`refs/USER/IMAGE/GEN-RANDOM`) and
+    /// its removed versions (`refs/USER/IMAGE/removed/HEX`).
+    async fn ref_objects(&self, name: &str) -> Result<(Vec<RefObject>, HashSet<ChunkId>)> {
+        let mut objs = Vec::new();
+        let mut removed = HashSet::new();
+        for (rel, size, modified) in self.list(&format!("refs/{name}")).await? {
+            let Some(tail) = rel.strip_prefix(&format!("refs/{name}/")) else {
+                continue;
+            };
+            if let Some(hex) = tail.strip_prefix("removed/") {
+                if let Some(id) = ChunkId::from_hex(hex) {
+                    removed.insert(id);
+                }
+            } else if let Some(generation) = parse_name(tail) {
+                objs.push(RefObject {
+                    generation,
+                    name: tail.to_string(),
+                    size,
+                    modified,
+                });
+            }
+        }
+        Ok((objs, removed))
+    }
+
+    /// The current catalog of `name` (merged from concurrent updates,
+    /// without removed versions) and its generation.
+    async fn ref_head(&self, name: &str) -> Result<(Option<Vec<u8>>, u64)> {
+        let (objs, removed) = self.ref_objects(name).await?;
+        let heads = heads(&objs);
+        let mut generation = heads.first().map_or(0, |h| h.generation);
+        let mut bodies = Vec::new();
+        for h in heads {
+            if h.size == 0 {
+                bodies.push(Vec::new());
+                continue;
+            }
+            bodies.push(
+                self.get_bytes(
+                    &format!("refs/{name}/{}", h.name),
+                    &format!("catalog {name}"),
+                )
+                .await?,
+            );
+        }
+        // A listing may miss the newest updates (a container replica that
+        // missed them): follow the per-generation copies by key, which a
+        // GET sees as soon as their PUT returned.
+        loop {
+            let at = format!("refs/{name}/at/{:016x}", generation + 1);
+            match self.os.get(&self.key(&at)).await {
+                Ok(r) => {
+                    let b = r
+                        .bytes()
+                        .await
+                        .map_err(|e| self.fail(e, Op::Read, &format!("catalog {name}")))?;
+                    generation += 1;
+                    bodies = vec![b.to_vec()];
+                }
+                Err(e) if is_not_found(&e) => break,
+                Err(e) => return Err(self.fail(e, Op::Read, &format!("catalog {name}"))),
+            }
+        }
+        if bodies.is_empty() {
+            return Ok((None, 0));
+        }
+        let merged = merge(name, &bodies)?;
+        let merged = match merged {
+            Some(b) if !removed.is_empty() => {
+                let mut c = Catalog::parse(&b)?;
+                let n = c.entries.len();
+                c.entries.retain(|e| !removed.contains(&e.version));
+                if c.entries.len() == n {
+                    Some(b)
+                } else if c.entries.is_empty() {
+                    None
+                } else {
+                    Some(c.encode())
+                }
+            }
+            other => other,
+        };
+        Ok((merged, generation))
+    }
+}
+
+impl RefStore for S3Store {
+    fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        check_ref_name(name)?;
+        Ok(self.block(self.ref_head(name))?.0)
+    }
+    fn ref_list(&self) -> Result<Vec<String>> {
+        let (by_name, _) = group(self.block(self.list("refs"))?);
+        let mut names: Vec<String> = by_name
+            .into_iter()
+            .filter(|(_, objs)| heads(objs).iter().any(|h| h.size > 0))
+            .map(|(n, _)| n)
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+    fn ref_update(
+        &self,
+        name: &str,
+        expected: Option<ChunkId>,
+        new: Option<&[u8]>,
+    ) -> Result<bool> {
+        check_ref_name(name)?;
+        self.block(async {
+            let (cur, generation) = self.ref_head(name).await?;
+            if cur.as_deref().map(ref_tag) != expected {
+                return Ok(false);
+            }
+            // Versions this update removes are recorded first, so that a
+            // concurrent update made from an older catalog cannot bring
+            // them back (gc may free their chunks).
+            if let Some(cur) = &cur {
+                let keep: HashSet<ChunkId> = match new {
+                    Some(b) => Catalog::parse(b)?
+                        .entries
+                        .iter()
+                        .map(|e| e.version)
+                        .collect(),
+                    None => HashSet::new(),
+                };
+                for e in Catalog::parse(cur)?.entries {
+                    if !keep.contains(&e.version) {
+                        self.put(
+                            &format!("refs/{name}/removed/{}", e.version.to_hex()),
+                            Vec::new(),
+                        )
+                        .await?;
+                    }
+                }
+            }
+            let rel = format!("refs/{name}/{}", new_name(generation + 1, random_u64()?));
+            let body = new.map(<[u8]>::to_vec).unwrap_or_default();
+            self.put(&rel, body.clone()).await?;
+            // The same catalog under a key readers can find without a
+            // listing (overwritten if two updates race; the unique object
+            // above keeps both for the merge).
+            self.put(&format!("refs/{name}/at/{:016x}", generation + 1), body)
+                .await?;
+            Ok(true)
+        })
+    }
 }
 
 #[cfg(test)]

@@ -134,7 +134,7 @@ fn hand_over(token: &Token, out: &TokenOut, quiet: bool) -> roamdisk_blockdev::R
             }
         }
         None => {
-            println!("{}", token.as_str());
+            outln!("{}", token.as_str());
             if !quiet {
                 eprintln!(
                     "the token of {} is shown once (the users file keeps only its hash): keep it in a 0600 file for --token-file",
@@ -148,7 +148,7 @@ fn hand_over(token: &Token, out: &TokenOut, quiet: bool) -> roamdisk_blockdev::R
 
 fn say(quiet: bool, path: &Path, what: String) {
     if !quiet {
-        println!("{what} ({})", path.display());
+        outln!("{what} ({})", path.display());
     }
 }
 
@@ -208,12 +208,14 @@ fn list(u: &Users, json: bool) -> anyhow::Result<()> {
                     "read": x.read, "write": x.write})
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<16} {:<6} {:<8} SHARED WITH THEM",
-        "USER", "ADMIN", "REVOKED"
+        "USER",
+        "ADMIN",
+        "REVOKED"
     );
     for (n, x) in &u.users {
         let shared: Vec<String> = x
@@ -222,7 +224,7 @@ fn list(u: &Users, json: bool) -> anyhow::Result<()> {
             .map(|g| format!("{g} (read)"))
             .chain(x.write.iter().map(|g| format!("{g} (write)")))
             .collect();
-        println!(
+        outln!(
             "{n:<16} {:<6} {:<8} {}",
             if x.admin { "yes" } else { "no" },
             if x.revoked { "yes" } else { "no" },

@@ -1,0 +1,232 @@
+//! The bridge from the store's blocking calls to `object_store`'s async
+//! requests: the store's own tokio runtime ([`S3Store::block`], safe to
+//! call from another runtime's task), the requests every other file makes
+//! (get, put — one PUT or a multipart upload —, head, delete, list), keys
+//! relative to the store's prefix, and errors that say what to check.
+
+use std::future::Future;
+use std::time::SystemTime;
+
+use futures::TryStreamExt;
+use object_store::path::Path as Key;
+use object_store::{ObjectStoreExt, PutPayload, WriteMultipart};
+use roamdisk_blockdev::{ErrorKind, Op, Result};
+
+use super::store::S3Store;
+use crate::error::{corrupt, err, not_found};
+
+/// Packs larger than this go up as a multipart upload.
+const MULTIPART_FROM: usize = 16 << 20;
+/// Part size of a multipart upload.
+const PART: usize = 8 << 20;
+/// Parts of one upload in flight at once.
+const PARTS_IN_FLIGHT: usize = 4;
+
+fn system_time(t: impl Into<SystemTime>) -> SystemTime {
+    t.into()
+}
+
+/// `bytes` random bytes in hex: a name no other writer picks.
+pub(super) fn random_hex(bytes: usize) -> Result<String> {
+    let mut r = vec![0u8; bytes];
+    crate::secret::fill_random(&mut r, "an object name")?;
+    Ok(r.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A random number for an object name.
+pub(super) fn random_u64() -> Result<u64> {
+    let mut r = [0u8; 8];
+    crate::secret::fill_random(&mut r, "an object name")?;
+    Ok(u64::from_le_bytes(r))
+}
+
+/// Whether a request failed because its object does not exist.
+pub(super) fn is_not_found(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::NotFound { .. })
+}
+
+impl S3Store {
+    /// Run `f` on the store's runtime and wait for its output.
+    pub(super) fn block<F: Future + Send>(&self, f: F) -> F::Output
+    where
+        F::Output: Send,
+    {
+        let rt = self.rt.as_ref().expect("runtime");
+        if tokio::runtime::Handle::try_current().is_err() {
+            return rt.block_on(f);
+        }
+        // Called from a task of another runtime (the NBD server reads a
+        // session's chunks there), where block_on panics ("Cannot start a
+        // runtime from within a runtime"): wait from a thread outside it.
+        std::thread::scope(|s| {
+            s.spawn(|| rt.block_on(f))
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
+    }
+
+    /// The key of `rel` (a name relative to the store's prefix).
+    pub(super) fn key(&self, rel: &str) -> Key {
+        Key::from(self.loc.key(rel))
+    }
+
+    /// The name of `key` relative to the store's prefix.
+    fn rel<'k>(&self, key: &'k str) -> &'k str {
+        if self.loc.prefix.is_empty() {
+            key
+        } else {
+            key.strip_prefix(&self.loc.prefix)
+                .and_then(|k| k.strip_prefix('/'))
+                .unwrap_or(key)
+        }
+    }
+
+    /// A roamdisk error for a failed request about `what`.
+    pub(super) fn fail(
+        &self,
+        e: object_store::Error,
+        op: Op,
+        what: &str,
+    ) -> roamdisk_blockdev::Error {
+        use object_store::Error as E;
+        let store = self.loc.describe();
+        match &e {
+            E::NotFound { .. } => not_found(format!("{what} is missing from store {store}")),
+            E::PermissionDenied { .. } | E::Unauthenticated { .. } => err(
+                ErrorKind::PermissionDenied,
+                op,
+                format!(
+                    "{store} refused access to {what}: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY ({e})"
+                ),
+            ),
+            _ => {
+                // The first line, without the XML body some servers add.
+                let full = e.to_string();
+                let mut text: String = full.lines().next().unwrap_or_default().to_string();
+                if let Some(i) = text.find("<?xml") {
+                    text.truncate(i);
+                }
+                if text.len() > 400 {
+                    let mut cut = 400;
+                    while !text.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    text.truncate(cut);
+                    text.push('…');
+                }
+                let text = text.trim_end().to_string();
+                let hint = if text.contains("403") || text.contains("SignatureDoesNotMatch") || text.contains("InvalidAccessKeyId") || text.contains("AccessDenied") {
+                    return err(
+                        ErrorKind::PermissionDenied,
+                        op,
+                        format!("{store} refused access to {what}: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY ({text})"),
+                    );
+                } else if text.contains("timed out") || text.contains("timeout") {
+                    " (the endpoint did not answer in time; retried with backoff, then gave up)"
+                } else {
+                    ""
+                };
+                err(ErrorKind::Io, op, format!("{what} in store {store}: {text}{hint}"))
+            }
+        }
+    }
+
+    /// The bytes of `rel` (`what` names it in errors).
+    pub(super) async fn get_bytes(&self, rel: &str, what: &str) -> Result<Vec<u8>> {
+        let r = self
+            .os
+            .get(&self.key(rel))
+            .await
+            .map_err(|e| self.fail(e, Op::Read, what))?;
+        Ok(r.bytes()
+            .await
+            .map_err(|e| self.fail(e, Op::Read, what))?
+            .to_vec())
+    }
+
+    /// The text of `rel`, `None` if it does not exist.
+    pub(super) async fn get_text(&self, rel: &str) -> Result<Option<String>> {
+        match self.os.get(&self.key(rel)).await {
+            Ok(r) => {
+                let b = r.bytes().await.map_err(|e| self.fail(e, Op::Read, rel))?;
+                String::from_utf8(b.to_vec())
+                    .map(Some)
+                    .map_err(|_| corrupt(format!("{rel} of {} is not text", self.loc.describe())))
+            }
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(self.fail(e, Op::Read, rel)),
+        }
+    }
+
+    /// Store `bytes` as `rel` with one PUT.
+    pub(super) async fn put(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+        self.os
+            .put(&self.key(rel), PutPayload::from(bytes))
+            .await
+            .map(|_| ())
+            .map_err(|e| self.fail(e, Op::Write, rel))
+    }
+
+    /// Upload a pack: one PUT, or a multipart upload of large ones.
+    pub(super) async fn put_large(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+        if bytes.len() < MULTIPART_FROM {
+            return self.put(rel, bytes).await;
+        }
+        let up = self
+            .os
+            .put_multipart(&self.key(rel))
+            .await
+            .map_err(|e| self.fail(e, Op::Write, rel))?;
+        let mut w = WriteMultipart::new_with_chunk_size(up, PART);
+        for part in bytes.chunks(PART) {
+            if let Err(e) = w.wait_for_capacity(PARTS_IN_FLIGHT).await {
+                let _ = w.abort().await;
+                return Err(self.fail(e, Op::Write, rel));
+            }
+            w.write(part);
+        }
+        w.finish()
+            .await
+            .map(|_| ())
+            .map_err(|e| self.fail(e, Op::Write, rel))
+    }
+
+    /// Modification time of `rel`, `None` if it does not exist.
+    pub(super) async fn time_of(&self, rel: &str) -> Result<Option<(SystemTime, u64)>> {
+        match self.os.head(&self.key(rel)).await {
+            Ok(m) => Ok(Some((system_time(m.last_modified), m.size))),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(self.fail(e, Op::Read, rel)),
+        }
+    }
+
+    /// Delete `rel` (done if it is already gone).
+    pub(super) async fn delete(&self, rel: &str) -> Result<()> {
+        match self.os.delete(&self.key(rel)).await {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(self.fail(e, Op::Write, rel)),
+        }
+    }
+
+    /// Every object under `dir/` (relative names, sizes, times).
+    pub(super) async fn list(&self, dir: &str) -> Result<Vec<(String, u64, SystemTime)>> {
+        let prefix = self.key(dir);
+        let metas: Vec<object_store::ObjectMeta> = self
+            .os
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| self.fail(e, Op::Read, &format!("the listing of {dir}/")))?;
+        Ok(metas
+            .into_iter()
+            .map(|m| {
+                (
+                    self.rel(m.location.as_ref()).to_string(),
+                    m.size,
+                    system_time(m.last_modified),
+                )
+            })
+            .collect())
+    }
+}
