@@ -6,9 +6,11 @@
 //! Order of a commit (seed section 3.4; crash argument in
 //! `docs/formats/cas-store.md`): take a lease; upload chunks (only the
 //! ones the store lacks); make them durable; store the version package
-//! and make it durable; append the version to the catalog by
-//! compare-and-swap; end the lease. A crash anywhere before the catalog
-//! update leaves the previous version current and nothing half-visible.
+//! and make it durable; refresh the lease; append the version to the
+//! catalog by compare-and-swap; refresh the lease again (a commit stopped
+//! past the lease timeout may have lost its uploads to a gc); end the
+//! lease. A crash anywhere before the catalog update leaves the previous
+//! version current and nothing half-visible.
 
 use std::io::Read;
 use std::time::{Duration, Instant};
@@ -380,7 +382,8 @@ pub fn upload_memory<S: ChunkWrite + LeaseStore + ?Sized>(
 }
 
 /// Store a finished version: package first (durable), then the catalog
-/// entry. Returns the summary.
+/// entry, with the lease refreshed before and after it. Returns the
+/// summary.
 pub fn finish_commit<S: ChunkWrite + RefStore + LeaseStore + ?Sized>(
     store: &S,
     mut up: Uploader<'_, S>,
@@ -395,6 +398,14 @@ pub fn finish_commit<S: ChunkWrite + RefStore + LeaseStore + ?Sized>(
     up.sync()?;
     let id = up.put_object(&package)?;
     up.sync()?;
+    // Stopped for longer than the lease timeout, a commit may have lost
+    // what it uploaded to a gc: it stops before a catalog names it.
+    up.confirm_lease().map_err(|e| {
+        context(
+            e,
+            "commit stopped before adding its version to the catalog; the previous version is intact",
+        )
+    })?;
     let stats = up.stats;
     let entry = Entry {
         version: id,
@@ -428,6 +439,12 @@ pub fn finish_commit<S: ChunkWrite + RefStore + LeaseStore + ?Sized>(
             ),
         )
     })?;
+    // The lease still there proves that no gc took the commit for dead
+    // before its version was in the catalog (`docs/formats/cas-store.md`,
+    // "A commit"); without it, the version stays only if it is complete.
+    if let Err(lost) = up.confirm_lease() {
+        keep_or_withdraw(store, &opts.target, id, version, lost)?;
+    }
     drop(up);
     let secs = started.elapsed().as_secs_f64().max(1e-9);
     Ok(CommitSummary {
@@ -444,6 +461,44 @@ pub fn finish_commit<S: ChunkWrite + RefStore + LeaseStore + ?Sized>(
         filters,
         encrypted: version.index.encrypted(),
     })
+}
+
+/// After the catalog update of a commit whose lease could not be
+/// refreshed (`lost`: a gc took the commit for dead while it was stopped,
+/// or the store did not answer): version `id` stays if every object it
+/// needs is there — touched, so a gc sweeping now keeps them, and later
+/// ones mark the version; it is taken out of the catalog again if some
+/// are gone; when the store cannot tell, the user is told to check it.
+fn keep_or_withdraw<S: ChunkWrite + RefStore + ?Sized>(
+    store: &S,
+    target: &str,
+    id: ChunkId,
+    version: &Version,
+    lost: roamdisk_blockdev::Error,
+) -> Result<()> {
+    let mut needs = version.references();
+    needs.push(id);
+    let rm = format!("`roamdisk rm {target}@{}`", id.short());
+    let what = match store.has_many(&needs, true) {
+        Ok(have) if have.iter().all(|&h| h) => return Ok(()),
+        Ok(_) => {
+            let withdrawn = update_catalog(store, target, |c| {
+                c.entries.retain(|e| e.version != id);
+                Ok(())
+            });
+            match withdrawn {
+                Ok(_) => "a gc removed objects it needs while its commit was stopped (its lease was gone); it was taken out of the catalog again: commit again".to_string(),
+                Err(e) => format!("a gc removed objects it needs while its commit was stopped (its lease was gone), and it is still listed ({e}): remove it with {rm} and commit again"),
+            }
+        }
+        Err(e) => format!(
+            "whether it is complete cannot be told ({e}): check it with `roamdisk store verify`, and if it is incomplete remove it with {rm} and commit again"
+        ),
+    };
+    Err(context(
+        lost,
+        format!("version {id} was added to catalog {target}, but its commit could not refresh its lease; {what}"),
+    ))
 }
 
 /// Resolve the parent of a new version in `opts.target`.

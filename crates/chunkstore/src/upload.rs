@@ -129,6 +129,15 @@ impl<'a, S: ChunkWrite + LeaseStore + ?Sized> Uploader<'a, S> {
         Ok(())
     }
 
+    /// Refresh the lease now, however recently it was: an error if it is
+    /// gone — a gc took the commit for dead (it was stopped for longer
+    /// than the lease timeout) and may have removed what it uploaded.
+    pub fn confirm_lease(&self) -> Result<()> {
+        self.store.lease_refresh(&self.lease.id)?;
+        *self.last_refresh.lock() = Instant::now();
+        Ok(())
+    }
+
     /// Store `chunks` (record number, content) and set their records in
     /// `index`. Content shorter than the chunk size is allowed only for
     /// the last record.

@@ -6,8 +6,16 @@
 //! catch). With [`MemStore`](super::mem::MemStore) underneath, whose
 //! crashes lose unsynced puts, it is the world commit, checkout, gc and
 //! sessions are tested against (`crates/roam/tests/model.rs`).
+//!
+//! It also counts calls, and makes something happen at the N-th call from
+//! now ([`FaultStore::schedule`], an I/O countdown as redb's fuzzers and
+//! `roamdisk_blockdev::testkit::Countdown` have): a power cut (the test
+//! crashes the store underneath; that call and every later one fail, so
+//! what the process held — a put group not yet stored — is lost with it)
+//! or another process's work between two calls (a gc in the middle of a
+//! commit).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
@@ -42,12 +50,39 @@ impl Faults {
     };
 }
 
+/// What happens at a scheduled call ([`FaultStore::schedule`]).
+pub enum Event {
+    /// The power fails: the function runs once (the test crashes the store
+    /// underneath, e.g. [`MemStore::crash`](super::mem::MemStore::crash)),
+    /// then that call and every later one fail until
+    /// [`FaultStore::power_on`].
+    PowerCut(Box<dyn FnOnce() + Send>),
+    /// Something else happens in the world (another process's gc, the
+    /// clock moving on): the function runs, then the call goes on.
+    Meanwhile(Box<dyn FnOnce() + Send>),
+}
+
+/// The error of every call while the power is off.
+fn power_cut(op: Op) -> roamdisk_blockdev::Error {
+    err(
+        ErrorKind::Io,
+        op,
+        "injected power cut: the store is gone until the power is back",
+    )
+}
+
 /// A store with injected faults.
 pub struct FaultStore {
     inner: DynStore,
     faults: Mutex<Faults>,
     rng: Mutex<Rng>,
     injected: AtomicU64,
+    /// Calls so far.
+    calls: AtomicU64,
+    /// The call number an event is due at, and the event.
+    scheduled: Mutex<Option<(u64, Event)>>,
+    /// The power is off: every call fails.
+    off: AtomicBool,
 }
 
 impl FaultStore {
@@ -58,7 +93,33 @@ impl FaultStore {
             faults: Mutex::new(faults),
             rng: Mutex::new(Rng::new(seed)),
             injected: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+            scheduled: Mutex::new(None),
+            off: AtomicBool::new(false),
         }
+    }
+
+    /// Make `event` happen at the `n`-th call from now (1-based; reads,
+    /// writes, each object of a put group alike), replacing an event not
+    /// yet due.
+    pub fn schedule(&self, n: u64, event: Event) {
+        let at = self.calls.load(Ordering::SeqCst) + n.max(1);
+        *self.scheduled.lock() = Some((at, event));
+    }
+
+    /// Drop an event not yet due; whether there was one.
+    pub fn unschedule(&self) -> bool {
+        self.scheduled.lock().take().is_some()
+    }
+
+    /// Restore the power after a [`Event::PowerCut`]; whether it was off.
+    pub fn power_on(&self) -> bool {
+        self.off.swap(false, Ordering::SeqCst)
+    }
+
+    /// Calls so far.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
     }
 
     /// Change what is injected from now on ([`Faults::NONE`]: nothing).
@@ -80,12 +141,40 @@ impl FaultStore {
         err(ErrorKind::Io, op, format!("injected fault {when}"))
     }
 
-    /// Run `f` with latency and maybe an error before or after it.
-    fn wrap<T>(&self, op: Op, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let fl = *self.faults.lock();
-        if !fl.latency.is_zero() {
-            std::thread::sleep(fl.latency);
+    /// The start of every call: count it, run an event that is due, fail
+    /// if the power is off, wait the latency.
+    fn enter(&self, op: Op) -> Result<()> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        let due = {
+            let mut s = self.scheduled.lock();
+            match &*s {
+                Some((at, _)) if *at <= n => s.take().map(|(_, e)| e),
+                _ => None,
+            }
+        };
+        match due {
+            Some(Event::PowerCut(cut)) => {
+                self.off.store(true, Ordering::SeqCst);
+                cut();
+            }
+            Some(Event::Meanwhile(f)) => f(),
+            None => {}
         }
+        if self.off.load(Ordering::SeqCst) {
+            return Err(power_cut(op));
+        }
+        let l = self.faults.lock().latency;
+        if !l.is_zero() {
+            std::thread::sleep(l);
+        }
+        Ok(())
+    }
+
+    /// Run `f` after [`FaultStore::enter`], maybe with an error before or
+    /// after it.
+    fn wrap<T>(&self, op: Op, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.enter(op)?;
+        let fl = *self.faults.lock();
         if self.roll(fl.error_permille / 2) {
             return Err(self.fault(op, "before the call"));
         }
@@ -110,13 +199,6 @@ impl FaultStore {
         }
         Ok(b)
     }
-
-    fn latency(&self) {
-        let l = self.faults.lock().latency;
-        if !l.is_zero() {
-            std::thread::sleep(l);
-        }
-    }
 }
 
 impl StoreLayer for FaultStore {
@@ -133,11 +215,13 @@ impl StoreLayer for FaultStore {
 
 impl ChunkRead for FaultStore {
     fn get(&self, id: &ChunkId) -> Result<Vec<u8>> {
-        self.latency();
+        self.enter(Op::Read)?;
         self.spoil(self.inner.get(id))
     }
     fn get_many(&self, ids: &[ChunkId]) -> Vec<Result<Vec<u8>>> {
-        self.latency();
+        if self.enter(Op::Read).is_err() {
+            return ids.iter().map(|_| Err(power_cut(Op::Read))).collect();
+        }
         self.inner
             .get_many(ids)
             .into_iter()
@@ -145,7 +229,9 @@ impl ChunkRead for FaultStore {
             .collect()
     }
     fn get_many_within(&self, ids: &[ChunkId], budget: u64) -> Vec<Option<Result<Vec<u8>>>> {
-        self.latency();
+        if self.enter(Op::Read).is_err() {
+            return ids.iter().map(|_| Some(Err(power_cut(Op::Read)))).collect();
+        }
         self.inner
             .get_many_within(ids, budget)
             .into_iter()
@@ -295,5 +381,56 @@ mod tests {
         f.set(Faults::NONE);
         assert!(crate::store::api::fetch(&f, &stored[0], None).is_ok());
         assert!(f.injected() > 0);
+    }
+
+    #[test]
+    fn a_power_cut_comes_at_the_nth_call_and_lasts_until_power_on() {
+        let mem = Arc::new(MemStore::new(StoreConfig::default()));
+        let f = FaultStore::new(mem.clone(), Faults::NONE, 1);
+        let codec = mem.config().codec();
+        let objs: Vec<_> = (0..4u8).map(|k| codec.seal(&[k; 100], false)).collect();
+        f.put_many(&[(objs[0].id, &objs[0].object)]).unwrap();
+        f.sync().unwrap();
+        let cuts = Arc::new(AtomicU64::new(0));
+        let (m, c) = (mem.clone(), cuts.clone());
+        f.schedule(
+            2,
+            Event::PowerCut(Box::new(move || {
+                c.fetch_add(1, Ordering::SeqCst);
+                m.crash();
+            })),
+        );
+        // The first call from now runs; the second is cut, with the store
+        // crashed under it (the unsynced put is lost).
+        f.put_many(&[(objs[1].id, &objs[1].object)]).unwrap();
+        assert!(f.sync().is_err());
+        assert!(
+            f.get(&objs[0].id).is_err(),
+            "everything fails after the cut"
+        );
+        assert!(f.get_many(&[objs[0].id])[0].is_err());
+        assert_eq!(cuts.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            mem.has_many(&[objs[0].id, objs[1].id], false).unwrap(),
+            [true, false]
+        );
+        assert!(f.power_on());
+        assert!(!f.power_on());
+        assert!(f.get(&objs[0].id).is_ok());
+        // Something else happens before the chosen call, which then runs.
+        let m = mem.clone();
+        let (id, obj) = (objs[2].id, objs[2].object.clone());
+        f.schedule(
+            1,
+            Event::Meanwhile(Box::new(move || {
+                m.put_many(&[(id, &obj)]).unwrap();
+            })),
+        );
+        assert_eq!(f.has_many(&[objs[2].id], false).unwrap(), [true]);
+        // An event not due by the end is cancelled.
+        f.schedule(5, Event::PowerCut(Box::new(|| {})));
+        assert!(f.unschedule());
+        assert!(!f.unschedule());
+        assert_eq!(f.calls(), 8);
     }
 }

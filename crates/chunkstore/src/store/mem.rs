@@ -1,10 +1,14 @@
 //! A store in memory, for tests: objects, refs and leases in maps, a
-//! clock a test can move forward, and simulated power cuts. A put is
-//! acknowledged at once but durable only after [`ChunkWrite::sync`]:
-//! [`MemStore::crash`] loses every object put since (as a real store may
-//! lose them), while a ref update and a lease are durable when they return
-//! (as every store makes them). The model commit, gc and sessions must be
-//! safe against: `docs/formats/cas-store.md`, "gc and commits".
+//! clock of its own, and simulated power cuts. A put is acknowledged at
+//! once but durable only after [`ChunkWrite::sync`]: [`MemStore::crash`]
+//! loses every object put since (as a real store may lose them), while a
+//! ref update and a lease are durable when they return (as every store
+//! makes them). The model commit, gc and sessions must be safe against:
+//! `docs/formats/cas-store.md`, "gc and commits".
+//!
+//! The clock starts at a fixed time and moves a millisecond at every
+//! reading and as far as a test says ([`MemStore::advance`]), never with
+//! the wall clock: a test that replays the same calls sees the same times.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
@@ -26,7 +30,6 @@ struct Object {
     mtime: SystemTime,
 }
 
-#[derive(Default)]
 struct State {
     objects: HashMap<ChunkId, Object>,
     /// Put since the last sync: lost by a crash.
@@ -34,9 +37,16 @@ struct State {
     refs: BTreeMap<String, Vec<u8>>,
     leases: BTreeMap<String, Lease>,
     next_lease: u64,
-    /// Added to the system clock ([`MemStore::advance`]).
-    skew: Duration,
+    /// The store's clock ([`MemStore::advance`]).
+    now: SystemTime,
 }
+
+/// When a memory store's clock starts (2024-01-01T00:00:00Z).
+const EPOCH: Duration = Duration::from_secs(1_704_067_200);
+
+/// How far the clock moves at every reading: objects touched one after
+/// the other have distinct, increasing times, as on a real store.
+const TICK: Duration = Duration::from_millis(1);
 
 /// A chunk store held in memory.
 pub struct MemStore {
@@ -45,16 +55,24 @@ pub struct MemStore {
 }
 
 impl MemStore {
+    /// An empty store with these settings.
     pub fn new(config: StoreConfig) -> MemStore {
         MemStore {
             config,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                objects: HashMap::new(),
+                unsynced: HashSet::new(),
+                refs: BTreeMap::new(),
+                leases: BTreeMap::new(),
+                next_lease: 0,
+                now: SystemTime::UNIX_EPOCH + EPOCH,
+            }),
         }
     }
 
     /// Move the store's clock forward (objects and leases age).
     pub fn advance(&self, by: Duration) {
-        self.state.lock().skew += by;
+        self.state.lock().now += by;
     }
 
     /// A power cut: objects put since the last sync are gone. Returns how
@@ -73,8 +91,18 @@ impl MemStore {
         self.state.lock().objects.len()
     }
 
-    fn clock(st: &State) -> SystemTime {
-        SystemTime::now() + st.skew
+    /// Which of `ids` are held and synced: those a crash now would keep.
+    pub fn durable(&self, ids: &[ChunkId]) -> Vec<bool> {
+        let st = self.state.lock();
+        ids.iter()
+            .map(|id| st.objects.contains_key(id) && !st.unsynced.contains(id))
+            .collect()
+    }
+
+    /// Read the clock (it ticks).
+    fn clock(st: &mut State) -> SystemTime {
+        st.now += TICK;
+        st.now
     }
 }
 
@@ -100,7 +128,7 @@ impl ChunkRead for MemStore {
     }
     fn has_many(&self, ids: &[ChunkId], touch: bool) -> Result<Vec<bool>> {
         let mut st = self.state.lock();
-        let now = Self::clock(&st);
+        let now = Self::clock(&mut st);
         Ok(ids
             .iter()
             .map(|id| match st.objects.get_mut(id) {
@@ -119,7 +147,7 @@ impl ChunkRead for MemStore {
 impl ChunkWrite for MemStore {
     fn put_many(&self, items: &[(ChunkId, &[u8])]) -> Result<Vec<PutOutcome>> {
         let mut st = self.state.lock();
-        let now = Self::clock(&st);
+        let now = Self::clock(&mut st);
         Ok(items
             .iter()
             .map(|(id, bytes)| match st.objects.get_mut(id) {
@@ -152,7 +180,7 @@ impl ChunkWrite for MemStore {
 
 impl ChunkPrune for MemStore {
     fn now(&self) -> Result<SystemTime> {
-        Ok(Self::clock(&self.state.lock()))
+        Ok(Self::clock(&mut self.state.lock()))
     }
     fn list_objects(&self, f: &mut dyn FnMut(ObjectEntry)) -> Result<()> {
         let entries: Vec<ObjectEntry> = self
@@ -216,7 +244,7 @@ impl LeaseStore for MemStore {
     fn lease_begin(&self) -> Result<Lease> {
         let mut st = self.state.lock();
         st.next_lease += 1;
-        let now = Self::clock(&st);
+        let now = Self::clock(&mut st);
         let lease = Lease {
             id: format!("mem-{}", st.next_lease),
             started: now,
@@ -228,11 +256,19 @@ impl LeaseStore for MemStore {
     }
     fn lease_refresh(&self, id: &str) -> Result<()> {
         let mut st = self.state.lock();
-        let now = Self::clock(&st);
-        if let Some(l) = st.leases.get_mut(id) {
-            l.refreshed = now;
+        let now = Self::clock(&mut st);
+        match st.leases.get_mut(id) {
+            Some(l) => {
+                l.refreshed = now;
+                Ok(())
+            }
+            // As a local store answers: the commit must stop.
+            None => Err(err(
+                ErrorKind::NotFound,
+                Op::Write,
+                format!("lease {id} vanished (a gc took it for dead: its commit was idle longer than the lease timeout)"),
+            )),
         }
-        Ok(())
     }
     fn lease_end(&self, id: &str) -> Result<()> {
         self.state.lock().leases.remove(id);
@@ -269,5 +305,28 @@ mod tests {
             Some(a.object.len() as u64)
         );
         assert_eq!(s.objects(), 0);
+    }
+
+    #[test]
+    fn the_clock_is_the_stores_own_and_a_vanished_lease_cannot_be_refreshed() {
+        let s = MemStore::new(StoreConfig::default());
+        let t0 = s.now().unwrap();
+        assert_eq!(s.now().unwrap(), t0 + TICK, "a reading moves it a tick");
+        assert_eq!(
+            MemStore::new(StoreConfig::default()).now().unwrap(),
+            t0,
+            "every store starts at the same time"
+        );
+        let codec = s.config().codec();
+        let a = codec.seal(&[3u8; 64], false);
+        s.put_many(&[(a.id, &a.object)]).unwrap();
+        assert_eq!(s.durable(&[a.id]), [false]);
+        s.sync().unwrap();
+        assert_eq!(s.durable(&[a.id]), [true]);
+        let l = s.lease_begin().unwrap();
+        s.lease_refresh(&l.id).unwrap();
+        s.lease_end(&l.id).unwrap();
+        let e = s.lease_refresh(&l.id).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound);
     }
 }

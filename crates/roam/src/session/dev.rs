@@ -159,27 +159,49 @@ const PREFETCH_BATCH: usize = 16;
 impl CasDev {
     /// Open the session in `dir`. `registry` opens the private cache.
     pub fn open(dir: &Path, opts: &SessionOpen, registry: &Registry) -> Result<CasDev> {
+        Self::open_with(dir, opts, registry, None)
+    }
+
+    /// Open the session in `dir` over `store`, already open, instead of
+    /// the store its `session.toml` names (a test's in-memory store).
+    pub fn open_on(
+        dir: &Path,
+        opts: &SessionOpen,
+        registry: &Registry,
+        store: DynStore,
+    ) -> Result<CasDev> {
+        Self::open_with(dir, opts, registry, Some(store))
+    }
+
+    fn open_with(
+        dir: &Path,
+        opts: &SessionOpen,
+        registry: &Registry,
+        store: Option<DynStore>,
+    ) -> Result<CasDev> {
         let config = SessionConfig::load(dir)?;
         let lock_path = dir.join("lock");
         let lock = roamdisk_chunkstore::error::open_lock_file(&lock_path)?;
         roamdisk_blockdev::layers::raw::lock_file(&lock, opts.read_only, "cas", dir)?;
-        let store_loc = opts.store.clone().unwrap_or_else(|| config.store.clone());
         // The session keeps a copy of its store's settings, so it opens
         // (and reads what is cached) when the store cannot be reached.
         let known = std::fs::read_to_string(dir.join(STORE_COPY))
             .ok()
             .and_then(|t| StoreConfig::parse(&t).ok());
-        let store = roamdisk_chunkstore::store::open(
-            &store_loc,
-            &roamdisk_chunkstore::store::OpenOptions {
-                known_config: known.clone(),
-                credentials: config
-                    .credentials(&opts.credentials)
-                    .or(&opts.fallback_credentials),
-                s3: opts.host.s3.clone(),
-                ..Default::default()
-            },
-        )?;
+        let store = match store {
+            Some(s) => s,
+            None => roamdisk_chunkstore::store::open(
+                opts.store.as_deref().unwrap_or(&config.store),
+                &roamdisk_chunkstore::store::OpenOptions {
+                    known_config: known.clone(),
+                    credentials: config
+                        .credentials(&opts.credentials)
+                        .or(&opts.fallback_credentials),
+                    s3: opts.host.s3.clone(),
+                    ..Default::default()
+                },
+            )?,
+        };
         if !opts.read_only && known.as_ref() != Some(store.config()) {
             keep_copy(&dir.join(STORE_COPY), store.config().to_toml().as_bytes());
         }
