@@ -43,6 +43,18 @@ pub struct Lease {
     pub ended: bool,
 }
 
+impl Lease {
+    /// A lease `id` taken at `started` and not refreshed since.
+    pub fn new(id: impl Into<String>, started: SystemTime) -> Lease {
+        Lease {
+            id: id.into(),
+            started,
+            refreshed: started,
+            ended: false,
+        }
+    }
+}
+
 /// One stored object, as listed for gc.
 #[derive(Debug, Clone, Copy)]
 pub struct ObjectEntry {
@@ -55,15 +67,23 @@ pub struct ObjectEntry {
 
 /// What every store and decorator is: a description, its settings, and the
 /// store it wraps (if any) that every operation not overridden passes
-/// through to.
+/// through to. A store at the bottom gives its description and settings; a
+/// decorator gives `next` and whatever it changes.
 pub trait StoreLayer: Send + Sync {
-    /// One line naming the store (a path or URL) for messages.
-    fn describe(&self) -> String;
-    /// The store's settings (hash function, compression).
-    fn config(&self) -> &StoreConfig;
     /// The store this one decorates (`None`: a store at the bottom).
     fn next(&self) -> Option<&dyn Store> {
         None
+    }
+    /// One line naming the store (a path or URL) for messages.
+    fn describe(&self) -> String {
+        self.next()
+            .map_or_else(|| "a chunk store".into(), |n| n.describe())
+    }
+    /// The store's settings (hash function, compression).
+    fn config(&self) -> &StoreConfig {
+        self.next()
+            .expect("a store at the bottom gives its own settings")
+            .config()
     }
     /// The next store, or an `unsupported` error naming what was asked.
     #[doc(hidden)]
@@ -252,29 +272,26 @@ pub trait ChunkPrune: ChunkRead {
     fn list_objects(&self, f: &mut dyn FnMut(ObjectEntry)) -> Result<()> {
         self.pass(Op::Read, "list objects")?.list_objects(f)
     }
-    /// Remove an object unless it was stored or referenced at or after
-    /// `cutoff`; atomic with respect to a concurrent touch (the object is
-    /// first moved aside, its time re-read, and moved back if recent).
-    /// Returns the bytes freed, or `None` if it was kept.
-    fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
-        self.pass(Op::Trim, "remove objects")?
-            .remove_if_older(id, cutoff)
-    }
-    /// [`ChunkPrune::remove_if_older`] of each of `ids` (what gc sweeps):
-    /// stores that keep objects together (packs) override it to rewrite
-    /// each pack once.
+    /// Remove each of `ids` unless it was stored or referenced at or
+    /// after `cutoff` (what gc sweeps); atomic with respect to a concurrent
+    /// touch (an object is first moved aside, its time re-read, and moved
+    /// back if recent). Returns the bytes each freed, or `None` where it
+    /// was kept. Stores that keep objects together (packs) rewrite each
+    /// pack once.
     fn remove_many_if_older(
         &self,
         ids: &[ChunkId],
         cutoff: SystemTime,
     ) -> Result<Vec<Option<u64>>> {
-        match self.next() {
-            Some(n) => n.remove_many_if_older(ids, cutoff),
-            None => ids
-                .iter()
-                .map(|id| self.remove_if_older(id, cutoff))
-                .collect(),
-        }
+        self.pass(Op::Trim, "remove objects")?
+            .remove_many_if_older(ids, cutoff)
+    }
+    /// [`ChunkPrune::remove_many_if_older`] of one object.
+    fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
+        Ok(self
+            .remove_many_if_older(std::slice::from_ref(id), cutoff)?
+            .pop()
+            .flatten())
     }
     /// The least margin gc must leave before its cutoff with this store
     /// (an S3 store: how much its listings may lag its writes).
@@ -301,16 +318,11 @@ pub trait RefStore: StoreLayer {
         self.pass(Op::Read, "list catalogs")?.ref_list()
     }
     /// Compare-and-swap a ref: succeeds (true) only if its current content
-    /// hashes to `expected` (`None`: the ref must not exist). `new = None`
+    /// hashes to `old` (`None`: the ref must not exist). `new = None`
     /// deletes it. False means someone else changed it: re-read and retry.
-    fn ref_update(
-        &self,
-        name: &str,
-        expected: Option<ChunkId>,
-        new: Option<&[u8]>,
-    ) -> Result<bool> {
+    fn ref_update(&self, name: &str, old: Option<ChunkId>, new: Option<&[u8]>) -> Result<bool> {
         self.pass(Op::Write, "update catalogs")?
-            .ref_update(name, expected, new)
+            .ref_update(name, old, new)
     }
 }
 

@@ -13,7 +13,6 @@ use std::time::SystemTime;
 use super::api::{
     ChunkPrune, ChunkRead, ChunkWrite, DynStore, LeaseStore, RefStore, Store, StoreLayer,
 };
-use super::config::StoreConfig;
 use crate::hash::ChunkId;
 use roamdisk_blockdev::Result;
 
@@ -96,12 +95,6 @@ impl CachedStore {
 }
 
 impl StoreLayer for CachedStore {
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn config(&self) -> &StoreConfig {
-        self.inner.config()
-    }
     fn next(&self) -> Option<&dyn Store> {
         Some(&*self.inner)
     }
@@ -170,13 +163,6 @@ impl ChunkRead for CachedStore {
 impl ChunkWrite for CachedStore {}
 
 impl ChunkPrune for CachedStore {
-    fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
-        let r = self.inner.remove_if_older(id, cutoff)?;
-        if r.is_some() {
-            self.drop_cached(id);
-        }
-        Ok(r)
-    }
     fn remove_many_if_older(
         &self,
         ids: &[ChunkId],
@@ -199,6 +185,7 @@ impl LeaseStore for CachedStore {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::config::StoreConfig;
     use crate::store::local::LocalStore;
 
     #[test]

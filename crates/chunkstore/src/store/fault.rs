@@ -26,7 +26,6 @@ use super::api::{
     ChunkPrune, ChunkRead, ChunkWrite, DynStore, Lease, LeaseStore, ObjectEntry, ObjectParts,
     PutGroup, PutOutcome, RefStore, Store, StoreLayer,
 };
-use super::config::StoreConfig;
 use crate::error::err;
 use crate::hash::ChunkId;
 
@@ -205,9 +204,6 @@ impl StoreLayer for FaultStore {
     fn describe(&self) -> String {
         format!("{} (with injected faults)", self.inner.describe())
     }
-    fn config(&self) -> &StoreConfig {
-        self.inner.config()
-    }
     fn next(&self) -> Option<&dyn Store> {
         Some(&*self.inner)
     }
@@ -284,9 +280,6 @@ impl ChunkPrune for FaultStore {
     fn list_objects(&self, f: &mut dyn FnMut(ObjectEntry)) -> Result<()> {
         self.wrap(Op::Read, || self.inner.list_objects(f))
     }
-    fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
-        self.wrap(Op::Trim, || self.inner.remove_if_older(id, cutoff))
-    }
     fn remove_many_if_older(
         &self,
         ids: &[ChunkId],
@@ -306,13 +299,8 @@ impl RefStore for FaultStore {
     fn ref_list(&self) -> Result<Vec<String>> {
         self.wrap(Op::Read, || self.inner.ref_list())
     }
-    fn ref_update(
-        &self,
-        name: &str,
-        expected: Option<ChunkId>,
-        new: Option<&[u8]>,
-    ) -> Result<bool> {
-        self.wrap(Op::Write, || self.inner.ref_update(name, expected, new))
+    fn ref_update(&self, name: &str, old: Option<ChunkId>, new: Option<&[u8]>) -> Result<bool> {
+        self.wrap(Op::Write, || self.inner.ref_update(name, old, new))
     }
 }
 
@@ -334,6 +322,7 @@ impl LeaseStore for FaultStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::config::StoreConfig;
     use crate::store::mem::MemStore;
     use std::sync::Arc;
 

@@ -468,16 +468,26 @@ impl ChunkPrune for HttpStore {
         self.expect(&a, &[200], "list objects")?;
         wire::parse_list(&a.body, f)
     }
-    fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
-        let path = format!("/v1/objects/{id}?older-than={}", wire::nanos(cutoff));
-        let a = self.call("DELETE", &path, None, &[])?;
-        match a.status {
-            200 => Ok(Some(Self::text(&a).parse().unwrap_or(0))),
-            409 | 404 => Ok(None),
-            _ => self
-                .expect(&a, &[200], &format!("remove object {id}"))
-                .map(|_| None),
-        }
+    /// One DELETE per object (the server rewrites packs as its store
+    /// does).
+    fn remove_many_if_older(
+        &self,
+        ids: &[ChunkId],
+        cutoff: SystemTime,
+    ) -> Result<Vec<Option<u64>>> {
+        ids.iter()
+            .map(|id| {
+                let path = format!("/v1/objects/{id}?older-than={}", wire::nanos(cutoff));
+                let a = self.call("DELETE", &path, None, &[])?;
+                match a.status {
+                    200 => Ok(Some(Self::text(&a).parse().unwrap_or(0))),
+                    409 | 404 => Ok(None),
+                    _ => self
+                        .expect(&a, &[200], &format!("remove object {id}"))
+                        .map(|_| None),
+                }
+            })
+            .collect()
     }
     fn recover(&self, cutoff: SystemTime) -> Result<(u64, u64)> {
         let path = format!("/v1/recover?cutoff={}", wire::nanos(cutoff));
@@ -508,14 +518,9 @@ impl RefStore for HttpStore {
             .map(str::to_string)
             .collect())
     }
-    fn ref_update(
-        &self,
-        name: &str,
-        expected: Option<ChunkId>,
-        new: Option<&[u8]>,
-    ) -> Result<bool> {
+    fn ref_update(&self, name: &str, old: Option<ChunkId>, new: Option<&[u8]>) -> Result<bool> {
         check_ref_name(name)?;
-        let cond = match expected {
+        let cond = match old {
             Some(t) => ("if-match", format!("\"{t}\"")),
             None => ("if-none-match", "*".to_string()),
         };
@@ -544,12 +549,7 @@ impl LeaseStore for HttpStore {
             .and_then(|n| n.parse::<u64>().ok())
             .map(wire::from_nanos)
             .ok_or_else(|| corrupt("lease answer is malformed"))?;
-        Ok(Lease {
-            ended: false,
-            id,
-            started,
-            refreshed: started,
-        })
+        Ok(Lease::new(id, started))
     }
     fn lease_refresh(&self, id: &str) -> Result<()> {
         let a = self.call("PUT", &format!("/v1/leases/{id}"), Some(&[]), &[])?;

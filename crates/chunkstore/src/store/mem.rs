@@ -197,17 +197,24 @@ impl ChunkPrune for MemStore {
         entries.into_iter().for_each(f);
         Ok(())
     }
-    fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
+    fn remove_many_if_older(
+        &self,
+        ids: &[ChunkId],
+        cutoff: SystemTime,
+    ) -> Result<Vec<Option<u64>>> {
         let mut st = self.state.lock();
-        match st.objects.get(id) {
-            Some(o) if o.mtime < cutoff => {
-                let n = o.bytes.len() as u64;
-                st.objects.remove(id);
-                st.unsynced.remove(id);
-                Ok(Some(n))
-            }
-            _ => Ok(None),
-        }
+        Ok(ids
+            .iter()
+            .map(|id| match st.objects.get(id) {
+                Some(o) if o.mtime < cutoff => {
+                    let n = o.bytes.len() as u64;
+                    st.objects.remove(id);
+                    st.unsynced.remove(id);
+                    Some(n)
+                }
+                _ => None,
+            })
+            .collect())
     }
     fn recover(&self, _cutoff: SystemTime) -> Result<(u64, u64)> {
         Ok((0, 0))
@@ -221,15 +228,10 @@ impl RefStore for MemStore {
     fn ref_list(&self) -> Result<Vec<String>> {
         Ok(self.state.lock().refs.keys().cloned().collect())
     }
-    fn ref_update(
-        &self,
-        name: &str,
-        expected: Option<ChunkId>,
-        new: Option<&[u8]>,
-    ) -> Result<bool> {
+    fn ref_update(&self, name: &str, old: Option<ChunkId>, new: Option<&[u8]>) -> Result<bool> {
         super::api::check_ref_name(name)?;
         let mut st = self.state.lock();
-        if st.refs.get(name).map(|b| ref_tag(b)) != expected {
+        if st.refs.get(name).map(|b| ref_tag(b)) != old {
             return Ok(false);
         }
         match new {

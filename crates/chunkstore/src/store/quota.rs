@@ -16,7 +16,6 @@ use super::api::{
     ChunkPrune, ChunkRead, ChunkWrite, DynStore, LeaseStore, ObjectParts, PutGroup, PutOutcome,
     RefStore, Store, StoreLayer,
 };
-use super::config::StoreConfig;
 use crate::error::err;
 use crate::hash::ChunkId;
 
@@ -78,9 +77,6 @@ impl StoreLayer for QuotaStore {
             self.inner.describe(),
             format_size(self.quota)
         )
-    }
-    fn config(&self) -> &StoreConfig {
-        self.inner.config()
     }
     fn next(&self) -> Option<&dyn Store> {
         Some(&*self.inner)
@@ -203,13 +199,6 @@ impl Drop for QuotaGroup<'_> {
 }
 
 impl ChunkPrune for QuotaStore {
-    fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
-        let r = self.inner.remove_if_older(id, cutoff)?;
-        if let Some(n) = r {
-            self.release(n);
-        }
-        Ok(r)
-    }
     fn remove_many_if_older(
         &self,
         ids: &[ChunkId],
@@ -228,6 +217,7 @@ impl LeaseStore for QuotaStore {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::config::StoreConfig;
     use crate::store::local::LocalStore;
     use std::sync::Arc;
 

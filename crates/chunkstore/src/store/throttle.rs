@@ -13,7 +13,6 @@ use super::api::{
     collect_group, ChunkPrune, ChunkRead, ChunkWrite, DynStore, LeaseStore, ObjectParts, PutGroup,
     PutOutcome, RefStore, Store, StoreLayer,
 };
-use super::config::StoreConfig;
 use crate::hash::ChunkId;
 
 pub struct ThrottleStore {
@@ -41,9 +40,6 @@ impl StoreLayer for ThrottleStore {
             s.rate,
             s.latency
         )
-    }
-    fn config(&self) -> &StoreConfig {
-        self.inner.config()
     }
     fn next(&self) -> Option<&dyn Store> {
         Some(&*self.inner)
@@ -112,14 +108,9 @@ impl RefStore for ThrottleStore {
         self.down.pass(0);
         self.inner.ref_list()
     }
-    fn ref_update(
-        &self,
-        name: &str,
-        expected: Option<ChunkId>,
-        new: Option<&[u8]>,
-    ) -> Result<bool> {
+    fn ref_update(&self, name: &str, old: Option<ChunkId>, new: Option<&[u8]>) -> Result<bool> {
         self.up.pass(new.map_or(0, |b| b.len() as u64));
-        self.inner.ref_update(name, expected, new)
+        self.inner.ref_update(name, old, new)
     }
 }
 

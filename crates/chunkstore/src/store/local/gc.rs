@@ -259,9 +259,6 @@ impl ChunkPrune for LocalStore {
         }
         Ok(())
     }
-    fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
-        Ok(self.remove_many_if_older(&[*id], cutoff)?[0])
-    }
     fn remove_many_if_older(
         &self,
         ids: &[ChunkId],

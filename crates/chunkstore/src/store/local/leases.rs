@@ -43,12 +43,7 @@ impl LeaseStore for LocalStore {
         write_then_rename(&p, &tmp, text.as_bytes()).map_err(|e| io(Op::Write, e, &p))?;
         let d = self.root.join("leases");
         sync_dir(&d).map_err(|e| io(Op::Flush, e, &d))?;
-        Ok(Lease {
-            ended: false,
-            id,
-            started,
-            refreshed: started,
-        })
+        Ok(Lease::new(id, started))
     }
     fn lease_refresh(&self, id: &str) -> Result<()> {
         let p = self.root.join("leases").join(id);

@@ -66,16 +66,11 @@ impl RefStore for LocalStore {
         out.sort();
         Ok(out)
     }
-    fn ref_update(
-        &self,
-        name: &str,
-        expected: Option<ChunkId>,
-        new: Option<&[u8]>,
-    ) -> Result<bool> {
+    fn ref_update(&self, name: &str, old: Option<ChunkId>, new: Option<&[u8]>) -> Result<bool> {
         let p = self.ref_path(name)?;
         let _lock = self.refs_lock()?;
         let current = self.ref_get(name)?;
-        if current.as_deref().map(ref_tag) != expected {
+        if current.as_deref().map(ref_tag) != old {
             return Ok(false);
         }
         let dir = p.parent().expect("user folder");

@@ -165,9 +165,6 @@ impl ChunkPrune for S3Store {
         }
         Ok(())
     }
-    fn remove_if_older(&self, id: &ChunkId, cutoff: SystemTime) -> Result<Option<u64>> {
-        Ok(self.remove_many_if_older(&[*id], cutoff)?[0])
-    }
     fn remove_many_if_older(
         &self,
         ids: &[ChunkId],

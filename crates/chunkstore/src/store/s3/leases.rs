@@ -42,12 +42,7 @@ impl LeaseStore for S3Store {
         })?;
         self.mine.lock().insert(id.clone());
         self.write_lease(&id, started, None)?;
-        Ok(Lease {
-            ended: false,
-            id,
-            started,
-            refreshed: started,
-        })
+        Ok(Lease::new(id, started))
     }
     fn lease_refresh(&self, id: &str) -> Result<()> {
         let rel = format!("leases/{id}");

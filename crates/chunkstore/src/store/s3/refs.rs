@@ -249,16 +249,11 @@ impl RefStore for S3Store {
         names.sort();
         Ok(names)
     }
-    fn ref_update(
-        &self,
-        name: &str,
-        expected: Option<ChunkId>,
-        new: Option<&[u8]>,
-    ) -> Result<bool> {
+    fn ref_update(&self, name: &str, old: Option<ChunkId>, new: Option<&[u8]>) -> Result<bool> {
         check_ref_name(name)?;
         self.block(async {
             let (cur, generation) = self.ref_head(name).await?;
-            if cur.as_deref().map(ref_tag) != expected {
+            if cur.as_deref().map(ref_tag) != old {
                 return Ok(false);
             }
             // Versions this update removes are recorded first, so that a
