@@ -27,49 +27,34 @@ pub const SUPERBLOCK_SIZE: usize = 4096;
 /// Metadata header size.
 pub const META_HEADER_SIZE: usize = 256;
 
-// Data superblock field offsets; magic and version (bytes 0..12) are the
-// frame's ([`roamdisk_blockdev::header`]).
-const D_BLOCK: usize = header::FIELDS;
-const D_CLUSTER: usize = D_BLOCK + 4;
-const D_FLAGS: usize = D_CLUSTER + 4;
-const D_CLUSTERS: usize = D_FLAGS + 4;
-const D_DATA_OFFSET: usize = D_CLUSTERS + 8;
-const D_UUID: usize = D_DATA_OFFSET + 8;
-const D_END: usize = D_UUID + 16;
-const D_CRC: usize = 124;
-const _: () = assert!(D_END <= D_CRC);
+roamdisk_blockdev::offsets! {
+    // Data superblock fields; magic and version (bytes 0..12) are the
+    // frame's ([`roamdisk_blockdev::header`]).
+    from header::FIELDS;
+    D_BLOCK: 4, D_CLUSTER: 4, D_FLAGS: 4, D_CLUSTERS: 8, D_DATA_OFFSET: 8, D_UUID: 16,
+    D_RESERVED: 68, D_CRC: 4;
+    == 128
+}
 const DATA_FRAME: Frame = Frame {
     magic: DATA_MAGIC,
     version: DATA_VERSION,
     crc_at: D_CRC,
 };
 
-// Metadata header field offsets, after the frame's magic and version.
-const M_HEADER_SIZE: usize = header::FIELDS;
-const M_UUID: usize = M_HEADER_SIZE + 4;
-const M_LOGICAL: usize = M_UUID + 16;
-const M_BLOCK: usize = M_LOGICAL + 8;
-const M_CLUSTER: usize = M_BLOCK + 4;
-const M_CLUSTERS: usize = M_CLUSTER + 4;
-const M_CHECKSUM: usize = M_CLUSTERS + 8;
-const M_CIPHER: usize = M_CHECKSUM + 1;
-const M_KEY_SOURCE: usize = M_CIPHER + 1;
-const M_RESERVED1: usize = M_KEY_SOURCE + 1;
-const M_ARGON_M: usize = M_RESERVED1 + 1;
-const M_ARGON_T: usize = M_ARGON_M + 4;
-const M_ARGON_P: usize = M_ARGON_T + 4;
-const M_SALT: usize = M_ARGON_P + 4;
-const M_KEY_CHECK: usize = M_SALT + 32;
-const M_GENERATION: usize = M_KEY_CHECK + 16;
-const M_END: usize = M_GENERATION + 8;
-const M_CRC: usize = 252;
-const _: () = assert!(M_END <= M_CRC);
+roamdisk_blockdev::offsets! {
+    // Metadata header fields, after the frame's magic and version.
+    from header::FIELDS;
+    M_HEADER_SIZE: 4, M_UUID: 16, M_LOGICAL: 8, M_BLOCK: 4, M_CLUSTER: 4, M_CLUSTERS: 8,
+    M_CHECKSUM: 1, M_CIPHER: 1, M_KEY_SOURCE: 1, M_RESERVED1: 1,
+    M_ARGON_M: 4, M_ARGON_T: 4, M_ARGON_P: 4, M_SALT: 32, M_KEY_CHECK: 16, M_GENERATION: 8,
+    M_RESERVED2: 124, M_CRC: 4;
+    == META_HEADER_SIZE
+}
 const META_FRAME: Frame = Frame {
     magic: META_MAGIC,
     version: VERSION,
     crc_at: M_CRC,
 };
-const _: () = assert!(META_FRAME.size() == META_HEADER_SIZE);
 /// The frame of a version-1 metadata header (same layout).
 const META_FRAME_V1: Frame = Frame {
     version: 1,
