@@ -142,6 +142,11 @@ pub fn u64_at(b: &[u8], o: usize) -> u64 {
     u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
 }
 
+/// Copy the `N` bytes at `o`.
+pub fn array_at<const N: usize>(b: &[u8], o: usize) -> [u8; N] {
+    b[o..o + N].try_into().expect("N bytes")
+}
+
 /// Write a little-endian `u32` at `o`.
 pub fn put_u32(b: &mut [u8], o: usize, v: u32) {
     b[o..o + 4].copy_from_slice(&v.to_le_bytes());
@@ -185,7 +190,7 @@ mod tests {
         let mut b = [0u8; 32];
         put_u64(&mut b, FIELDS, 42);
         T.seal(&mut b);
-        assert_eq!(&b[..8], b"RDTESTHD");
+        assert_eq!(array_at::<8>(&b, 0), *b"RDTESTHD");
         assert_eq!(u32_at(&b, 8), 3);
         assert_eq!(T.stored_crc(&b), crc32c::crc32c(&b[..28]));
         assert_eq!(T.check(&b), Ok(()));

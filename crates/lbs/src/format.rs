@@ -3,7 +3,9 @@
 //! `fuzz/fuzz_targets/lbs_log.rs`). The byte layout is specified in
 //! `docs/formats/lbs.md`; the constants here follow it.
 
-use roamdisk_blockdev::header::{self, put_u32, put_u64, u32_at, u64_at, Frame, FrameError};
+use roamdisk_blockdev::header::{
+    self, array_at, put_u32, put_u64, u32_at, u64_at, Frame, FrameError,
+};
 
 use crate::checksum::ChecksumKind;
 
@@ -150,6 +152,28 @@ impl Geometry {
     pub fn data_file_len(&self) -> u64 {
         self.data_offset() + self.clusters * self.cluster_size as u64
     }
+    /// The geometry a header keeps at these offsets (block size and
+    /// cluster size as `u32`, the cluster count as `u64`), validated.
+    fn read(
+        b: &[u8],
+        block: usize,
+        cluster: usize,
+        clusters: usize,
+    ) -> Result<Geometry, FormatError> {
+        let g = Geometry {
+            block_size: u32_at(b, block),
+            cluster_size: u32_at(b, cluster),
+            clusters: u64_at(b, clusters),
+        };
+        g.validate()?;
+        Ok(g)
+    }
+    /// Write the geometry at the offsets [`Geometry::read`] reads it from.
+    fn write(&self, b: &mut [u8], block: usize, cluster: usize, clusters: usize) {
+        put_u32(b, block, self.block_size);
+        put_u32(b, cluster, self.cluster_size);
+        put_u64(b, clusters, self.clusters);
+    }
     fn validate(&self) -> Result<(), FormatError> {
         if !BLOCK_SIZES.contains(&self.block_size) {
             return Err(FormatError::BadField("block size must be 1024 or 4096"));
@@ -178,10 +202,8 @@ pub struct DataSuper {
 impl DataSuper {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; SUPERBLOCK_SIZE];
-        put_u32(&mut b, D_BLOCK, self.geometry.block_size);
-        put_u32(&mut b, D_CLUSTER, self.geometry.cluster_size);
+        self.geometry.write(&mut b, D_BLOCK, D_CLUSTER, D_CLUSTERS);
         put_u32(&mut b, D_FLAGS, self.encrypted as u32);
-        put_u64(&mut b, D_CLUSTERS, self.geometry.clusters);
         put_u64(&mut b, D_DATA_OFFSET, self.geometry.data_offset());
         b[D_UUID..D_UUID + 16].copy_from_slice(&self.uuid);
         DATA_FRAME.seal(&mut b);
@@ -196,21 +218,14 @@ impl DataSuper {
         if flags > 1 {
             return Err(FormatError::BadField("unknown data flags"));
         }
-        let geometry = Geometry {
-            block_size: u32_at(b, D_BLOCK),
-            cluster_size: u32_at(b, D_CLUSTER),
-            clusters: u64_at(b, D_CLUSTERS),
-        };
-        geometry.validate()?;
+        let geometry = Geometry::read(b, D_BLOCK, D_CLUSTER, D_CLUSTERS)?;
         if u64_at(b, D_DATA_OFFSET) != geometry.data_offset() {
             return Err(FormatError::BadField("data offset"));
         }
-        let mut uuid = [0u8; 16];
-        uuid.copy_from_slice(&b[D_UUID..D_UUID + 16]);
         Ok(DataSuper {
             geometry,
             encrypted: flags == 1,
-            uuid,
+            uuid: array_at(b, D_UUID),
         })
     }
 }
@@ -268,9 +283,7 @@ impl MetaHeader {
         put_u32(&mut b, M_HEADER_SIZE, META_HEADER_SIZE as u32);
         b[M_UUID..M_UUID + 16].copy_from_slice(&self.uuid);
         put_u64(&mut b, M_LOGICAL, self.logical_size);
-        put_u32(&mut b, M_BLOCK, self.geometry.block_size);
-        put_u32(&mut b, M_CLUSTER, self.geometry.cluster_size);
-        put_u64(&mut b, M_CLUSTERS, self.geometry.clusters);
+        self.geometry.write(&mut b, M_BLOCK, M_CLUSTER, M_CLUSTERS);
         b[M_CHECKSUM] = self.checksum.id();
         b[M_CIPHER] = self.cipher as u8;
         b[M_KEY_SOURCE] = self.key_source as u8;
@@ -303,12 +316,7 @@ impl MetaHeader {
         if u32_at(b, M_HEADER_SIZE) as usize != META_HEADER_SIZE {
             return Err(FormatError::BadField("header size"));
         }
-        let geometry = Geometry {
-            block_size: u32_at(b, M_BLOCK),
-            cluster_size: u32_at(b, M_CLUSTER),
-            clusters: u64_at(b, M_CLUSTERS),
-        };
-        geometry.validate()?;
+        let geometry = Geometry::read(b, M_BLOCK, M_CLUSTER, M_CLUSTERS)?;
         let logical_size = u64_at(b, M_LOGICAL);
         let bs = geometry.block_size as u64;
         if logical_size == 0 || !logical_size.is_multiple_of(bs) {
@@ -337,15 +345,9 @@ impl MetaHeader {
         if (cipher == Cipher::None) != (key_source == KeySource::None) {
             return Err(FormatError::BadField("cipher and key source disagree"));
         }
-        let mut uuid = [0u8; 16];
-        uuid.copy_from_slice(&b[M_UUID..M_UUID + 16]);
-        let mut salt = [0u8; 32];
-        salt.copy_from_slice(&b[M_SALT..M_SALT + 32]);
-        let mut key_check = [0u8; 16];
-        key_check.copy_from_slice(&b[M_KEY_CHECK..M_KEY_CHECK + 16]);
         Ok(MetaHeader {
             version,
-            uuid,
+            uuid: array_at(b, M_UUID),
             logical_size,
             geometry,
             checksum,
@@ -356,8 +358,8 @@ impl MetaHeader {
                 u32_at(b, M_ARGON_T),
                 u32_at(b, M_ARGON_P),
             ),
-            salt,
-            key_check,
+            salt: array_at(b, M_SALT),
+            key_check: array_at(b, M_KEY_CHECK),
             generation: u64_at(b, M_GENERATION),
         })
     }
