@@ -161,12 +161,7 @@ impl Drop for TraceDev {
 }
 
 impl BlockDev for TraceDev {
-    fn layer(&self) -> &'static str {
-        "trace"
-    }
-    fn next(&self) -> Option<&dyn BlockDev> {
-        Some(&*self.next)
-    }
+    roamdisk_blockdev::layer!("trace", next);
     fn describe(&self) -> String {
         format!(
             "trace: recording to {}{}",

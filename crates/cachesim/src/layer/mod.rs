@@ -456,12 +456,7 @@ impl CacheDev {
 }
 
 impl BlockDev for CacheDev {
-    fn layer(&self) -> &'static str {
-        "cache"
-    }
-    fn next(&self) -> Option<&dyn BlockDev> {
-        Some(&*self.next)
-    }
+    roamdisk_blockdev::layer!("cache", next);
     fn describe(&self) -> String {
         let c = &self.cache;
         format!(

@@ -101,12 +101,7 @@ impl Drop for FlashSimDev {
 }
 
 impl BlockDev for FlashSimDev {
-    fn layer(&self) -> &'static str {
-        "flashsim"
-    }
-    fn next(&self) -> Option<&dyn BlockDev> {
-        Some(&*self.next)
-    }
+    roamdisk_blockdev::layer!("flashsim", next);
     fn describe(&self) -> String {
         let p = self.params();
         format!(
