@@ -42,15 +42,12 @@ fn generated(h: &MetaHeader, data: &[u8]) -> Vec<u8> {
     for g in data.chunks(6) {
         let b = |i: usize| *g.get(i).unwrap_or(&0) as u64;
         let e = match b(0) % 6 {
-            0 | 1 => {
+            // MAP, or (5) MOVED: a copy of blocks sealed elsewhere.
+            k @ (0 | 1 | 5) => {
                 let count = 1 + b(3) % 4;
-                Entry::Map {
-                    lbn: b(1) % 70,
-                    pbn: b(2) % 100,
-                    count,
-                    epoch: 1 + b(4) % 4,
-                    sums: vec![b(5) as u8; count as usize * w],
-                }
+                let seal = (k == 5).then(|| (b(5) % 100, 1 + b(5) % 3));
+                let sums = vec![b(5) as u8; count as usize * w];
+                Entry::placing(b(1) % 70, b(2) % 100, count, 1 + b(4) % 4, seal, sums)
             }
             2 => Entry::Zero {
                 lbn: b(1) % 70,
@@ -60,18 +57,6 @@ fn generated(h: &MetaHeader, data: &[u8]) -> Vec<u8> {
                 lbn: b(1) % 70,
                 count: 1 + b(3) % 8,
             },
-            5 => {
-                let count = 1 + b(3) % 4;
-                Entry::Moved {
-                    lbn: b(1) % 70,
-                    pbn: b(2) % 100,
-                    count,
-                    epoch: 1 + b(4) % 4,
-                    seal_pbn: b(5) % 100,
-                    seal_epoch: 1 + b(5) % 3,
-                    sums: vec![b(5) as u8; count as usize * w],
-                }
-            }
             _ => {
                 barriers += 1;
                 // Occasionally a wrong number or checksum.

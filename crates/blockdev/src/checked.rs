@@ -60,12 +60,7 @@ impl Checked {
 }
 
 impl BlockDev for Checked {
-    fn layer(&self) -> &'static str {
-        "checked"
-    }
-    fn next(&self) -> Option<&dyn BlockDev> {
-        Some(self.next.as_ref())
-    }
+    crate::layer!("checked", next);
     fn size(&self) -> u64 {
         self.size
     }

@@ -266,6 +266,47 @@ pub trait BlockDev: std::any::Any + Send + Sync + 'static {
     }
 }
 
+/// Opens a layer's `impl BlockDev`: states the layer's kind name and, for a
+/// layer stacked on another, the field holding that lower device (an `Arc`
+/// or `Box` of a [`BlockDev`]), once. Expands to [`BlockDev::layer`] and
+/// [`BlockDev::next`], exactly as written by hand (no extra call or
+/// allocation: the operations a layer does not override still reach the
+/// lower device through `next()`).
+///
+/// ```
+/// use std::sync::Arc;
+/// use roamdisk_blockdev::{layers::mem::MemDev, BlockDev};
+///
+/// /// Counts nothing, changes nothing: every operation passes through.
+/// struct Pass {
+///     next: Arc<dyn BlockDev>,
+/// }
+/// impl BlockDev for Pass {
+///     roamdisk_blockdev::layer!("pass", next);
+/// }
+///
+/// let dev = Pass { next: Arc::new(MemDev::new(4096)) };
+/// assert_eq!((dev.layer(), dev.next().unwrap().layer()), ("pass", "mem"));
+/// assert_eq!(dev.size(), 4096);
+/// ```
+///
+/// A device at the bottom of a stack names no field:
+/// `roamdisk_blockdev::layer!("mem");`.
+#[macro_export]
+macro_rules! layer {
+    ($name:expr) => {
+        fn layer(&self) -> &'static str {
+            $name
+        }
+    };
+    ($name:expr, $next:tt) => {
+        $crate::layer!($name);
+        fn next(&self) -> ::core::option::Option<&dyn $crate::BlockDev> {
+            ::core::option::Option::Some(&*self.$next)
+        }
+    };
+}
+
 /// The first layer of type `T` in the stack from `top` down (`top`
 /// included), following [`BlockDev::next`]: how a command reaches a layer's
 /// own API (a session's rebase after a commit) on a stack the registry

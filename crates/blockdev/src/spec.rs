@@ -78,6 +78,19 @@ impl OpenCtx<'_> {
             })
             .transpose()
     }
+    /// The inner stack of a wrapping layer ([`LayerKind::WRAPPING`]), which
+    /// the registry opens before the layer: only a spec built by hand
+    /// lacks one (parsing refuses it, with the layer's usage).
+    pub fn inner(&self, kind: &str, next: Option<Arc<dyn BlockDev>>) -> Result<Arc<dyn BlockDev>> {
+        next.ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                Op::Open,
+                kind.to_string(),
+                "needs an inner stack",
+            )
+        })
+    }
     /// A path parameter.
     pub fn path(&self, kind: &str, name: &str) -> Result<PathBuf> {
         Ok(PathBuf::from(self.get(kind, name)?))
@@ -152,6 +165,36 @@ pub struct LayerKind {
 }
 
 impl LayerKind {
+    /// What most layer kinds are: at the bottom of a stack (no inner
+    /// stack), every argument required. A kind gives its name, summary,
+    /// arguments, options and `open`, and takes the rest with
+    /// `..LayerKind::BOTTOM`; the name and `open` here (empty, refusing)
+    /// are placeholders every kind replaces.
+    pub const BOTTOM: LayerKind = LayerKind {
+        name: "",
+        summary: "",
+        args: &[],
+        options: &[],
+        wraps: false,
+        inner_read_only: false,
+        optional_first: None,
+        open: |_, _| {
+            Err(Error::new(
+                ErrorKind::Unsupported,
+                Op::Open,
+                "spec",
+                "a layer kind without an open function",
+            ))
+        },
+    };
+
+    /// A layer over an inner stack (`:NEXT`), which is opened as the
+    /// export is: `..LayerKind::WRAPPING`, as [`LayerKind::BOTTOM`].
+    pub const WRAPPING: LayerKind = LayerKind {
+        wraps: true,
+        ..LayerKind::BOTTOM
+    };
+
     /// `name[OPT=VALUE,...]:ARG:...:NEXT` (the options part when `options`
     /// and the layer has some; an optional first argument in brackets with
     /// its default).
@@ -658,6 +701,27 @@ impl Registry {
 mod tests {
     use super::*;
 
+    /// Parsing refuses a wrapping layer without its inner stack; a spec
+    /// built by hand reaches the layer's `open`, which refuses it too.
+    #[test]
+    fn a_wrapping_layer_without_its_inner_stack_is_refused() {
+        let r = Registry::with_builtin();
+        for kind in ["cow", "throttle", "hdd"] {
+            let mut params = BTreeMap::new();
+            params.insert("overlay".to_string(), "/nonexistent/o".to_string());
+            let spec = LayerSpec {
+                kind: kind.into(),
+                params,
+                next: None,
+            };
+            let Err(e) = r.open(&spec, Access::ReadWrite) else {
+                panic!("{kind} opened without an inner stack");
+            };
+            assert_eq!((e.kind(), e.layer()), (ErrorKind::InvalidArgument, kind));
+            assert!(e.to_string().contains("needs an inner stack"), "{e}");
+        }
+    }
+
     #[test]
     fn nested_spec_parses() {
         let r = Registry::with_builtin();
@@ -697,10 +761,8 @@ mod tests {
             summary: "",
             args: &["uri"],
             options: &[],
-            wraps: false,
-            inner_read_only: false,
-            optional_first: None,
             open,
+            ..LayerKind::BOTTOM
         };
         let mut r = Registry::with_builtin();
         r.add(&URI);

@@ -219,9 +219,7 @@ impl CrashDev {
 }
 
 impl BlockDev for CrashDev {
-    fn layer(&self) -> &'static str {
-        "crash"
-    }
+    crate::layer!("crash");
     fn size(&self) -> u64 {
         self.state.lock().live.len() as u64
     }

@@ -437,9 +437,7 @@ impl Drop for BorrowDev {
 }
 
 impl BlockDev for BorrowDev {
-    fn layer(&self) -> &'static str {
-        "borrow"
-    }
+    roamdisk_blockdev::layer!("borrow");
     fn describe(&self) -> String {
         self.describe.clone()
     }

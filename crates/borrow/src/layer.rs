@@ -18,9 +18,6 @@ pub static BORROW: LayerKind = LayerKind {
         ("scrub", "on: write zeroes over everything written when the export stops; off (default)"),
         ("verify", "full (default): re-read the host's allocation maps and check every extent is still free; identity: compare hashes only"),
     ],
-    wraps: false,
-    inner_read_only: false,
-    optional_first: None,
     open: |ctx: &OpenCtx<'_>, _next| {
         if ctx.read_only {
             return Err(Error::new(
@@ -55,4 +52,5 @@ pub static BORROW: LayerKind = LayerKind {
         }
         Ok(Arc::new(BorrowDev::open(&plan, &opts)?) as Arc<dyn BlockDev>)
     },
+    ..LayerKind::BOTTOM
 };

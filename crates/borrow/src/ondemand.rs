@@ -107,9 +107,7 @@ impl FetchDev {
 }
 
 impl BlockDev for FetchDev {
-    fn layer(&self) -> &'static str {
-        "borrow-fetch"
-    }
+    roamdisk_blockdev::layer!("borrow-fetch");
     fn describe(&self) -> String {
         format!(
             "on-demand copy-in from {} into {}",

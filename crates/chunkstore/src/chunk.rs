@@ -21,15 +21,12 @@ pub const FLAG_ZSTD: u8 = 1;
 pub const FLAG_ENCRYPTED: u8 = 2;
 const KNOWN_FLAGS: u8 = FLAG_ZSTD | FLAG_ENCRYPTED;
 
-const E_MAGIC: usize = 0;
-const E_VERSION: usize = E_MAGIC + 4;
-const E_FLAGS: usize = E_VERSION + 1;
-const E_HASH: usize = E_FLAGS + 1;
-const E_RESERVED: usize = E_HASH + 1;
-const E_PAYLOAD_LEN: usize = E_RESERVED + 1;
-const E_ORIGINAL_LEN: usize = E_PAYLOAD_LEN + 4;
-/// Size of the envelope header.
-pub const HEADER_SIZE: usize = E_ORIGINAL_LEN + 4;
+roamdisk_blockdev::offsets! {
+    E_MAGIC: 4, E_VERSION: 1, E_FLAGS: 1, E_HASH: 1, E_RESERVED: 1, E_PAYLOAD_LEN: 4,
+    E_ORIGINAL_LEN: 4;
+    /// Size of the envelope header.
+    pub HEADER_SIZE == 16
+}
 
 /// Largest object (payload or plaintext) accepted: 1 GiB.
 pub const MAX_OBJECT: usize = 1 << 30;

@@ -3,7 +3,9 @@
 //! `fuzz/fuzz_targets/lbs_log.rs`). The byte layout is specified in
 //! `docs/formats/lbs.md`; the constants here follow it.
 
-use roamdisk_blockdev::header::{self, put_u32, put_u64, u32_at, u64_at, Frame, FrameError};
+use roamdisk_blockdev::header::{
+    self, array_at, put_u32, put_u64, u32_at, u64_at, Frame, FrameError,
+};
 
 use crate::checksum::ChecksumKind;
 
@@ -27,49 +29,34 @@ pub const SUPERBLOCK_SIZE: usize = 4096;
 /// Metadata header size.
 pub const META_HEADER_SIZE: usize = 256;
 
-// Data superblock field offsets; magic and version (bytes 0..12) are the
-// frame's ([`roamdisk_blockdev::header`]).
-const D_BLOCK: usize = header::FIELDS;
-const D_CLUSTER: usize = D_BLOCK + 4;
-const D_FLAGS: usize = D_CLUSTER + 4;
-const D_CLUSTERS: usize = D_FLAGS + 4;
-const D_DATA_OFFSET: usize = D_CLUSTERS + 8;
-const D_UUID: usize = D_DATA_OFFSET + 8;
-const D_END: usize = D_UUID + 16;
-const D_CRC: usize = 124;
-const _: () = assert!(D_END <= D_CRC);
+roamdisk_blockdev::offsets! {
+    // Data superblock fields; magic and version (bytes 0..12) are the
+    // frame's ([`roamdisk_blockdev::header`]).
+    from header::FIELDS;
+    D_BLOCK: 4, D_CLUSTER: 4, D_FLAGS: 4, D_CLUSTERS: 8, D_DATA_OFFSET: 8, D_UUID: 16,
+    D_RESERVED: 68, D_CRC: 4;
+    == 128
+}
 const DATA_FRAME: Frame = Frame {
     magic: DATA_MAGIC,
     version: DATA_VERSION,
     crc_at: D_CRC,
 };
 
-// Metadata header field offsets, after the frame's magic and version.
-const M_HEADER_SIZE: usize = header::FIELDS;
-const M_UUID: usize = M_HEADER_SIZE + 4;
-const M_LOGICAL: usize = M_UUID + 16;
-const M_BLOCK: usize = M_LOGICAL + 8;
-const M_CLUSTER: usize = M_BLOCK + 4;
-const M_CLUSTERS: usize = M_CLUSTER + 4;
-const M_CHECKSUM: usize = M_CLUSTERS + 8;
-const M_CIPHER: usize = M_CHECKSUM + 1;
-const M_KEY_SOURCE: usize = M_CIPHER + 1;
-const M_RESERVED1: usize = M_KEY_SOURCE + 1;
-const M_ARGON_M: usize = M_RESERVED1 + 1;
-const M_ARGON_T: usize = M_ARGON_M + 4;
-const M_ARGON_P: usize = M_ARGON_T + 4;
-const M_SALT: usize = M_ARGON_P + 4;
-const M_KEY_CHECK: usize = M_SALT + 32;
-const M_GENERATION: usize = M_KEY_CHECK + 16;
-const M_END: usize = M_GENERATION + 8;
-const M_CRC: usize = 252;
-const _: () = assert!(M_END <= M_CRC);
+roamdisk_blockdev::offsets! {
+    // Metadata header fields, after the frame's magic and version.
+    from header::FIELDS;
+    M_HEADER_SIZE: 4, M_UUID: 16, M_LOGICAL: 8, M_BLOCK: 4, M_CLUSTER: 4, M_CLUSTERS: 8,
+    M_CHECKSUM: 1, M_CIPHER: 1, M_KEY_SOURCE: 1, M_RESERVED1: 1,
+    M_ARGON_M: 4, M_ARGON_T: 4, M_ARGON_P: 4, M_SALT: 32, M_KEY_CHECK: 16, M_GENERATION: 8,
+    M_RESERVED2: 124, M_CRC: 4;
+    == META_HEADER_SIZE
+}
 const META_FRAME: Frame = Frame {
     magic: META_MAGIC,
     version: VERSION,
     crc_at: M_CRC,
 };
-const _: () = assert!(META_FRAME.size() == META_HEADER_SIZE);
 /// The frame of a version-1 metadata header (same layout).
 const META_FRAME_V1: Frame = Frame {
     version: 1,
@@ -165,6 +152,28 @@ impl Geometry {
     pub fn data_file_len(&self) -> u64 {
         self.data_offset() + self.clusters * self.cluster_size as u64
     }
+    /// The geometry a header keeps at these offsets (block size and
+    /// cluster size as `u32`, the cluster count as `u64`), validated.
+    fn read(
+        b: &[u8],
+        block: usize,
+        cluster: usize,
+        clusters: usize,
+    ) -> Result<Geometry, FormatError> {
+        let g = Geometry {
+            block_size: u32_at(b, block),
+            cluster_size: u32_at(b, cluster),
+            clusters: u64_at(b, clusters),
+        };
+        g.validate()?;
+        Ok(g)
+    }
+    /// Write the geometry at the offsets [`Geometry::read`] reads it from.
+    fn write(&self, b: &mut [u8], block: usize, cluster: usize, clusters: usize) {
+        put_u32(b, block, self.block_size);
+        put_u32(b, cluster, self.cluster_size);
+        put_u64(b, clusters, self.clusters);
+    }
     fn validate(&self) -> Result<(), FormatError> {
         if !BLOCK_SIZES.contains(&self.block_size) {
             return Err(FormatError::BadField("block size must be 1024 or 4096"));
@@ -193,10 +202,8 @@ pub struct DataSuper {
 impl DataSuper {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; SUPERBLOCK_SIZE];
-        put_u32(&mut b, D_BLOCK, self.geometry.block_size);
-        put_u32(&mut b, D_CLUSTER, self.geometry.cluster_size);
+        self.geometry.write(&mut b, D_BLOCK, D_CLUSTER, D_CLUSTERS);
         put_u32(&mut b, D_FLAGS, self.encrypted as u32);
-        put_u64(&mut b, D_CLUSTERS, self.geometry.clusters);
         put_u64(&mut b, D_DATA_OFFSET, self.geometry.data_offset());
         b[D_UUID..D_UUID + 16].copy_from_slice(&self.uuid);
         DATA_FRAME.seal(&mut b);
@@ -211,21 +218,14 @@ impl DataSuper {
         if flags > 1 {
             return Err(FormatError::BadField("unknown data flags"));
         }
-        let geometry = Geometry {
-            block_size: u32_at(b, D_BLOCK),
-            cluster_size: u32_at(b, D_CLUSTER),
-            clusters: u64_at(b, D_CLUSTERS),
-        };
-        geometry.validate()?;
+        let geometry = Geometry::read(b, D_BLOCK, D_CLUSTER, D_CLUSTERS)?;
         if u64_at(b, D_DATA_OFFSET) != geometry.data_offset() {
             return Err(FormatError::BadField("data offset"));
         }
-        let mut uuid = [0u8; 16];
-        uuid.copy_from_slice(&b[D_UUID..D_UUID + 16]);
         Ok(DataSuper {
             geometry,
             encrypted: flags == 1,
-            uuid,
+            uuid: array_at(b, D_UUID),
         })
     }
 }
@@ -283,9 +283,7 @@ impl MetaHeader {
         put_u32(&mut b, M_HEADER_SIZE, META_HEADER_SIZE as u32);
         b[M_UUID..M_UUID + 16].copy_from_slice(&self.uuid);
         put_u64(&mut b, M_LOGICAL, self.logical_size);
-        put_u32(&mut b, M_BLOCK, self.geometry.block_size);
-        put_u32(&mut b, M_CLUSTER, self.geometry.cluster_size);
-        put_u64(&mut b, M_CLUSTERS, self.geometry.clusters);
+        self.geometry.write(&mut b, M_BLOCK, M_CLUSTER, M_CLUSTERS);
         b[M_CHECKSUM] = self.checksum.id();
         b[M_CIPHER] = self.cipher as u8;
         b[M_KEY_SOURCE] = self.key_source as u8;
@@ -318,12 +316,7 @@ impl MetaHeader {
         if u32_at(b, M_HEADER_SIZE) as usize != META_HEADER_SIZE {
             return Err(FormatError::BadField("header size"));
         }
-        let geometry = Geometry {
-            block_size: u32_at(b, M_BLOCK),
-            cluster_size: u32_at(b, M_CLUSTER),
-            clusters: u64_at(b, M_CLUSTERS),
-        };
-        geometry.validate()?;
+        let geometry = Geometry::read(b, M_BLOCK, M_CLUSTER, M_CLUSTERS)?;
         let logical_size = u64_at(b, M_LOGICAL);
         let bs = geometry.block_size as u64;
         if logical_size == 0 || !logical_size.is_multiple_of(bs) {
@@ -352,15 +345,9 @@ impl MetaHeader {
         if (cipher == Cipher::None) != (key_source == KeySource::None) {
             return Err(FormatError::BadField("cipher and key source disagree"));
         }
-        let mut uuid = [0u8; 16];
-        uuid.copy_from_slice(&b[M_UUID..M_UUID + 16]);
-        let mut salt = [0u8; 32];
-        salt.copy_from_slice(&b[M_SALT..M_SALT + 32]);
-        let mut key_check = [0u8; 16];
-        key_check.copy_from_slice(&b[M_KEY_CHECK..M_KEY_CHECK + 16]);
         Ok(MetaHeader {
             version,
-            uuid,
+            uuid: array_at(b, M_UUID),
             logical_size,
             geometry,
             checksum,
@@ -371,8 +358,8 @@ impl MetaHeader {
                 u32_at(b, M_ARGON_T),
                 u32_at(b, M_ARGON_P),
             ),
-            salt,
-            key_check,
+            salt: array_at(b, M_SALT),
+            key_check: array_at(b, M_KEY_CHECK),
             generation: u64_at(b, M_GENERATION),
         })
     }

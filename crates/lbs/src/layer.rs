@@ -20,9 +20,6 @@ pub static LBS: LayerKind = LayerKind {
         ("gc", "background garbage collection: on (default) or off"),
         ("buffer", "write buffer size (default 256K)"),
     ],
-    wraps: false,
-    inner_read_only: false,
-    optional_first: None,
     open: |ctx: &OpenCtx<'_>, _next| {
         let path = ctx.path("lbs", "path")?;
         let paths = Paths::resolve(&path, ctx.opt("meta-dir").map(std::path::Path::new));
@@ -40,4 +37,5 @@ pub static LBS: LayerKind = LayerKind {
         let (lbs, _direct) = open_files(&paths, &keys, opts)?;
         Ok(Arc::new(lbs) as Arc<dyn BlockDev>)
     },
+    ..LayerKind::BOTTOM
 };

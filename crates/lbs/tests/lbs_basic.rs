@@ -405,12 +405,7 @@ fn background_collector_and_concurrent_clients_lose_nothing() {
     // writes land on victims' blocks while they are read.
     struct SlowSpans(Arc<dyn BlockDev>);
     impl BlockDev for SlowSpans {
-        fn layer(&self) -> &'static str {
-            "slow-spans"
-        }
-        fn next(&self) -> Option<&dyn BlockDev> {
-            Some(&*self.0)
-        }
+        roamdisk_blockdev::layer!("slow-spans", 0);
         fn read_at(&self, buf: &mut [u8], off: u64) -> roamdisk_blockdev::Result<()> {
             if buf.len() > 4096 {
                 std::thread::sleep(std::time::Duration::from_micros(500));

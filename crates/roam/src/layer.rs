@@ -82,9 +82,6 @@ pub static CAS: LayerKind = LayerKind {
         ("prefetch", "fetch the base version's recorded working set in the background, in the order it was first read (on/off, default on)"),
         ("readahead", "while the guest reads the base in sequence, fetch the next 4 to 32 chunks in the background, together (on/off, default on)"),
     ],
-    wraps: false,
-    inner_read_only: false,
-    optional_first: None,
     open: |ctx: &OpenCtx<'_>, _next| {
         let (dir, opts) = session_open(ctx)?;
         let dev = Arc::new(CasDev::open(&dir, &opts, ctx.registry)?);
@@ -92,6 +89,7 @@ pub static CAS: LayerKind = LayerKind {
         dev.start_readahead();
         Ok(dev as Arc<dyn BlockDev>)
     },
+    ..LayerKind::BOTTOM
 };
 
 /// `cas-version:USER/IMAGE[@REV]`.
@@ -109,9 +107,6 @@ pub static CAS_VERSION: LayerKind = LayerKind {
         ("host-cache", "this host's cache folder: image media's chunk indexes are kept under lookaside/ in it (the roamdisk command: $XDG_CACHE_HOME/roamdisk, else ~/.cache/roamdisk)"),
         ("s3-index-cache", "where an s3:// store keeps the pack indexes it read, or off (the roamdisk command: $ROAMDISK_S3_INDEX_CACHE, else HOST-CACHE/s3-index)"),
     ],
-    wraps: false,
-    inner_read_only: false,
-    optional_first: None,
     open: |ctx: &OpenCtx<'_>, _next| {
         let target = ctx.get("cas-version", "image")?;
         let loc = ctx.get("cas-version", "store")?;
@@ -141,4 +136,5 @@ pub static CAS_VERSION: LayerKind = LayerKind {
         let view = view.with_lookaside(media);
         Ok(view.served() as Arc<dyn BlockDev>)
     },
+    ..LayerKind::BOTTOM
 };

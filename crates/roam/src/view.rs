@@ -430,9 +430,7 @@ impl AheadTarget for VersionView {
 }
 
 impl BlockDev for VersionView {
-    fn layer(&self) -> &'static str {
-        "cas-version"
-    }
+    roamdisk_blockdev::layer!("cas-version");
     fn describe(&self) -> String {
         format!(
             "cas version {} in {}",

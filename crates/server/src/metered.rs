@@ -47,12 +47,7 @@ impl Metered {
 }
 
 impl BlockDev for Metered {
-    fn layer(&self) -> &'static str {
-        "metered"
-    }
-    fn next(&self) -> Option<&dyn BlockDev> {
-        Some(&*self.next)
-    }
+    roamdisk_blockdev::layer!("metered", next);
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
         let n = buf.len() as u64;
         self.count(OpKind::Read, n, || self.next.read_at(buf, off))

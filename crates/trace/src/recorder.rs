@@ -161,12 +161,7 @@ impl Drop for TraceDev {
 }
 
 impl BlockDev for TraceDev {
-    fn layer(&self) -> &'static str {
-        "trace"
-    }
-    fn next(&self) -> Option<&dyn BlockDev> {
-        Some(&*self.next)
-    }
+    roamdisk_blockdev::layer!("trace", next);
     fn describe(&self) -> String {
         format!(
             "trace: recording to {}{}",
@@ -232,14 +227,9 @@ pub static TRACE: LayerKind = LayerKind {
         ("client", "client id written in every record, overriding the requester's (default: the NBD connection's id, 1, 2, ... per export; in `roamdisk replay`, the replayed client's; else 0)"),
         ("device", "device id written in every record (default 0)"),
     ],
-    wraps: true,
-    inner_read_only: false,
-    optional_first: None,
     open: |ctx: &OpenCtx<'_>, next| {
         let file = ctx.path("trace", "file")?;
-        let next = next.ok_or_else(|| {
-            Error::new(ErrorKind::InvalidArgument, Op::Open, "trace", "needs an inner stack")
-        })?;
+        let next = ctx.inner("trace", next)?;
         let data = ctx.flag("trace", "data")?.unwrap_or(false);
         let opts = RecorderOptions {
             data,
@@ -248,6 +238,7 @@ pub static TRACE: LayerKind = LayerKind {
         };
         Ok(Arc::new(TraceDev::create(&file, next, opts)?) as Arc<dyn BlockDev>)
     },
+    ..LayerKind::WRAPPING
 };
 
 #[cfg(test)]

@@ -85,12 +85,7 @@ struct Opened {
 }
 
 impl BlockDev for ClusterCount {
-    fn layer(&self) -> &'static str {
-        "cluster-count"
-    }
-    fn next(&self) -> Option<&dyn BlockDev> {
-        Some(&*self.next)
-    }
+    roamdisk_blockdev::layer!("cluster-count", next);
     fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> DevResult<()> {
         if off >= self.data_offset {
             let start = off - self.data_offset;

@@ -24,9 +24,7 @@ use roamdisk_trace::recorder::{RecorderOptions, TraceDev};
 struct Null;
 
 impl BlockDev for Null {
-    fn layer(&self) -> &'static str {
-        "null"
-    }
+    roamdisk_blockdev::layer!("null");
     fn size(&self) -> u64 {
         1 << 40
     }

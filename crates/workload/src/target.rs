@@ -99,12 +99,7 @@ impl DirectFile {
 }
 
 impl BlockDev for DirectFile {
-    fn layer(&self) -> &'static str {
-        "direct"
-    }
-    fn next(&self) -> Option<&dyn BlockDev> {
-        Some(&*self.next)
-    }
+    roamdisk_blockdev::layer!("direct", next);
     fn describe(&self) -> String {
         format!(
             "direct: {} ({})",

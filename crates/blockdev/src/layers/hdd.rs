@@ -259,12 +259,7 @@ impl Drop for HddDev {
 }
 
 impl BlockDev for HddDev {
-    fn layer(&self) -> &'static str {
-        "hdd"
-    }
-    fn next(&self) -> Option<&dyn BlockDev> {
-        Some(&*self.next)
-    }
+    crate::layer!("hdd", next);
     fn describe(&self) -> String {
         let s = self.disk.spec;
         format!(

@@ -64,9 +64,7 @@ impl MemDev {
 }
 
 impl BlockDev for MemDev {
-    fn layer(&self) -> &'static str {
-        "mem"
-    }
+    crate::layer!("mem");
     fn describe(&self) -> String {
         format!("mem:{}", self.size)
     }

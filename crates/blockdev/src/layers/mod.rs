@@ -33,13 +33,11 @@ pub static RAW: LayerKind = LayerKind {
     summary: "a plain file or block device, sparse aware (SEEK_DATA/SEEK_HOLE, punch-hole trim)",
     args: &["path"],
     options: &[],
-    wraps: false,
-    inner_read_only: false,
-    optional_first: None,
     open: |ctx: &OpenCtx<'_>, _next| {
         let path = ctx.path("raw", "path")?;
         Ok(Arc::new(raw::RawDev::open(&path, ctx.read_only)?) as Arc<dyn BlockDev>)
     },
+    ..LayerKind::BOTTOM
 };
 
 /// `mem:SIZE`.
@@ -48,9 +46,6 @@ pub static MEM: LayerKind = LayerKind {
     summary: "a sparse RAM disk of SIZE bytes (volatile: lost when the server stops)",
     args: &["size"],
     options: &[],
-    wraps: false,
-    inner_read_only: false,
-    optional_first: None,
     open: |ctx: &OpenCtx<'_>, _next| {
         let size = ctx.size_opt("mem", "size")?.unwrap_or(0);
         if size == 0 {
@@ -63,6 +58,7 @@ pub static MEM: LayerKind = LayerKind {
         }
         Ok(Arc::new(mem::MemDev::new(size)) as Arc<dyn BlockDev>)
     },
+    ..LayerKind::BOTTOM
 };
 
 /// `cow:OVERLAY:NEXT`.
@@ -71,12 +67,10 @@ pub static COW: LayerKind = LayerKind {
     summary: "copy-on-write over a read-only NEXT; writes go to the sparse file OVERLAY (+ OVERLAY.cowmap)",
     args: &["overlay"],
     options: &[("cluster", "copy-on-write granularity for a new overlay, 4K..4M (default 64K)")],
-    wraps: true,
     inner_read_only: true,
-    optional_first: None,
     open: |ctx: &OpenCtx<'_>, next| {
         let overlay = ctx.path("cow", "overlay")?;
-        let base = next.ok_or_else(|| Error::new(ErrorKind::InvalidArgument, Op::Open, "cow", "needs a base layer"))?;
+        let base = ctx.inner("cow", next)?;
         let cluster = ctx.size_opt("cow", "cluster")?.unwrap_or(cow::DEFAULT_CLUSTER as u64);
         let cluster_size = u32::try_from(cluster).map_err(|_| {
             Error::new(ErrorKind::InvalidArgument, Op::Open, "cow", "cluster size too large (at most 4M)")
@@ -84,6 +78,7 @@ pub static COW: LayerKind = LayerKind {
         let opts = cow::CowOptions { cluster_size };
         Ok(Arc::new(cow::CowDev::open(&overlay, base, ctx.read_only, &opts)?) as Arc<dyn BlockDev>)
     },
+    ..LayerKind::WRAPPING
 };
 
 /// `throttle[rate=R,latency=D,burst=B]:NEXT`.
@@ -96,18 +91,15 @@ pub static THROTTLE: LayerKind = LayerKind {
         ("latency", "added to every request: 8ms, 250us (default 0)"),
         ("burst", "bytes that may go at once after an idle period (default 64K)"),
     ],
-    wraps: true,
-    inner_read_only: false,
-    optional_first: None,
     open: |ctx: &OpenCtx<'_>, next| {
-        let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "throttle", m);
-        let next = next.ok_or_else(|| bad("needs a layer to throttle (throttle[rate=1Mbit]:raw:disk.img)".into()))?;
+        let next = ctx.inner("throttle", next)?;
         let rate = ctx.rate_opt("throttle", "rate")?.unwrap_or(0);
         let latency = ctx.duration_opt("throttle", "latency")?.unwrap_or_default();
         let burst = ctx.size_opt("throttle", "burst")?.unwrap_or(64 << 10);
         let spec = crate::throttle::LinkSpec { rate, latency, burst };
         Ok(Arc::new(throttle::ThrottleDev::new(next, spec)) as Arc<dyn BlockDev>)
     },
+    ..LayerKind::WRAPPING
 };
 
 /// `hdd[seek=T,rpm=R,rate=B,near=N,head=NAME,charge=all|writes,report=FILE]:NEXT`.
@@ -124,12 +116,9 @@ pub static HDD: LayerKind = LayerKind {
         ("charge", "all (default) or writes: reads pass without waiting for the disk"),
         ("report", "write the counters (requests, seeks, busy time) as JSON to this file at each flush and at close"),
     ],
-    wraps: true,
-    inner_read_only: false,
-    optional_first: None,
     open: |ctx: &OpenCtx<'_>, next| {
         let bad = |m: String| Error::new(ErrorKind::InvalidArgument, Op::Open, "hdd", m);
-        let next = next.ok_or_else(|| bad("needs a layer under the disk model (hdd:raw:golden.img)".into()))?;
+        let next = ctx.inner("hdd", next)?;
         let d = hdd::HddSpec::FIFTEEN_K;
         let seek = ctx.duration_opt("hdd", "seek")?.unwrap_or(d.seek);
         let rpm = match ctx.opt("rpm") {
@@ -156,4 +145,5 @@ pub static HDD: LayerKind = LayerKind {
         };
         Ok(Arc::new(hdd::HddDev::on(next, disk, charge_reads, report)) as Arc<dyn BlockDev>)
     },
+    ..LayerKind::WRAPPING
 };

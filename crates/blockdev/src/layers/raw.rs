@@ -229,9 +229,7 @@ impl RawDev {
 }
 
 impl BlockDev for RawDev {
-    fn layer(&self) -> &'static str {
-        "raw"
-    }
+    crate::layer!("raw");
     fn describe(&self) -> String {
         if self.direct {
             format!("raw:{} (O_DIRECT)", self.path.display())

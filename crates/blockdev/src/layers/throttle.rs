@@ -27,12 +27,7 @@ impl ThrottleDev {
 }
 
 impl BlockDev for ThrottleDev {
-    fn layer(&self) -> &'static str {
-        "throttle"
-    }
-    fn next(&self) -> Option<&dyn BlockDev> {
-        Some(&*self.next)
-    }
+    crate::layer!("throttle", next);
     fn describe(&self) -> String {
         let s = self.down.spec();
         format!(

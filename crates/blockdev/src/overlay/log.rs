@@ -10,27 +10,23 @@
 pub use crate::header::{u32_at, u64_at};
 use crate::header::{Frame, FrameError};
 
-// Header field offsets (chained, never bare numbers); magic and version
-// are the frame's ([`crate::header`]).
-const H_BODY: usize = crate::header::FIELDS;
-const H_CRC: usize = H_BODY + BODY_SIZE;
-/// Size of the header in bytes.
-pub const HEADER_SIZE: usize = H_CRC + 4;
+crate::offsets! {
+    // The header's fields; magic and version are the frame's
+    // ([`crate::header`]).
+    from crate::header::FIELDS;
+    H_BODY: BODY_SIZE, H_CRC: 4;
+    /// Size of the header in bytes.
+    pub HEADER_SIZE == 64
+}
 /// Size of the format-specific part of the header (bytes 12..60).
 pub const BODY_SIZE: usize = 48;
-const _: () = assert!(HEADER_SIZE == 64);
 
-// Record field offsets.
-const R_KIND: usize = 0;
-const R_STATE: usize = R_KIND + 1;
-const R_RESERVED: usize = R_STATE + 1;
-const R_COUNT: usize = R_RESERVED + 2;
-const R_START: usize = R_COUNT + 4;
-const R_RESERVED2: usize = R_START + 8;
-const R_CRC: usize = R_RESERVED2 + 12;
-/// Size of one record in bytes.
-pub const RECORD_SIZE: usize = R_CRC + 4;
-const _: () = assert!(RECORD_SIZE == 32);
+crate::offsets! {
+    // A record's fields.
+    R_KIND: 1, R_STATE: 1, R_RESERVED: 2, R_COUNT: 4, R_START: 8, R_RESERVED2: 12, R_CRC: 4;
+    /// Size of one record in bytes.
+    pub RECORD_SIZE == 32
+}
 
 /// Record kind: set `count` units from `start` to `state`.
 pub const KIND_SET: u8 = 1;

@@ -456,12 +456,7 @@ impl CacheDev {
 }
 
 impl BlockDev for CacheDev {
-    fn layer(&self) -> &'static str {
-        "cache"
-    }
-    fn next(&self) -> Option<&dyn BlockDev> {
-        Some(&*self.next)
-    }
+    roamdisk_blockdev::layer!("cache", next);
     fn describe(&self) -> String {
         let c = &self.cache;
         format!(
@@ -625,8 +620,6 @@ pub static CACHE: LayerKind = LayerKind {
         ("shards", "independently locked parts of the cache, by block address (default 16, at most one per block)"),
         ("report", "write the counters as JSON to this file at each flush and at close"),
     ],
-    wraps: true,
-    inner_read_only: false,
     // `cache:256M:NEXT` is an LRU cache (the client side's usual choice):
     // the text in POLICY's place is SIZE when it reads as a size, and a
     // policy otherwise (so `cache:lfu:1M:...` says "unknown policy").
@@ -635,11 +628,10 @@ pub static CACHE: LayerKind = LayerKind {
         is_one: |s| roamdisk_blockdev::units::parse_size(s).is_err(),
     }),
     open: |ctx: &OpenCtx<'_>, next| {
-        let next = next.ok_or_else(|| {
-            Error::new(ErrorKind::InvalidArgument, Op::Open, "cache", "needs an inner stack (cache:lru:256M:raw:disk.img)")
-        })?;
+        let next = ctx.inner("cache", next)?;
         Ok(open(ctx.params, next)? as Arc<dyn BlockDev>)
     },
+    ..LayerKind::WRAPPING
 };
 
 /// The layer kinds of this crate.

@@ -14,35 +14,26 @@ use roamdisk_blockdev::Result;
 pub const MAGIC: [u8; 4] = *b"RDPK";
 pub const VERSION: u8 = 1;
 
-// Header, at offset 0.
-const H_MAGIC: usize = 0;
-const H_VERSION: usize = H_MAGIC + 4;
-const H_HASH: usize = H_VERSION + 1;
-const H_RESERVED: usize = H_HASH + 1;
-/// Size of the pack header; the first object starts here.
-pub const HEADER_SIZE: usize = H_RESERVED + 10;
+roamdisk_blockdev::offsets! {
+    // Header, at offset 0.
+    H_MAGIC: 4, H_VERSION: 1, H_HASH: 1, H_RESERVED: 10;
+    /// Size of the pack header; the first object starts here.
+    pub HEADER_SIZE == 16
+}
 
-// Index entry.
-const X_ID: usize = 0;
-const X_OFFSET: usize = X_ID + ID_LEN;
-const X_LEN: usize = X_OFFSET + 8;
-const X_RESERVED: usize = X_LEN + 4;
-/// Size of one index entry.
-pub const ENTRY_SIZE: usize = X_RESERVED + 4;
+roamdisk_blockdev::offsets! {
+    // Index entry.
+    X_ID: ID_LEN, X_OFFSET: 8, X_LEN: 4, X_RESERVED: 4;
+    /// Size of one index entry.
+    pub ENTRY_SIZE == 48
+}
 
-// Trailer: the last bytes of the file.
-const T_INDEX_OFFSET: usize = 0;
-const T_COUNT: usize = T_INDEX_OFFSET + 8;
-const T_RESERVED: usize = T_COUNT + 4;
-const T_CHECKSUM: usize = T_RESERVED + 4;
-const T_MAGIC: usize = T_CHECKSUM + 32;
-const T_RESERVED2: usize = T_MAGIC + 4;
-/// Size of the trailer.
-pub const TRAILER_SIZE: usize = T_RESERVED2 + 4;
-
-const _: () = assert!(HEADER_SIZE == 16);
-const _: () = assert!(ENTRY_SIZE == 48);
-const _: () = assert!(TRAILER_SIZE == 56);
+roamdisk_blockdev::offsets! {
+    // Trailer: the last bytes of the file.
+    T_INDEX_OFFSET: 8, T_COUNT: 4, T_RESERVED: 4, T_CHECKSUM: 32, T_MAGIC: 4, T_RESERVED2: 4;
+    /// Size of the trailer.
+    pub TRAILER_SIZE == 56
+}
 
 /// Smallest object a pack may locate: an envelope header.
 const MIN_OBJECT: u32 = crate::chunk::HEADER_SIZE as u32;

@@ -23,11 +23,12 @@ pub const MAX_GET: usize = 256;
 /// answer: what does not fit is "not sent" and asked for again.
 pub const MAX_GET_BYTES: u64 = 32 << 20;
 
-// The batch get answer, per entry: status (u8), length (u32), bytes.
-const G_STATUS: usize = 1;
-const G_LEN: usize = G_STATUS + 4;
-/// Bytes of an entry before its object.
-pub const GET_ENTRY_HEADER: usize = G_LEN;
+roamdisk_blockdev::offsets! {
+    // The batch get answer, per entry: status (u8), length (u32), bytes.
+    G_STATUS: 1, G_LEN: 4;
+    /// Bytes of an entry before its object.
+    pub GET_ENTRY_HEADER == 5
+}
 /// Bytes of a batch get request or answer before its entries: magic,
 /// count.
 pub const GET_HEADER: usize = 8 + 4;
@@ -332,12 +333,13 @@ mod tests {
         assert!(err(&b, u32::MAX as usize).contains("truncated"));
         // A length past the limit, or past the body.
         let mut b = encode_get_answer(&[Got::Found(vec![1; 8])]);
-        b[GET_HEADER + G_STATUS..GET_HEADER + G_LEN]
+        b[GET_HEADER + G_LEN..GET_HEADER + GET_ENTRY_HEADER]
             .copy_from_slice(&(MAX_GET_BYTES as u32 + 1).to_le_bytes());
         assert!(err(&b, 1).contains("limit"), "{}", err(&b, 1));
-        b[GET_HEADER + G_STATUS..GET_HEADER + G_LEN].copy_from_slice(&u32::MAX.to_le_bytes());
+        b[GET_HEADER + G_LEN..GET_HEADER + GET_ENTRY_HEADER]
+            .copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(err(&b, 1).contains("limit"));
-        b[GET_HEADER + G_STATUS..GET_HEADER + G_LEN].copy_from_slice(&9u32.to_le_bytes());
+        b[GET_HEADER + G_LEN..GET_HEADER + GET_ENTRY_HEADER].copy_from_slice(&9u32.to_le_bytes());
         assert!(err(&b, 1).contains("truncated"));
         // Objects that add up past the limit, each within it.
         let half = (MAX_GET_BYTES / 2 + 1) as usize;
@@ -351,10 +353,10 @@ mod tests {
         assert!(err(&b, 2).contains("object 1"), "{}", err(&b, 2));
         // An unknown status, a length on an entry without an object.
         let mut b = encode_get_answer(&[Got::Missing]);
-        b[GET_HEADER] = 3;
+        b[GET_HEADER + G_STATUS] = 3;
         assert!(err(&b, 1).contains("unknown status 3"));
         let mut b = encode_get_answer(&[Got::NotSent]);
-        b[GET_HEADER + G_STATUS] = 1;
+        b[GET_HEADER + G_LEN] = 1;
         assert!(err(&b, 1).contains("no object"));
     }
 

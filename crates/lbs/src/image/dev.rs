@@ -4,9 +4,7 @@
 use super::*;
 
 impl BlockDev for Inner {
-    fn layer(&self) -> &'static str {
-        "lbs"
-    }
+    roamdisk_blockdev::layer!("lbs");
     fn describe(&self) -> String {
         self.describe.clone()
     }

@@ -630,9 +630,7 @@ impl Drop for Lbs {
 }
 
 impl BlockDev for Lbs {
-    fn layer(&self) -> &'static str {
-        "lbs"
-    }
+    roamdisk_blockdev::layer!("lbs");
     fn describe(&self) -> String {
         self.inner.describe()
     }

@@ -255,9 +255,7 @@ fn unsupported(op: Op, m: &str) -> Error {
 }
 
 impl BlockDev for NbdDev {
-    fn layer(&self) -> &'static str {
-        LAYER
-    }
+    roamdisk_blockdev::layer!(LAYER);
     fn describe(&self) -> String {
         format!(
             "nbd: {} ({}{} replies{})",

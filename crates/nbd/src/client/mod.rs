@@ -35,10 +35,8 @@ pub static NBD: LayerKind = LayerKind {
     summary: "an export of any NBD server (nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH; TLS: nbds://[USER@]HOST/EXPORT?tls-certificates=DIR or ?tls-psk-file=FILE), reconnecting when the connection drops",
     args: &["uri"],
     options: &[],
-    wraps: false,
-    inner_read_only: false,
-    optional_first: None,
     open: open_layer,
+    ..LayerKind::BOTTOM
 };
 
 fn open_layer(ctx: &OpenCtx<'_>, _next: Option<Arc<dyn BlockDev>>) -> Result<Arc<dyn BlockDev>> {

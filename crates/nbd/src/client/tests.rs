@@ -104,12 +104,7 @@ struct Slow {
 }
 
 impl BlockDev for Slow {
-    fn layer(&self) -> &'static str {
-        "slow"
-    }
-    fn next(&self) -> Option<&dyn BlockDev> {
-        Some(&*self.next)
-    }
+    roamdisk_blockdev::layer!("slow", next);
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
         let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
         self.most.fetch_max(n, Ordering::SeqCst);

@@ -26,12 +26,7 @@ struct Witness {
 }
 
 impl BlockDev for Witness {
-    fn layer(&self) -> &'static str {
-        "witness"
-    }
-    fn next(&self) -> Option<&dyn BlockDev> {
-        Some(&*self.next)
-    }
+    roamdisk_blockdev::layer!("witness", next);
     fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
         let who = context::current().client;
         self.seen.lock().push(("write", buf.len() as u32, who));

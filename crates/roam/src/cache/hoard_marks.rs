@@ -33,18 +33,12 @@ pub const VERSION: u32 = 1;
 /// Longest name kept in a mark.
 pub const MAX_NAME: usize = 1024;
 
-const M_MAGIC: usize = 0;
-const M_VERSION: usize = M_MAGIC + 8;
-const M_FLAGS: usize = M_VERSION + 4;
-const M_ID: usize = M_FLAGS + 4;
-const M_BYTES: usize = M_ID + ID_LEN;
-const M_CREATED: usize = M_BYTES + 8;
-const M_COUNT: usize = M_CREATED + 8;
-const M_NAME_LEN: usize = M_COUNT + 4;
-const M_RESERVED: usize = M_NAME_LEN + 2;
-/// Length of the fixed header; the name follows.
-pub const HEADER_LEN: usize = M_RESERVED + 2;
-const _: () = assert!(HEADER_LEN == 72);
+roamdisk_blockdev::offsets! {
+    M_MAGIC: 8, M_VERSION: 4, M_FLAGS: 4, M_ID: ID_LEN, M_BYTES: 8, M_CREATED: 8, M_COUNT: 4,
+    M_NAME_LEN: 2, M_RESERVED: 2;
+    /// Length of the fixed header; the name follows.
+    pub HEADER_LEN == 72
+}
 const CRC_LEN: usize = 4;
 
 /// A hoarded version.

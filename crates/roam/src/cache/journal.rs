@@ -23,21 +23,17 @@ use roamdisk_chunkstore::hash::{ChunkId, ID_LEN};
 pub const MAGIC: [u8; 8] = *b"RDSCJRN\0";
 pub const VERSION: u32 = 1;
 
-const H_MAGIC: usize = 0;
-const H_VERSION: usize = H_MAGIC + 8;
-const H_FLAGS: usize = H_VERSION + 4;
-const H_CRC: usize = H_FLAGS + 4;
-/// Header length.
-pub const HEADER_LEN: usize = H_CRC + 4;
-const _: () = assert!(HEADER_LEN == 20);
+roamdisk_blockdev::offsets! {
+    H_MAGIC: 8, H_VERSION: 4, H_FLAGS: 4, H_CRC: 4;
+    /// Header length.
+    pub HEADER_LEN == 20
+}
 
-const R_KIND: usize = 0;
-const R_ID: usize = R_KIND + 1;
-const R_SIZE: usize = R_ID + ID_LEN;
-const R_CRC: usize = R_SIZE + 4;
-/// Record length.
-pub const RECORD_LEN: usize = R_CRC + 4;
-const _: () = assert!(RECORD_LEN == 41);
+roamdisk_blockdev::offsets! {
+    R_KIND: 1, R_ID: ID_LEN, R_SIZE: 4, R_CRC: 4;
+    /// Record length.
+    pub RECORD_LEN == 41
+}
 
 /// What a record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

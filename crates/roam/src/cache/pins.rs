@@ -25,9 +25,12 @@ use roamdisk_chunkstore::hash::{ChunkId, ID_LEN};
 
 pub const MAGIC: [u8; 8] = *b"RDSCPIN\0";
 pub const VERSION: u32 = 1;
-const P_VERSION: usize = 8;
-const P_COUNT: usize = P_VERSION + 4;
-const P_IDS: usize = P_COUNT + 4;
+
+roamdisk_blockdev::offsets! {
+    from MAGIC.len();
+    P_VERSION: 4, P_COUNT: 4;
+    P_IDS
+}
 
 pub fn encode(ids: &[ChunkId]) -> Vec<u8> {
     let mut b = Vec::with_capacity(P_IDS + ids.len() * ID_LEN + 4);

@@ -55,17 +55,12 @@ pub struct Identity {
     pub dev: u64,
 }
 
-const I_VERSION: usize = 8;
-const I_HASH: usize = I_VERSION + 4;
-const I_CHUNK: usize = I_HASH + 4;
-const I_SIZE: usize = I_CHUNK + 4;
-const I_MTIME: usize = I_SIZE + 8;
-const I_INO: usize = I_MTIME + 8;
-const I_DEV: usize = I_INO + 8;
-const I_COUNT: usize = I_DEV + 8;
-const I_ENTRIES: usize = I_COUNT + 8;
+roamdisk_blockdev::offsets! {
+    from INDEX_MAGIC.len();
+    I_VERSION: 4, I_HASH: 4, I_CHUNK: 4, I_SIZE: 8, I_MTIME: 8, I_INO: 8, I_DEV: 8, I_COUNT: 8;
+    I_ENTRIES == 60
+}
 const ENTRY: usize = ID_LEN + 8;
-const _: () = assert!(I_ENTRIES == 60);
 
 /// Encode an index: `(id, chunk number)` entries.
 pub fn encode_index(who: &Identity, entries: &[(ChunkId, u64)]) -> Vec<u8> {

@@ -706,9 +706,7 @@ impl Drop for CasDev {
 const OPEN_MARKER: &str = "open";
 
 impl BlockDev for CasDev {
-    fn layer(&self) -> &'static str {
-        "cas"
-    }
+    roamdisk_blockdev::layer!("cas");
     fn describe(&self) -> String {
         format!(
             "cas:{} (base {} of {}, store {})",

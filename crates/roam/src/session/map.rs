@@ -13,12 +13,11 @@ use roamdisk_chunkstore::hash::ChunkId;
 pub const MAGIC: [u8; 8] = *b"RDCASSES";
 pub const VERSION: u32 = 1;
 
-// Field offsets inside the header body (file offset = 12 + body offset).
-const B_FLAGS: usize = 0;
-const B_DISK_SIZE: usize = B_FLAGS + 4;
-const B_BASE: usize = B_DISK_SIZE + 8;
-const B_RESERVED: usize = B_BASE + 32;
-const _: () = assert!(B_RESERVED + 4 == BODY_SIZE);
+roamdisk_blockdev::offsets! {
+    // The header body's fields (file offset = 12 + body offset).
+    B_FLAGS: 4, B_DISK_SIZE: 8, B_BASE: 32, B_RESERVED: 4;
+    == BODY_SIZE
+}
 
 /// The validated header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

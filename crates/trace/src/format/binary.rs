@@ -13,20 +13,19 @@ pub const MAGIC: [u8; 8] = *b"RDTRACE\0";
 /// The format version this build writes and reads.
 pub const VERSION: u16 = 1;
 
-/// File header field offsets (chained, never literal).
-pub const HDR_MAGIC: usize = 0;
-pub const HDR_VERSION: usize = HDR_MAGIC + MAGIC.len();
-pub const HDR_FLAGS: usize = HDR_VERSION + 2;
-pub const HDR_CRC: usize = HDR_FLAGS + 2;
-/// Size of the file header.
-pub const HEADER_LEN: usize = HDR_CRC + 4;
+roamdisk_blockdev::offsets! {
+    /// File header field offsets.
+    pub HDR_MAGIC: MAGIC.len(), pub HDR_VERSION: 2, pub HDR_FLAGS: 2, pub HDR_CRC: 4;
+    /// Size of the file header.
+    pub HEADER_LEN == 16
+}
 
-/// Chunk header field offsets.
-pub const CHK_PAYLOAD_LEN: usize = 0;
-pub const CHK_COUNT: usize = CHK_PAYLOAD_LEN + 4;
-pub const CHK_CRC: usize = CHK_COUNT + 4;
-/// Size of a chunk header.
-pub const CHUNK_HEADER_LEN: usize = CHK_CRC + 4;
+roamdisk_blockdev::offsets! {
+    /// Chunk header field offsets.
+    pub CHK_PAYLOAD_LEN: 4, pub CHK_COUNT: 4, pub CHK_CRC: 4;
+    /// Size of a chunk header.
+    pub CHUNK_HEADER_LEN == 12
+}
 
 /// Largest chunk payload a reader accepts.
 pub const MAX_CHUNK_BYTES: u32 = 1 << 24;

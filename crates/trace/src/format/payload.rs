@@ -14,11 +14,14 @@ use super::error::TraceError;
 pub const MAGIC: [u8; 8] = *b"RDTRDATA";
 /// Sidecar format version.
 pub const VERSION: u16 = 1;
-pub const HDR_VERSION: usize = MAGIC.len();
-pub const HDR_FLAGS: usize = HDR_VERSION + 2;
-pub const HDR_CRC: usize = HDR_FLAGS + 2;
-/// Size of the sidecar header.
-pub const HEADER_LEN: usize = HDR_CRC + 4;
+
+roamdisk_blockdev::offsets! {
+    from MAGIC.len();
+    pub HDR_VERSION: 2, pub HDR_FLAGS: 2, pub HDR_CRC: 4;
+    /// Size of the sidecar header.
+    pub HEADER_LEN == 16
+}
+
 /// Size of the header before each payload (length, CRC-32C).
 pub const ENTRY_HEADER_LEN: usize = 8;
 

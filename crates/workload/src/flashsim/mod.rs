@@ -101,12 +101,7 @@ impl Drop for FlashSimDev {
 }
 
 impl BlockDev for FlashSimDev {
-    fn layer(&self) -> &'static str {
-        "flashsim"
-    }
-    fn next(&self) -> Option<&dyn BlockDev> {
-        Some(&*self.next)
-    }
+    roamdisk_blockdev::layer!("flashsim", next);
     fn describe(&self) -> String {
         let p = self.params();
         format!(
@@ -234,15 +229,11 @@ pub static FLASHSIM: LayerKind = LayerKind {
         ("sleep", "on: sleep for the simulated time, so clients see the card's speed (default off)"),
         ("report", "write the simulated time and counters as JSON to this file at each flush and at close"),
     ],
-    wraps: true,
-    inner_read_only: false,
-    optional_first: None,
     open: |ctx: &OpenCtx<'_>, next| {
-        let next = next.ok_or_else(|| {
-            Error::new(ErrorKind::InvalidArgument, Op::Open, "flashsim", "needs an inner stack")
-        })?;
+        let next = ctx.inner("flashsim", next)?;
         Ok(open(ctx.params, next)? as Arc<dyn BlockDev>)
     },
+    ..LayerKind::WRAPPING
 };
 
 #[cfg(test)]

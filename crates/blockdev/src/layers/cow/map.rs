@@ -14,14 +14,12 @@ pub const MAGIC: [u8; 8] = *b"RDCOWMAP";
 /// Current format version.
 pub const VERSION: u32 = 1;
 
-// Field offsets inside the header body (file offset = 12 + body offset).
-const B_HEADER_SIZE: usize = 0;
-const B_CLUSTER_SIZE: usize = B_HEADER_SIZE + 4;
-const B_FLAGS: usize = B_CLUSTER_SIZE + 4;
-const B_VIRTUAL_SIZE: usize = B_FLAGS + 4;
-const B_GENERATION: usize = B_VIRTUAL_SIZE + 8;
-const B_RESERVED: usize = B_GENERATION + 8;
-const _: () = assert!(B_RESERVED + 20 == BODY_SIZE);
+crate::offsets! {
+    // The header body's fields (file offset = 12 + body offset).
+    B_HEADER_SIZE: 4, B_CLUSTER_SIZE: 4, B_FLAGS: 4, B_VIRTUAL_SIZE: 8, B_GENERATION: 8,
+    B_RESERVED: 20;
+    == BODY_SIZE
+}
 
 /// Smallest and largest cluster sizes accepted.
 pub const MIN_CLUSTER: u32 = 4096;

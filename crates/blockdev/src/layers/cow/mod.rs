@@ -304,12 +304,7 @@ impl CowDev {
 }
 
 impl BlockDev for CowDev {
-    fn layer(&self) -> &'static str {
-        "cow"
-    }
-    fn next(&self) -> Option<&dyn BlockDev> {
-        Some(self.base.as_ref())
-    }
+    crate::layer!("cow", base);
     fn describe(&self) -> String {
         format!(
             "cow:{} (cluster {} bytes)",
