@@ -6,8 +6,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_roam::cache::hoard_marks::{decode, encode, MAX_NAME};
 use roamdisk_fuzz::fixup;
+use roamdisk_roam::cache::hoard_marks::{decode, encode, MAX_NAME};
 
 fuzz_target!(|data: &[u8]| {
     let Some(b) = fixup::input(data, fixup::trailing_crc) else {

@@ -5,8 +5,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_roam::cache::pins::{decode, encode};
 use roamdisk_fuzz::fixup;
+use roamdisk_roam::cache::pins::{decode, encode};
 
 fuzz_target!(|data: &[u8]| {
     let Some(b) = fixup::input(data, fixup::trailing_crc) else {

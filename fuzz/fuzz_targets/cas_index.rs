@@ -13,7 +13,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_chunkstore::index::{valid_chunk_size, Index, SectorState, FLAG_ZSTD, MAX_DISK, SECTOR};
+use roamdisk_chunkstore::index::{
+    valid_chunk_size, Index, SectorState, FLAG_ZSTD, MAX_DISK, SECTOR,
+};
 use roamdisk_fuzz::fixup;
 
 fuzz_target!(|data: &[u8]| {

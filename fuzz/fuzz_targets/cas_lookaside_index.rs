@@ -5,8 +5,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_roam::lookaside::{decode_index, encode_index};
 use roamdisk_fuzz::fixup;
+use roamdisk_roam::lookaside::{decode_index, encode_index};
 
 fuzz_target!(|data: &[u8]| {
     let Some(b) = fixup::input(data, fixup::trailing_crc) else {

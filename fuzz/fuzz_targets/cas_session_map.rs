@@ -7,8 +7,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_roam::session::map::Header;
 use roamdisk_fuzz::fixup;
+use roamdisk_roam::session::map::Header;
 
 fuzz_target!(|data: &[u8]| {
     let Some(b) = fixup::input(data, fixup::cas_session_map) else {

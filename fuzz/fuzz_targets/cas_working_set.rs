@@ -7,8 +7,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use roamdisk_roam::session::workset::{decode, encode};
 use roamdisk_fuzz::fixup;
+use roamdisk_roam::session::workset::{decode, encode};
 
 const RECORDS: usize = 4096;
 
