@@ -29,6 +29,7 @@ pub mod fmpq;
 pub mod lru;
 pub mod mq;
 pub mod s3fifo;
+mod tagged;
 pub mod twoq;
 
 use crate::index::KeyIndex;
