@@ -75,13 +75,7 @@ fuzz_target!(|data: &[u8]| {
     match wire::parse_get_answer(&b, asked) {
         Ok(got) => {
             assert_eq!(got.len(), asked);
-            let bytes: usize = got
-                .iter()
-                .map(|g| match g {
-                    Got::Found(o) => o.len(),
-                    _ => 0,
-                })
-                .sum();
+            let bytes: usize = got.iter().map(Got::object_len).sum();
             assert!(bytes as u64 <= MAX_GET_BYTES);
             assert_eq!(
                 wire::encode_get_answer(&got),
