@@ -445,32 +445,29 @@ impl Metrics {
                 }
             }
         }
-        m.family(
-            "roamdisk_server_requests_total",
-            "counter",
-            "Requests a client made of an image, per operation (errors included).",
-        );
-        for c in &st.clients {
-            for (op, s) in &c.ops {
-                m.sample(
-                    "roamdisk_server_requests_total",
-                    &[("client", &c.client), ("image", &c.image), ("op", op)],
-                    s.requests as f64,
-                );
-            }
-        }
-        m.family(
-            "roamdisk_server_request_errors_total",
-            "counter",
-            "Requests that failed, per operation.",
-        );
-        for c in &st.clients {
-            for (op, s) in &c.ops {
-                m.sample(
-                    "roamdisk_server_request_errors_total",
-                    &[("client", &c.client), ("image", &c.image), ("op", op)],
-                    s.errors as f64,
-                );
+        type PerOp = fn(&OpStatus) -> u64;
+        let per_op: [(&str, &str, PerOp); 2] = [
+            (
+                "roamdisk_server_requests_total",
+                "Requests a client made of an image, per operation (errors included).",
+                |s| s.requests,
+            ),
+            (
+                "roamdisk_server_request_errors_total",
+                "Requests that failed, per operation.",
+                |s| s.errors,
+            ),
+        ];
+        for (name, help, get) in per_op {
+            m.family(name, "counter", help);
+            for c in &st.clients {
+                for (op, s) in &c.ops {
+                    m.sample(
+                        name,
+                        &[("client", &c.client), ("image", &c.image), ("op", op)],
+                        get(s) as f64,
+                    );
+                }
             }
         }
         for (name, op, help) in [
