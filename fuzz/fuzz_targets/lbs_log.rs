@@ -41,37 +41,35 @@ fn generated(h: &MetaHeader, data: &[u8]) -> Vec<u8> {
     let mut barriers = 0u64;
     for g in data.chunks(6) {
         let b = |i: usize| *g.get(i).unwrap_or(&0) as u64;
+        // What the kinds of entry share, each from the same byte.
+        let (lbn, pbn, epoch) = (b(1) % 70, b(2) % 100, 1 + b(4) % 4);
+        let mapped = 1 + b(3) % 4;
+        let sums = vec![b(5) as u8; mapped as usize * w];
         let e = match b(0) % 6 {
-            0 | 1 => {
-                let count = 1 + b(3) % 4;
-                Entry::Map {
-                    lbn: b(1) % 70,
-                    pbn: b(2) % 100,
-                    count,
-                    epoch: 1 + b(4) % 4,
-                    sums: vec![b(5) as u8; count as usize * w],
-                }
-            }
+            0 | 1 => Entry::Map {
+                lbn,
+                pbn,
+                count: mapped,
+                epoch,
+                sums,
+            },
             2 => Entry::Zero {
-                lbn: b(1) % 70,
+                lbn,
                 count: 1 + b(3) % 8,
             },
             3 => Entry::Trim {
-                lbn: b(1) % 70,
+                lbn,
                 count: 1 + b(3) % 8,
             },
-            5 => {
-                let count = 1 + b(3) % 4;
-                Entry::Moved {
-                    lbn: b(1) % 70,
-                    pbn: b(2) % 100,
-                    count,
-                    epoch: 1 + b(4) % 4,
-                    seal_pbn: b(5) % 100,
-                    seal_epoch: 1 + b(5) % 3,
-                    sums: vec![b(5) as u8; count as usize * w],
-                }
-            }
+            5 => Entry::Moved {
+                lbn,
+                pbn,
+                count: mapped,
+                epoch,
+                seal_pbn: b(5) % 100,
+                seal_epoch: 1 + b(5) % 3,
+                sums,
+            },
             _ => {
                 barriers += 1;
                 // Occasionally a wrong number or checksum.
