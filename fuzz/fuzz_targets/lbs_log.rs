@@ -46,13 +46,7 @@ fn generated(h: &MetaHeader, data: &[u8]) -> Vec<u8> {
         let mapped = 1 + b(3) % 4;
         let sums = vec![b(5) as u8; mapped as usize * w];
         let e = match b(0) % 6 {
-            0 | 1 => Entry::Map {
-                lbn,
-                pbn,
-                count: mapped,
-                epoch,
-                sums,
-            },
+            0 | 1 => Entry::placing(lbn, pbn, mapped, epoch, None, sums),
             2 => Entry::Zero {
                 lbn,
                 count: 1 + b(3) % 8,
@@ -61,15 +55,10 @@ fn generated(h: &MetaHeader, data: &[u8]) -> Vec<u8> {
                 lbn,
                 count: 1 + b(3) % 8,
             },
-            5 => Entry::Moved {
-                lbn,
-                pbn,
-                count: mapped,
-                epoch,
-                seal_pbn: b(5) % 100,
-                seal_epoch: 1 + b(5) % 3,
-                sums,
-            },
+            5 => {
+                let seal = (b(5) % 100, 1 + b(5) % 3);
+                Entry::placing(lbn, pbn, mapped, epoch, Some(seal), sums)
+            }
             _ => {
                 barriers += 1;
                 // Occasionally a wrong number or checksum.
