@@ -13,6 +13,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use roamdisk_chunkstore::store::wire::{self, MAX_HAVE};
+use roamdisk_fuzz::fixup;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
@@ -22,9 +23,8 @@ fuzz_target!(|data: &[u8]| {
     match mode % 3 {
         0 => {
             let mut b = rest.to_vec();
-            if fix && b.len() >= 12 {
-                let n = ((b.len() - 12) / 32) as u32;
-                b[8..12].copy_from_slice(&n.to_le_bytes());
+            if fix {
+                fixup::cas_id_request(&mut b);
             }
             match wire::parse_have_request(&b) {
                 Ok(ids) => {

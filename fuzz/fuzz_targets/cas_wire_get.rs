@@ -19,7 +19,7 @@
 use libfuzzer_sys::fuzz_target;
 use roamdisk_blockdev::ErrorKind;
 use roamdisk_chunkstore::store::wire::{self, Got, GET_MAGIC, GOT_FOUND, MAX_GET, MAX_GET_BYTES};
-use roamdisk_fuzz::fixup::FIXUP;
+use roamdisk_fuzz::fixup::{self, FIXUP};
 
 /// A well-framed answer made of the entries `rest` describes.
 fn frame(rest: &[u8]) -> (Vec<u8>, usize) {
@@ -51,9 +51,8 @@ fuzz_target!(|data: &[u8]| {
     let fix = mode & FIXUP != 0;
     if mode & 2 == 0 {
         let mut b = rest.to_vec();
-        if fix && b.len() >= 12 {
-            let n = ((b.len() - 12) / 32) as u32;
-            b[8..12].copy_from_slice(&n.to_le_bytes());
+        if fix {
+            fixup::cas_id_request(&mut b);
         }
         match wire::parse_get_request(&b) {
             Ok(ids) => {
@@ -75,13 +74,7 @@ fuzz_target!(|data: &[u8]| {
     match wire::parse_get_answer(&b, asked) {
         Ok(got) => {
             assert_eq!(got.len(), asked);
-            let bytes: usize = got
-                .iter()
-                .map(|g| match g {
-                    Got::Found(o) => o.len(),
-                    _ => 0,
-                })
-                .sum();
+            let bytes: usize = got.iter().map(Got::object_len).sum();
             assert!(bytes as u64 <= MAX_GET_BYTES);
             assert_eq!(
                 wire::encode_get_answer(&got),

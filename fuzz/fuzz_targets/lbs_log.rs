@@ -41,22 +41,24 @@ fn generated(h: &MetaHeader, data: &[u8]) -> Vec<u8> {
     let mut barriers = 0u64;
     for g in data.chunks(6) {
         let b = |i: usize| *g.get(i).unwrap_or(&0) as u64;
+        // What the kinds of entry share, each from the same byte.
+        let (lbn, pbn, epoch) = (b(1) % 70, b(2) % 100, 1 + b(4) % 4);
+        let mapped = 1 + b(3) % 4;
+        let sums = vec![b(5) as u8; mapped as usize * w];
         let e = match b(0) % 6 {
-            // MAP, or (5) MOVED: a copy of blocks sealed elsewhere.
-            k @ (0 | 1 | 5) => {
-                let count = 1 + b(3) % 4;
-                let seal = (k == 5).then(|| (b(5) % 100, 1 + b(5) % 3));
-                let sums = vec![b(5) as u8; count as usize * w];
-                Entry::placing(b(1) % 70, b(2) % 100, count, 1 + b(4) % 4, seal, sums)
-            }
+            0 | 1 => Entry::placing(lbn, pbn, mapped, epoch, None, sums),
             2 => Entry::Zero {
-                lbn: b(1) % 70,
+                lbn,
                 count: 1 + b(3) % 8,
             },
             3 => Entry::Trim {
-                lbn: b(1) % 70,
+                lbn,
                 count: 1 + b(3) % 8,
             },
+            5 => {
+                let seal = (b(5) % 100, 1 + b(5) % 3);
+                Entry::placing(lbn, pbn, mapped, epoch, Some(seal), sums)
+            }
             _ => {
                 barriers += 1;
                 // Occasionally a wrong number or checksum.

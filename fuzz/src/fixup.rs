@@ -41,6 +41,14 @@ fn get64(b: &[u8], o: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
 }
 
+/// `docs/formats/cas-http.md`: the count of a have or batch get request
+/// (after its 8-byte magic) made to match its body of 32-byte ids.
+pub fn cas_id_request(b: &mut [u8]) {
+    if b.len() >= 12 {
+        put32(b, 8, ((b.len() - 12) / 32) as u32);
+    }
+}
+
 /// `docs/formats/cas-pack.md`: the trailer's index offset and count made
 /// to fit the file (the count kept where it fits) and its checksum
 /// rewritten.

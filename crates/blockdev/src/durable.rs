@@ -269,14 +269,26 @@ pub fn move_into_place(from: &Path, to: &Path) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    /// Write a file `f` twice with `write` through the temporary `tmp`:
+    /// the second replaces the first and no temporary is left. Returns
+    /// the folder, the file and the temporary.
+    fn write_twice(
+        write: fn(&Path, &Path, &[u8]) -> std::io::Result<()>,
+        tmp: &str,
+    ) -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let d = tempfile::tempdir().unwrap();
+        let (p, tmp) = (d.path().join("f"), d.path().join(tmp));
+        write(&p, &tmp, b"one").unwrap();
+        write(&p, &tmp, b"two").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        assert!(!tmp.exists());
+        (d, p, tmp)
+    }
+
     #[test]
     fn atomic_write_replaces_and_leaves_no_temporary() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("f");
-        write_atomically(&p, b"one").unwrap();
-        write_atomically(&p, b"two").unwrap();
-        assert_eq!(std::fs::read(&p).unwrap(), b"two");
-        assert!(!with_suffix(&p, ".tmp").exists());
+        let (_d, p, tmp) = write_twice(|p, _, bytes| write_atomically(p, bytes), "f.tmp");
+        assert_eq!(tmp, with_suffix(&p, ".tmp"), "the temporary checked for");
     }
 
     #[test]
@@ -320,12 +332,7 @@ mod tests {
     #[test]
     fn write_then_rename_refuses_a_taken_temporary_and_writes_0644() {
         use std::os::unix::fs::PermissionsExt;
-        let d = tempfile::tempdir().unwrap();
-        let (p, tmp) = (d.path().join("f"), d.path().join("f.tmp"));
-        write_then_rename(&p, &tmp, b"one").unwrap();
-        write_then_rename(&p, &tmp, b"two").unwrap();
-        assert_eq!(std::fs::read(&p).unwrap(), b"two");
-        assert!(!tmp.exists());
+        let (d, p, tmp) = write_twice(write_then_rename, "f.tmp");
         // Never more than 0644, whatever the umask allows.
         let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
         assert!(mode & !0o644 == 0 && mode & 0o600 == 0o600, "{mode:o}");
@@ -338,11 +345,6 @@ mod tests {
 
     #[test]
     fn write_unsynced_via_replaces_through_the_given_temporary() {
-        let d = tempfile::tempdir().unwrap();
-        let (p, tmp) = (d.path().join("f"), d.path().join(".f.7"));
-        write_unsynced_via(&p, &tmp, b"one").unwrap();
-        write_unsynced_via(&p, &tmp, b"two").unwrap();
-        assert_eq!(std::fs::read(&p).unwrap(), b"two");
-        assert!(!tmp.exists());
+        write_twice(write_unsynced_via, ".f.7");
     }
 }

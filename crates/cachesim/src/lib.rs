@@ -37,6 +37,8 @@ pub mod sharded;
 pub mod sim;
 pub mod stack;
 pub mod sweep;
+#[cfg(test)]
+mod testkit;
 
 pub use index::{DenseIndex, HashIndex, KeyIndex};
 pub use policy::{Outcome, Policy, PolicyKind, PolicySpec};

@@ -224,6 +224,7 @@ impl<K, S> ShardedCache<K, S> {
 mod tests {
     use super::*;
     use crate::index::{DenseIndex, HashIndex};
+    use crate::testkit::Lcg;
 
     #[test]
     fn one_shard_is_the_plain_policy() {
@@ -231,12 +232,9 @@ mod tests {
             let spec = PolicySpec::parse(name).unwrap();
             let mut plain = spec.build::<u32, DenseIndex>(50);
             let mut eng = ShardedCache::<u32>::new::<HashIndex<u32>>(&spec, 50, 1).unwrap();
-            let mut x = 7u64;
+            let mut rng = Lcg(7);
             for _ in 0..20_000 {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let k = ((x >> 33) % 200) as u32;
+                let k = ((rng.next() >> 33) % 200) as u32;
                 assert_eq!(plain.access(k), eng.access_mut(k as u64, k), "{name}");
             }
         }

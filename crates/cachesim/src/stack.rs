@@ -225,6 +225,7 @@ impl DistanceHistogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::Lcg;
 
     #[test]
     fn distances_by_hand() {
@@ -255,12 +256,9 @@ mod tests {
         // Far more references than the initial time axis.
         let mut s = StackDistance::new();
         let mut naive: Vec<u32> = Vec::new();
-        let mut x = 12345u64;
+        let mut rng = Lcg(12345);
         for _ in 0..20_000 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let k = ((x >> 33) % 300) as u32;
+            let k = ((rng.next() >> 33) % 300) as u32;
             let want = naive
                 .iter()
                 .rev()

@@ -348,9 +348,7 @@ impl Users {
 /// a missing file starts empty.
 pub fn edit<T>(path: &Path, create: bool, f: impl FnOnce(&mut Users) -> Result<T>) -> Result<T> {
     let lock_path = roamdisk_blockdev::durable::with_suffix(path, ".lock");
-    let lock = roamdisk_chunkstore::error::open_lock_file(&lock_path)?;
-    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
-        .map_err(|e| io(Op::Write, e.into(), &lock_path))?;
+    let _lock = roamdisk_chunkstore::error::lock_exclusive(&lock_path)?;
     let (mut users, mode) = match std::fs::metadata(path) {
         Ok(m) => (Users::load(path)?, m.permissions().mode() & 0o7777),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => (Users::default(), 0o600),

@@ -47,3 +47,12 @@ pub fn open_lock_file(path: &std::path::Path) -> roamdisk_blockdev::Result<std::
         .open(path)
         .map_err(|e| io(Op::Open, e, path))
 }
+
+/// [`open_lock_file`] and take its exclusive `flock`, waiting for it: held
+/// until the file is dropped.
+pub fn lock_exclusive(path: &std::path::Path) -> roamdisk_blockdev::Result<std::fs::File> {
+    let f = open_lock_file(path)?;
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| io(Op::Write, e.into(), path))?;
+    Ok(f)
+}

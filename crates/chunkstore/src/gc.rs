@@ -205,9 +205,9 @@ pub fn gc<S: ChunkPrune + RefStore + LeaseStore + ?Sized>(
 mod tests {
     use super::*;
     use crate::commit::{commit_image, CommitOptions, Source};
-    use crate::store::local::LocalStore;
+    use crate::store::local::testing::store;
     use crate::store::prelude::*;
-    use crate::store::{ChunkRead, ChunkWrite, StoreConfig};
+    use crate::store::{ChunkRead, ChunkWrite};
     use roamdisk_blockdev::layers::mem::MemDev;
     use roamdisk_blockdev::NoProgress;
     use roamdisk_blockdev::{BlockDev, WriteFlags};
@@ -221,8 +221,7 @@ mod tests {
 
     #[test]
     fn sweeps_unreferenced_keeps_referenced_and_leased() {
-        let d = tempfile::tempdir().unwrap();
-        let s = LocalStore::open(&d.path().join("s"), Some(&StoreConfig::default())).unwrap();
+        let (_d, s) = store();
         let opts = CommitOptions {
             target: "u/img".into(),
             ..Default::default()

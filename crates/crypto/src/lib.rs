@@ -116,24 +116,30 @@ impl Xts {
 
     /// Encrypt one block in place.
     pub fn encrypt(&self, pbn: u64, epoch: u64, block: &mut [u8]) {
-        let t = tweak(pbn, epoch);
-        self.with_ctx(|enc, _| {
-            enc.encrypt_init(None, None, Some(&t)).expect("xts tweak");
-            let n = enc
-                .cipher_update_inplace(block, block.len())
-                .expect("xts encrypt");
-            debug_assert_eq!(n, block.len());
-        })
+        self.crypt(Mode::Encrypt, pbn, epoch, block)
     }
 
     /// Decrypt one block in place.
     pub fn decrypt(&self, pbn: u64, epoch: u64, block: &mut [u8]) {
+        self.crypt(Mode::Decrypt, pbn, epoch, block)
+    }
+
+    /// Encrypt or decrypt one block in place, with its tweak.
+    #[inline]
+    fn crypt(&self, mode: Mode, pbn: u64, epoch: u64, block: &mut [u8]) {
         let t = tweak(pbn, epoch);
-        self.with_ctx(|_, dec| {
-            dec.decrypt_init(None, None, Some(&t)).expect("xts tweak");
-            let n = dec
-                .cipher_update_inplace(block, block.len())
-                .expect("xts decrypt");
+        self.with_ctx(|enc, dec| {
+            let ctx = match mode {
+                Mode::Encrypt => {
+                    enc.encrypt_init(None, None, Some(&t)).expect("xts tweak");
+                    enc
+                }
+                Mode::Decrypt => {
+                    dec.decrypt_init(None, None, Some(&t)).expect("xts tweak");
+                    dec
+                }
+            };
+            let n = ctx.cipher_update_inplace(block, block.len()).expect("xts");
             debug_assert_eq!(n, block.len());
         })
     }

@@ -392,13 +392,7 @@ mod tests {
     fn emptiest_cluster_wins_with_equal_context() {
         let states = [Used, Used, Used, Used];
         let live = [10, 2, 10, 10];
-        let p = GcPolicy {
-            low: 1,
-            high: 2,
-            weights: Weights::default(),
-            emptiness_dominates_below: None,
-            cost_benefit: false,
-        };
+        let p = plain_policy();
         assert_eq!(
             pick_victim(&states, &live, &[0.0; 8], 16, None, &p),
             Some(1)
@@ -407,13 +401,7 @@ mod tests {
 
     #[test]
     fn left_empty_and_write_position_break_ties() {
-        let p = GcPolicy {
-            low: 1,
-            high: 2,
-            weights: Weights::default(),
-            emptiness_dominates_below: None,
-            cost_benefit: false,
-        };
+        let p = plain_policy();
         let states = [Used, Free, Used, Used, Used];
         let live = [8, 0, 8, 8, 8];
         // Cluster 2 has a free left neighbour.

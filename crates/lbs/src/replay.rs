@@ -313,15 +313,8 @@ mod tests {
         let h = header();
         let mut l = LogBuilder::new(&h);
         l.map(0, 0, 3, 1);
-        l.push(Entry::Moved {
-            lbn: 1,
-            pbn: 20,
-            count: 2,
-            epoch: 2,
-            seal_pbn: 1,
-            seal_epoch: 1,
-            sums: vec![2; 8],
-        });
+        // Blocks 1 and 2 moved to PBN 20, sealed at PBN 1 in epoch 1.
+        l.push(Entry::placing(1, 20, 2, 2, Some((1, 1)), vec![2; 8]));
         l.barrier();
         let r = replay(&l.bytes, &h).unwrap();
         assert_eq!(&r.map.l2p[..3], &[0, 20, 21]);
@@ -341,15 +334,7 @@ mod tests {
         l.map(0, 0, 3, 1);
         l.barrier();
         let good = l.bytes.len();
-        l.push(Entry::Moved {
-            lbn: 1,
-            pbn: 20,
-            count: 1,
-            epoch: 2,
-            seal_pbn: 1,
-            seal_epoch: 1,
-            sums: vec![2; 4],
-        });
+        l.push(Entry::placing(1, 20, 1, 2, Some((1, 1)), vec![2; 4]));
         l.barrier();
         let r = replay(&l.bytes, &h1).unwrap();
         assert_eq!(r.valid_len, good);

@@ -180,7 +180,10 @@ fn load_identity(
 
 /// The keys of a GnuTLS psktool file (`identity:hexkey` per line), by
 /// identity; the server reads all of them, a client the line of its own.
-pub(crate) fn read_psk_file(path: &Path) -> Result<HashMap<Vec<u8>, Vec<u8>>, TlsError> {
+/// The keys of a PSK file, by identity.
+pub(crate) type PskKeys = HashMap<Vec<u8>, Vec<u8>>;
+
+pub(crate) fn read_psk_file(path: &Path) -> Result<PskKeys, TlsError> {
     let text = std::fs::read_to_string(path).map_err(|detail| TlsError::PskUnreadable {
         path: path.to_path_buf(),
         detail,
@@ -231,7 +234,18 @@ fn ssl_err(what: &str, detail: openssl::error::ErrorStack) -> TlsError {
 }
 
 /// Answer a PSK client from `keys`, noting the identity it claimed.
-fn install_psk(b: &mut SslContextBuilder, keys: HashMap<Vec<u8>, Vec<u8>>) {
+/// A server context for PSK clients (TLS 1.2 at least) and the keys of
+/// the PSK file `psk`, for [`install_psk`] once the context is set up.
+fn psk_context(psk: &Path) -> Result<(SslContextBuilder, PskKeys), TlsError> {
+    let keys = read_psk_file(psk)?;
+    let mut b =
+        SslContextBuilder::new(SslMethod::tls_server()).map_err(|e| ssl_err("TLS setup", e))?;
+    b.set_min_proto_version(Some(SslVersion::TLS1_2))
+        .map_err(|e| ssl_err("TLS setup", e))?;
+    Ok((b, keys))
+}
+
+fn install_psk(b: &mut SslContextBuilder, keys: PskKeys) {
     b.set_psk_server_callback(move |ssl, identity, out| {
         if let Some(id) = identity {
             ssl.set_ex_data(psk_index(), String::from_utf8_lossy(id).into_owned());
@@ -289,11 +303,7 @@ impl TlsAcceptor {
                 });
             }
             (None, None, Some(psk)) => {
-                let keys = read_psk_file(psk)?;
-                let mut b = SslContextBuilder::new(SslMethod::tls_server())
-                    .map_err(|e| ssl_err("TLS setup", e))?;
-                b.set_min_proto_version(Some(SslVersion::TLS1_2))
-                    .map_err(|e| ssl_err("TLS setup", e))?;
+                let (mut b, keys) = psk_context(psk)?;
                 b.set_cipher_list("ECDHE-PSK:DHE-PSK:PSK:!aNULL:!eNULL:!MD5:!RC4:!3DES")
                     .map_err(|e| ssl_err("PSK ciphers", e))?;
                 install_psk(&mut b, keys);
@@ -305,11 +315,7 @@ impl TlsAcceptor {
                 // client certificate is asked for but not required by TLS:
                 // a PSK client has none, and the caller's access control
                 // refuses a client that proved neither.
-                let keys = read_psk_file(psk)?;
-                let mut b = SslContextBuilder::new(SslMethod::tls_server())
-                    .map_err(|e| ssl_err("TLS setup", e))?;
-                b.set_min_proto_version(Some(SslVersion::TLS1_2))
-                    .map_err(|e| ssl_err("TLS setup", e))?;
+                let (mut b, keys) = psk_context(psk)?;
                 b.set_max_proto_version(Some(SslVersion::TLS1_2))
                     .map_err(|e| ssl_err("TLS setup", e))?;
                 b.set_cipher_list(

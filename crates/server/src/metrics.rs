@@ -445,32 +445,29 @@ impl Metrics {
                 }
             }
         }
-        m.family(
-            "roamdisk_server_requests_total",
-            "counter",
-            "Requests a client made of an image, per operation (errors included).",
-        );
-        for c in &st.clients {
-            for (op, s) in &c.ops {
-                m.sample(
-                    "roamdisk_server_requests_total",
-                    &[("client", &c.client), ("image", &c.image), ("op", op)],
-                    s.requests as f64,
-                );
-            }
-        }
-        m.family(
-            "roamdisk_server_request_errors_total",
-            "counter",
-            "Requests that failed, per operation.",
-        );
-        for c in &st.clients {
-            for (op, s) in &c.ops {
-                m.sample(
-                    "roamdisk_server_request_errors_total",
-                    &[("client", &c.client), ("image", &c.image), ("op", op)],
-                    s.errors as f64,
-                );
+        type PerOp = fn(&OpStatus) -> u64;
+        let per_op: [(&str, &str, PerOp); 2] = [
+            (
+                "roamdisk_server_requests_total",
+                "Requests a client made of an image, per operation (errors included).",
+                |s| s.requests,
+            ),
+            (
+                "roamdisk_server_request_errors_total",
+                "Requests that failed, per operation.",
+                |s| s.errors,
+            ),
+        ];
+        for (name, help, get) in per_op {
+            m.family(name, "counter", help);
+            for c in &st.clients {
+                for (op, s) in &c.ops {
+                    m.sample(
+                        name,
+                        &[("client", &c.client), ("image", &c.image), ("op", op)],
+                        get(s) as f64,
+                    );
+                }
             }
         }
         for (name, op, help) in [
@@ -515,43 +512,36 @@ impl Metrics {
                 m.sample(&format!("{h}_count"), &labels, cum as f64);
             }
         }
-        m.family(
-            "roamdisk_server_connections",
-            "gauge",
-            "Connections of a client to an image open now.",
-        );
-        for c in &st.clients {
-            m.sample(
+        // Per client and image; a client without a value has no sample.
+        type PerClient = fn(&ClientStatus) -> Option<u64>;
+        let per_client: [(&str, &str, &str, PerClient); 4] = [
+            (
                 "roamdisk_server_connections",
-                &[("client", &c.client), ("image", &c.image)],
-                c.connections_open as f64,
-            );
-        }
-        m.family(
-            "roamdisk_server_connections_total",
-            "counter",
-            "Connections of a client to an image since the server started.",
-        );
-        for c in &st.clients {
-            m.sample(
+                "gauge",
+                "Connections of a client to an image open now.",
+                |c| Some(c.connections_open),
+            ),
+            (
                 "roamdisk_server_connections_total",
-                &[("client", &c.client), ("image", &c.image)],
-                c.connections as f64,
-            );
-        }
-        for (name, help, get) in [
+                "counter",
+                "Connections of a client to an image since the server started.",
+                |c| Some(c.connections),
+            ),
             (
                 "roamdisk_server_overlay_allocated_bytes",
+                "gauge",
                 "Bytes allocated on disk to a client's overlay of an image (its view).",
-                (|c: &ClientStatus| c.overlay_allocated_bytes) as fn(&ClientStatus) -> Option<u64>,
+                |c| c.overlay_allocated_bytes,
             ),
             (
                 "roamdisk_server_overlay_mapped_bytes",
+                "gauge",
                 "Bytes of a client's view held in its overlay (the cow map's data clusters; known once the view is open).",
                 |c| c.overlay_mapped_bytes,
             ),
-        ] {
-            m.family(name, "gauge", help);
+        ];
+        for (name, kind, help, get) in per_client {
+            m.family(name, kind, help);
             for c in &st.clients {
                 if let Some(v) = get(c) {
                     m.sample(

@@ -32,7 +32,7 @@ use serde::Serialize;
 use crate::format::{Format, Reader, Record, TraceError, TraceOp};
 
 /// Statistics of one direction (reads or writes) of a group.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, derive_more::AddAssign)]
 pub struct DirStats {
     pub count: u64,
     pub bytes: u64,
@@ -44,7 +44,9 @@ pub struct DirStats {
     pub large: u64,
     pub skips: u64,
     pub sequential: u64,
-    /// Distinct blocks touched.
+    /// Distinct blocks touched (not a sum: merged groups count the blocks
+    /// of their union).
+    #[add_assign(skip)]
     pub working_set_blocks: u64,
 }
 
@@ -75,16 +77,6 @@ impl DirStats {
     /// Percentage of requests that continue their stream.
     pub fn sequential_pct(&self) -> Option<f64> {
         (self.count > 0).then(|| 100.0 * self.sequential as f64 / self.count as f64)
-    }
-
-    fn merge(&mut self, o: &DirStats) {
-        self.count += o.count;
-        self.bytes += o.bytes;
-        self.small += o.small;
-        self.medium += o.medium;
-        self.large += o.large;
-        self.skips += o.skips;
-        self.sequential += o.sequential;
     }
 }
 
@@ -150,8 +142,8 @@ impl GroupStats {
     }
 
     fn merge(&mut self, o: &GroupStats) {
-        self.read.merge(&o.read);
-        self.write.merge(&o.write);
+        self.read += o.read;
+        self.write += o.write;
         self.trim_count += o.trim_count;
         self.trim_bytes += o.trim_bytes;
         self.zero_count += o.zero_count;

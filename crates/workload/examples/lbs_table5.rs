@@ -375,7 +375,7 @@ impl Targets for Lbses<'_> {
 }
 
 /// One run's totals over the partitions.
-#[derive(Default, Debug, Clone, Copy)]
+#[derive(Default, Debug, Clone, Copy, derive_more::AddAssign)]
 struct Row {
     client_blocks: u64,
     absorbed: u64,
@@ -454,15 +454,12 @@ fn run(
     row.replay_s = t.elapsed().as_secs_f64();
     for (d, i) in &images {
         let (s0, ns0) = before[d];
-        let r = delta(&s0, &i.lbs.stats());
         let o = *i.count.st.lock();
-        row.client_blocks += r.client_blocks;
-        row.absorbed += r.absorbed;
-        row.written += r.written;
-        row.gc_moved += r.gc_moved;
-        row.gc_clusters += r.gc_clusters;
-        row.clusters += o.clusters;
-        row.contiguous += o.contiguous;
+        row += Row {
+            clusters: o.clusters,
+            contiguous: o.contiguous,
+            ..delta(&s0, &i.lbs.stats())
+        };
         if let Some(c) = &i.card {
             row.card_s += (c.stats().elapsed_ns - ns0) as f64 / 1e9;
         }

@@ -433,6 +433,15 @@ mod tests {
     use super::log::TestHeader;
     use super::*;
 
+    /// A new map of `units` units in a temporary folder (kept while the
+    /// folder is) and its path.
+    fn new_map(units: u64) -> (tempfile::TempDir, PathBuf) {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("map");
+        OverlayMap::create(&p, &TestHeader { units }, "test").unwrap();
+        (d, p)
+    }
+
     fn open_rw(p: &Path) -> (OverlayMap<TestHeader>, Opened) {
         let (m, o) = OverlayMap::<TestHeader>::open(p, "test", false).unwrap();
         m.compact(|_| {}, || Ok(())).unwrap();
@@ -539,9 +548,7 @@ mod tests {
 
     #[test]
     fn setting_a_unit_to_its_state_logs_nothing() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("m");
-        OverlayMap::create(&p, &TestHeader { units: 100 }, "test").unwrap();
+        let (_d, p) = new_map(100);
         let (m, _) = open_rw(&p);
         m.set(8, 24, 2);
         m.commit(|| Ok(())).unwrap();
@@ -568,9 +575,7 @@ mod tests {
 
     #[test]
     fn commits_replay_and_compaction_keeps_states() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("map");
-        OverlayMap::create(&p, &TestHeader { units: 1000 }, "test").unwrap();
+        let (_d, p) = new_map(1000);
         let mut all = Vec::new();
         {
             let (m, o) = open_rw(&p);
@@ -607,9 +612,7 @@ mod tests {
 
     #[test]
     fn sync_data_runs_before_the_records_are_written() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("map");
-        OverlayMap::create(&p, &TestHeader { units: 64 }, "test").unwrap();
+        let (_d, p) = new_map(64);
         let (m, _) = open_rw(&p);
         m.set(0, 4, 2);
         let len_before = std::fs::metadata(&p).unwrap().len();

@@ -222,7 +222,7 @@ impl BlockCache {
         for i in 0..self.engine.shards() {
             let g = self.engine.lock(i);
             if let Some(d) = g.data.devices.get(device as usize) {
-                s.add(d);
+                s += *d;
             }
         }
         s

@@ -27,7 +27,7 @@ fn device_of(key: u64) -> usize {
 /// A [`BlockCache`]'s counters: over every device ([`CacheStats::totals`]),
 /// or one device's share: its accesses, the evictions and trims of its
 /// blocks, and its blocks resident now.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, derive_more::AddAssign)]
 pub struct DeviceStats {
     /// Block accesses (reads and writes) the policy found resident.
     pub hits: u64,
@@ -44,19 +44,6 @@ pub struct DeviceStats {
     pub bytes_from_next: u64,
     /// Blocks resident now.
     pub resident: u64,
-}
-
-impl DeviceStats {
-    /// Add `o`'s counters to these.
-    pub(super) fn add(&mut self, o: &DeviceStats) {
-        self.hits += o.hits;
-        self.misses += o.misses;
-        self.evictions += o.evictions;
-        self.trimmed += o.trimmed;
-        self.bytes_from_cache += o.bytes_from_cache;
-        self.bytes_from_next += o.bytes_from_next;
-        self.resident += o.resident;
-    }
 }
 
 /// A cached block's state.

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::sharded::shard_hint;
+use crate::testkit::Lcg;
 use roamdisk_blockdev::layers::mem::MemDev;
 
 fn dev(policy: &str, size: u64, block: u64, shards: usize) -> (Arc<MemDev>, CacheDev) {
@@ -30,13 +31,8 @@ fn reads_equal_a_model_under_random_operations() {
             let (_mem, c) = dev(policy, 24 * block, block, 4);
             let size = c.size();
             let mut model = vec![0u8; size as usize];
-            let mut x = 99u64;
-            let mut rnd = |n: u64| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (x >> 33) % n
-            };
+            let mut rng = Lcg(99);
+            let mut rnd = |n: u64| (rng.next() >> 33) % n;
             for step in 0..3000u64 {
                 let off = rnd(size);
                 let len = (1 + rnd(3 * block)).min(size - off);
@@ -90,12 +86,10 @@ fn racing_writes_and_reads_leave_no_stale_or_torn_block() {
             for t in 0..4u64 {
                 let c = c.clone();
                 s.spawn(move || {
-                    let mut x = t + 1;
+                    let mut rng = Lcg(t + 1);
                     let mut buf = vec![0u8; block as usize];
                     for i in 0..600u64 {
-                        x = x
-                            .wrapping_mul(6364136223846793005)
-                            .wrapping_add(1442695040888963407);
+                        let x = rng.next();
                         let b = (x >> 33) % 6;
                         if t % 2 == 0 {
                             // Whole pages of one value.
@@ -156,12 +150,10 @@ fn devices_share_one_cache_as_the_simulator_models_it() {
         .map(|(i, m)| cache.attach(i as u32, m.clone()).unwrap())
         .collect();
     let mut eng = ShardedCache::<u64>::new::<HashIndex<u64>>(&spec, 40, 4).unwrap();
-    let mut x = 11u64;
+    let mut rng = Lcg(11);
     let mut buf = [0u8; 4096];
     for _ in 0..5000 {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        let x = rng.next();
         let (d, b) = ((x >> 60) as u32 & 1, (x >> 33) % 60);
         devs[d as usize].read_at(&mut buf, b * 4096).unwrap();
         assert!(buf.iter().all(|&v| v == d as u8 + 1));
@@ -188,13 +180,10 @@ fn hits_equal_the_engine_run_alone() {
         let (_mem, c) = dev(policy, 40 * 4096, 4096, 4);
         let spec = PolicySpec::parse(policy).unwrap();
         let mut eng = ShardedCache::<u64>::new::<HashIndex<u64>>(&spec, 40, 4).unwrap();
-        let mut x = 5u64;
+        let mut rng = Lcg(5);
         let mut buf = [0u8; 4096];
         for _ in 0..5000 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let b = (x >> 33) % 100;
+            let b = (rng.next() >> 33) % 100;
             c.read_at(&mut buf, b * 4096).unwrap();
             eng.access_mut(shard_hint(0, b), b);
         }

@@ -22,21 +22,21 @@
 
 use std::hash::Hash;
 
-use super::base::{Outcome, Policy};
+use super::base::Outcome;
+use super::tagged::{Rule, Tagged};
 use crate::index::{HashIndex, KeyIndex};
-use crate::list::{Arena, List};
 
 const T1: u8 = 0;
 const T2: u8 = 1;
 const B1: u8 = 2;
 const B2: u8 = 3;
 
-pub struct Arc<K, I = HashIndex<K>> {
-    cap: usize,
+/// ARC: lists T1, T2 (resident), B1, B2 (ghosts).
+pub type Arc<K, I = HashIndex<K>> = Tagged<K, I, ArcRule, 4>;
+
+/// ARC's own state: the adaptive target size `p` of T1.
+pub struct ArcRule {
     p: f64,
-    arena: Arena<K, ()>,
-    lists: [List; 4],
-    index: I,
 }
 
 impl<K: Copy + Hash + Eq + Send> Arc<K> {
@@ -47,39 +47,29 @@ impl<K: Copy + Hash + Eq + Send> Arc<K> {
 
 impl<K: Copy + Send, I: KeyIndex<K>> Arc<K, I> {
     pub fn with_index(capacity: usize) -> Self {
-        let budget = 2 * capacity + 2;
-        Arc {
-            cap: capacity,
-            p: 0.0,
-            arena: Arena::with_budget(budget),
-            lists: [List::default(); 4],
-            index: I::with_capacity(budget),
-        }
+        Tagged::build(capacity, 2 * capacity + 2, ArcRule { p: 0.0 })
     }
 
     /// The adaptive target size of T1.
     pub fn target(&self) -> f64 {
-        self.p
+        self.rule.p
     }
 
     /// (T1, T2, B1, B2), LRU first (tests).
     pub fn lists(&self) -> [Vec<K>; 4] {
-        [0, 1, 2, 3].map(|i| self.arena.keys(&self.lists[i]))
+        self.keys()
     }
 
     fn len_of(&self, t: u8) -> usize {
         self.lists[t as usize].len
     }
 
-    fn resident(&self) -> usize {
-        self.len_of(T1) + self.len_of(T2)
-    }
-
     /// Move an LRU block of T1 or T2 to its ghost list; returns its key.
     fn replace(&mut self, in_b2: bool) -> K {
         let t1 = self.len_of(T1) as f64;
-        let from_t1 = (self.len_of(T1) >= 1 && (t1 > self.p || (in_b2 && t1 == self.p)))
-            || self.len_of(T2) == 0;
+        let p = self.rule.p;
+        let from_t1 =
+            (self.len_of(T1) >= 1 && (t1 > p || (in_b2 && t1 == p))) || self.len_of(T2) == 0;
         let (from, to) = if from_t1 { (T1, B1) } else { (T2, B2) };
         let [l1, l2, l3, l4] = &mut self.lists;
         let (src, dst) = match (from, to) {
@@ -90,97 +80,75 @@ impl<K: Copy + Send, I: KeyIndex<K>> Arc<K, I> {
         self.arena.move_back(src, dst, v, to);
         self.arena.get(v).key
     }
-
-    /// Drop the LRU entry of `list`; returns its key.
-    fn drop_lru(&mut self, list: u8) -> K {
-        self.arena
-            .pop_front(&mut self.lists[list as usize], &mut self.index)
-    }
 }
 
-impl<K: Copy + Send, I: KeyIndex<K>> Policy<K> for Arc<K, I> {
-    fn name(&self) -> String {
-        "ARC".into()
-    }
-    fn capacity(&self) -> usize {
-        self.cap
-    }
-    fn len(&self) -> usize {
-        self.resident()
-    }
-    fn contains(&self, key: &K) -> bool {
-        matches!(self.index.get(key), Some(i) if self.arena.get(i).tag <= T2)
-    }
+impl Rule<4> for ArcRule {
+    const NAME: &'static str = "ARC";
+    const RESIDENT: u8 = 2;
 
-    fn access(&mut self, key: K) -> Outcome<K> {
-        if self.cap == 0 {
-            return Outcome::Miss { evicted: None };
-        }
-        let c = self.cap;
-        match self.index.get(&key) {
+    #[inline]
+    fn access<K: Copy + Send, I: KeyIndex<K>>(a: &mut Arc<K, I>, key: K) -> Outcome<K> {
+        let c = a.cap;
+        match a.index.get(&key) {
             Some(i) => {
-                let tag = self.arena.get(i).tag;
+                let tag = a.arena.get(i).tag;
                 match tag {
                     T1 => {
-                        let [l1, l2, ..] = &mut self.lists;
-                        self.arena.move_back(l1, l2, i, T2);
+                        let [l1, l2, ..] = &mut a.lists;
+                        a.arena.move_back(l1, l2, i, T2);
                         Outcome::Hit
                     }
                     T2 => {
-                        self.arena.refresh(&mut self.lists[T2 as usize], i);
+                        a.arena.refresh(&mut a.lists[T2 as usize], i);
                         Outcome::Hit
                     }
                     _ => {
-                        let (b1, b2) = (self.len_of(B1) as f64, self.len_of(B2) as f64);
+                        let (b1, b2) = (a.len_of(B1) as f64, a.len_of(B2) as f64);
                         let in_b2 = tag == B2;
+                        let p = &mut a.rule.p;
                         if in_b2 {
-                            self.p = (self.p - (b1 / b2).max(1.0)).max(0.0);
+                            *p = (*p - (b1 / b2).max(1.0)).max(0.0);
                         } else {
-                            self.p = (self.p + (b2 / b1).max(1.0)).min(c as f64);
+                            *p = (*p + (b2 / b1).max(1.0)).min(c as f64);
                         }
-                        self.arena.unlink(&mut self.lists[tag as usize], i);
-                        let evicted = (self.resident() >= c).then(|| self.replace(in_b2));
-                        self.arena.push_back(&mut self.lists[T2 as usize], i, T2);
+                        a.arena.unlink(&mut a.lists[tag as usize], i);
+                        let evicted = (a.resident() >= c).then(|| a.replace(in_b2));
+                        a.arena.push_back(&mut a.lists[T2 as usize], i, T2);
                         Outcome::Miss { evicted }
                     }
                 }
             }
             None => {
                 let mut evicted = None;
-                if self.resident() >= c {
-                    if self.len_of(T1) + self.len_of(B1) >= c {
-                        if self.len_of(B1) > 0 {
-                            self.drop_lru(B1);
-                            evicted = Some(self.replace(false));
+                if a.resident() >= c {
+                    if a.len_of(T1) + a.len_of(B1) >= c {
+                        if a.len_of(B1) > 0 {
+                            a.drop_front(B1);
+                            evicted = Some(a.replace(false));
                         } else {
                             // T1 holds the whole cache: drop its LRU block.
-                            evicted = Some(self.drop_lru(T1));
+                            evicted = Some(a.drop_front(T1));
                         }
                     } else {
-                        let total: usize = self.lists.iter().map(|l| l.len).sum();
-                        if total >= 2 * c && self.len_of(B2) > 0 {
-                            self.drop_lru(B2);
+                        let total: usize = a.lists.iter().map(|l| l.len).sum();
+                        if total >= 2 * c && a.len_of(B2) > 0 {
+                            a.drop_front(B2);
                         }
-                        evicted = Some(self.replace(false));
+                        evicted = Some(a.replace(false));
                     }
                 }
-                self.arena
-                    .insert_back(&mut self.lists[T1 as usize], &mut self.index, key, T1, ());
+                a.arena
+                    .insert_back(&mut a.lists[T1 as usize], &mut a.index, key, T1, ());
                 Outcome::Miss { evicted }
             }
         }
-    }
-
-    fn remove(&mut self, key: &K) -> bool {
-        self.arena
-            .remove_keyed(&mut self.lists, &mut self.index, key)
-            .is_some_and(|t| t <= T2)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Policy;
 
     /// Worked by hand from the paper's Figure 4 with c = 2.
     #[test]

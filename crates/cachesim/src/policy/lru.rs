@@ -9,16 +9,15 @@
 
 use std::hash::Hash;
 
-use super::base::{Outcome, Policy};
+use super::base::Outcome;
+use super::tagged::{Rule, Tagged};
 use crate::index::{HashIndex, KeyIndex};
-use crate::list::{Arena, List};
 
-pub struct Lru<K, I = HashIndex<K>> {
-    cap: usize,
-    arena: Arena<K, ()>,
-    list: List,
-    index: I,
-}
+/// LRU: one list of resident blocks.
+pub type Lru<K, I = HashIndex<K>> = Tagged<K, I, LruRule, 1>;
+
+/// LRU's rule; it has no state of its own.
+pub struct LruRule;
 
 impl<K: Copy + Hash + Eq + Send> Lru<K> {
     /// An LRU cache of `capacity` blocks with a hashed index.
@@ -30,71 +29,49 @@ impl<K: Copy + Hash + Eq + Send> Lru<K> {
 impl<K: Copy + Send, I: KeyIndex<K>> Lru<K, I> {
     /// An LRU cache of `capacity` blocks with index type `I`.
     pub fn with_index(capacity: usize) -> Self {
-        Lru {
-            cap: capacity,
-            arena: Arena::with_budget(capacity),
-            list: List::default(),
-            index: I::with_capacity(capacity),
-        }
+        Tagged::build(capacity, capacity, LruRule)
     }
 
     /// Resident keys from least to most recently used.
     pub fn keys_lru_first(&self) -> Vec<K> {
-        self.arena.keys(&self.list)
+        self.arena.keys(&self.lists[0])
     }
 }
 
-impl<K: Copy + Send, I: KeyIndex<K>> Policy<K> for Lru<K, I> {
-    fn name(&self) -> String {
-        "LRU".into()
-    }
-    fn capacity(&self) -> usize {
-        self.cap
-    }
-    fn len(&self) -> usize {
-        self.list.len
-    }
-    fn contains(&self, key: &K) -> bool {
-        self.index.get(key).is_some()
-    }
+impl Rule<1> for LruRule {
+    const NAME: &'static str = "LRU";
+    const RESIDENT: u8 = 1;
 
     #[inline]
-    fn access(&mut self, key: K) -> Outcome<K> {
-        if let Some(i) = self.index.get(&key) {
-            self.arena.refresh(&mut self.list, i);
+    fn access<K: Copy + Send, I: KeyIndex<K>>(p: &mut Lru<K, I>, key: K) -> Outcome<K> {
+        let list = &mut p.lists[0];
+        if let Some(i) = p.index.get(&key) {
+            p.arena.refresh(list, i);
             return Outcome::Hit;
         }
-        if self.cap == 0 {
-            return Outcome::Miss { evicted: None };
-        }
         let mut evicted = None;
-        let i = if self.list.len >= self.cap {
+        let i = if list.len >= p.cap {
             // Reuse the victim's node in place.
-            let v = self.list.front;
-            let old = self.arena.get(v).key;
-            self.index.remove(&old);
-            self.arena.unlink(&mut self.list, v);
-            self.arena.get_mut(v).key = key;
+            let v = list.front;
+            let old = p.arena.get(v).key;
+            p.index.remove(&old);
+            p.arena.unlink(list, v);
+            p.arena.get_mut(v).key = key;
             evicted = Some(old);
             v
         } else {
-            self.arena.alloc(key, 0, ())
+            p.arena.alloc(key, 0, ())
         };
-        self.arena.push_back(&mut self.list, i, 0);
-        self.index.insert(key, i);
+        p.arena.push_back(list, i, 0);
+        p.index.insert(key, i);
         Outcome::Miss { evicted }
-    }
-
-    fn remove(&mut self, key: &K) -> bool {
-        self.arena
-            .remove_keyed(std::slice::from_mut(&mut self.list), &mut self.index, key)
-            .is_some()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Policy;
 
     #[test]
     fn textbook_trace() {

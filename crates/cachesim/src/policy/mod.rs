@@ -19,6 +19,10 @@
 //! | ARC | [`arc`] | Megiddo & Modha, FAST 2003 |
 //! | S3-FIFO | [`s3fifo`] | Yang et al., SOSP 2023 |
 //!
+//! LRU, 2Q, ARC and S3-FIFO are a few tagged lists each: `tagged.rs`
+//! keeps their shared state and does their [`Policy`] bookkeeping once;
+//! each of them adds its rule.
+//!
 //! Policies are named on the command line as `NAME` or
 //! `NAME[key=value,...]` (see [`PolicySpec`]).
 
@@ -29,6 +33,7 @@ pub mod fmpq;
 pub mod lru;
 pub mod mq;
 pub mod s3fifo;
+mod tagged;
 pub mod twoq;
 
 use crate::index::KeyIndex;

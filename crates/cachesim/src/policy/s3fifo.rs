@@ -27,9 +27,9 @@
 
 use std::hash::Hash;
 
-use super::base::{Outcome, Params, Policy, SpecError};
+use super::base::{Outcome, Params, SpecError};
+use super::tagged::{Rule, Tagged};
 use crate::index::{HashIndex, KeyIndex};
-use crate::list::{Arena, List};
 
 const S: u8 = 0;
 const M: u8 = 1;
@@ -76,15 +76,16 @@ impl S3FifoConfig {
     }
 }
 
-pub struct S3Fifo<K, I = HashIndex<K>> {
-    cap: usize,
+/// S3-FIFO: queues S, M (resident) and G (ghosts); the node payload is
+/// the frequency.
+pub type S3Fifo<K, I = HashIndex<K>> = Tagged<K, I, S3FifoRule, 3, u8>;
+
+/// S3-FIFO's own state: M's share, G's length and the promotion
+/// threshold.
+pub struct S3FifoRule {
     m_cap: usize,
     g_cap: usize,
     threshold: u8,
-    /// Node payload: the frequency.
-    arena: Arena<K, u8>,
-    lists: [List; 3],
-    index: I,
 }
 
 impl<K: Copy + Hash + Eq + Send> S3Fifo<K> {
@@ -97,21 +98,17 @@ impl<K: Copy + Send, I: KeyIndex<K>> S3Fifo<K, I> {
     pub fn with_index(capacity: usize, cfg: &S3FifoConfig) -> Self {
         let s_cap = (capacity as f64 * cfg.small) as usize;
         let g_cap = (capacity as f64 * cfg.ghost) as usize;
-        let budget = capacity + g_cap + 2;
-        S3Fifo {
-            cap: capacity,
+        let rule = S3FifoRule {
             m_cap: capacity - s_cap,
             g_cap,
             threshold: cfg.threshold,
-            arena: Arena::with_budget(budget),
-            lists: [List::default(); 3],
-            index: I::with_capacity(budget),
-        }
+        };
+        Tagged::build(capacity, capacity + g_cap + 2, rule)
     }
 
     /// (S, M, G), oldest first (tests).
     pub fn queues(&self) -> [Vec<K>; 3] {
-        [0, 1, 2].map(|i| self.arena.keys(&self.lists[i]))
+        self.keys()
     }
 
     /// A resident block's frequency (tests).
@@ -122,12 +119,8 @@ impl<K: Copy + Send, I: KeyIndex<K>> S3Fifo<K, I> {
             .map(|i| self.arena.get(i).x)
     }
 
-    fn resident(&self) -> usize {
-        self.lists[S as usize].len + self.lists[M as usize].len
-    }
-
     fn evict(&mut self) -> K {
-        if self.lists[M as usize].len > self.m_cap || self.lists[S as usize].len == 0 {
+        if self.lists[M as usize].len > self.rule.m_cap || self.lists[S as usize].len == 0 {
             self.evict_main()
         } else {
             self.evict_small()
@@ -139,7 +132,7 @@ impl<K: Copy + Send, I: KeyIndex<K>> S3Fifo<K, I> {
             let [s, m, g] = &mut self.lists;
             let t = s.front;
             let n = self.arena.get_mut(t);
-            if n.x >= self.threshold {
+            if n.x >= self.rule.threshold {
                 n.x = 0;
                 self.arena.move_back(s, m, t, M);
                 if s.len == 0 {
@@ -151,7 +144,7 @@ impl<K: Copy + Send, I: KeyIndex<K>> S3Fifo<K, I> {
             let key = n.key;
             n.x = 0;
             self.arena.unlink(s, t);
-            self.arena.retire(t, g, G, self.g_cap, &mut self.index);
+            self.arena.retire(t, g, G, self.rule.g_cap, &mut self.index);
             return key;
         }
     }
@@ -171,62 +164,45 @@ impl<K: Copy + Send, I: KeyIndex<K>> S3Fifo<K, I> {
     }
 }
 
-impl<K: Copy + Send, I: KeyIndex<K>> Policy<K> for S3Fifo<K, I> {
-    fn name(&self) -> String {
-        "S3-FIFO".into()
-    }
-    fn capacity(&self) -> usize {
-        self.cap
-    }
-    fn len(&self) -> usize {
-        self.resident()
-    }
-    fn contains(&self, key: &K) -> bool {
-        matches!(self.index.get(key), Some(i) if self.arena.get(i).tag != G)
-    }
+impl Rule<3, u8> for S3FifoRule {
+    const NAME: &'static str = "S3-FIFO";
+    const RESIDENT: u8 = 2;
 
-    fn access(&mut self, key: K) -> Outcome<K> {
-        if self.cap == 0 {
-            return Outcome::Miss { evicted: None };
-        }
-        let ghost = match self.index.get(&key) {
+    #[inline]
+    fn access<K: Copy + Send, I: KeyIndex<K>>(c: &mut S3Fifo<K, I>, key: K) -> Outcome<K> {
+        let ghost = match c.index.get(&key) {
             Some(i) => {
-                let n = self.arena.get_mut(i);
+                let n = c.arena.get_mut(i);
                 if n.tag != G {
                     n.x = (n.x + 1).min(3);
                     return Outcome::Hit;
                 }
-                self.arena.unlink(&mut self.lists[G as usize], i);
+                c.arena.unlink(&mut c.lists[G as usize], i);
                 Some(i)
             }
             None => None,
         };
-        let evicted = (self.resident() >= self.cap).then(|| self.evict());
+        let evicted = (c.resident() >= c.cap).then(|| c.evict());
         let (i, tag) = match ghost {
             Some(i) => {
-                self.arena.get_mut(i).x = 0;
+                c.arena.get_mut(i).x = 0;
                 (i, M)
             }
             None => {
-                let i = self.arena.alloc(key, S, 0);
-                self.index.insert(key, i);
+                let i = c.arena.alloc(key, S, 0);
+                c.index.insert(key, i);
                 (i, S)
             }
         };
-        self.arena.push_back(&mut self.lists[tag as usize], i, tag);
+        c.arena.push_back(&mut c.lists[tag as usize], i, tag);
         Outcome::Miss { evicted }
-    }
-
-    fn remove(&mut self, key: &K) -> bool {
-        self.arena
-            .remove_keyed(&mut self.lists, &mut self.index, key)
-            .is_some_and(|t| t != G)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Policy;
 
     /// Worked by hand from the algorithm with c = 10: S holds 1 block,
     /// M 9, G 9 ids.

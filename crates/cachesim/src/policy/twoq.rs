@@ -25,13 +25,13 @@
 
 use std::hash::Hash;
 
-use super::base::{Outcome, Params, Policy, SpecError};
+use super::base::{Outcome, Params, SpecError};
+use super::tagged::{Rule, Tagged};
 use crate::index::{HashIndex, KeyIndex};
-use crate::list::{Arena, List};
 
 const A1IN: u8 = 0;
-const A1OUT: u8 = 1;
-const AM: u8 = 2;
+const AM: u8 = 1;
+const A1OUT: u8 = 2;
 
 /// 2Q's parameters.
 #[derive(Clone, Debug, PartialEq)]
@@ -75,14 +75,14 @@ impl TwoQConfig {
     }
 }
 
-pub struct TwoQ<K, I = HashIndex<K>> {
-    cap: usize,
+/// 2Q: queues A1in, Am (resident) and A1out (ghosts).
+pub type TwoQ<K, I = HashIndex<K>> = Tagged<K, I, TwoQRule, 3>;
+
+/// 2Q's own state: its thresholds in frames.
+pub struct TwoQRule {
     kin: usize,
     kout: usize,
     am_limit: usize,
-    arena: Arena<K, ()>,
-    lists: [List; 3],
-    index: I,
 }
 
 impl<K: Copy + Hash + Eq + Send> TwoQ<K> {
@@ -101,29 +101,18 @@ impl<K: Copy + Send, I: KeyIndex<K>> TwoQ<K, I> {
         } else {
             capacity
         };
-        let budget = capacity + kout + 2;
-        TwoQ {
-            cap: capacity,
+        let rule = TwoQRule {
             kin,
             kout,
             am_limit,
-            arena: Arena::with_budget(budget),
-            lists: [List::default(); 3],
-            index: I::with_capacity(budget),
-        }
+        };
+        Tagged::build(capacity, capacity + kout + 2, rule)
     }
 
     /// (A1in, A1out, Am) keys, oldest first (tests).
     pub fn queues(&self) -> (Vec<K>, Vec<K>, Vec<K>) {
-        (
-            self.arena.keys(&self.lists[A1IN as usize]),
-            self.arena.keys(&self.lists[A1OUT as usize]),
-            self.arena.keys(&self.lists[AM as usize]),
-        )
-    }
-
-    fn resident(&self) -> usize {
-        self.lists[A1IN as usize].len + self.lists[AM as usize].len
+        let [a1in, am, a1out] = self.keys();
+        (a1in, a1out, am)
     }
 
     /// Free one frame if the cache is full; returns the paged-out key.
@@ -131,88 +120,61 @@ impl<K: Copy + Send, I: KeyIndex<K>> TwoQ<K, I> {
         if self.resident() < self.cap {
             return None;
         }
-        let [a1in, a1out, am] = &mut self.lists;
-        if a1in.len > self.kin || am.len == 0 {
+        let [a1in, am, a1out] = &mut self.lists;
+        if a1in.len > self.rule.kin || am.len == 0 {
             let y = a1in.front;
             let key = self.arena.get(y).key;
             self.arena.unlink(a1in, y);
             self.arena
-                .retire(y, a1out, A1OUT, self.kout, &mut self.index);
+                .retire(y, a1out, A1OUT, self.rule.kout, &mut self.index);
             Some(key)
         } else {
-            Some(self.drop_am_lru())
+            Some(self.drop_front(AM))
         }
-    }
-
-    fn drop_am_lru(&mut self) -> K {
-        self.arena
-            .pop_front(&mut self.lists[AM as usize], &mut self.index)
     }
 }
 
-impl<K: Copy + Send, I: KeyIndex<K>> Policy<K> for TwoQ<K, I> {
-    fn name(&self) -> String {
-        "2Q".into()
-    }
-    fn capacity(&self) -> usize {
-        self.cap
-    }
-    fn len(&self) -> usize {
-        self.resident()
-    }
-    fn contains(&self, key: &K) -> bool {
-        matches!(self.index.get(key), Some(i) if self.arena.get(i).tag != A1OUT)
-    }
+impl Rule<3> for TwoQRule {
+    const NAME: &'static str = "2Q";
+    const RESIDENT: u8 = 2;
 
-    fn access(&mut self, key: K) -> Outcome<K> {
-        if self.cap == 0 {
-            return Outcome::Miss { evicted: None };
-        }
-        match self.index.get(&key) {
-            Some(i) => match self.arena.get(i).tag {
+    #[inline]
+    fn access<K: Copy + Send, I: KeyIndex<K>>(q: &mut TwoQ<K, I>, key: K) -> Outcome<K> {
+        match q.index.get(&key) {
+            Some(i) => match q.arena.get(i).tag {
                 AM => {
-                    self.arena.refresh(&mut self.lists[AM as usize], i);
+                    q.arena.refresh(&mut q.lists[AM as usize], i);
                     Outcome::Hit
                 }
                 A1IN => Outcome::Hit,
                 _ => {
                     // A ghost in A1out: the block goes to Am.
-                    self.arena.unlink(&mut self.lists[A1OUT as usize], i);
-                    let mut evicted = self.reclaim();
-                    if self.lists[AM as usize].len >= self.am_limit {
+                    q.arena.unlink(&mut q.lists[A1OUT as usize], i);
+                    let mut evicted = q.reclaim();
+                    if q.lists[AM as usize].len >= q.rule.am_limit {
                         // Only with am=rest: Am is full although the
                         // cache is not; Am drops its LRU block.
                         debug_assert!(evicted.is_none());
-                        evicted = Some(self.drop_am_lru());
+                        evicted = Some(q.drop_front(AM));
                     }
-                    self.arena.push_back(&mut self.lists[AM as usize], i, AM);
+                    q.arena.push_back(&mut q.lists[AM as usize], i, AM);
                     Outcome::Miss { evicted }
                 }
             },
             None => {
-                let evicted = self.reclaim();
-                self.arena.insert_back(
-                    &mut self.lists[A1IN as usize],
-                    &mut self.index,
-                    key,
-                    A1IN,
-                    (),
-                );
+                let evicted = q.reclaim();
+                q.arena
+                    .insert_back(&mut q.lists[A1IN as usize], &mut q.index, key, A1IN, ());
                 Outcome::Miss { evicted }
             }
         }
-    }
-
-    fn remove(&mut self, key: &K) -> bool {
-        self.arena
-            .remove_keyed(&mut self.lists, &mut self.index, key)
-            .is_some_and(|t| t != A1OUT)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Policy;
 
     /// Hand-worked from the paper's full-version pseudo-code with 4
     /// frames, Kin = 1, Kout = 2.

@@ -185,14 +185,12 @@ impl LeaseStore for CachedStore {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::config::StoreConfig;
-    use crate::store::local::LocalStore;
+    use crate::store::local::testing::store;
 
     #[test]
     fn reads_are_served_from_memory_within_the_capacity_and_gc_drops_them() {
-        let d = tempfile::tempdir().unwrap();
-        let inner: DynStore =
-            Arc::new(LocalStore::open(&d.path().join("s"), Some(&StoreConfig::default())).unwrap());
+        let (_d, s) = store();
+        let inner: DynStore = Arc::new(s);
         let codec = inner.config().codec();
         let objs: Vec<_> = (0..8u8).map(|k| codec.seal(&[k; 4000], false)).collect();
         let items: Vec<(ChunkId, &[u8])> = objs.iter().map(|o| (o.id, &o.object[..])).collect();

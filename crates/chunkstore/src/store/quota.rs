@@ -217,21 +217,27 @@ impl LeaseStore for QuotaStore {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chunk::ChunkCodec;
     use crate::store::config::StoreConfig;
-    use crate::store::local::LocalStore;
+    use crate::store::local::testing::store;
     use std::sync::Arc;
 
-    #[test]
-    fn a_full_store_fails_with_no_space_naming_the_object() {
-        let d = tempfile::tempdir().unwrap();
-        let inner: DynStore =
-            Arc::new(LocalStore::open(&d.path().join("s"), Some(&StoreConfig::default())).unwrap());
-        let q = QuotaStore::new(inner, 1000).unwrap();
+    /// A quota of `limit` bytes over a new local store, and a codec that
+    /// does not compress (an object's size is its data's).
+    fn quota(limit: u64) -> (tempfile::TempDir, QuotaStore, ChunkCodec) {
+        let (d, s) = store();
+        let q = QuotaStore::new(Arc::new(s), limit).unwrap();
         let c = StoreConfig {
             zstd_level: None,
             ..Default::default()
         }
         .codec();
+        (d, q, c)
+    }
+
+    #[test]
+    fn a_full_store_fails_with_no_space_naming_the_object() {
+        let (_d, q, c) = quota(1000);
         let a = c.seal(&[1u8; 600], false);
         let b = c.seal(&[2u8; 600], false);
         q.put_many(&[(a.id, &a.object)]).unwrap();
@@ -247,16 +253,8 @@ mod tests {
     /// lookups stay cheap, and what the group stores is counted.
     #[test]
     fn a_quota_keeps_the_stores_grouped_writes_and_counts_them() {
-        let d = tempfile::tempdir().unwrap();
-        let inner: DynStore =
-            Arc::new(LocalStore::open(&d.path().join("s"), Some(&StoreConfig::default())).unwrap());
-        let q = QuotaStore::new(inner, 10_000).unwrap();
+        let (d, q, c) = quota(10_000);
         assert!(q.cheap_lookups(), "a local store's lookups are cheap");
-        let c = StoreConfig {
-            zstd_level: None,
-            ..Default::default()
-        }
-        .codec();
         let objs: Vec<_> = (0..8u8).map(|k| c.seal(&[k; 1000], false)).collect();
         let g = q.put_group();
         for o in &objs {

@@ -55,27 +55,55 @@ pub enum Got {
     NotSent,
 }
 
-pub fn encode_have_request(ids: &[ChunkId]) -> Vec<u8> {
+impl Got {
+    /// The length of the object, 0 for an entry without one.
+    pub fn object_len(&self) -> usize {
+        match self {
+            Got::Found(b) => b.len(),
+            _ => 0,
+        }
+    }
+}
+
+/// A request or answer's head: `magic`, then a count. Returns the reader
+/// past it and the count; `what` names the body in errors.
+fn read_head<'a>(b: &'a [u8], magic: [u8; 8], what: &'static str) -> Result<(Reader<'a>, usize)> {
+    let mut r = Reader::new(b, what);
+    if r.bytes(8, "magic")? != magic {
+        return Err(corrupt(format!("{what}: bad magic")));
+    }
+    let n = r.u32("count")? as usize;
+    Ok((r, n))
+}
+
+/// A request naming `ids`: `magic`, the count, the ids.
+fn encode_ids(magic: [u8; 8], ids: &[ChunkId]) -> Vec<u8> {
     let mut w = Writer::new();
-    w.bytes(&HAVE_MAGIC).u32(ids.len() as u32);
+    w.bytes(&magic).u32(ids.len() as u32);
     for id in ids {
         w.id(id);
     }
     w.buf
 }
 
-pub fn parse_have_request(b: &[u8]) -> Result<Vec<ChunkId>> {
-    let mut r = Reader::new(b, "have request");
-    if r.bytes(8, "magic")? != HAVE_MAGIC {
-        return Err(corrupt("have request: bad magic"));
-    }
-    let n = r.u32("count")? as usize;
-    if n > MAX_HAVE || n * 32 != r.remaining() {
+/// The rest of a request [`encode_ids`] wrote, whose head gave `n`: at
+/// most `max` ids and nothing after them.
+fn read_ids(mut r: Reader, n: usize, max: usize, what: &str) -> Result<Vec<ChunkId>> {
+    if n > max || n * 32 != r.remaining() {
         return Err(corrupt(format!(
-            "have request: count {n} does not match the body"
+            "{what}: count {n} does not match the body"
         )));
     }
     (0..n).map(|_| r.id("id")).collect()
+}
+
+pub fn encode_have_request(ids: &[ChunkId]) -> Vec<u8> {
+    encode_ids(HAVE_MAGIC, ids)
+}
+
+pub fn parse_have_request(b: &[u8]) -> Result<Vec<ChunkId>> {
+    let (r, n) = read_head(b, HAVE_MAGIC, "have request")?;
+    read_ids(r, n, MAX_HAVE, "have request")
 }
 
 pub fn encode_have_answer(have: &[bool]) -> Vec<u8> {
@@ -92,11 +120,7 @@ pub fn encode_have_answer(have: &[bool]) -> Vec<u8> {
 }
 
 pub fn parse_have_answer(b: &[u8], expect: usize) -> Result<Vec<bool>> {
-    let mut r = Reader::new(b, "have answer");
-    if r.bytes(8, "magic")? != HAVE_MAGIC {
-        return Err(corrupt("have answer: bad magic"));
-    }
-    let n = r.u32("count")? as usize;
+    let (mut r, n) = read_head(b, HAVE_MAGIC, "have answer")?;
     if n != expect {
         return Err(corrupt(format!(
             "have answer for {n} ids, asked about {expect}"
@@ -108,45 +132,25 @@ pub fn parse_have_answer(b: &[u8], expect: usize) -> Result<Vec<bool>> {
 }
 
 pub fn encode_get_request(ids: &[ChunkId]) -> Vec<u8> {
-    let mut w = Writer::new();
-    w.bytes(&GET_MAGIC).u32(ids.len() as u32);
-    for id in ids {
-        w.id(id);
-    }
-    w.buf
+    encode_ids(GET_MAGIC, ids)
 }
 
 /// A batch get request: 1 to [`MAX_GET`] ids.
 pub fn parse_get_request(b: &[u8]) -> Result<Vec<ChunkId>> {
-    let mut r = Reader::new(b, "batch get request");
-    if r.bytes(8, "magic")? != GET_MAGIC {
-        return Err(corrupt("batch get request: bad magic"));
-    }
-    let n = r.u32("count")? as usize;
+    let (r, n) = read_head(b, GET_MAGIC, "batch get request")?;
     if n == 0 || n > MAX_GET {
         return Err(corrupt(format!(
             "batch get request for {n} objects: 1 to {MAX_GET} may be asked for at once"
         )));
     }
-    if n * 32 != r.remaining() {
-        return Err(corrupt(format!(
-            "batch get request: count {n} does not match the body"
-        )));
-    }
-    (0..n).map(|_| r.id("id")).collect()
+    read_ids(r, n, MAX_GET, "batch get request")
 }
 
 /// The answer to a batch get request. Objects past [`MAX_GET_BYTES`] in
 /// total are written as not sent (the server reads no more than that,
 /// `ChunkRead::get_many_within`, so this only guards the limit).
 pub fn encode_get_answer(got: &[Got]) -> Vec<u8> {
-    let bytes: usize = got
-        .iter()
-        .map(|g| match g {
-            Got::Found(b) => b.len(),
-            _ => 0,
-        })
-        .sum();
+    let bytes: usize = got.iter().map(Got::object_len).sum();
     let mut w = Writer::new();
     w.buf
         .reserve(GET_HEADER + got.len() * GET_ENTRY_HEADER + bytes.min(MAX_GET_BYTES as usize));
@@ -175,11 +179,7 @@ pub fn encode_get_answer(got: &[Got]) -> Vec<u8> {
 /// [`MAX_GET_BYTES`], nothing after the last. Objects are not verified
 /// here: the caller checks each against its name.
 pub fn parse_get_answer(b: &[u8], asked: usize) -> Result<Vec<Got>> {
-    let mut r = Reader::new(b, "batch get answer");
-    if r.bytes(8, "magic")? != GET_MAGIC {
-        return Err(corrupt("batch get answer: bad magic"));
-    }
-    let n = r.u32("count")? as usize;
+    let (mut r, n) = read_head(b, GET_MAGIC, "batch get answer")?;
     if n != asked {
         return Err(corrupt(format!(
             "batch get answer for {n} objects, asked for {asked}"

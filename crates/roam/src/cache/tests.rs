@@ -5,6 +5,7 @@
 
 use std::collections::HashSet;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::sync::Arc;
 
 use super::journal::{self, Kind, Record, HEADER_LEN, RECORD_LEN};
@@ -20,6 +21,19 @@ fn opts(chunks: u64, policy: &str) -> CacheOptions {
         unit: UNIT,
         policy: policy.into(),
     }
+}
+
+/// The cache in `dir` with an LRU policy over `chunks` chunks.
+fn lru(dir: &Path, chunks: u64) -> SharedCache {
+    SharedCache::open(dir, &opts(chunks, "lru")).unwrap()
+}
+
+/// Why the cache in `dir` does not open.
+fn refused(dir: &Path) -> String {
+    SharedCache::open(dir, &opts(8, "lru"))
+        .err()
+        .unwrap()
+        .to_string()
 }
 
 fn id(n: u32) -> ChunkId {
@@ -42,7 +56,7 @@ fn set(c: &SharedCache) -> HashSet<ChunkId> {
 #[test]
 fn hits_are_read_from_the_file_at_any_offset() {
     let t = tempfile::tempdir().unwrap();
-    let c = SharedCache::open(t.path(), &opts(8, "lru")).unwrap();
+    let c = lru(t.path(), 8);
     let mut buf = vec![0u8; 100];
     assert!(!c.read(&id(1), UNIT as usize, &mut buf, 0).unwrap());
     c.insert(id(1), Arc::new(data(1)));
@@ -62,7 +76,7 @@ fn hits_are_read_from_the_file_at_any_offset() {
 #[test]
 fn the_cap_holds_and_lru_evicts_the_oldest() {
     let t = tempfile::tempdir().unwrap();
-    let c = SharedCache::open(t.path(), &opts(4, "lru")).unwrap();
+    let c = lru(t.path(), 4);
     for n in 1..=4 {
         assert_eq!(c.insert_now(id(n), &data(n)).unwrap(), Admission::Admitted);
     }
@@ -125,8 +139,8 @@ fn processes_sharing_a_folder_agree_on_every_victim() {
 #[test]
 fn pinned_chunks_stay_and_a_full_pinned_cache_refuses() {
     let t = tempfile::tempdir().unwrap();
-    let a = SharedCache::open(t.path(), &opts(3, "lru")).unwrap();
-    let b = SharedCache::open(t.path(), &opts(3, "lru")).unwrap();
+    let a = lru(t.path(), 3);
+    let b = lru(t.path(), 3);
     for n in 1..=3 {
         a.insert_now(id(n), &data(n)).unwrap();
     }
@@ -156,7 +170,7 @@ fn pinned_chunks_stay_and_a_full_pinned_cache_refuses() {
 #[test]
 fn a_pinned_set_of_a_dead_process_does_not_hold_anything() {
     let t = tempfile::tempdir().unwrap();
-    let c = SharedCache::open(t.path(), &opts(2, "lru")).unwrap();
+    let c = lru(t.path(), 2);
     c.insert_now(id(1), &data(1)).unwrap();
     c.insert_now(id(2), &data(2)).unwrap();
     // A pin file nobody holds a lock on: its process is gone.
@@ -173,7 +187,7 @@ fn a_pinned_set_of_a_dead_process_does_not_hold_anything() {
 fn reopening_reconciles_files_and_journal() {
     let t = tempfile::tempdir().unwrap();
     {
-        let c = SharedCache::open(t.path(), &opts(8, "lru")).unwrap();
+        let c = lru(t.path(), 8);
         for n in 1..=3 {
             c.insert_now(id(n), &data(n)).unwrap();
         }
@@ -200,7 +214,7 @@ fn reopening_reconciles_files_and_journal() {
     std::fs::write(&j, &bytes).unwrap();
     std::fs::write(t.path().join("tmp/x.999999999.0"), b"partial").unwrap();
 
-    let c = SharedCache::open(t.path(), &opts(8, "lru")).unwrap();
+    let c = lru(t.path(), 8);
     assert_eq!(set(&c), [id(1)].into_iter().collect());
     assert!(!path(7).exists() && !path(2).exists());
     assert!(!t.path().join("tmp/x.999999999.0").exists());
@@ -214,20 +228,17 @@ fn reopening_reconciles_files_and_journal() {
 #[test]
 fn a_damaged_journal_header_is_an_error_that_says_what_to_do() {
     let t = tempfile::tempdir().unwrap();
-    drop(SharedCache::open(t.path(), &opts(8, "lru")).unwrap());
+    drop(lru(t.path(), 8));
     std::fs::write(t.path().join("journal"), b"not a journal at all").unwrap();
-    let e = SharedCache::open(t.path(), &opts(8, "lru"))
-        .err()
-        .unwrap()
-        .to_string();
+    let e = refused(t.path());
     assert!(e.contains("remove the shared cache folder"), "{e}");
 }
 
 #[test]
 fn compaction_keeps_the_state_for_every_process() {
     let t = tempfile::tempdir().unwrap();
-    let a = SharedCache::open(t.path(), &opts(64, "lru")).unwrap();
-    let b = SharedCache::open(t.path(), &opts(64, "lru")).unwrap();
+    let a = lru(t.path(), 64);
+    let b = lru(t.path(), 64);
     let mut buf = [0u8; 4];
     for round in 0..200u32 {
         let n = round % 80;
@@ -242,7 +253,7 @@ fn compaction_keeps_the_state_for_every_process() {
     let len = std::fs::metadata(t.path().join("journal")).unwrap().len() as usize;
     assert!((len - HEADER_LEN) / RECORD_LEN < 4096 + 64 * 8 + 64);
     assert_eq!(set(&a), set(&b));
-    let c = SharedCache::open(t.path(), &opts(64, "lru")).unwrap();
+    let c = lru(t.path(), 64);
     assert_eq!(set(&c), set(&a));
     // Check the journal parses record by record to the end.
     let bytes = std::fs::read(t.path().join("journal")).unwrap();
@@ -263,8 +274,8 @@ fn mark(version: u32, ids: &[u32]) -> super::hoard_marks::HoardMark {
 #[test]
 fn hoarded_chunks_stay_in_every_process_until_released() {
     let t = tempfile::tempdir().unwrap();
-    let a = SharedCache::open(t.path(), &opts(4, "lru")).unwrap();
-    let b = SharedCache::open(t.path(), &opts(4, "lru")).unwrap();
+    let a = lru(t.path(), 4);
+    let b = lru(t.path(), 4);
     a.mark_hoard(&mark(1, &[1, 2])).unwrap();
     for n in 1..=2 {
         a.insert_now(id(n), &data(n)).unwrap();
@@ -311,7 +322,7 @@ fn a_version_1_cache_opens_and_becomes_version_2_at_its_first_hoard() {
         "magic = \"roamdisk-shared-cache\"\nversion = 1\nsize = 16384\nunit = 4096\npolicy = \"lru\"\n",
     )
     .unwrap();
-    let c = SharedCache::open(t.path(), &opts(8, "lru")).unwrap();
+    let c = lru(t.path(), 8);
     assert_eq!((c.format_version(), c.capacity()), (1, 4));
     c.insert_now(id(1), &data(1)).unwrap();
     c.mark_hoard(&mark(1, &[1])).unwrap();
@@ -322,24 +333,21 @@ fn a_version_1_cache_opens_and_becomes_version_2_at_its_first_hoard() {
         "{text}"
     );
     drop(c);
-    let c = SharedCache::open(t.path(), &opts(8, "lru")).unwrap();
+    let c = lru(t.path(), 8);
     assert_eq!(c.format_version(), 2);
     assert_eq!(set(&c), [id(1)].into_iter().collect());
     // A version this build does not know is refused with what it means.
     drop(c);
     let p = t.path().join("cache.toml");
     std::fs::write(&p, text.replace("version = 2", "version = 3")).unwrap();
-    let e = SharedCache::open(t.path(), &opts(8, "lru"))
-        .err()
-        .unwrap()
-        .to_string();
+    let e = refused(t.path());
     assert!(e.contains("a newer roamdisk made it"), "{e}");
 }
 
 #[test]
 fn evict_keeps_what_sessions_pin_and_hoards_keep_and_all_needs_no_session() {
     let t = tempfile::tempdir().unwrap();
-    let c = SharedCache::open(t.path(), &opts(8, "lru")).unwrap();
+    let c = lru(t.path(), 8);
     for n in 1..=6 {
         c.insert_now(id(n), &data(n)).unwrap();
     }
@@ -366,14 +374,14 @@ fn evict_keeps_what_sessions_pin_and_hoards_keep_and_all_needs_no_session() {
         .sum();
     assert_eq!(files, 0);
     // Another process agrees.
-    let d = SharedCache::open(t.path(), &opts(8, "lru")).unwrap();
+    let d = lru(t.path(), 8);
     assert!(set(&d).is_empty());
 }
 
 #[test]
 fn verify_drops_a_damaged_chunk_even_for_a_process_that_holds_it_open() {
     let t = tempfile::tempdir().unwrap();
-    let a = SharedCache::open(t.path(), &opts(8, "lru")).unwrap();
+    let a = lru(t.path(), 8);
     let hash = roamdisk_chunkstore::hash::HashKind::Blake3;
     let chunks: Vec<(ChunkId, Vec<u8>)> = (1..=4)
         .map(|n| {
@@ -399,7 +407,7 @@ fn verify_drops_a_damaged_chunk_even_for_a_process_that_holds_it_open() {
         .write_all_at(&bytes, 0)
         .unwrap();
     // Process B verifies: the damaged chunk is found and dropped.
-    let b = SharedCache::open(t.path(), &opts(8, "lru")).unwrap();
+    let b = lru(t.path(), 8);
     let r = super::admin::verify(&b, &roamdisk_chunkstore::NoProgress).unwrap();
     assert_eq!(r.chunks, 4);
     assert_eq!(r.damaged.len(), 1, "{r:?}");
@@ -421,7 +429,7 @@ fn verify_drops_a_damaged_chunk_even_for_a_process_that_holds_it_open() {
 #[test]
 fn status_counts_hoards_pins_and_what_may_go() {
     let t = tempfile::tempdir().unwrap();
-    let c = SharedCache::open(t.path(), &opts(8, "lru")).unwrap();
+    let c = lru(t.path(), 8);
     for n in 1..=5 {
         c.insert_now(id(n), &data(n)).unwrap();
     }

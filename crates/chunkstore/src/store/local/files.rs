@@ -2,8 +2,9 @@
 //! have a name ([`Unnamed`]: `O_TMPFILE`, or a named temporary file in
 //! `tmp/` where the file system has no unnamed files), how such a file is
 //! given its name ([`Naming`], learned on first use), vectored writes of an
-//! object's two pieces, opened folders, and touches (a reference time set
-//! to now). No store state.
+//! object's two pieces, opened folders, touches (a reference time set to
+//! now), and file steps that may find no file (a gc removed it). No store
+//! state.
 
 use std::fs::{self, File};
 use std::io::{ErrorKind as IoKind, IoSlice};
@@ -106,6 +107,27 @@ pub(super) fn touch_at<P: rustix::path::Arg>(dir: impl AsFd, name: P) -> std::io
         },
     };
     rustix::fs::utimensat(dir, name, &t, AtFlags::empty()).map_err(std::io::Error::from)
+}
+
+/// With `touch`, [`touch_at`]; without, only check that `dir/name` is
+/// there.
+pub(super) fn touch_or_stat(dir: impl AsFd, name: &str, touch: bool) -> std::io::Result<()> {
+    if touch {
+        touch_at(dir, name)
+    } else {
+        rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
+            .map(|_| ())
+            .map_err(std::io::Error::from)
+    }
+}
+
+/// What a file step gave, or `None` where there was no file.
+pub(super) fn if_found<T>(r: std::io::Result<T>) -> std::io::Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.kind() == IoKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// How this store gives an unnamed file its name: one of the `NAMING_*`

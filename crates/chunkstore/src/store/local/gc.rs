@@ -8,7 +8,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
-use std::io::ErrorKind as IoKind;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -16,7 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use roamdisk_blockdev::durable::{rename_noreplace, Renamed};
 use roamdisk_blockdev::{ErrorKind, Op, Result};
 
-use super::files::touch;
+use super::files::{if_found, touch};
 use super::pack_writer::PackGroup;
 use super::packs::{mtime, pack_names_in};
 use super::store::LocalStore;
@@ -65,21 +64,16 @@ impl LocalStore {
             return Ok(None);
         }
         // 2. Re-read its time: a touch that came before the move shows here.
-        let m = match fs::metadata(&t) {
-            Ok(m) => m,
-            Err(e) if e.kind() == IoKind::NotFound => return Ok(None),
-            Err(e) => return Err(io(Op::Read, e, &t)),
+        let Some(m) = if_found(fs::metadata(&t)).map_err(|e| io(Op::Read, e, &t))? else {
+            return Ok(None);
         };
         if m.modified().unwrap_or(UNIX_EPOCH) >= cutoff {
             let _ = rename_noreplace(&t, &p);
             let _ = fs::remove_file(&t);
             return Ok(None);
         }
-        match fs::remove_file(&t) {
-            Ok(()) => Ok(Some(m.len())),
-            Err(e) if e.kind() == IoKind::NotFound => Ok(None),
-            Err(e) => Err(io(Op::Write, e, &t)),
-        }
+        let removed = if_found(fs::remove_file(&t)).map_err(|e| io(Op::Write, e, &t))?;
+        Ok(removed.map(|()| m.len()))
     }
 
     /// gc: remove the packed copies of `ids` (unreferenced objects last
@@ -134,11 +128,8 @@ impl LocalStore {
     ) -> Result<Vec<(ChunkId, u64)>> {
         let path = self.packs_path().join(name);
         let recent = |p: &Path| -> Result<Option<bool>> {
-            match fs::metadata(p) {
-                Ok(m) => Ok(Some(mtime(&m) >= cutoff)),
-                Err(e) if e.kind() == IoKind::NotFound => Ok(None),
-                Err(e) => Err(io(Op::Read, e, p)),
-            }
+            let m = if_found(fs::metadata(p)).map_err(|e| io(Op::Read, e, p))?;
+            Ok(m.map(|m| mtime(&m) >= cutoff))
         };
         if recent(&path)? != Some(false) {
             return Ok(Vec::new());
@@ -154,10 +145,8 @@ impl LocalStore {
             return Ok(Vec::new());
         }
         if !live.is_empty() {
-            let f = match File::open(&path) {
-                Ok(f) => f,
-                Err(e) if e.kind() == IoKind::NotFound => return Ok(Vec::new()),
-                Err(e) => return Err(io(Op::Read, e, &path)),
+            let Some(f) = if_found(File::open(&path)).map_err(|e| io(Op::Read, e, &path))? else {
+                return Ok(Vec::new());
             };
             let codec = self.config.codec();
             let group = PackGroup::new(self);
@@ -188,11 +177,11 @@ impl LocalStore {
             }
             None => return Ok(Vec::new()),
         }
-        match fs::remove_file(&trash) {
-            Ok(()) => Ok(gone.iter().map(|e| (e.id, e.len as u64)).collect()),
-            Err(e) if e.kind() == IoKind::NotFound => Ok(Vec::new()),
-            Err(e) => Err(io(Op::Write, e, &trash)),
-        }
+        let removed = if_found(fs::remove_file(&trash)).map_err(|e| io(Op::Write, e, &trash))?;
+        Ok(match removed {
+            Some(()) => gone.iter().map(|e| (e.id, e.len as u64)).collect(),
+            None => Vec::new(),
+        })
     }
 
     /// Put back a pack from `trash/` (left by a gc that died between its
@@ -320,11 +309,12 @@ mod tests {
     use crate::store::api::prelude::*;
     use std::time::Duration;
 
+    /// Move a file aside as a gc does (to play one that died after it).
+    fn move_aside(from: &Path, to: &Path) {
+        assert_eq!(rename_noreplace(from, to).unwrap(), Renamed::Moved);
+    }
+
     #[test]
-    #[allow(
-        clippy::disallowed_methods,
-        reason = "plays a gc that died after moving an object aside: renames by hand"
-    )]
     fn removal_respects_recent_touches_and_trash_is_recovered() {
         let (_d, s) = store();
         let a = s.config().codec().seal(b"aaaa", false);
@@ -344,9 +334,9 @@ mod tests {
         assert!(s.remove_if_older(&a.id, future).unwrap().is_some());
         assert!(!s.has_many(&[a.id], false).unwrap()[0]);
         // A gc that died after moving b aside: reads and recover put it back.
-        fs::rename(s.object_path(&b.id), s.trash_path(&b.id)).unwrap();
+        move_aside(&s.object_path(&b.id), &s.trash_path(&b.id));
         assert_eq!(fetch(&s, &b.id, None).unwrap(), b"bbbb");
-        fs::rename(s.object_path(&b.id), s.trash_path(&b.id)).unwrap();
+        move_aside(&s.object_path(&b.id), &s.trash_path(&b.id));
         assert_eq!(s.recover(past).unwrap(), (1, 0));
         assert!(s.object_path(&b.id).exists());
     }
@@ -415,10 +405,6 @@ mod tests {
     }
 
     #[test]
-    #[allow(
-        clippy::disallowed_methods,
-        reason = "plays a gc that died after moving a pack aside: renames by hand"
-    )]
     fn a_pack_left_in_the_trash_comes_back_for_readers_and_recover() {
         let (_d, s) = store();
         let objs = packed(&s, 10);
@@ -426,12 +412,12 @@ mod tests {
         let name = packs[0].file_name().unwrap().to_owned();
         let in_first = s.read_pack_index(&packs[0]).unwrap()[0].id;
         let trash = s.root().join("trash").join(&name);
-        fs::rename(&packs[0], &trash).unwrap();
+        move_aside(&packs[0], &trash);
         // A reader (a fresh process) finds it and puts it back.
         let reader = LocalStore::open(s.root(), None).unwrap();
         assert!(fetch(&reader, &in_first, None).is_ok());
         assert!(packs[0].exists() && !trash.exists());
-        fs::rename(&packs[0], &trash).unwrap();
+        move_aside(&packs[0], &trash);
         let past = SystemTime::now() - hour();
         let (restored, _) = s.recover(past).unwrap();
         assert!(restored >= 1);

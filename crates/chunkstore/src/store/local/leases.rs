@@ -3,13 +3,12 @@
 //! time (its last sign of life), ending it removes it.
 
 use std::fs;
-use std::io::ErrorKind as IoKind;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use roamdisk_blockdev::durable::{sync_dir, write_then_rename};
 use roamdisk_blockdev::{Op, Result};
 
-use super::files::touch;
+use super::files::{if_found, touch};
 use super::store::LocalStore;
 use crate::error::io;
 use crate::store::api::{Lease, LeaseStore};
@@ -51,11 +50,9 @@ impl LeaseStore for LocalStore {
     }
     fn lease_end(&self, id: &str) -> Result<()> {
         let p = self.root.join("leases").join(id);
-        match fs::remove_file(&p) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == IoKind::NotFound => Ok(()),
-            Err(e) => Err(io(Op::Write, e, &p)),
-        }
+        if_found(fs::remove_file(&p))
+            .map(drop)
+            .map_err(|e| io(Op::Write, e, &p))
     }
     fn leases(&self) -> Result<Vec<Lease>> {
         let d = self.root.join("leases");

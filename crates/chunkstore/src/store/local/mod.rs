@@ -49,4 +49,6 @@ mod refs;
 mod store;
 mod table;
 
+#[cfg(test)]
+pub(crate) use store::testing;
 pub use store::LocalStore;

@@ -18,9 +18,10 @@ use std::sync::Arc;
 use rayon::prelude::*;
 use roamdisk_blockdev::durable::{rename_noreplace_at, sync_dir, Renamed};
 use roamdisk_blockdev::{Op, Result};
-use rustix::fs::AtFlags;
 
-use super::files::{dir_removed, open_dir, open_unnamed, pwrite_parts, touch_at, Unnamed};
+use super::files::{
+    dir_removed, if_found, open_dir, open_unnamed, pwrite_parts, touch_at, touch_or_stat, Unnamed,
+};
 use super::pack_writer::PackGroup;
 use super::store::{LocalStore, FANS};
 use crate::error::{io, not_found};
@@ -286,24 +287,14 @@ impl ChunkRead for LocalStore {
                 if packed {
                     return Ok(true);
                 }
-                let r = self.fan_dir(id.0[0] as usize, false).and_then(|dir| {
-                    let name = id.to_hex();
-                    if touch_found {
-                        touch_at(&*dir, &name)
-                    } else {
-                        rustix::fs::statat(&*dir, &name, AtFlags::SYMLINK_NOFOLLOW)
-                            .map(|_| ())
-                            .map_err(std::io::Error::from)
-                    }
-                });
-                match r {
-                    Ok(()) => Ok(true),
-                    // Not in place: a commit uploads it again (an object a
-                    // crashed gc left in the trash is not worth a lookup
-                    // per missing object; readers and gc put it back).
-                    Err(e) if e.kind() == IoKind::NotFound => Ok(false),
-                    Err(e) => Err(io(Op::Read, e, &self.object_path(id))),
-                }
+                let r = self
+                    .fan_dir(id.0[0] as usize, false)
+                    .and_then(|dir| touch_or_stat(&*dir, &id.to_hex(), touch_found));
+                // Not in place: a commit uploads it again (an object a
+                // crashed gc left in the trash is not worth a lookup per
+                // missing object; readers and gc put it back).
+                let found = if_found(r).map_err(|e| io(Op::Read, e, &self.object_path(id)))?;
+                Ok(found.is_some())
             })
             .collect()
     }

@@ -19,9 +19,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rayon::prelude::*;
 use roamdisk_blockdev::{ErrorKind, Op, Result};
-use rustix::fs::AtFlags;
 
-use super::files::{open_dir, touch_at};
+use super::files::{if_found, open_dir, touch_or_stat};
 use super::store::LocalStore;
 use super::table::Loc;
 use crate::error::{corrupt, io};
@@ -31,15 +30,14 @@ use crate::store::pack::{self, is_pack_name, Entry, Trailer};
 
 /// The names of the packs in `dir` (none if it does not exist).
 pub(super) fn pack_names_in(dir: &Path) -> Result<Vec<String>> {
-    match fs::read_dir(dir) {
-        Ok(rd) => Ok(rd
-            .filter_map(|e| e.ok())
-            .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|n| is_pack_name(n))
-            .collect()),
-        Err(e) if e.kind() == IoKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(io(Op::Read, e, dir)),
-    }
+    let Some(rd) = if_found(fs::read_dir(dir)).map_err(|e| io(Op::Read, e, dir))? else {
+        return Ok(Vec::new());
+    };
+    Ok(rd
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| is_pack_name(n))
+        .collect())
 }
 
 /// The modification time of a file (its reference time).
@@ -226,18 +224,9 @@ impl LocalStore {
             .map_err(|e| io(Op::Read, e, &self.packs_path()))?;
         let mut alive: HashMap<u32, bool> = HashMap::new();
         for (p, name) in names {
-            let r = if touch {
-                touch_at(&*dir, name.as_str())
-            } else {
-                rustix::fs::statat(&*dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
-                    .map(|_| ())
-                    .map_err(std::io::Error::from)
-            };
-            match r {
-                Ok(()) => alive.insert(p, true),
-                Err(e) if e.kind() == IoKind::NotFound => alive.insert(p, false),
-                Err(e) => return Err(io(Op::Write, e, &self.packs_path().join(&name))),
-            };
+            let found = if_found(touch_or_stat(&*dir, &name, touch))
+                .map_err(|e| io(Op::Write, e, &self.packs_path().join(&name)))?;
+            alive.insert(p, found.is_some());
         }
         if alive.values().any(|a| !a) {
             // A gc removed a pack: its objects (if referenced) are in

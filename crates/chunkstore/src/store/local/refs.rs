@@ -3,15 +3,15 @@
 //! written and made durable under a temporary name, renamed into place,
 //! then the folders synced).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::ErrorKind as IoKind;
+use std::fs::{self, File};
 use std::path::PathBuf;
 
 use roamdisk_blockdev::durable::{sync_dir, write_then_rename};
 use roamdisk_blockdev::{Op, Result};
 
+use super::files::if_found;
 use super::store::LocalStore;
-use crate::error::io;
+use crate::error::{io, lock_exclusive};
 use crate::hash::ChunkId;
 use crate::store::api::{check_ref_name, ref_tag, RefStore};
 
@@ -24,27 +24,14 @@ impl LocalStore {
 
     /// Hold the lock of every catalog update (until the file is dropped).
     fn refs_lock(&self) -> Result<File> {
-        let p = self.root.join("refs").join(".lock");
-        let f = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&p)
-            .map_err(|e| io(Op::Write, e, &p))?;
-        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
-            .map_err(|e| io(Op::Write, e.into(), &p))?;
-        Ok(f)
+        lock_exclusive(&self.root.join("refs").join(".lock"))
     }
 }
 
 impl RefStore for LocalStore {
     fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>> {
         let p = self.ref_path(name)?;
-        match fs::read(&p) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == IoKind::NotFound => Ok(None),
-            Err(e) => Err(io(Op::Read, e, &p)),
-        }
+        if_found(fs::read(&p)).map_err(|e| io(Op::Read, e, &p))
     }
     fn ref_list(&self) -> Result<Vec<String>> {
         let refs = self.root.join("refs");
@@ -83,11 +70,9 @@ impl RefStore for LocalStore {
                     io(Op::Write, e, &p).msg(format!("cannot write catalog {name}"))
                 })?;
             }
-            None => match fs::remove_file(&p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == IoKind::NotFound => {}
-                Err(e) => return Err(io(Op::Write, e, &p)),
-            },
+            None => {
+                if_found(fs::remove_file(&p)).map_err(|e| io(Op::Write, e, &p))?;
+            }
         }
         sync_dir(dir).map_err(|e| io(Op::Flush, e, dir))?;
         let refs = self.root.join("refs");
