@@ -104,6 +104,29 @@ pub fn run(cmd: &str, args: &[&str]) -> Output {
     out
 }
 
+/// Check DONE every EVERY until it holds or LIMIT has passed: whether it
+/// held.
+pub fn poll_until(limit: Duration, every: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while !done() {
+        if t0.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(every);
+    }
+    true
+}
+
+/// Run a prepared command to completion; panic with `what` and its output
+/// unless it succeeds. Returns stdout.
+pub fn command_stdout(cmd: &mut Command, what: &str) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    assert_success(&out, what);
+    stdout_text(&out)
+}
+
 /// Run a command and return its stdout as a string (must succeed).
 pub fn run_stdout(cmd: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&run(cmd, args).stdout).into_owned()
@@ -814,6 +837,41 @@ pub fn write_server_config(dir: &Path, rest: &str) -> PathBuf {
     )
     .expect("write server.toml");
     config
+}
+
+/// `DIR/NAME`, a folder as qemu's `tls-creds-psk` wants it: a copy of the
+/// PSK file KEYS as `keys.psk`.
+pub fn qemu_psk_dir(dir: &Path, name: &str, keys: &Path) -> PathBuf {
+    let d = dir.join(name);
+    std::fs::create_dir(&d).unwrap();
+    std::fs::copy(keys, d.join("keys.psk")).unwrap();
+    d
+}
+
+/// A server config's `[[image]]` table: NAME serving the raw file PATH.
+pub fn raw_image(name: &str, path: &Path) -> String {
+    format!(
+        "\n[[image]]\nname = \"{name}\"\nstack = \"raw:{}\"\n",
+        path.display()
+    )
+}
+
+/// A server config's `[[client]]` table: NAME, proved by ID (a line such as
+/// `cert-cn = "NAME"` or `uid = N`), with its GRANTS (`view = [...]`,
+/// `read-only = [...]` lines).
+pub fn client_table(name: &str, id: &str, grants: &str) -> String {
+    format!("\n[[client]]\nname = \"{name}\"\n{id}\n{grants}\n")
+}
+
+/// [`client_table`] of a client known by this process's uid (on the Unix
+/// socket).
+pub fn local_client(name: &str, grants: &str) -> String {
+    client_table(name, &format!("uid = {}", uid()), grants)
+}
+
+/// [`client_table`] of a client whose TLS-PSK identity is its NAME.
+pub fn psk_client(name: &str, grants: &str) -> String {
+    client_table(name, &format!("psk-identity = \"{name}\""), grants)
 }
 
 /// This process's uid, as a config's `uid = ...` wants it.
