@@ -58,6 +58,21 @@ impl Stack {
     fn assert_base_untouched(&self) {
         assert_files_equal(&self.base, &self.pristine);
     }
+    /// SRV stops cleanly, the stack serves again, and the restarted
+    /// export passes CHECK; the base was never written.
+    fn after_restart(&self, srv: Server, check: impl FnOnce(&Server)) {
+        assert!(srv.stop().success());
+        let srv = self.start(&[]);
+        check(&srv);
+        drop(srv);
+        self.assert_base_untouched();
+    }
+    /// [`Stack::after_restart`]: the restarted export holds WANT.
+    fn same_after_restart(&self, srv: Server, want: &[u8], what: &str) {
+        self.after_restart(srv, |srv| {
+            assert_bytes_equal(&self.export_bytes(srv), want, what)
+        });
+    }
 }
 
 /// Proof 2: pattern writes at unaligned offsets, zeroing (with and without
@@ -235,11 +250,7 @@ fn cow_discard_keeps_everything_else() {
         &after,
         "after writing into a discarded cluster",
     );
-    assert!(srv.stop().success());
-    let srv = st.start(&[]);
-    assert_bytes_equal(&st.export_bytes(&srv), &after, "after restart");
-    drop(srv);
-    st.assert_base_untouched();
+    st.same_after_restart(srv, &after, "after restart");
 }
 
 /// `nbdinfo --map` through a cow stack: clusters written are data, zeroed
@@ -356,11 +367,7 @@ sys.stdin.readline()
     // The reopened overlay takes writes that persist.
     qemu_io(&srv.uri(), &["write -P 0x44 4000000 70000".into()]);
     want[4_000_000..4_070_000].fill(0x44);
-    assert!(srv.stop().success());
-    let srv = st.start(&[]);
-    assert_bytes_equal(&st.export_bytes(&srv), &want, "after a second restart");
-    drop(srv);
-    st.assert_base_untouched();
+    st.same_after_restart(srv, &want, "after a second restart");
 }
 
 /// A device whose size is not a multiple of the cluster (nor of 512):
@@ -419,11 +426,7 @@ h.shutdown()
         assert_bytes_equal(&std::fs::read(&out).expect("read copy"), &want, what);
     };
     copy(&srv, "nbdcopy of the export");
-    assert!(srv.stop().success());
-    let srv = st.start(&[]);
-    copy(&srv, "nbdcopy after restart");
-    drop(srv);
-    st.assert_base_untouched();
+    st.after_restart(srv, |srv| copy(srv, "nbdcopy after restart"));
 }
 
 /// Proof 6 on a cow stack: `qemu-img convert -n` into the export (data,
@@ -448,11 +451,7 @@ fn qemu_img_convert_into_cow_export() {
     qemu_img_copy_into_parallel(path_str(&src), &srv.uri());
     let want = std::fs::read(&src).expect("read src");
     assert_bytes_equal(&st.export_bytes(&srv), &want, "export after convert");
-    assert!(srv.stop().success());
-    let srv = st.start(&[]);
-    assert_bytes_equal(&st.export_bytes(&srv), &want, "after restart");
-    drop(srv);
-    st.assert_base_untouched();
+    st.same_after_restart(srv, &want, "after restart");
 }
 
 /// Two servers must not have the same overlay open for writing: each keeps
