@@ -326,9 +326,23 @@ pub fn spec_cow_raw(dir: &Path, base: &Path) -> String {
 /// A new temporary folder holding `disk.raw`, SIZE bytes of zeroes, served
 /// by `roamdisk serve raw:DISK EXTRA...`: (folder, image, server).
 pub fn serve_blank(size: u64, extra: &[&str]) -> (tempfile::TempDir, PathBuf, Server) {
+    serve_new_file(|img| blank_file(img, size), extra)
+}
+
+/// [`serve_blank`], the image SIZE random bytes (SEED).
+pub fn serve_random(size: u64, seed: u64, extra: &[&str]) -> (tempfile::TempDir, PathBuf, Server) {
+    serve_new_file(|img| random_file(img, size, seed), extra)
+}
+
+/// A new temporary folder holding `disk.raw`, made by MAKE, served by
+/// `roamdisk serve raw:DISK EXTRA...`: (folder, image, server).
+fn serve_new_file(
+    make: impl FnOnce(&Path),
+    extra: &[&str],
+) -> (tempfile::TempDir, PathBuf, Server) {
     let dir = tempdir();
     let img = dir.path().join("disk.raw");
-    blank_file(&img, size);
+    make(&img);
     let srv = Server::start(dir.path(), &[&[spec_raw(&img).as_str()], extra].concat());
     (dir, img, srv)
 }
