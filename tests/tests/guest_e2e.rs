@@ -62,9 +62,11 @@ fn store_with_base_image() -> (Cas, ChunkServer, String) {
     (cas, chunks, sig_sha)
 }
 
-/// `roamdisk serve cas[shared-cache=DIR/shared]:SESS`: the session, its
-/// chunks cached in the test's folder rather than the host's cache.
-fn serve_session(dir: &Path, sess: &Path) -> Server {
+/// IMAGE checked out from CHUNKS as the session SESS, served by `roamdisk
+/// serve cas[shared-cache=DIR/shared]:SESS`: its chunks cached in the
+/// test's folder rather than the host's cache.
+fn serve_session(chunks: &ChunkServer, dir: &Path, sess: &Path) -> Server {
+    open_session(&chunks.url, IMAGE, sess, &[]);
     let spec = format!(
         "cas[shared-cache={}]:{}",
         dir.join("shared").display(),
@@ -136,9 +138,7 @@ fn a_guest_formats_and_fills_a_session_and_its_commit_holds_the_files() {
     let (cas, chunks, sig_sha) = store_with_base_image();
     let dir = cas.dir();
     let sess = dir.join("sess");
-    open_session(&chunks.url, IMAGE, &sess, &[]);
-
-    let srv = serve_session(dir, &sess);
+    let srv = serve_session(&chunks, dir, &sess);
     let t0 = Instant::now();
     let mut guest = Guest::new(dir)
         .nbd_disk(&srv.socket, "")
@@ -190,8 +190,7 @@ fn a_guest_suspended_on_one_host_resumes_on_another_with_its_resume_set() {
     let (cas, chunks, _) = store_with_base_image();
     let dir = cas.dir();
     let sess = dir.join("host-a/sess");
-    open_session(&chunks.url, IMAGE, &sess, &[]);
-    let srv = serve_session(dir, &sess);
+    let srv = serve_session(&chunks, dir, &sess);
     let first = Guest::new(dir)
         .nbd_disk(&srv.socket, "")
         .run(GUEST_SCRIPT, GUEST_TIMEOUT);
