@@ -17,8 +17,8 @@ use std::time::Duration;
 use common::certs::{client_dir, make_ca, make_leaf, CLIENT_EXT, SERVER_EXT};
 use common::{
     client_table, nbd_direct_write, output_text, path_str, psk_add, psk_client, qemu_io_tls_args,
-    qemu_psk_dir, random_file, raw_image, rd, rd_fail, require_tool, run, run_stdout, tempdir,
-    tool, uid, write_server_config, ServerProc,
+    qemu_psk_creds, qemu_psk_dir, qemu_x509_creds, random_file, raw_image, rd, rd_fail,
+    require_tool, run, run_stdout, tempdir, tool, uid, write_server_config, ServerProc,
 };
 
 const SIZE: u64 = 8 << 20;
@@ -237,11 +237,8 @@ enum Via<'a> {
 /// `qemu-io --image-opts` for `export` over TLS.
 fn qemu_io_tls(srv: &Srv, via: &Via, export: &str, cmds: &[&str]) -> Vec<String> {
     let object = match via {
-        Via::Cert(d) => format!("tls-creds-x509,id=tls0,endpoint=client,dir={}", d.display()),
-        Via::Psk(d) => format!(
-            "tls-creds-psk,id=tls0,endpoint=client,dir={},username=carol",
-            d.display()
-        ),
+        Via::Cert(d) => qemu_x509_creds(d),
+        Via::Psk(d) => qemu_psk_creds(d, "carol"),
     };
     qemu_io_tls_args(object, srv.port, export, cmds)
 }

@@ -76,10 +76,7 @@ tls-psk = "server.psk"
 
 /// `qemu-io` as `who` over TLS-PSK, running `cmds` on `desk`.
 fn qemu_io_psk(site: &Site, port: u16, who: &str, cmds: &[&str]) -> Command {
-    let creds = format!(
-        "tls-creds-psk,id=tls0,endpoint=client,dir={},username={who}",
-        site.qemu_psk.display()
-    );
+    let creds = qemu_psk_creds(&site.qemu_psk, who);
     let mut c = Command::new("qemu-io");
     c.args(qemu_io_tls_args(creds, port, "desk", cmds));
     c

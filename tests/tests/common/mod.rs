@@ -571,6 +571,25 @@ pub fn qemu_io_command(image: &str, cmds: &[String]) -> Command {
     c
 }
 
+/// qemu's `tls-creds-x509` object `tls0` for a client whose credentials
+/// (ca-cert.pem, and client-cert.pem and client-key.pem if it has them)
+/// are in DIR.
+pub fn qemu_x509_creds(dir: &Path) -> String {
+    format!(
+        "tls-creds-x509,id=tls0,endpoint=client,dir={}",
+        dir.display()
+    )
+}
+
+/// qemu's `tls-creds-psk` object `tls0` for USER, its key in DIR/keys.psk
+/// ([`qemu_psk_dir`]).
+pub fn qemu_psk_creds(dir: &Path, user: &str) -> String {
+    format!(
+        "tls-creds-psk,id=tls0,endpoint=client,dir={},username={user}",
+        dir.display()
+    )
+}
+
 /// `qemu-io` arguments that run `cmds` on `export` of the NBD server at
 /// 127.0.0.1:`port` over TLS, with qemu's credentials object `creds`
 /// (`tls-creds-x509,...` or `tls-creds-psk,...`, whose id is `tls0`).
