@@ -119,11 +119,7 @@ fn a_full_store_fails_the_commit_and_keeps_the_previous_version() {
     let cas = uncompressed_local(&["--quota", "3M"]);
     let (dir, s) = (cas.dir(), cas.s());
     let (small, _) = random_version(&cas, ("small.img", 2 << 20, 2), "u/vm", &[]);
-    let big = dir.join("big.img");
-    std::fs::copy(&small, &big).unwrap();
-    let extra = cas.random_file("extra", 4 << 20, 3);
-    run("truncate", &["-s", "6M", big.to_str().unwrap()]);
-    cas_common::put_at(&big, &extra, 2 << 20);
+    let big = cas.variant(&small, "big.img", (4 << 20, 3), 2 << 20);
     let e = rd_fail(&["commit", path_str(&big), "--to", "u/vm", "--store", s]);
     assert!(e.contains("is full") && e.contains("does not fit"), "{e}");
     assert!(e.contains("previous version is intact"), "{e}");
@@ -186,10 +182,7 @@ fn gc_during_a_commit_never_removes_what_the_commit_uses() {
     let (dir, s) = (cas.dir(), cas.s());
     let (a, _) = random_version(&cas, ("a.img", 64 << 20, 6), "u/a", &[]);
     // B shares its first 20 MiB with A, then has 12 MiB of its own.
-    let b = dir.join("b.img");
-    std::fs::copy(&a, &b).unwrap();
-    let tail = cas.random_file("tail", 12 << 20, 7);
-    cas_common::put_at(&b, &tail, 20 << 20);
+    let b = cas.variant(&a, "b.img", (12 << 20, 7), 20 << 20);
     run("truncate", &["-s", "32M", b.to_str().unwrap()]);
     let store = &cas.store;
     age_objects(store);

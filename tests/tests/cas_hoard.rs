@@ -16,8 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use cas_common::{
-    commit_version, convert_ok, hoard, json_num, json_str, open_session, random_version, read_all,
-    Cas, ChunkServer,
+    convert_ok, hoard, json_num, json_str, open_session, random_version, read_all, Cas, ChunkServer,
 };
 use common::{bin, path_str, poll_until, qemu_img_compare, rd, rd_fail, Server};
 
@@ -75,6 +74,14 @@ fn status_matches_disk(cache: &Path) -> u64 {
     assert_eq!(json_num(&s, "chunks"), files.len() as u64, "{s}");
     assert_eq!(json_num(&s, "bytes"), bytes, "{s}");
     files.len() as u64
+}
+
+/// A new store holding `u/vm`, an 8 MiB (128-chunk) random disk (SEED):
+/// the store and the disk.
+fn store_with_vm(seed: u64) -> (Cas, PathBuf) {
+    let cas = Cas::new();
+    let (src, _) = random_version(&cas, ("disk.raw", 8 << 20, seed), "u/vm", &[]);
+    (cas, src)
 }
 
 /// `roamdisk hoard IMAGE --check --json`: the level, nothing fetched.
@@ -150,10 +157,8 @@ fn a_hoarded_version_stays_while_other_images_stream_through_until_released() {
 
 #[test]
 fn a_hoard_killed_9_leaves_a_whole_cache_and_the_next_one_fetches_the_rest() {
-    let cas = Cas::new();
+    let (cas, _) = store_with_vm(3);
     let dir = cas.dir();
-    let src = cas.random_file("disk.raw", 8 << 20, 3);
-    commit_version(cas.s(), path_str(&src), "u/vm", &[]);
     // 16 Mbit/s: the 128 chunks take about 4 s to come.
     let slow = ChunkServer::start(cas.s(), &["--limit", "16Mbit"]);
     let cache = dir.join("shared");
@@ -198,10 +203,8 @@ fn a_hoard_killed_9_leaves_a_whole_cache_and_the_next_one_fetches_the_rest() {
 
 #[test]
 fn cache_status_verify_and_evict_tell_and_do_what_is_on_disk() {
-    let cas = Cas::new();
+    let (cas, src) = store_with_vm(4);
     let dir = cas.dir();
-    let src = cas.random_file("disk.raw", 8 << 20, 4);
-    commit_version(cas.s(), path_str(&src), "u/vm", &[]);
     let sess = dir.join("s");
     open_session(cas.s(), "u/vm", &sess, &[]);
     let cache = dir.join("shared");

@@ -534,10 +534,7 @@ fn gc_during_a_commit_that_reuses_removed_chunks() {
     let (dir, s) = (cas.dir(), cas.s());
     // A: 96 MiB; B: A with 4 MiB of its own at 40 MiB.
     let (a, _) = random_version(&cas, ("a.img", 96 << 20, 8), "u/a", &[]);
-    let b = dir.join("b.img");
-    std::fs::copy(&a, &b).unwrap();
-    let own = cas.random_file("own", 4 << 20, 9);
-    cas_common::put_at(&b, &own, 40 << 20);
+    let b = cas.variant(&a, "b.img", (4 << 20, 9), 40 << 20);
     rd(&["rm", "u/a", "--all", "--store", s]);
     // Older than gc-margin=2s: A's chunks are garbage unless B reuses them.
     std::thread::sleep(Duration::from_secs(3));
@@ -599,10 +596,7 @@ fn the_chunk_server_fronts_an_s3_store() {
     let url = srv.url.clone();
     let img = cas.random_file("disk.img", 24 << 20, 13);
     let v1 = commit_version(&url, path_str(&img), "erin/vm", &[]);
-    let img2 = dir.join("disk2.img");
-    std::fs::copy(&img, &img2).unwrap();
-    let part = cas.random_file("part", 1 << 20, 14);
-    cas_common::put_at(&img2, &part, 5 << 20);
+    let img2 = cas.variant(&img, "disk2.img", (1 << 20, 14), 5 << 20);
     let v2 = commit_version(&url, path_str(&img2), "erin/vm", &[]);
     let got = dir.join("got.raw");
     checkout(&url, &format!("erin/vm@{}", &v1[..12]), &got, &[]);

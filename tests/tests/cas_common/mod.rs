@@ -111,6 +111,16 @@ impl Cas {
         path
     }
 
+    /// A copy NAME of the image OF with SIZE random bytes (SEED) of its own
+    /// put at OFFSET: a later state of the same disk.
+    pub fn variant(&self, of: &Path, name: &str, (size, seed): (u64, u64), offset: u64) -> PathBuf {
+        let v = self.dir().join(name);
+        std::fs::copy(of, &v).expect("copy the image");
+        let part = self.random_file(&format!("{name}.part"), size, seed);
+        put_at(&v, &part, offset);
+        v
+    }
+
     /// The store as a `--store` argument (a path or an `s3://` URL).
     pub fn s(&self) -> &str {
         &self.spec

@@ -117,6 +117,14 @@ pub fn poll_until(limit: Duration, every: Duration, mut done: impl FnMut() -> bo
     true
 }
 
+/// SIGKILL the process in CHILD, if there is one still, and reap it.
+pub fn kill_and_reap(child: &mut Option<Child>) {
+    if let Some(mut c) = child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
 /// Run a prepared command to completion; panic with `what` and its output
 /// unless it succeeds. Returns stdout.
 pub fn command_stdout(cmd: &mut Command, what: &str) -> String {
@@ -287,10 +295,7 @@ impl Server {
 
     /// SIGKILL (a crash) and wait.
     pub fn kill9(mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_and_reap(&mut self.child);
     }
 
     fn terminate(&mut self) -> ExitStatus {
@@ -830,10 +835,7 @@ impl ServerProc {
 
     /// SIGKILL (a crash), waited for.
     pub fn kill9(mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_and_reap(&mut self.child);
     }
 
     /// SIGTERM, and it must exit cleanly within 30 s.
@@ -853,10 +855,7 @@ impl ServerProc {
 
 impl Drop for ServerProc {
     fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_and_reap(&mut self.child);
     }
 }
 

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::path_str;
+use crate::common::{kill_and_reap, path_str};
 
 /// The line the guest prints before the test's script.
 pub const START_MARK: &str = "roamdisk-guest: start";
@@ -355,10 +355,7 @@ impl RunningGuest {
 
 impl Drop for RunningGuest {
     fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_and_reap(&mut self.child);
     }
 }
 
