@@ -75,6 +75,18 @@ impl Stack {
     }
 }
 
+/// A libnbd client (NAME) of SRV that has run WRITES (Python, on the
+/// handle `h`) and stays connected until released.
+fn connected_after(srv: &Server, writes: &str, name: &str) -> Talker {
+    let script = format!(
+        "import sys, nbd\nh = nbd.NBD()\nh.connect_uri(sys.argv[1])\n{writes}\n\
+         print(\"written\", flush=True)\nsys.stdin.readline()\n"
+    );
+    let mut t = Talker::spawn(python_nbd(&script, &[&srv.uri()]), Stdio::null(), name);
+    assert_eq!(t.line(), "written", "{name}");
+    t
+}
+
 /// Proof 2: pattern writes at unaligned offsets, zeroing (with and without
 /// unmap, partial and whole clusters, at the end of the device), FUA and
 /// aio writes — through the cow export and with qemu-io directly on a copy
@@ -327,21 +339,15 @@ fn cow_flushed_writes_survive_server_kill9() {
     qemu_io(&srv.uri(), &["write -P 0x11 100 300000".into()]);
     // Flushed by the client, then more written and left unflushed, with the
     // client still connected when the server dies.
-    let client_cmd = python_nbd(
+    let client = connected_after(
+        &srv,
         r#"
-import sys, nbd
-h = nbd.NBD()
-h.connect_uri(sys.argv[1])
 h.pwrite(b"\x22" * 200000, 1000000)
 h.flush()
 h.pwrite(b"\x33" * 500000, 4000000)
-print("written", flush=True)
-sys.stdin.readline()
 "#,
-        &[&srv.uri()],
+        "python client",
     );
-    let mut client = Talker::spawn(client_cmd, Stdio::null(), "python client");
-    assert_eq!(client.line(), "written");
     srv.kill9();
     client.release();
 
@@ -528,21 +534,15 @@ fn cow_flush_on_one_connection_covers_writes_of_another() {
     let size = 16 * MIB;
     let st = stack(size, 23);
     let srv = st.start(&[]);
-    let writer_cmd = python_nbd(
+    let writer = connected_after(
+        &srv,
         r#"
-import sys, nbd
-h = nbd.NBD()
-h.connect_uri(sys.argv[1])
 assert h.can_multi_conn()
 h.pwrite(b"\x5a" * 300000, 123457)
 h.pwrite(b"\x6b" * 65536, 9 * 1048576)
-print("written", flush=True)
-sys.stdin.readline()
 "#,
-        &[&srv.uri()],
+        "writer",
     );
-    let mut writer = Talker::spawn(writer_cmd, Stdio::null(), "writer");
-    assert_eq!(writer.line(), "written");
     let flushed = run_python_nbd(
         r#"
 import sys, nbd

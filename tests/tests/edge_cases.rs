@@ -15,7 +15,7 @@
 mod common;
 mod nbdwire;
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::process::{Command, Output};
 
@@ -23,6 +23,9 @@ use common::{assert_success, require_tool, tempdir, Server};
 use nbdwire::*;
 
 const SIZE: u64 = 64 << 20;
+
+/// A server that serves two connections at a time.
+const TWO_CONNECTIONS: &[&str] = &["mem:64M", "--max-connections", "2"];
 
 /// A server whose one export is named and described.
 const DESCRIBED_DISK: &[&str] = &["mem:64M", "--export", "disk", "--description", "test disk"];
@@ -77,6 +80,12 @@ fn greeted(srv: &Server) -> UnixStream {
     s
 }
 
+/// The server hangs up on S once it is sent BYTES (WHAT, for the message).
+fn hangs_up_after(mut s: impl Read + Write, bytes: &[u8], what: &str) {
+    s.write_all(bytes).unwrap();
+    expect_closed(&mut s, what);
+}
+
 /// A structured connection that wrote the first 64 KiB of the disk
 /// (pattern `seed`), and what it wrote.
 fn first_64k_written(srv: &Server, seed: u8) -> (Client<UnixStream>, Vec<u8>) {
@@ -120,20 +129,17 @@ fn unknown_client_flags_hang_up() {
     against_mem(|srv| {
         let mut s = connect(&srv.socket);
         read_greeting(&mut s).unwrap();
-        s.write_all(&(FLAG_C_FIXED_NEWSTYLE | 1 << 7).to_be_bytes())
-            .unwrap();
-        expect_closed(&mut s, "unknown client flags");
+        let flags = FLAG_C_FIXED_NEWSTYLE | 1 << 7;
+        hangs_up_after(s, &flags.to_be_bytes(), "unknown client flags");
     });
 }
 
 #[test]
 fn bad_option_magic_hangs_up() {
     against_mem(|srv| {
-        let mut s = greeted(srv);
         let mut h = option_header(OPT_GO, 0);
         h[7] ^= 0xff;
-        s.write_all(&h).unwrap();
-        expect_closed(&mut s, "bad option magic");
+        hangs_up_after(greeted(srv), &h, "bad option magic");
     });
 }
 
@@ -190,14 +196,11 @@ fn oversized_option_is_too_big_and_the_connection_continues() {
 fn option_lengths_beyond_any_limit_hang_up() {
     against_mem(|srv| {
         // Over 16 MiB: not worth reading, the client is hostile.
-        let mut s = greeted(srv);
-        s.write_all(&option_header(OPT_INFO, 17 << 20)).unwrap();
-        expect_closed(&mut s, "17 MiB option");
+        let h = option_header(OPT_INFO, 17 << 20);
+        hangs_up_after(greeted(srv), &h, "17 MiB option");
         // EXPORT_NAME has no error reply, so an oversized one ends the connection.
-        let mut s = greeted(srv);
-        s.write_all(&option_header(OPT_EXPORT_NAME, 100 * 1024))
-            .unwrap();
-        expect_closed(&mut s, "100 KiB EXPORT_NAME");
+        let h = option_header(OPT_EXPORT_NAME, 100 * 1024);
+        hangs_up_after(greeted(srv), &h, "100 KiB EXPORT_NAME");
     });
 }
 
@@ -779,8 +782,7 @@ fn bad_request_magic_closes_the_connection() {
         c.check_io(0, 30);
         let mut h = request_header(0, CMD_READ, 1, 0, 512);
         h[0] ^= 0x80;
-        c.s.write_all(&h).unwrap();
-        expect_closed(&mut c.s, "bad request magic");
+        hangs_up_after(c.s, &h, "bad request magic");
     });
 }
 
@@ -1022,7 +1024,7 @@ fn replies_a_client_never_reads_do_not_pile_up_in_memory() {
 
 #[test]
 fn connections_beyond_the_limit_wait_for_a_free_slot() {
-    against(&["mem:64M", "--max-connections", "2"], |srv| {
+    against(TWO_CONNECTIONS, |srv| {
         let a = Client::open(&srv.socket, &Opts::default());
         let mut b = Client::open(&srv.socket, &Opts::default());
         let mut waiting = connect(&srv.socket);
@@ -1050,7 +1052,7 @@ fn connections_beyond_the_limit_wait_for_a_free_slot() {
 #[test]
 fn sigterm_at_the_connection_limit_still_shuts_down() {
     let dir = tempdir();
-    let srv = Server::start(dir.path(), &["mem:64M", "--max-connections", "2"]);
+    let srv = Server::start(dir.path(), TWO_CONNECTIONS);
     let mut a = Client::open(&srv.socket, &Opts::default());
     let _b = Client::open(&srv.socket, &Opts::default());
     let _waiting = connect(&srv.socket);

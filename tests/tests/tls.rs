@@ -203,6 +203,15 @@ impl X509 {
     }
 }
 
+/// A new folder with [`x509`] credentials, and `roamdisk serve ARGS` with
+/// them.
+fn x509_serving(args: &[&str]) -> (tempfile::TempDir, X509, TcpServer) {
+    let dir = tempdir();
+    let c = x509(dir.path());
+    let srv = c.serve(dir.path(), args);
+    (dir, c, srv)
+}
+
 /// `psktool -u USER -p FILE` (a fresh random key).
 fn psk(dir: &Path, file: &str, user: &str) -> PathBuf {
     let p = dir.join(file);
@@ -218,9 +227,7 @@ fn s(p: &Path) -> &str {
 
 #[test]
 fn x509_nbdinfo_connects_and_an_untrusted_server_is_refused() {
-    let dir = tempdir();
-    let c = x509(dir.path());
-    let srv = c.serve(dir.path(), &["mem:64M"]);
+    let (_dir, c, srv) = x509_serving(&["mem:64M"]);
     let out = nbdinfo_ok(&[&srv.x509_uri(&c.ca_dir)]);
     assert!(out.contains("with TLS"), "{out}");
     assert_eq!(
@@ -368,9 +375,7 @@ fn psk_nbdinfo_and_qemu_img_work_and_a_wrong_key_fails() {
 
 #[test]
 fn tls_require_refuses_plain_clients_and_keeps_serving_tls() {
-    let dir = tempdir();
-    let c = x509(dir.path());
-    let srv = c.serve(dir.path(), &["mem:64M", "--tls", "require"]);
+    let (_dir, c, srv) = x509_serving(&["mem:64M", "--tls", "require"]);
     // libnbd: refused, and the server's reason reaches the client.
     let o = nbdinfo_fails(
         &[&srv.plain_uri()],
@@ -447,9 +452,7 @@ fn tls_on_serves_plain_and_tls_clients() {
 
 #[test]
 fn tls_off_refuses_starttls_by_policy() {
-    let dir = tempdir();
-    let c = x509(dir.path());
-    let srv = c.serve(dir.path(), &["mem:64M", "--tls", "off"]);
+    let (_dir, c, srv) = x509_serving(&["mem:64M", "--tls", "off"]);
     nbdinfo_fails(
         &["--size", &srv.x509_uri(&c.ca_dir)],
         "TLS client served under --tls off",
