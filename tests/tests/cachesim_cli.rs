@@ -3,26 +3,12 @@
 //! errors that say what to do.
 
 mod common;
-use common::roamdisk;
+use common::{argv, path_str, rd, rd_fail, trace_synth};
 
 use std::path::Path;
 
-fn ok(args: &[&str]) -> String {
-    let out = roamdisk(args);
-    assert!(
-        out.status.success(),
-        "roamdisk {args:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn fails(args: &[&str]) -> String {
-    let out = roamdisk(args);
-    assert!(!out.status.success(), "roamdisk {args:?} should fail");
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+/// Machine Bank's disk (section 3.3): `model blocksize` options.
+const FIX_DELAY_AND_BANDWIDTH: &str = "--fix-delay 8ms --bandwidth 6MB/s";
 
 /// The whitespace-separated cells of the first table row naming `policy`.
 fn row(text: &str, policy: &str) -> Vec<String> {
@@ -58,16 +44,10 @@ fn sim_counts_a_hand_made_trace_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let t = write_trace(dir.path());
     let keys = dir.path().join("keys.txt");
-    let text = ok(&[
-        "sim",
-        &t,
-        "--size",
-        "8K",
-        "--policy",
-        "lru,fmpq,2q",
-        "--export-keys",
-        keys.to_str().unwrap(),
-    ]);
+    let text = rd(&argv(
+        &["sim", &t, "--export-keys", path_str(&keys)],
+        "--size 8K --policy lru,fmpq,2q",
+    ));
     assert!(
         text.contains("5 requests, 6 block accesses of 4 KiB (5 reads, 1 writes), 2 clients"),
         "{text}"
@@ -86,16 +66,10 @@ fn sim_counts_a_hand_made_trace_exactly() {
     );
 
     // Without sharing, client 1's reads are its own blocks.
-    let text = ok(&[
-        "sim",
-        &t,
-        "--size",
-        "8K",
-        "--policy",
-        "lru",
-        "--sharing",
-        "private",
-    ]);
+    let text = rd(&argv(
+        &["sim", &t],
+        "--size 8K --policy lru --sharing private",
+    ));
     assert!(text.contains("working set: 4 blocks"), "{text}");
 }
 
@@ -103,28 +77,12 @@ fn sim_counts_a_hand_made_trace_exactly() {
 fn sim_plots_and_two_levels() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("desk.rdtrace");
-    ok(&[
-        "trace",
-        "synth",
-        "desktop",
-        "--clients",
-        "3",
-        "--requests",
-        "3000",
-        "-o",
-        trace.to_str().unwrap(),
-    ]);
+    trace_synth("desktop", &trace, "--clients 3 --requests 3000");
     let stem = dir.path().join("plots/desk");
-    let text = ok(&[
-        "sim",
-        trace.to_str().unwrap(),
-        "--size",
-        "1/32,1/16,1/8",
-        "--client-size",
-        "256K,1M",
-        "--plot",
-        stem.to_str().unwrap(),
-    ]);
+    let text = rd(&argv(
+        &["sim", path_str(&trace), "--plot", path_str(&stem)],
+        "--size 1/32,1/16,1/8 --client-size 256K,1M",
+    ));
     for p in ["FMPQ", "2Q", "FBR", "LRU", "ARC", "S3-FIFO"] {
         row(&text, p);
     }
@@ -160,17 +118,16 @@ fn model_blocksize_on_a_sequential_trace() {
     let t = dir.path().join("seq.csv");
     std::fs::write(&t, csv).unwrap();
     let stem = dir.path().join("bs");
-    let text = ok(&[
-        "model",
-        "blocksize",
-        t.to_str().unwrap(),
-        "--fix-delay",
-        "8ms",
-        "--bandwidth",
-        "6MB/s",
-        "--plot",
-        stem.to_str().unwrap(),
-    ]);
+    let text = rd(&argv(
+        &[
+            "model",
+            "blocksize",
+            path_str(&t),
+            "--plot",
+            path_str(&stem),
+        ],
+        FIX_DELAY_AND_BANDWIDTH,
+    ));
     // 1 MiB read sequentially: 256 blocks of 4 KiB, 1 block of 1 MiB.
     assert_eq!(row(&text, "4")[2], "256", "{text}");
     assert!(text.contains("optimum: 1 MiB (the largest size"), "{text}");
@@ -204,18 +161,12 @@ fn model_blocksize_finds_64k_on_the_vpc_boot_trace() {
     let dir = tempfile::tempdir().unwrap();
     for seed in ["1", "2", "3"] {
         let t = dir.path().join(format!("xp-boot-{seed}.rdtrace"));
-        let t = t.to_str().unwrap();
-        ok(&["trace", "synth", "vpc-boot", "--seed", seed, "-o", t, "-q"]);
-        let args = [
-            "model",
-            "blocksize",
-            t,
-            "--fix-delay",
-            "8ms",
-            "--bandwidth",
-            "6MB/s",
-        ];
-        let json = ok(&[&args[..], &["--json"][..]].concat());
+        trace_synth("vpc-boot", &t, &format!("--seed {seed} -q"));
+        let args = argv(
+            &["model", "blocksize", path_str(&t)],
+            FIX_DELAY_AND_BANDWIDTH,
+        );
+        let json = rd(&[&args[..], &["--json"][..]].concat());
         let sizes = json_numbers(&json, "block_size");
         let n = json_numbers(&json, "accessed_blocks");
         let total = json_numbers(&json, "total_s");
@@ -239,7 +190,7 @@ fn model_blocksize_finds_64k_on_the_vpc_boot_trace() {
         let above: Vec<f64> = (0..9).map(|i| n[i] * sizes[i] / (n[0] * 4096.0)).collect();
         assert!(above[4] > 1.1, "seed {seed}: {above:?}");
         assert!(above.windows(2).skip(3).all(|w| w[1] > w[0]), "{above:?}");
-        let text = ok(&args);
+        let text = rd(&args);
         assert!(
             text.contains("optimum: 64 KiB (an interior optimum"),
             "{text}"
@@ -249,15 +200,10 @@ fn model_blocksize_finds_64k_on_the_vpc_boot_trace() {
 
 #[test]
 fn model_mva_names_the_bottleneck_and_agrees_with_simulation() {
-    let text = ok(&[
-        "model",
-        "mva",
-        "--hit",
-        "0.5,1",
-        "--max-clients",
-        "5",
-        "--simulate",
-    ]);
+    let text = rd(&argv(
+        &["model", "mva"],
+        "--hit 0.5,1 --max-clients 5 --simulate",
+    ));
     assert!(text.contains("hit ratio 0.500: bottleneck disk"), "{text}");
     assert!(
         text.contains("hit ratio 1.000: bottleneck network"),
@@ -277,13 +223,13 @@ fn model_mva_names_the_bottleneck_and_agrees_with_simulation() {
     assert!(diffs.iter().all(|&d| d < 2.0), "{diffs:?}");
     let dir = tempfile::tempdir().unwrap();
     let stem = dir.path().join("mva");
-    ok(&[
+    rd(&[
         "model",
         "mva",
         "--demands",
         "32k",
         "--plot",
-        stem.to_str().unwrap(),
+        path_str(&stem),
     ]);
     for name in [
         "mva-throughput",
@@ -297,28 +243,28 @@ fn model_mva_names_the_bottleneck_and_agrees_with_simulation() {
 
 #[test]
 fn errors_say_what_to_do() {
-    let e = fails(&["sim", "/nonexistent/trace.rdtrace"]);
+    let e = rd_fail(&["sim", "/nonexistent/trace.rdtrace"]);
     assert!(
         e.contains("cannot read trace") && e.contains("trace synth"),
         "{e}"
     );
     let dir = tempfile::tempdir().unwrap();
     let t = write_trace(dir.path());
-    let e = fails(&["sim", &t, "--policy", "lfu"]);
+    let e = rd_fail(&["sim", &t, "--policy", "lfu"]);
     assert!(
         e.contains("unknown policy 'lfu'") && e.contains("fmpq"),
         "{e}"
     );
-    let e = fails(&["sim", &t, "--policy", "fmpq[w=0]"]);
+    let e = rd_fail(&["sim", &t, "--policy", "fmpq[w=0]"]);
     assert!(e.contains("w=0"), "{e}");
-    let e = fails(&["sim", &t, "--size", "lots"]);
+    let e = rd_fail(&["sim", &t, "--size", "lots"]);
     assert!(e.contains("1/16"), "{e}");
-    let e = fails(&["model", "blocksize", &t, "--bandwidth", "6MB"]);
+    let e = rd_fail(&["model", "blocksize", &t, "--bandwidth", "6MB"]);
     assert!(e.contains("6MB/s"), "{e}");
-    let e = fails(&["model", "mva", "--demands", "8k"]);
+    let e = rd_fail(&["model", "mva", "--demands", "8k"]);
     assert!(e.contains("4k or 32k"), "{e}");
     let empty = dir.path().join("empty.csv");
     std::fs::write(&empty, "time_ns,client,device,op,offset,len,fragment\n").unwrap();
-    let e = fails(&["sim", empty.to_str().unwrap()]);
+    let e = rd_fail(&["sim", empty.to_str().unwrap()]);
     assert!(e.contains("no read or write requests"), "{e}");
 }

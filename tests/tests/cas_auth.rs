@@ -112,6 +112,14 @@ impl Net {
         )
     }
 
+    /// A new random disk NAME of SIZE (SEED) in the folder, committed by
+    /// alice as `alice/vm`.
+    fn alice_commits(&self, (name, size, seed): (&str, u64, u64)) -> PathBuf {
+        let raw = self.cas.random_file(name, size, seed);
+        self.ok_as("alice", &["commit", path_str(&raw), "--to", "alice/vm"]);
+        raw
+    }
+
     /// [`Net::run`], which must fail saying every one of `says`.
     fn fails(&self, args: &[&str], ca: Option<&Path>, token: Option<&Path>, says: &[&str]) {
         let o = self.run(args, ca, token);
@@ -189,8 +197,7 @@ impl Net {
 fn commit_checkout_and_a_session_over_tls_with_the_right_ca_only() {
     let net = Net::start();
     let dir = net.dir();
-    let raw = net.cas.random_file("disk.raw", 4 << 20, 5);
-    net.ok_as("alice", &["commit", path_str(&raw), "--to", "alice/vm"]);
+    let raw = net.alice_commits(("disk.raw", 4 << 20, 5));
     let got = dir.join("got.raw");
     net.ok_as(
         "alice",
@@ -260,8 +267,7 @@ fn commit_checkout_and_a_session_over_tls_with_the_right_ca_only() {
 fn missing_wrong_revoked_and_renewed_tokens() {
     let net = Net::start();
     let dir = net.dir();
-    let raw = net.cas.random_file("disk.raw", 1 << 20, 6);
-    net.ok_as("alice", &["commit", path_str(&raw), "--to", "alice/vm"]);
+    let raw = net.alice_commits(("disk.raw", 1 << 20, 6));
     let log = ["log", "alice/vm"];
     let ca = Some(net.ca());
     let ca = ca.as_deref();

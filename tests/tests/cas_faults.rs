@@ -18,13 +18,14 @@
 mod cas_common;
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use cas_common::{
-    checkout_fail, checkout_same, commit_version, json_num, json_str, object_count, object_file,
-    object_files, packed_objects, rd, rd_fail, store_files, Cas,
+    checkout_fail, checkout_same, commit_args, commit_version, gc_until_exit, json_num, json_str,
+    object_count, object_file, object_files, packed_objects, random_version, rd, rd_fail,
+    store_files, Cas,
 };
 use common::{bin, path_str, run};
 
@@ -33,19 +34,6 @@ use common::{bin, path_str, run};
 /// edit the store's files (cas_s3 has the S3 variants).
 fn uncompressed_local(more: &[&str]) -> Cas {
     Cas::local_with(&[&["--compression", "none"], more].concat())
-}
-
-/// A new image NAME of SIZE random bytes (SEED) committed to TO with
-/// EXTRA options: the image and the version.
-fn random_version(
-    cas: &Cas,
-    (name, size, seed): (&str, u64, u64),
-    to: &str,
-    extra: &[&str],
-) -> (PathBuf, String) {
-    let img = cas.random_file(name, size, seed);
-    let v = commit_version(cas.s(), path_str(&img), to, extra);
-    (img, v)
 }
 
 /// Start `roamdisk ARGS` in the background, its output discarded.
@@ -131,11 +119,7 @@ fn a_full_store_fails_the_commit_and_keeps_the_previous_version() {
     let cas = uncompressed_local(&["--quota", "3M"]);
     let (dir, s) = (cas.dir(), cas.s());
     let (small, _) = random_version(&cas, ("small.img", 2 << 20, 2), "u/vm", &[]);
-    let big = dir.join("big.img");
-    std::fs::copy(&small, &big).unwrap();
-    let extra = cas.random_file("extra", 4 << 20, 3);
-    run("truncate", &["-s", "6M", big.to_str().unwrap()]);
-    cas_common::put_at(&big, &extra, 2 << 20);
+    let big = cas.variant(&small, "big.img", (4 << 20, 3), 2 << 20);
     let e = rd_fail(&["commit", path_str(&big), "--to", "u/vm", "--store", s]);
     assert!(e.contains("is full") && e.contains("does not fit"), "{e}");
     assert!(e.contains("previous version is intact"), "{e}");
@@ -153,17 +137,12 @@ fn kill_9_mid_commit_keeps_the_previous_version_and_gc_collects_the_rest() {
     // Big enough that the killed commit has named a pack or two (32 MiB
     // of chunks each) and is writing the next one.
     let v2 = cas.random_file("v2.img", 160 << 20, 5);
-    let mut child = spawn_quiet(&[
-        "commit",
-        path_str(&v2),
-        "--to",
-        "u/vm",
-        "--store",
+    let mut child = spawn_quiet(&commit_args(
         s,
-        "--limit-rate",
-        "32M",
-        "-q",
-    ]);
+        path_str(&v2),
+        "u/vm",
+        &["--limit-rate", "32M", "-q"],
+    ));
     std::thread::sleep(Duration::from_millis(2500));
     child.kill().unwrap();
     child.wait().unwrap();
@@ -203,43 +182,25 @@ fn gc_during_a_commit_never_removes_what_the_commit_uses() {
     let (dir, s) = (cas.dir(), cas.s());
     let (a, _) = random_version(&cas, ("a.img", 64 << 20, 6), "u/a", &[]);
     // B shares its first 20 MiB with A, then has 12 MiB of its own.
-    let b = dir.join("b.img");
-    std::fs::copy(&a, &b).unwrap();
-    let tail = cas.random_file("tail", 12 << 20, 7);
-    cas_common::put_at(&b, &tail, 20 << 20);
+    let b = cas.variant(&a, "b.img", (12 << 20, 7), 20 << 20);
     run("truncate", &["-s", "32M", b.to_str().unwrap()]);
     let store = &cas.store;
     age_objects(store);
-    let mut child = spawn_quiet(&[
-        "commit",
-        path_str(&b),
-        "--to",
-        "u/b",
-        "--store",
+    let mut child = spawn_quiet(&commit_args(
         s,
-        "--limit-rate",
-        "6M",
-        "-q",
-    ]);
+        path_str(&b),
+        "u/b",
+        &["--limit-rate", "6M", "-q"],
+    ));
     std::thread::sleep(Duration::from_millis(300));
     // A is dropped: its chunks are garbage unless the commit reuses them.
     rd(&["rm", "u/a", "--all", "--store", s]);
-    let t0 = Instant::now();
-    let mut removed = 0;
-    let mut runs = 0;
-    loop {
-        let r = gc(s, &[]);
-        removed += json_num(&r, "removed_objects");
-        runs += 1;
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "commit did not finish"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let (runs, removed) = gc_until_exit(
+        s,
+        &mut child,
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+    );
     assert!(child.wait().unwrap().success());
     assert!(runs >= 3, "gc ran {runs} times during the commit");
     // A's packs of its last 32 MiB, which B never touched, went while B

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cas_common::{checkout, commit_version, open_session, Cas, ChunkServer};
-use common::{path_str, qemu_io, run, Server};
+use common::{path_str, poll_until, qemu_io, run, Server};
 
 const SIZE: u64 = 8 << 20;
 const CHUNK: u64 = 65536;
@@ -230,10 +230,9 @@ fn read_ahead_speeds_a_sequential_read_and_leaves_random_reads_alone() {
             format!("read {} 4k", 101 * CHUNK),
         ],
     );
-    let t0 = Instant::now();
-    while served(&srv).objects < before.objects + 2 + 4 && t0.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    poll_until(Duration::from_secs(10), Duration::from_millis(50), || {
+        served(&srv).objects >= before.objects + 2 + 4
+    });
     let n = served(&srv).objects - before.objects;
     assert_eq!(n, 2 + 4, "chunks 100, 101 and a window of 4");
     nbd.stop();

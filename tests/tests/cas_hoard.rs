@@ -13,10 +13,12 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use cas_common::{commit_version, convert_ok, json_num, json_str, open_session, Cas, ChunkServer};
-use common::{bin, path_str, qemu_img_compare, rd, rd_fail, Server};
+use cas_common::{
+    convert_ok, hoard, json_num, json_str, open_session, random_version, read_all, Cas, ChunkServer,
+};
+use common::{bin, path_str, poll_until, qemu_img_compare, rd, rd_fail, Server};
 
 const CHUNK: u64 = 65536;
 
@@ -74,26 +76,25 @@ fn status_matches_disk(cache: &Path) -> u64 {
     files.len() as u64
 }
 
-/// Serve the session SESS with `cas[OPTS]:SESS` and copy its disk to OUT.
-fn read_all(dir: &Path, sess: &Path, opts: &str, out: &Path) -> bool {
-    let srv = Server::start(dir, &[&format!("cas[{opts}]:{}", sess.display())]);
-    let ok = convert_ok(&srv.uri(), out);
-    srv.stop();
-    ok
+/// A new store holding `u/vm`, an 8 MiB (128-chunk) random disk (SEED):
+/// the store and the disk.
+fn store_with_vm(seed: u64) -> (Cas, PathBuf) {
+    let cas = Cas::new();
+    let (src, _) = random_version(&cas, ("disk.raw", 8 << 20, seed), "u/vm", &[]);
+    (cas, src)
 }
 
 /// `roamdisk hoard IMAGE --check --json`: the level, nothing fetched.
 fn hoard_check(store: &str, image: &str, cache: &Path) -> String {
-    rd(&[
-        "hoard",
-        image,
-        "--store",
-        store,
-        "--shared-cache",
-        path_str(cache),
-        "--check",
-        "--json",
-    ])
+    hoard(store, image, path_str(cache), &["--check", "--json"])
+}
+
+/// Two images of random chunks (SEED, SEED + 1) committed to CAS: `u/h`,
+/// 16 chunks, to hoard, and `u/o`, 32, to stream through: their files.
+fn hoarded_and_other(cas: &Cas, seed: u64) -> (PathBuf, PathBuf) {
+    let (h, _) = random_version(cas, ("hoarded.raw", 16 * CHUNK, seed), "u/h", &[]);
+    let (o, _) = random_version(cas, ("other.raw", 32 * CHUNK, seed + 1), "u/o", &[]);
+    (h, o)
 }
 
 #[test]
@@ -101,10 +102,7 @@ fn a_hoarded_version_stays_while_other_images_stream_through_until_released() {
     let cas = Cas::new();
     let dir = cas.dir();
     // The hoarded version: 16 chunks; the other image: 32; the cache: 24.
-    let h = cas.random_file("hoarded.raw", 16 * CHUNK, 1);
-    let o = cas.random_file("other.raw", 32 * CHUNK, 2);
-    commit_version(cas.s(), path_str(&h), "u/h", &[]);
-    commit_version(cas.s(), path_str(&o), "u/o", &[]);
+    let (h, o) = hoarded_and_other(&cas, 1);
     let chunk_server = ChunkServer::start(cas.s(), &[]);
     let url = chunk_server.url.clone();
     let sess = |name: &str, image: &str| {
@@ -115,7 +113,7 @@ fn a_hoarded_version_stays_while_other_images_stream_through_until_released() {
     let (s_h, s_o1, s_o2) = (sess("s-h", "u/h"), sess("s-o1", "u/o"), sess("s-o2", "u/o"));
     let cache = small_cache(dir, "shared", 24);
     let sc = path_str(&cache);
-    let out = rd(&["hoard", "u/h", "--store", &url, "--shared-cache", sc]);
+    let out = hoard(&url, "u/h", sc, &[]);
     assert!(out.contains("16 of 16 chunks"), "{out}");
     assert!(out.contains("hoarded: the cache keeps it"), "{out}");
 
@@ -159,26 +157,23 @@ fn a_hoarded_version_stays_while_other_images_stream_through_until_released() {
 
 #[test]
 fn a_hoard_killed_9_leaves_a_whole_cache_and_the_next_one_fetches_the_rest() {
-    let cas = Cas::new();
+    let (cas, _) = store_with_vm(3);
     let dir = cas.dir();
-    let src = cas.random_file("disk.raw", 8 << 20, 3);
-    commit_version(cas.s(), path_str(&src), "u/vm", &[]);
     // 16 Mbit/s: the 128 chunks take about 4 s to come.
     let slow = ChunkServer::start(cas.s(), &["--limit", "16Mbit"]);
     let cache = dir.join("shared");
     let sc = path_str(&cache);
-    let mut hoard = Command::new(bin())
+    let mut hoarding = Command::new(bin())
         .args(["hoard", "u/vm", "--store", &slow.url, "--shared-cache", sc])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn roamdisk hoard");
-    let t0 = Instant::now();
-    while chunk_files(&cache).is_empty() && t0.elapsed() < Duration::from_secs(60) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    hoard.kill().expect("kill -9 the hoard");
-    hoard.wait().unwrap();
+    poll_until(Duration::from_secs(60), Duration::from_millis(5), || {
+        !chunk_files(&cache).is_empty()
+    });
+    hoarding.kill().expect("kill -9 the hoard");
+    hoarding.wait().unwrap();
     let before = chunk_files(&cache).len() as u64;
     assert!(
         (1..128).contains(&before),
@@ -199,15 +194,7 @@ fn a_hoard_killed_9_leaves_a_whole_cache_and_the_next_one_fetches_the_rest() {
         .is_none());
     // The next hoard fetches only the rest.
     drop(slow);
-    let out = rd(&[
-        "hoard",
-        "u/vm",
-        "--store",
-        cas.s(),
-        "--shared-cache",
-        sc,
-        "--json",
-    ]);
+    let out = hoard(cas.s(), "u/vm", sc, &["--json"]);
     assert_eq!(json_num(&out, "cached_before"), n, "{out}");
     assert_eq!(json_num(&out, "fetched"), 128 - n, "{out}");
     assert!(out.contains("\"complete\": true"), "{out}");
@@ -216,10 +203,8 @@ fn a_hoard_killed_9_leaves_a_whole_cache_and_the_next_one_fetches_the_rest() {
 
 #[test]
 fn cache_status_verify_and_evict_tell_and_do_what_is_on_disk() {
-    let cas = Cas::new();
+    let (cas, src) = store_with_vm(4);
     let dir = cas.dir();
-    let src = cas.random_file("disk.raw", 8 << 20, 4);
-    commit_version(cas.s(), path_str(&src), "u/vm", &[]);
     let sess = dir.join("s");
     open_session(cas.s(), "u/vm", &sess, &[]);
     let cache = dir.join("shared");
@@ -253,10 +238,9 @@ fn cache_status_verify_and_evict_tell_and_do_what_is_on_disk() {
     // The next read fetches it again, right.
     assert!(read_all(dir, &sess, &opts, &got));
     qemu_img_compare(path_str(&src), path_str(&got));
-    let t0 = Instant::now();
-    while !victim.exists() && t0.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(Duration::from_secs(10), Duration::from_millis(20), || {
+        victim.exists()
+    });
     assert_eq!(status_matches_disk(&cache), 128);
     let v = rd(&["cache", "verify", "--shared-cache", sc]);
     assert!(v.contains("ok: all 128 chunks"), "{v}");
@@ -275,7 +259,7 @@ fn cache_status_verify_and_evict_tell_and_do_what_is_on_disk() {
         "{refused}"
     );
     srv.stop();
-    rd(&["hoard", "u/vm", "--store", cas.s(), "--shared-cache", sc]);
+    hoard(cas.s(), "u/vm", sc, &[]);
     let e = rd(&["cache", "evict", "--json", "--shared-cache", sc]);
     assert_eq!(json_num(&e, "kept_hoarded"), 128, "{e}");
     let e = rd(&["cache", "clear", "--all", "--json", "--shared-cache", sc]);
@@ -295,10 +279,7 @@ fn cache_status_verify_and_evict_tell_and_do_what_is_on_disk() {
 fn a_hoard_into_a_cache_full_of_a_running_sessions_chunks_fails_then_completes_after() {
     let cas = Cas::new();
     let dir = cas.dir();
-    let h = cas.random_file("hoarded.raw", 16 * CHUNK, 5);
-    let o = cas.random_file("other.raw", 32 * CHUNK, 6);
-    commit_version(cas.s(), path_str(&h), "u/h", &[]);
-    commit_version(cas.s(), path_str(&o), "u/o", &[]);
+    let (_, o) = hoarded_and_other(&cas, 5);
     let s_o = dir.join("s-o");
     open_session(cas.s(), "u/o", &s_o, &[]);
     let cache = small_cache(dir, "shared", 24);
@@ -308,10 +289,9 @@ fn a_hoard_into_a_cache_full_of_a_running_sessions_chunks_fails_then_completes_a
     let got = dir.join("got.raw");
     assert!(convert_ok(&srv.uri(), &got));
     qemu_img_compare(path_str(&o), path_str(&got));
-    let t0 = Instant::now();
-    while chunk_files(&cache).len() < 24 && t0.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(Duration::from_secs(10), Duration::from_millis(20), || {
+        chunk_files(&cache).len() >= 24
+    });
     // The version fits under the cap, but nothing can make room now.
     let err = rd_fail(&["hoard", "u/h", "--store", cas.s(), "--shared-cache", sc]);
     assert!(
@@ -324,7 +304,7 @@ fn a_hoard_into_a_cache_full_of_a_running_sessions_chunks_fails_then_completes_a
     assert_eq!(json_num(&st, "present_chunks"), 0, "{st}");
     srv.stop();
     // The session ended: the mark stayed, and the next hoard completes.
-    let out = rd(&["hoard", "u/h", "--store", cas.s(), "--shared-cache", sc]);
+    let out = hoard(cas.s(), "u/h", sc, &[]);
     assert!(out.contains("16 of 16 chunks"), "{out}");
     assert_eq!(status_matches_disk(&cache), 24);
 }

@@ -9,25 +9,18 @@
 mod cas_common;
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cas_common::{commit_version, convert_ok, json_num, open_session, Cas, ChunkServer};
+use cas_common::{
+    commit_version, convert_ok, hoard, json_num, open_session, read_all, Cas, ChunkServer,
+};
 use common::{
-    path_str, qemu_img_compare, qemu_img_convert, qemu_io, rd, rd_fail, roamdisk, Server,
+    path_str, poll_until, qemu_img_compare, qemu_img_convert, qemu_io, rd_fail, roamdisk, Server,
 };
 
 const SIZE: u64 = 8 << 20;
 const CHUNKS: usize = (SIZE / 65536) as usize;
-
-/// A session SESS (checked out while the chunk server is up) served with
-/// `cas[OPTS]:SESS`, its whole disk copied to OUT by qemu-img.
-fn read_all(dir: &Path, sess: &Path, opts: &str, out: &Path) -> bool {
-    let srv = Server::start(dir, &[&format!("cas[{opts}]:{}", sess.display())]);
-    let ok = convert_ok(&srv.uri(), out);
-    srv.stop();
-    ok
-}
 
 fn chunk_files(cache: &Path) -> usize {
     let Ok(rd) = std::fs::read_dir(cache.join("chunks")) else {
@@ -37,29 +30,17 @@ fn chunk_files(cache: &Path) -> usize {
         .sum()
 }
 
+/// A store, the disk committed to it, its chunk server, and sessions.
+type Setup = (Cas, PathBuf, ChunkServer, Vec<PathBuf>);
+
 /// A store with an 8 MiB random disk committed as `u/vm`, its chunk
 /// server, and sessions s1..sN checked out over HTTP.
-fn setup(
-    sessions: usize,
-) -> (
-    Cas,
-    std::path::PathBuf,
-    ChunkServer,
-    Vec<std::path::PathBuf>,
-) {
+fn setup(sessions: usize) -> Setup {
     setup_in(Cas::new(), sessions)
 }
 
 /// [`setup`] in the store CAS.
-fn setup_in(
-    cas: Cas,
-    sessions: usize,
-) -> (
-    Cas,
-    std::path::PathBuf,
-    ChunkServer,
-    Vec<std::path::PathBuf>,
-) {
+fn setup_in(cas: Cas, sessions: usize) -> Setup {
     let src = cas.random_file("disk.raw", SIZE, 11);
     commit_version(cas.s(), path_str(&src), "u/vm", &[]);
     let srv = ChunkServer::start(cas.s(), &[]);
@@ -85,10 +66,9 @@ fn what_one_session_fetched_is_never_fetched_again_even_after_kill_9() {
     let out = dir.join("out.raw");
     assert!(convert_ok(&srv.uri(), &out));
     qemu_img_compare(path_str(&src), path_str(&out));
-    let t0 = Instant::now();
-    while chunk_files(&cache) < CHUNKS && t0.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    poll_until(Duration::from_secs(30), Duration::from_millis(50), || {
+        chunk_files(&cache) >= CHUNKS
+    });
     assert_eq!(
         chunk_files(&cache),
         CHUNKS,
@@ -200,31 +180,15 @@ fn hoard_fetches_a_whole_version_and_says_when_the_network_may_go() {
     let cache = dir.join("shared");
     let sc = path_str(&cache);
     let url = chunk_server.url.clone();
-    let check = rd(&[
-        "hoard",
-        "u/vm",
-        "--store",
-        &url,
-        "--shared-cache",
-        sc,
-        "--check",
-    ]);
+    let check = hoard(&url, "u/vm", sc, &["--check"]);
     assert!(check.contains(&format!("0 of {CHUNKS} chunks")), "{check}");
-    let out = rd(&["hoard", "u/vm", "--store", &url, "--shared-cache", sc]);
+    let out = hoard(&url, "u/vm", sc, &[]);
     assert!(
         out.contains(&format!("{CHUNKS} of {CHUNKS} chunks")),
         "{out}"
     );
     assert!(out.contains("fully hoarded: the network may go"), "{out}");
-    let again = rd(&[
-        "hoard",
-        "u/vm",
-        "--store",
-        &url,
-        "--shared-cache",
-        sc,
-        "--json",
-    ]);
+    let again = hoard(&url, "u/vm", sc, &["--json"]);
     assert!(
         again.contains(&format!("\"cached_before\": {CHUNKS}")),
         "{again}"
@@ -413,10 +377,9 @@ fn a_qcow2_image_serves_as_lookaside_through_qemu_nbd_and_a_wrong_or_damaged_one
     srv.stop();
     assert!(!log.contains("panicked"), "{log}");
     // No qemu-nbd outlives the session or hoard that started it.
-    let t0 = Instant::now();
-    while !qemu_nbd_serving(dir).is_empty() && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    poll_until(Duration::from_secs(5), Duration::from_millis(50), || {
+        qemu_nbd_serving(dir).is_empty()
+    });
     assert_eq!(qemu_nbd_serving(dir), Vec::<String>::new());
     // Without qemu-nbd: an error that names it.
     let o = std::process::Command::new(common::bin())

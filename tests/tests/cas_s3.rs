@@ -31,10 +31,10 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use cas_common::{
-    checkout, checkout_fail, checkout_same, commit_version, json_num, json_str, rd, rd_fail, Cas,
-    ChunkServer,
+    checkout, checkout_fail, checkout_same, commit_args, commit_version, gc_until_exit, json_num,
+    json_str, random_version, rd, rd_fail, Cas, ChunkServer,
 };
-use common::{bin, output_text, path_str, qemu_img_compare, tempdir};
+use common::{bin, command_stdout, output_text, path_str, qemu_img_compare, tempdir};
 
 const BUCKET: &str = "roamdisk-test";
 
@@ -128,34 +128,21 @@ impl Swift {
 
     /// `scripts/swift-run CMD DIR ARGS...` (must succeed); its stdout.
     fn run(&self, args: &[&str]) -> String {
-        let out = Command::new(scripts().join("swift-run"))
-            .arg(args[0])
-            .arg(self.dir())
-            .args(&args[1..])
-            .output()
-            .expect("run scripts/swift-run");
-        assert!(
-            out.status.success(),
-            "swift-run {args:?}: {}",
-            output_text(&out)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        command_stdout(
+            Command::new(scripts().join("swift-run"))
+                .arg(args[0])
+                .arg(self.dir())
+                .args(&args[1..]),
+            &format!("swift-run {args:?}"),
+        )
     }
 
     /// [`BOTO`] with ARGS (must succeed); its stdout.
     fn python(&self, args: &[&str]) -> String {
-        let out = Command::new(venv_python())
-            .arg("-c")
-            .arg(BOTO)
-            .args(args)
-            .output()
-            .expect("run python");
-        assert!(
-            out.status.success(),
-            "boto3 {args:?}: {}",
-            output_text(&out)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        command_stdout(
+            Command::new(venv_python()).arg("-c").arg(BOTO).args(args),
+            &format!("boto3 {args:?}"),
+        )
     }
 }
 
@@ -226,9 +213,11 @@ else:
     sys.exit('unknown command ' + cmd)
 "#;
 
-/// A store in the cluster's bucket: `s3://roamdisk-test/PREFIX?gc-margin=2s`
-/// (cas_common's S3 mode) and its key prefix.
-fn s3_store(init: &[&str]) -> (Cas, String) {
+/// A cluster started on SLOT ([`Swift::start`]), a store in its bucket:
+/// `s3://roamdisk-test/PREFIX?gc-margin=2s` (cas_common's S3 mode), and
+/// the store's key prefix.
+fn s3_store(slot: u16, init: &[&str]) -> (Swift, Cas, String) {
+    let swift = Swift::start(slot);
     let cas = Cas::with(init);
     let s = cas.s();
     assert!(s.starts_with("s3://"), "{s}");
@@ -237,7 +226,7 @@ fn s3_store(init: &[&str]) -> (Cas, String) {
         .next()
         .unwrap()
         .to_string();
-    (cas, prefix)
+    (swift, cas, prefix)
 }
 
 /// One chunk in a pack object, as the pack's index says.
@@ -295,44 +284,69 @@ fn gc(s: &str) -> String {
     rd(&["gc", "--store", s, "--json"])
 }
 
-#[test]
-fn an_object_server_killed_mid_commit_loses_nothing() {
-    let swift = Swift::start(1);
-    let (cas, _) = s3_store(&[]);
-    let (dir, s) = (cas.dir(), cas.s());
-    let v1 = cas.random_file("v1.img", 8 << 20, 1);
-    commit_version(s, path_str(&v1), "u/vm", &["-m", "first"]);
-    let v2 = cas.random_file("v2.img", 200 << 20, 2);
+/// `roamdisk commit IMG --to u/vm --store S --json` in the background,
+/// at a quarter of IMG's size a second (it takes 4 s or more), with
+/// `swift-run DISRUPT` done to the cluster AFTER into it (the commit must
+/// still be running then): the commit's output.
+fn commit_disrupted(
+    swift: &Swift,
+    s: &str,
+    img: &Path,
+    after: Duration,
+    disrupt: &[&str],
+) -> Output {
+    let what = format!("{disrupt:?} after {after:?}");
+    let rate = format!("{}M", img.metadata().unwrap().len() >> 20 >> 2);
     let t0 = Instant::now();
-    // At most 50 MB/s: the commit takes 4 s or more.
-    let mut child = spawn(&[
-        "commit",
-        path_str(&v2),
-        "--to",
-        "u/vm",
-        "--store",
+    let mut child = spawn(&commit_args(
         s,
-        "--json",
-        "--limit-rate",
-        "50M",
-    ]);
-    std::thread::sleep(Duration::from_millis(2500));
+        path_str(img),
+        "u/vm",
+        &["--json", "--limit-rate", &rate],
+    ));
+    std::thread::sleep(after);
     assert!(
         child.try_wait().unwrap().is_none(),
-        "the commit ended before the kill"
+        "the commit ended before {what}"
     );
-    swift.run(&["kill", "2"]);
+    swift.run(disrupt);
     let out = finish(child);
-    let took = t0.elapsed();
     println!(
-        "commit of 200 MiB with object server 2 killed after 2.5 s: {:.1} s, {}",
-        took.as_secs_f64(),
+        "commit with {what}: {:.1} s, {}",
+        t0.elapsed().as_secs_f64(),
         if out.status.success() {
             "succeeded"
         } else {
             "failed"
         }
     );
+    out
+}
+
+/// Run `roamdisk ARGS` with ENV, which must fail within LIMIT; its stderr.
+fn fails_within(args: &[&str], env: &[(&str, &str)], limit: Duration) -> String {
+    let t0 = Instant::now();
+    let o = Command::new(bin())
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run roamdisk");
+    let took = t0.elapsed();
+    let e = String::from_utf8_lossy(&o.stderr).into_owned();
+    println!("{args:?} failed after {:.1} s", took.as_secs_f64());
+    assert!(!o.status.success(), "{args:?} succeeded:\n{e}");
+    assert!(took < limit, "{args:?} took {took:?} to fail:\n{e}");
+    e
+}
+
+#[test]
+fn an_object_server_killed_mid_commit_loses_nothing() {
+    let (swift, cas, _) = s3_store(1, &[]);
+    let (dir, s) = (cas.dir(), cas.s());
+    let (v1, _) = random_version(&cas, ("v1.img", 8 << 20, 1), "u/vm", &["-m", "first"]);
+    let v2 = cas.random_file("v2.img", 200 << 20, 2);
+    // At most 50 MB/s: the commit takes 4 s or more.
+    let out = commit_disrupted(&swift, s, &v2, Duration::from_millis(2500), &["kill", "2"]);
     swift.run(&["start"]);
     let got = dir.join("out.raw");
     if out.status.success() {
@@ -364,41 +378,12 @@ fn an_object_server_killed_mid_commit_loses_nothing() {
 
 #[test]
 fn an_object_server_hung_mid_commit_costs_time_only() {
-    let swift = Swift::start(2);
-    let (cas, _) = s3_store(&[]);
+    let (swift, cas, _) = s3_store(2, &[]);
     let (dir, s) = (cas.dir(), cas.s());
     let img = cas.random_file("disk.img", 64 << 20, 3);
-    let t0 = Instant::now();
     // At most 16 MB/s: the commit takes 4 s or more.
-    let mut child = spawn(&[
-        "commit",
-        path_str(&img),
-        "--to",
-        "u/vm",
-        "--store",
-        s,
-        "--json",
-        "--limit-rate",
-        "16M",
-    ]);
-    std::thread::sleep(Duration::from_millis(1000));
-    assert!(
-        child.try_wait().unwrap().is_none(),
-        "the commit ended before the pause"
-    );
-    swift.run(&["pause", "1"]);
-    let out = finish(child);
-    let took = t0.elapsed();
+    let out = commit_disrupted(&swift, s, &img, Duration::from_secs(1), &["pause", "1"]);
     swift.run(&["resume", "1"]);
-    println!(
-        "commit of 64 MiB with object server 1 paused after 1 s: {:.1} s, {}",
-        took.as_secs_f64(),
-        if out.status.success() {
-            "succeeded"
-        } else {
-            "failed"
-        }
-    );
     let vs = versions(s, "u/vm");
     if out.status.success() {
         assert_eq!(vs.len(), 1, "{vs:?}");
@@ -410,13 +395,23 @@ fn an_object_server_hung_mid_commit_costs_time_only() {
     }
 }
 
+/// Version V of `u/a` in store S cannot be read: a checkout to OUT fails
+/// naming it, gc refuses to run rather than sweep, and `store verify`
+/// fails saying VERIFY_SAYS.
+fn assert_version_unreadable(s: &str, v: &str, out: &Path, verify_says: &str) {
+    let e = checkout_fail(s, "u/a", out, &[]);
+    assert!(e.contains(v) && e.contains("version"), "{e}");
+    let e = rd_fail(&["gc", "--store", s]);
+    assert!(e.contains("nothing was removed"), "{e}");
+    let e = rd_fail(&["store", "verify", "--store", s]);
+    assert!(e.contains(verify_says), "{e}");
+}
+
 #[test]
 fn damaged_and_missing_objects_are_named() {
-    let swift = Swift::start(3);
-    let (cas, prefix) = s3_store(&["--compression", "none"]);
+    let (swift, cas, prefix) = s3_store(3, &["--compression", "none"]);
     let (dir, s) = (cas.dir(), cas.s());
-    let img = cas.random_file("a.img", 4 << 20, 4);
-    let v = commit_version(s, path_str(&img), "u/a", &[]);
+    let (img, v) = random_version(&cas, ("a.img", 4 << 20, 4), "u/a", &[]);
     let chunks = packed(&swift, &prefix);
     assert_eq!(chunks.len(), 64);
     let objects = swift.python(&["ls", BUCKET, &format!("{prefix}/objects/")]);
@@ -454,21 +449,10 @@ fn damaged_and_missing_objects_are_named() {
     let whole = dir.join("pkg");
     swift.python(&["get", BUCKET, &pkg, path_str(&whole)]);
     swift.python(&["cut", BUCKET, &pkg, "100"]);
-    let e = checkout_fail(s, "u/a", &out, &[]);
-    assert!(e.contains(&v) && e.contains("version"), "{e}");
-    // gc refuses to run on an unreadable version rather than sweep.
-    let e = rd_fail(&["gc", "--store", s]);
-    assert!(e.contains("nothing was removed"), "{e}");
-    let e = rd_fail(&["store", "verify", "--store", s]);
-    assert!(e.contains("1 of 65 objects"), "{e}");
+    assert_version_unreadable(s, &v, &out, "1 of 65 objects");
     // 4. A missing version package.
     swift.python(&["rm", BUCKET, &pkg]);
-    let e = checkout_fail(s, "u/a", &out, &[]);
-    assert!(e.contains(&v) && e.contains("version"), "{e}");
-    let e = rd_fail(&["gc", "--store", s]);
-    assert!(e.contains("nothing was removed"), "{e}");
-    let e = rd_fail(&["store", "verify", "--store", s]);
-    assert!(e.contains("1 of 1 versions miss objects"), "{e}");
+    assert_version_unreadable(s, &v, &out, "1 of 1 versions miss objects");
     swift.python(&["put", BUCKET, &pkg, path_str(&whole)]);
     rd(&["store", "verify", "--store", s]);
     checkout_same(s, "u/a", &img, &out);
@@ -476,11 +460,9 @@ fn damaged_and_missing_objects_are_named() {
 
 #[test]
 fn wrong_credentials_fail_at_once_and_change_nothing() {
-    let _swift = Swift::start(4);
-    let (cas, _) = s3_store(&[]);
+    let (_swift, cas, _) = s3_store(4, &[]);
     let (dir, s) = (cas.dir(), cas.s());
-    let img = cas.random_file("a.img", 2 << 20, 5);
-    commit_version(s, path_str(&img), "u/vm", &[]);
+    let (img, _) = random_version(&cas, ("a.img", 2 << 20, 5), "u/vm", &[]);
     let img2 = cas.random_file("b.img", 2 << 20, 6);
     let out = dir.join("out.raw");
     let cases: [&[&str]; 3] = [
@@ -489,18 +471,10 @@ fn wrong_credentials_fail_at_once_and_change_nothing() {
         &["store", "info", "--store", s],
     ];
     for args in cases {
-        let t0 = Instant::now();
-        let o = Command::new(bin())
-            .args(args)
-            .env("AWS_SECRET_ACCESS_KEY", "not-the-secret")
-            .output()
-            .expect("run roamdisk");
-        let took = t0.elapsed();
-        let e = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success(), "{args:?} succeeded:\n{e}");
-        assert!(
-            took < Duration::from_secs(10),
-            "{args:?} took {took:?} to fail:\n{e}"
+        let e = fails_within(
+            args,
+            &[("AWS_SECRET_ACCESS_KEY", "not-the-secret")],
+            Duration::from_secs(10),
         );
         assert!(
             e.contains("AWS_SECRET_ACCESS_KEY") && e.contains("refused access"),
@@ -540,24 +514,15 @@ fn an_endpoint_that_never_answers_fails_within_the_timeouts() {
             path_str(&out),
         ],
     ];
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let env = [
+        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", "k"),
+        ("AWS_SECRET_ACCESS_KEY", "s"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ];
     for args in cases {
-        let t0 = Instant::now();
-        let o = Command::new(bin())
-            .args(args)
-            .env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}"))
-            .env("AWS_ACCESS_KEY_ID", "k")
-            .env("AWS_SECRET_ACCESS_KEY", "s")
-            .env("AWS_DEFAULT_REGION", "us-east-1")
-            .output()
-            .expect("run roamdisk");
-        let took = t0.elapsed();
-        let e = String::from_utf8_lossy(&o.stderr);
-        println!("{args:?} failed after {:.1} s", took.as_secs_f64());
-        assert!(!o.status.success(), "{args:?} succeeded:\n{e}");
-        assert!(
-            took < Duration::from_secs(20),
-            "{args:?} took {took:?} to fail:\n{e}"
-        );
+        let e = fails_within(args, &env, Duration::from_secs(20));
         assert!(e.contains("did not answer"), "{args:?}:\n{e}");
     }
     assert!(!out.exists());
@@ -565,45 +530,23 @@ fn an_endpoint_that_never_answers_fails_within_the_timeouts() {
 
 #[test]
 fn gc_during_a_commit_that_reuses_removed_chunks() {
-    let _swift = Swift::start(5);
-    let (cas, _) = s3_store(&["--compression", "none"]);
+    let (_swift, cas, _) = s3_store(5, &["--compression", "none"]);
     let (dir, s) = (cas.dir(), cas.s());
     // A: 96 MiB; B: A with 4 MiB of its own at 40 MiB.
-    let a = cas.random_file("a.img", 96 << 20, 8);
-    commit_version(s, path_str(&a), "u/a", &[]);
-    let b = dir.join("b.img");
-    std::fs::copy(&a, &b).unwrap();
-    let own = cas.random_file("own", 4 << 20, 9);
-    cas_common::put_at(&b, &own, 40 << 20);
+    let (a, _) = random_version(&cas, ("a.img", 96 << 20, 8), "u/a", &[]);
+    let b = cas.variant(&a, "b.img", (4 << 20, 9), 40 << 20);
     rd(&["rm", "u/a", "--all", "--store", s]);
     // Older than gc-margin=2s: A's chunks are garbage unless B reuses them.
     std::thread::sleep(Duration::from_secs(3));
-    let mut child = spawn(&[
-        "commit",
-        path_str(&b),
-        "--to",
-        "u/b",
-        "--store",
+    let mut child = spawn(&commit_args(
         s,
-        "--limit-rate",
-        "16M",
-        "-q",
-    ]);
+        path_str(&b),
+        "u/b",
+        &["--limit-rate", "16M", "-q"],
+    ));
     std::thread::sleep(Duration::from_millis(300));
-    let t0 = Instant::now();
-    let (mut runs, mut removed) = (0, 0);
-    loop {
-        let r = gc(s);
-        removed += json_num(&r, "removed_objects");
-        runs += 1;
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(180),
-            "commit did not finish"
-        );
-    }
+    let (runs, mut removed) =
+        gc_until_exit(s, &mut child, Duration::from_secs(180), Duration::ZERO);
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", output_text(&out));
     assert!(runs >= 2, "gc ran {runs} times during the commit");
@@ -624,31 +567,13 @@ fn gc_during_a_commit_that_reuses_removed_chunks() {
 
 #[test]
 fn two_commits_to_one_image_at_once_both_stay() {
-    let _swift = Swift::start(6);
-    let (cas, _) = s3_store(&[]);
+    let (_swift, cas, _) = s3_store(6, &[]);
     let (dir, s) = (cas.dir(), cas.s());
-    let base = cas.random_file("base.img", 4 << 20, 10);
-    commit_version(s, path_str(&base), "u/vm", &[]);
+    random_version(&cas, ("base.img", 4 << 20, 10), "u/vm", &[]);
     let x = cas.random_file("x.img", 48 << 20, 11);
     let y = cas.random_file("y.img", 48 << 20, 12);
-    let cx = spawn(&[
-        "commit",
-        path_str(&x),
-        "--to",
-        "u/vm",
-        "--store",
-        s,
-        "--json",
-    ]);
-    let cy = spawn(&[
-        "commit",
-        path_str(&y),
-        "--to",
-        "u/vm",
-        "--store",
-        s,
-        "--json",
-    ]);
+    let cx = spawn(&commit_args(s, path_str(&x), "u/vm", &["--json"]));
+    let cy = spawn(&commit_args(s, path_str(&y), "u/vm", &["--json"]));
     let (ox, oy) = (finish(cx), finish(cy));
     assert!(ox.status.success(), "{}", output_text(&ox));
     assert!(oy.status.success(), "{}", output_text(&oy));
@@ -665,17 +590,13 @@ fn two_commits_to_one_image_at_once_both_stay() {
 
 #[test]
 fn the_chunk_server_fronts_an_s3_store() {
-    let _swift = Swift::start(7);
-    let (cas, _) = s3_store(&[]);
+    let (_swift, cas, _) = s3_store(7, &[]);
     let dir = cas.dir();
     let srv = ChunkServer::start(cas.s(), &[]);
     let url = srv.url.clone();
     let img = cas.random_file("disk.img", 24 << 20, 13);
     let v1 = commit_version(&url, path_str(&img), "erin/vm", &[]);
-    let img2 = dir.join("disk2.img");
-    std::fs::copy(&img, &img2).unwrap();
-    let part = cas.random_file("part", 1 << 20, 14);
-    cas_common::put_at(&img2, &part, 5 << 20);
+    let img2 = cas.variant(&img, "disk2.img", (1 << 20, 14), 5 << 20);
     let v2 = commit_version(&url, path_str(&img2), "erin/vm", &[]);
     let got = dir.join("got.raw");
     checkout(&url, &format!("erin/vm@{}", &v1[..12]), &got, &[]);

@@ -48,14 +48,11 @@ fn serve(dir: &Path, sess: &Path, cache: &Path) -> Server {
 
 /// Poll `ok` for up to 30 s.
 fn wait_for(ok: impl Fn() -> bool) -> bool {
-    let t0 = std::time::Instant::now();
-    while !ok() {
-        if t0.elapsed() > std::time::Duration::from_secs(30) {
-            return false;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    true
+    common::poll_until(
+        std::time::Duration::from_secs(30),
+        std::time::Duration::from_millis(50),
+        ok,
+    )
 }
 
 /// Bytes of the chunk files in a shared cache.

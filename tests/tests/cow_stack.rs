@@ -58,6 +58,33 @@ impl Stack {
     fn assert_base_untouched(&self) {
         assert_files_equal(&self.base, &self.pristine);
     }
+    /// SRV stops cleanly, the stack serves again, and the restarted
+    /// export passes CHECK; the base was never written.
+    fn after_restart(&self, srv: Server, check: impl FnOnce(&Server)) {
+        assert!(srv.stop().success());
+        let srv = self.start(&[]);
+        check(&srv);
+        drop(srv);
+        self.assert_base_untouched();
+    }
+    /// [`Stack::after_restart`]: the restarted export holds WANT.
+    fn same_after_restart(&self, srv: Server, want: &[u8], what: &str) {
+        self.after_restart(srv, |srv| {
+            assert_bytes_equal(&self.export_bytes(srv), want, what)
+        });
+    }
+}
+
+/// A libnbd client (NAME) of SRV that has run WRITES (Python, on the
+/// handle `h`) and stays connected until released.
+fn connected_after(srv: &Server, writes: &str, name: &str) -> Talker {
+    let script = format!(
+        "import sys, nbd\nh = nbd.NBD()\nh.connect_uri(sys.argv[1])\n{writes}\n\
+         print(\"written\", flush=True)\nsys.stdin.readline()\n"
+    );
+    let mut t = Talker::spawn(python_nbd(&script, &[&srv.uri()]), Stdio::null(), name);
+    assert_eq!(t.line(), "written", "{name}");
+    t
 }
 
 /// Proof 2: pattern writes at unaligned offsets, zeroing (with and without
@@ -235,11 +262,7 @@ fn cow_discard_keeps_everything_else() {
         &after,
         "after writing into a discarded cluster",
     );
-    assert!(srv.stop().success());
-    let srv = st.start(&[]);
-    assert_bytes_equal(&st.export_bytes(&srv), &after, "after restart");
-    drop(srv);
-    st.assert_base_untouched();
+    st.same_after_restart(srv, &after, "after restart");
 }
 
 /// `nbdinfo --map` through a cow stack: clusters written are data, zeroed
@@ -316,21 +339,15 @@ fn cow_flushed_writes_survive_server_kill9() {
     qemu_io(&srv.uri(), &["write -P 0x11 100 300000".into()]);
     // Flushed by the client, then more written and left unflushed, with the
     // client still connected when the server dies.
-    let client_cmd = python_nbd(
+    let client = connected_after(
+        &srv,
         r#"
-import sys, nbd
-h = nbd.NBD()
-h.connect_uri(sys.argv[1])
 h.pwrite(b"\x22" * 200000, 1000000)
 h.flush()
 h.pwrite(b"\x33" * 500000, 4000000)
-print("written", flush=True)
-sys.stdin.readline()
 "#,
-        &[&srv.uri()],
+        "python client",
     );
-    let mut client = Talker::spawn(client_cmd, Stdio::null(), "python client");
-    assert_eq!(client.line(), "written");
     srv.kill9();
     client.release();
 
@@ -356,11 +373,7 @@ sys.stdin.readline()
     // The reopened overlay takes writes that persist.
     qemu_io(&srv.uri(), &["write -P 0x44 4000000 70000".into()]);
     want[4_000_000..4_070_000].fill(0x44);
-    assert!(srv.stop().success());
-    let srv = st.start(&[]);
-    assert_bytes_equal(&st.export_bytes(&srv), &want, "after a second restart");
-    drop(srv);
-    st.assert_base_untouched();
+    st.same_after_restart(srv, &want, "after a second restart");
 }
 
 /// A device whose size is not a multiple of the cluster (nor of 512):
@@ -419,11 +432,7 @@ h.shutdown()
         assert_bytes_equal(&std::fs::read(&out).expect("read copy"), &want, what);
     };
     copy(&srv, "nbdcopy of the export");
-    assert!(srv.stop().success());
-    let srv = st.start(&[]);
-    copy(&srv, "nbdcopy after restart");
-    drop(srv);
-    st.assert_base_untouched();
+    st.after_restart(srv, |srv| copy(srv, "nbdcopy after restart"));
 }
 
 /// Proof 6 on a cow stack: `qemu-img convert -n` into the export (data,
@@ -448,11 +457,7 @@ fn qemu_img_convert_into_cow_export() {
     qemu_img_copy_into_parallel(path_str(&src), &srv.uri());
     let want = std::fs::read(&src).expect("read src");
     assert_bytes_equal(&st.export_bytes(&srv), &want, "export after convert");
-    assert!(srv.stop().success());
-    let srv = st.start(&[]);
-    assert_bytes_equal(&st.export_bytes(&srv), &want, "after restart");
-    drop(srv);
-    st.assert_base_untouched();
+    st.same_after_restart(srv, &want, "after restart");
 }
 
 /// Two servers must not have the same overlay open for writing: each keeps
@@ -529,21 +534,15 @@ fn cow_flush_on_one_connection_covers_writes_of_another() {
     let size = 16 * MIB;
     let st = stack(size, 23);
     let srv = st.start(&[]);
-    let writer_cmd = python_nbd(
+    let writer = connected_after(
+        &srv,
         r#"
-import sys, nbd
-h = nbd.NBD()
-h.connect_uri(sys.argv[1])
 assert h.can_multi_conn()
 h.pwrite(b"\x5a" * 300000, 123457)
 h.pwrite(b"\x6b" * 65536, 9 * 1048576)
-print("written", flush=True)
-sys.stdin.readline()
 "#,
-        &[&srv.uri()],
+        "writer",
     );
-    let mut writer = Talker::spawn(writer_cmd, Stdio::null(), "writer");
-    assert_eq!(writer.line(), "written");
     let flushed = run_python_nbd(
         r#"
 import sys, nbd

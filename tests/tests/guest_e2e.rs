@@ -62,15 +62,20 @@ fn store_with_base_image() -> (Cas, ChunkServer, String) {
     (cas, chunks, sig_sha)
 }
 
-/// `roamdisk serve cas[shared-cache=DIR/shared]:SESS`: the session, its
-/// chunks cached in the test's folder rather than the host's cache.
-fn serve_session(dir: &Path, sess: &Path) -> Server {
+/// IMAGE checked out from CHUNKS as the session SESS (DIR/NAME), served
+/// by `roamdisk serve cas[shared-cache=DIR/shared]:SESS`, its chunks
+/// cached in the test's folder rather than the host's cache: the session
+/// and its server.
+fn serve_session(chunks: &ChunkServer, dir: &Path, name: &str) -> (PathBuf, Server) {
+    let sess = dir.join(name);
+    open_session(&chunks.url, IMAGE, &sess, &[]);
     let spec = format!(
         "cas[shared-cache={}]:{}",
         dir.join("shared").display(),
         sess.display()
     );
-    Server::start(dir, &[&spec])
+    let srv = Server::start(dir, &[&spec]);
+    (sess, srv)
 }
 
 /// `sha256sum FILE`: the hex digest.
@@ -135,10 +140,7 @@ fn committed_files(chunks: &ChunkServer, sess: &Path, dir: &Path, big_sha: &str)
 fn a_guest_formats_and_fills_a_session_and_its_commit_holds_the_files() {
     let (cas, chunks, sig_sha) = store_with_base_image();
     let dir = cas.dir();
-    let sess = dir.join("sess");
-    open_session(&chunks.url, IMAGE, &sess, &[]);
-
-    let srv = serve_session(dir, &sess);
+    let (sess, srv) = serve_session(&chunks, dir, "sess");
     let t0 = Instant::now();
     let mut guest = Guest::new(dir)
         .nbd_disk(&srv.socket, "")
@@ -189,9 +191,7 @@ umount /mnt
 fn a_guest_suspended_on_one_host_resumes_on_another_with_its_resume_set() {
     let (cas, chunks, _) = store_with_base_image();
     let dir = cas.dir();
-    let sess = dir.join("host-a/sess");
-    open_session(&chunks.url, IMAGE, &sess, &[]);
-    let srv = serve_session(dir, &sess);
+    let (sess, srv) = serve_session(&chunks, dir, "host-a/sess");
     let first = Guest::new(dir)
         .nbd_disk(&srv.socket, "")
         .run(GUEST_SCRIPT, GUEST_TIMEOUT);

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
-use json::Json;
+use json::{Json, Report as _};
 
 const MIB: u64 = 1 << 20;
 
@@ -89,9 +89,9 @@ fn nbdinfo_map_json(uri: &str) -> Vec<Run> {
     let j = json::parse(&run_stdout("nbdinfo", &["--json", "--map", uri]));
     merge(j.arr().iter().map(|e| {
         (
-            e.get("offset").u64(),
-            e.get("length").u64(),
-            e.get("type").u64() as u32,
+            e.key("offset").u64(),
+            e.key("length").u64(),
+            e.key("type").u64() as u32,
         )
     }))
 }
@@ -103,9 +103,9 @@ fn qemu_img_map(image: &str) -> Vec<Run> {
         &["map", "--output=json", "-f", "raw", image],
     ));
     merge(j.arr().iter().map(|e| {
-        let hole = if e.get("data").bool() { 0 } else { 1 };
-        let zero = if e.get("zero").bool() { 2 } else { 0 };
-        (e.get("start").u64(), e.get("length").u64(), hole | zero)
+        let hole = if e.key("data").bool() { 0 } else { 1 };
+        let zero = if e.key("zero").bool() { 2 } else { 0 };
+        (e.key("start").u64(), e.key("length").u64(), hole | zero)
     }))
 }
 
@@ -213,11 +213,11 @@ stack = "cow:{overlay}:raw:{golden}"
         assert!(list.contains(s), "nbdinfo --list lacks {s:?}:\n{list}");
     }
     let j = json::parse(&run_stdout("nbdinfo", &["--list", "--json", &srv.uri()]));
-    let exports = j.get("exports").arr();
+    let exports = j.key("exports").arr();
     let find = |name: &str| {
         exports
             .iter()
-            .find(|e| e.get("export-name").str() == name)
+            .find(|e| e.key("export-name").str() == name)
             .unwrap_or_else(|| panic!("no export {name} in nbdinfo --list --json"))
     };
     assert_eq!(exports.len(), 3, "{j:?}");
@@ -227,15 +227,15 @@ stack = "cow:{overlay}:raw:{golden}"
         ("vm1", "user 1's disk", 8 * MIB, false),
     ] {
         let e = find(name);
-        assert_eq!(e.get("description").str(), desc, "{name}");
-        assert_eq!(e.get("export-size").u64(), size, "{name}");
-        assert_eq!(e.get("is_read_only").bool(), ro, "{name}");
+        assert_eq!(e.key("description").str(), desc, "{name}");
+        assert_eq!(e.key("export-size").u64(), size, "{name}");
+        assert_eq!(e.key("is_read_only").bool(), ro, "{name}");
         // Each export also opens on its own, by name.
         let one = json::parse(&run_stdout("nbdinfo", &["--json", &srv.uri_of(name)]));
-        let one = &one.get("exports").arr()[0];
-        assert_eq!(one.get("export-name").str(), name);
-        assert_eq!(one.get("export-size").u64(), size, "{name}");
-        assert_eq!(one.get("is_read_only").bool(), ro, "{name}");
+        let one = &one.key("exports").arr()[0];
+        assert_eq!(one.key("export-name").str(), name);
+        assert_eq!(one.key("export-size").u64(), size, "{name}");
+        assert_eq!(one.key("is_read_only").bool(), ro, "{name}");
     }
     // The empty name is the first export.
     assert_eq!(
@@ -322,8 +322,8 @@ fn qemu_img_info_map_compare_and_convert_into_export() {
         "qemu-img",
         &["info", "--output=json", "-f", "raw", &uri],
     ));
-    assert_eq!(info.get("virtual-size").u64(), size);
-    assert_eq!(info.get("format").str(), "raw");
+    assert_eq!(info.key("virtual-size").u64(), size);
+    assert_eq!(info.key("format").str(), "raw");
 
     assert_eq!(qemu_img_map(&uri), qemu_img_map(path_str(&img)));
     assert_eq!(qemu_img_map(&uri), expected_map(size, &islands));
@@ -364,12 +364,9 @@ fn qemu_img_info_map_compare_and_convert_into_export() {
 /// shows the punched ranges as holes, and matches the file's own map.
 #[test]
 fn discard_and_write_zeroes_read_zero_and_map_as_holes() {
-    let dir = tempdir();
-    let img = dir.path().join("disk.raw");
     let size = 16 * MIB;
-    random_file(&img, size, 17);
+    let (_dir, img, srv) = serve_random(size, 17, &[]);
     let mut want = std::fs::read(&img).expect("read");
-    let srv = Server::start(dir.path(), &[&spec_raw(&img)]);
     let uri = srv.uri();
     // (command, offset, length): every range must read zero afterwards.
     let ops: [(&str, u64, u64); 5] = [
@@ -417,11 +414,8 @@ fn discard_and_write_zeroes_read_zero_and_map_as_holes() {
 /// export to a file and from a (sparse) file into the export.
 #[test]
 fn nbdcopy_multi_connection_both_directions() {
-    let dir = tempdir();
-    let img = dir.path().join("disk.raw");
     let size = 64 * MIB;
-    random_file(&img, size, 19);
-    let srv = Server::start(dir.path(), &[&spec_raw(&img)]);
+    let (dir, img, srv) = serve_random(size, 19, &[]);
     let uri = srv.uri();
     let nbdcopy = |from: &str, to: &str| {
         let out = run(
@@ -488,9 +482,9 @@ fn fio(uri: &str, job: &[&str]) -> Json {
         String::from_utf8_lossy(&out.stderr)
     );
     let j = fio_json(&out);
-    let jobs = j.get("jobs").arr();
+    let jobs = j.key("jobs").arr();
     assert_eq!(jobs.len(), 1);
-    assert_eq!(jobs[0].get("error").u64(), 0, "fio job error");
+    assert_eq!(jobs[0].key("error").u64(), 0, "fio job error");
     jobs[0].clone()
 }
 
@@ -499,13 +493,7 @@ fn fio(uri: &str, job: &[&str]) -> Json {
 /// and a sequential read.
 #[test]
 fn fio_nbd_engine_verify_and_sequential_read() {
-    let dir = tempdir();
-    let img = dir.path().join("disk.raw");
-    std::fs::File::create(&img)
-        .expect("create")
-        .set_len(128 * MIB)
-        .expect("set_len");
-    let srv = Server::start(dir.path(), &[&spec_raw(&img)]);
+    let (_dir, _img, srv) = serve_blank(128 * MIB, &[]);
     let uri = srv.uri();
     let size = 64 * MIB;
     let verify_job = [
@@ -516,9 +504,9 @@ fn fio_nbd_engine_verify_and_sequential_read() {
         "--size=64M",
     ];
     let j = fio(&uri, &verify_job);
-    assert_eq!(j.get("write").get("io_bytes").u64(), size, "bytes written");
+    assert_eq!(j.key("write").key("io_bytes").u64(), size, "bytes written");
     assert_eq!(
-        j.get("read").get("io_bytes").u64(),
+        j.key("read").key("io_bytes").u64(),
         size,
         "bytes read back and verified"
     );
@@ -526,7 +514,7 @@ fn fio_nbd_engine_verify_and_sequential_read() {
     again.push("--verify_only=1");
     let j = fio(&uri, &again);
     assert_eq!(
-        j.get("read").get("io_bytes").u64(),
+        j.key("read").key("io_bytes").u64(),
         size,
         "verify-only pass"
     );
@@ -535,7 +523,7 @@ fn fio_nbd_engine_verify_and_sequential_read() {
         &["--rw=read", "--bs=1M", "--iodepth=8", "--size=128M"],
     );
     assert_eq!(
-        j.get("read").get("io_bytes").u64(),
+        j.key("read").key("io_bytes").u64(),
         128 * MIB,
         "sequential read"
     );
@@ -570,13 +558,13 @@ fn fio_queue_depth_one_verifies_with_busy_poll_off_and_on() {
                 "--size=16M",
             ],
         );
-        let written = j.get("write").get("io_bytes").u64();
+        let written = j.key("write").key("io_bytes").u64();
         assert!(
             written >= 16 * MIB,
             "busy-poll {busy_poll:?}: wrote {written}"
         );
         assert_eq!(
-            j.get("read").get("io_bytes").u64(),
+            j.key("read").key("io_bytes").u64(),
             written,
             "busy-poll {busy_poll:?}: bytes read back and verified"
         );
@@ -587,10 +575,7 @@ fn fio_queue_depth_one_verifies_with_busy_poll_off_and_on() {
 /// The same export over TCP (`--listen 127.0.0.1:0`, the port is printed).
 #[test]
 fn tcp_listener_serves_the_export() {
-    let dir = tempdir();
-    let img = dir.path().join("disk.raw");
-    random_file(&img, 4 * MIB, 29);
-    let srv = Server::start(dir.path(), &[&spec_raw(&img), "--listen", "127.0.0.1:0"]);
+    let (_dir, img, srv) = serve_random(4 * MIB, 29, &["--listen", "127.0.0.1:0"]);
     let t0 = Instant::now();
     let addr = loop {
         let log = srv.log_text();
@@ -615,181 +600,44 @@ fn tcp_listener_serves_the_export() {
     qemu_img_compare(path_str(&img), &uri);
 }
 
-/// Just enough JSON to read nbdinfo, qemu-img and fio reports.
+/// The JSON of nbdinfo, qemu-img and fio reports (serde_json), read with
+/// accessors that fail the test on a missing key or another type.
 mod json {
-    #[derive(Debug, Clone, PartialEq)]
-    pub enum Json {
-        Null,
-        Bool(bool),
-        Num(f64),
-        Str(String),
-        Arr(Vec<Json>),
-        Obj(Vec<(String, Json)>),
-    }
-
-    impl Json {
-        pub fn get(&self, key: &str) -> &Json {
-            match self {
-                Json::Obj(m) => m
-                    .iter()
-                    .find(|(k, _)| k == key)
-                    .map(|(_, v)| v)
-                    .unwrap_or_else(|| panic!("no key {key:?} in {self:?}")),
-                _ => panic!("not an object (looking for {key:?}): {self:?}"),
-            }
-        }
-        pub fn u64(&self) -> u64 {
-            match self {
-                Json::Num(n) if *n >= 0.0 && n.fract() == 0.0 => *n as u64,
-                _ => panic!("not an unsigned integer: {self:?}"),
-            }
-        }
-        pub fn bool(&self) -> bool {
-            match self {
-                Json::Bool(b) => *b,
-                _ => panic!("not a boolean: {self:?}"),
-            }
-        }
-        pub fn str(&self) -> &str {
-            match self {
-                Json::Str(s) => s,
-                _ => panic!("not a string: {self:?}"),
-            }
-        }
-        pub fn arr(&self) -> &[Json] {
-            match self {
-                Json::Arr(v) => v,
-                _ => panic!("not an array: {self:?}"),
-            }
-        }
-    }
+    pub use serde_json::Value as Json;
 
     pub fn parse(text: &str) -> Json {
-        let mut p = Parser {
-            b: text.as_bytes(),
-            i: 0,
-        };
-        let v = p.value();
-        p.ws();
-        assert_eq!(p.i, p.b.len(), "trailing text after JSON: {text}");
-        v
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
     }
 
-    struct Parser<'a> {
-        b: &'a [u8],
-        i: usize,
+    /// Typed reads of a report's values.
+    pub trait Report {
+        fn key(&self, key: &str) -> &Json;
+        fn u64(&self) -> u64;
+        fn bool(&self) -> bool;
+        fn str(&self) -> &str;
+        fn arr(&self) -> &[Json];
     }
 
-    impl Parser<'_> {
-        fn ws(&mut self) {
-            while self.i < self.b.len() && self.b[self.i].is_ascii_whitespace() {
-                self.i += 1;
-            }
+    impl Report for Json {
+        fn key(&self, key: &str) -> &Json {
+            self.get(key)
+                .unwrap_or_else(|| panic!("no key {key:?} in {self}"))
         }
-        fn eat(&mut self, c: u8) {
-            self.ws();
-            assert_eq!(
-                self.b.get(self.i),
-                Some(&c),
-                "JSON: expected {:?} at byte {}",
-                c as char,
-                self.i
-            );
-            self.i += 1;
+        fn u64(&self) -> u64 {
+            self.as_u64()
+                .unwrap_or_else(|| panic!("not an unsigned integer: {self}"))
         }
-        fn peek(&mut self) -> u8 {
-            self.ws();
-            *self.b.get(self.i).expect("JSON ends early")
+        fn bool(&self) -> bool {
+            self.as_bool()
+                .unwrap_or_else(|| panic!("not a boolean: {self}"))
         }
-        fn value(&mut self) -> Json {
-            match self.peek() {
-                b'{' => {
-                    self.i += 1;
-                    let mut m = Vec::new();
-                    if self.peek() == b'}' {
-                        self.i += 1;
-                        return Json::Obj(m);
-                    }
-                    loop {
-                        let k = self.string();
-                        self.eat(b':');
-                        m.push((k, self.value()));
-                        match self.peek() {
-                            b',' => self.i += 1,
-                            _ => break,
-                        }
-                    }
-                    self.eat(b'}');
-                    Json::Obj(m)
-                }
-                b'[' => {
-                    self.i += 1;
-                    let mut v = Vec::new();
-                    if self.peek() == b']' {
-                        self.i += 1;
-                        return Json::Arr(v);
-                    }
-                    loop {
-                        v.push(self.value());
-                        match self.peek() {
-                            b',' => self.i += 1,
-                            _ => break,
-                        }
-                    }
-                    self.eat(b']');
-                    Json::Arr(v)
-                }
-                b'"' => Json::Str(self.string()),
-                _ => {
-                    let start = self.i;
-                    while self.i < self.b.len() && !b",]} \t\r\n".contains(&self.b[self.i]) {
-                        self.i += 1;
-                    }
-                    let tok = std::str::from_utf8(&self.b[start..self.i]).expect("utf-8");
-                    match tok {
-                        "true" => Json::Bool(true),
-                        "false" => Json::Bool(false),
-                        "null" => Json::Null,
-                        _ => Json::Num(
-                            tok.parse()
-                                .unwrap_or_else(|_| panic!("JSON: bad token {tok:?}")),
-                        ),
-                    }
-                }
-            }
+        fn str(&self) -> &str {
+            self.as_str()
+                .unwrap_or_else(|| panic!("not a string: {self}"))
         }
-        fn string(&mut self) -> String {
-            self.eat(b'"');
-            let mut s = Vec::new();
-            loop {
-                let c = self.b[self.i];
-                self.i += 1;
-                match c {
-                    b'"' => break,
-                    b'\\' => {
-                        let e = self.b[self.i];
-                        self.i += 1;
-                        match e {
-                            b'n' => s.push(b'\n'),
-                            b't' => s.push(b'\t'),
-                            b'r' => s.push(b'\r'),
-                            b'b' => s.push(8),
-                            b'f' => s.push(12),
-                            b'u' => {
-                                let hex = std::str::from_utf8(&self.b[self.i..self.i + 4])
-                                    .expect("utf-8");
-                                self.i += 4;
-                                let cp = u32::from_str_radix(hex, 16).expect("\\u escape");
-                                let ch = char::from_u32(cp).unwrap_or('\u{fffd}');
-                                s.extend_from_slice(ch.to_string().as_bytes());
-                            }
-                            other => s.push(other),
-                        }
-                    }
-                    _ => s.push(c),
-                }
-            }
-            String::from_utf8(s).expect("utf-8 string")
+        fn arr(&self) -> &[Json] {
+            self.as_array()
+                .unwrap_or_else(|| panic!("not an array: {self}"))
         }
     }
 }

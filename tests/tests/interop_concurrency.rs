@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::process::Stdio;
+use std::process::{Child, Command, Output, Stdio};
 
 use common::*;
 
@@ -25,13 +25,22 @@ fn write_of(c: u64, i: u64, max_len: u64) -> (u64, u64, u8) {
     (off, len, pattern)
 }
 
-fn sparse_image(dir: &std::path::Path) -> std::path::PathBuf {
-    let img = dir.join("disk.raw");
-    std::fs::File::create(&img)
-        .expect("create")
-        .set_len(SIZE)
-        .expect("set_len");
-    img
+/// One process for each client, made by CLIENT(c), all running at once:
+/// their outputs, in client order.
+fn all_at_once(client: impl Fn(u64) -> Command) -> Vec<Output> {
+    let children: Vec<Child> = (0..CLIENTS)
+        .map(|c| {
+            client(c)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("spawn client {c}: {e}"))
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|child| child.wait_with_output().expect("wait for a client"))
+        .collect()
 }
 
 /// Compare the served file with the writes every client made (zeroes
@@ -57,33 +66,24 @@ fn assert_file_holds(img: &std::path::Path, max_len: u64) {
 #[test]
 fn eight_qemu_io_clients_with_64_aio_writes_each() {
     require_tool("qemu-io");
-    let dir = tempdir();
-    let img = sparse_image(dir.path());
-    let srv = Server::start(dir.path(), &[&format!("raw:{}", img.display())]);
+    let (_dir, img, srv) = serve_blank(SIZE, &[]);
     let uri = srv.uri();
     let max_len = SLOT - 4096;
-    let children: Vec<_> = (0..CLIENTS)
-        .map(|c| {
-            let mut cmds = Vec::new();
-            for i in 0..REQUESTS {
-                let (off, len, p) = write_of(c, i, max_len);
-                cmds.push(format!("aio_write -P {p} {off} {len}"));
-            }
-            cmds.push("aio_flush".into());
-            for i in 0..REQUESTS {
-                let (off, len, p) = write_of(c, i, max_len);
-                cmds.push(format!("aio_read -P {p} {off} {len}"));
-            }
-            cmds.push("aio_flush".into());
-            qemu_io_command(&uri, &cmds)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn qemu-io")
-        })
-        .collect();
-    for (c, child) in children.into_iter().enumerate() {
-        let out = child.wait_with_output().expect("wait qemu-io");
+    let outputs = all_at_once(|c| {
+        let mut cmds = Vec::new();
+        for i in 0..REQUESTS {
+            let (off, len, p) = write_of(c, i, max_len);
+            cmds.push(format!("aio_write -P {p} {off} {len}"));
+        }
+        cmds.push("aio_flush".into());
+        for i in 0..REQUESTS {
+            let (off, len, p) = write_of(c, i, max_len);
+            cmds.push(format!("aio_read -P {p} {off} {len}"));
+        }
+        cmds.push("aio_flush".into());
+        qemu_io_command(&uri, &cmds)
+    });
+    for (c, out) in outputs.into_iter().enumerate() {
         check_qemu_io(&out, &format!("client {c}"));
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(
@@ -165,9 +165,7 @@ print(f"ok peak={peak}")
 /// no client-side cap), and reads whose replies mix data and hole chunks.
 #[test]
 fn eight_libnbd_clients_with_64_requests_in_flight_each() {
-    let dir = tempdir();
-    let img = sparse_image(dir.path());
-    let srv = Server::start(dir.path(), &[&format!("raw:{}", img.display())]);
+    let (_dir, img, srv) = serve_blank(SIZE, &[]);
     let uri = srv.uri();
     // Leave a zero gap in every slot, so reads cross data and holes.
     let max_len = SLOT / 2;
@@ -175,20 +173,13 @@ fn eight_libnbd_clients_with_64_requests_in_flight_each() {
         .iter()
         .map(|n| n.to_string())
         .collect();
-    let children: Vec<_> = (0..CLIENTS)
-        .map(|c| {
-            let c = c.to_string();
-            let mut args = vec![uri.as_str(), c.as_str()];
-            args.extend(nums.iter().map(String::as_str));
-            python_nbd(LIBNBD_CLIENT, &args)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn python")
-        })
-        .collect();
-    for (c, child) in children.into_iter().enumerate() {
-        let out = child.wait_with_output().expect("wait python");
+    let outputs = all_at_once(|c| {
+        let c = c.to_string();
+        let mut args = vec![uri.as_str(), c.as_str()];
+        args.extend(nums.iter().map(String::as_str));
+        python_nbd(LIBNBD_CLIENT, &args)
+    });
+    for (c, out) in outputs.into_iter().enumerate() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success() && text.trim() == format!("ok peak={REQUESTS}"),

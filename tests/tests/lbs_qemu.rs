@@ -7,24 +7,37 @@
 mod common;
 
 use common::{
-    mke2fs_from, qemu_img_compare, qemu_img_copy, qemu_img_copy_into, roamdisk, run, run_stdout,
-    tempdir, Server,
+    mke2fs_from, qemu_img_compare, qemu_img_copy, qemu_img_copy_into, rd, roamdisk, run,
+    run_stdout, tempdir, Server,
 };
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
+use tempfile::TempDir;
 
 fn create_lbs(dir: &std::path::Path, name: &str, size: &str, extra: &[&str]) -> String {
     let img = dir.join(name);
     let img = img.to_str().unwrap().to_string();
     let mut args = vec!["lbs", "create", &img, "--size", size];
     args.extend_from_slice(extra);
-    let out = roamdisk(&args);
-    assert!(
-        out.status.success(),
-        "lbs create: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    rd(&args);
     img
+}
+
+/// A new temporary folder with a new LBS disk NAME of SIZE served as
+/// `lbs:DISK`: (folder, disk, spec, server).
+fn serve_new_lbs(name: &str, size: &str) -> (TempDir, String, String, Server) {
+    let d = tempdir();
+    let img = create_lbs(d.path(), name, size, &[]);
+    let spec = format!("lbs:{img}");
+    let s = Server::start(d.path(), &[&spec]);
+    (d, img, spec, s)
+}
+
+/// SPEC served again, read-only, after a crash (its recovery): the
+/// export's bytes, through a copy in DIR.
+fn bytes_after_reopen(dir: &Path, spec: &str) -> Vec<u8> {
+    let s = Server::start(dir, &[spec, "--read-only"]);
+    export_bytes(&s.uri(), &dir.join("after.img"))
 }
 
 /// Copy a served export into a raw file with `qemu-img convert`.
@@ -117,18 +130,9 @@ while True:
 
 #[test]
 fn kill_9_loses_nothing_acknowledged_by_a_flush() {
-    let d = tempdir();
+    let (d, img, spec, s) = serve_new_lbs("k.lbsd", "64M");
     let dir = d.path();
-    let img = create_lbs(dir, "k.lbsd", "64M", &[]);
-    let spec = format!("lbs:{img}");
-    let s = Server::start(dir, &[&spec]);
-    common::require_tool("nbdsh");
-    let script = dir.join("w.py");
-    std::fs::write(&script, PY).unwrap();
-    // libnbd's python module lives with the system python.
-    let child = Command::new("/usr/bin/python3")
-        .arg(&script)
-        .arg(s.uri())
+    let child = common::python_nbd(PY, &[&s.uri()])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -149,7 +153,7 @@ fn kill_9_loses_nothing_acknowledged_by_a_flush() {
     );
 
     // Reopen (recovery) and check every write up to the last flush.
-    let s = Server::start(dir, &[&spec, "--read-only"]);
+    let bytes = bytes_after_reopen(dir, &spec);
     let n = (64u64 << 20) / 65536;
     // Each block must hold the pattern of its last write before the last
     // acknowledged flush, or of a write issued after it (at most the 8
@@ -164,7 +168,6 @@ fn kill_9_loses_nothing_acknowledged_by_a_flush() {
             .or_insert_with(|| vec![0])
             .push(((i % 250) + 1) as u8);
     }
-    let bytes = export_bytes(&s.uri(), &dir.join("after.img"));
     for blk in 0..n {
         let b = &bytes[(blk * 65536) as usize..((blk + 1) * 65536) as usize];
         let first = b[0];
@@ -188,11 +191,7 @@ fn kill_9_loses_nothing_acknowledged_by_a_flush() {
 /// (for LBS, its write buffer is flushed) before the connection closes.
 #[test]
 fn writes_settled_at_disconnect_survive_kill_9() {
-    let d = tempdir();
-    let dir = d.path();
-    let img = create_lbs(dir, "s.lbsd", "16M", &[]);
-    let spec = format!("lbs:{img}");
-    let s = Server::start(dir, &[&spec]);
+    let (d, _img, spec, s) = serve_new_lbs("s.lbsd", "16M");
     // 40 writes of 4 KiB: 160 KiB, less than LBS's 256 KiB write buffer, so
     // without the settle they would live only in the server's memory.
     let script = r#"
@@ -213,8 +212,7 @@ print("done")
         String::from_utf8_lossy(&out.stderr)
     );
     s.kill9();
-    let s = Server::start(dir, &[&spec, "--read-only"]);
-    let bytes = export_bytes(&s.uri(), &dir.join("after.img"));
+    let bytes = bytes_after_reopen(d.path(), &spec);
     for i in 0..40usize {
         let b = &bytes[i * 65536..i * 65536 + 4096];
         assert!(

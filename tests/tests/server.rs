@@ -16,11 +16,15 @@ use std::time::Duration;
 
 use common::certs::{client_dir, make_ca, make_leaf, CLIENT_EXT, SERVER_EXT};
 use common::{
-    nbd_direct_write, output_text, path_str, psk_add, qemu_io_tls_args, random_file, rd, rd_fail,
+    client_table, nbd_direct_write, output_text, path_str, psk_add, psk_client, qemu_io_tls_args,
+    qemu_psk_creds, qemu_psk_dir, qemu_x509_creds, random_file, raw_image, rd, rd_fail,
     require_tool, run, run_stdout, tempdir, tool, uid, write_server_config, ServerProc,
 };
 
 const SIZE: u64 = 8 << 20;
+
+/// The grant of the golden image's view.
+const DESKTOP: &str = r#"view = ["desktop"]"#;
 
 /// A running `roamdisk server CONFIG` of a [`Fixture`], its TCP port read
 /// from its log; the URIs of its clients.
@@ -66,6 +70,13 @@ impl Srv {
 
     fn unix_uri(&self, export: &str) -> String {
         format!("nbd+unix:///{export}?socket={}", self.socket.display())
+    }
+
+    /// `nbdinfo URI` must fail (WHY says what its success would mean),
+    /// and the log says LOGGED.
+    fn refuses(&self, uri: &str, why: &str, logged: &[&str]) {
+        fails("nbdinfo", &[uri], why);
+        self.assert_logged(logged);
     }
 
     fn kill9(self) {
@@ -150,14 +161,11 @@ fn fixture() -> Fixture {
     let server_keys = psk(&dir, "server.psk", "carol");
     let carol_psk = dir.join("carol.psk");
     std::fs::copy(&server_keys, &carol_psk).unwrap();
-    let carol_qemu = dir.join("carol-qemu");
-    std::fs::create_dir(&carol_qemu).unwrap();
-    std::fs::copy(&server_keys, carol_qemu.join("keys.psk")).unwrap();
+    let carol_qemu = qemu_psk_dir(&dir, "carol-qemu", &server_keys);
     let golden = dir.join("golden.img");
     random_file(&golden, SIZE, 7);
     let tools = dir.join("tools.img");
     random_file(&tools, 1 << 20, 8);
-    let uid = uid();
     let config = write_server_config(
         &dir,
         &format!(
@@ -167,35 +175,17 @@ tls-cert = "ca/server-cert.pem"
 tls-key = "ca/server-key.pem"
 tls-verify-ca = "ca/ca-cert.pem"
 tls-psk = "server.psk"
-
-[[image]]
-name = "desktop"
-stack = "raw:{golden}"
-description = "the lab's desktop"
-
-[[image]]
-name = "tools"
-stack = "raw:{tools}"
-
-[[client]]
-name = "alice"
-cert-cn = "alice"
-view = ["desktop"]
-read-only = ["tools"]
-
-[[client]]
-name = "bob"
-cert-sha256 = "{fp}"
-view = ["desktop"]
-
-[[client]]
-name = "carol"
-psk-identity = "carol"
-uid = {uid}
-view = ["desktop"]
-"#,
-            golden = golden.display(),
-            tools = tools.display(),
+{desktop}description = "the lab's desktop"
+{tools}{alice}{bob}{carol}"#,
+            desktop = raw_image("desktop", &golden),
+            tools = raw_image("tools", &tools),
+            alice = client_table(
+                "alice",
+                r#"cert-cn = "alice""#,
+                &format!("{DESKTOP}\nread-only = [\"tools\"]")
+            ),
+            bob = client_table("bob", &format!(r#"cert-sha256 = "{fp}""#), DESKTOP),
+            carol = psk_client("carol", &format!("uid = {}\n{DESKTOP}", uid())),
         ),
     );
     Fixture {
@@ -247,11 +237,8 @@ enum Via<'a> {
 /// `qemu-io --image-opts` for `export` over TLS.
 fn qemu_io_tls(srv: &Srv, via: &Via, export: &str, cmds: &[&str]) -> Vec<String> {
     let object = match via {
-        Via::Cert(d) => format!("tls-creds-x509,id=tls0,endpoint=client,dir={}", d.display()),
-        Via::Psk(d) => format!(
-            "tls-creds-psk,id=tls0,endpoint=client,dir={},username=carol",
-            d.display()
-        ),
+        Via::Cert(d) => qemu_x509_creds(d),
+        Via::Psk(d) => qemu_psk_creds(d, "carol"),
     };
     qemu_io_tls_args(object, srv.port, export, cmds)
 }
@@ -368,17 +355,16 @@ fn every_refusal_is_refused_and_logged_with_the_identity() {
     let f = fixture();
     let srv = Srv::start(&f);
     // An image bob is not granted, and names of other clients' views.
-    fails(
-        "nbdinfo",
-        &[&srv.cert_uri("tools", &f.bob)],
+    srv.refuses(
+        &srv.cert_uri("tools", &f.bob),
         "bob opened tools",
+        &[
+            "refused",
+            "export=tools",
+            "client 'bob' has no grant",
+            "127.0.0.1",
+        ],
     );
-    srv.assert_logged(&[
-        "refused",
-        "export=tools",
-        "client 'bob' has no grant",
-        "127.0.0.1",
-    ]);
     for name in ["alice", "alice%2Fdesktop", "clients%2Falice%2Fdesktop.cow"] {
         fails(
             "nbdinfo",
@@ -422,12 +408,11 @@ fn every_refusal_is_refused_and_logged_with_the_identity() {
         "export=tools",
     ]);
     // A certificate from our CA for a client the config does not know.
-    fails(
-        "nbdinfo",
-        &[&srv.cert_uri("desktop", &f.dave)],
+    srv.refuses(
+        &srv.cert_uri("desktop", &f.dave),
         "unknown client served",
+        &["refused", "CN=dave", "unknown client", "export=desktop"],
     );
-    srv.assert_logged(&["refused", "CN=dave", "unknown client", "export=desktop"]);
     let list = tool("nbdinfo", &["--list", &srv.cert_uri("", &f.dave)], &[]);
     assert!(
         !String::from_utf8_lossy(&list.stdout).contains("desktop"),
@@ -436,32 +421,28 @@ fn every_refusal_is_refused_and_logged_with_the_identity() {
     );
     srv.assert_logged(&["refused: LIST from an unknown client", "CN=dave"]);
     // A certificate from another CA, even with a known CN.
-    fails(
-        "nbdinfo",
-        &[&srv.cert_uri("desktop", &f.rogue)],
+    srv.refuses(
+        &srv.cert_uri("desktop", &f.rogue),
         "rogue certificate accepted",
+        &["refused: TLS handshake failed", "127.0.0.1"],
     );
-    srv.assert_logged(&["refused: TLS handshake failed", "127.0.0.1"]);
     // A wrong key for a known PSK identity, and an unknown identity.
-    fails(
-        "nbdinfo",
-        &[&srv.psk_uri("desktop", "carol", &f.carol_wrong_psk)],
+    srv.refuses(
+        &srv.psk_uri("desktop", "carol", &f.carol_wrong_psk),
         "wrong key",
+        &["refused: TLS handshake failed", "PSK identity 'carol'"],
     );
-    srv.assert_logged(&["refused: TLS handshake failed", "PSK identity 'carol'"]);
-    fails(
-        "nbdinfo",
-        &[&srv.psk_uri("desktop", "mallory", &f.mallory_psk)],
+    srv.refuses(
+        &srv.psk_uri("desktop", "mallory", &f.mallory_psk),
         "unknown PSK",
+        &["refused: TLS handshake failed", "PSK identity 'mallory'"],
     );
-    srv.assert_logged(&["refused: TLS handshake failed", "PSK identity 'mallory'"]);
     // Plain TCP.
-    fails(
-        "nbdinfo",
-        &[&format!("nbd://127.0.0.1:{}/desktop", srv.port)],
+    srv.refuses(
+        &format!("nbd://127.0.0.1:{}/desktop", srv.port),
         "plain TCP served",
+        &["refused: plain client on a TLS-only server", "127.0.0.1"],
     );
-    srv.assert_logged(&["refused: plain client on a TLS-only server", "127.0.0.1"]);
     // Nobody wrote anything: no client has an overlay but the ones that
     // opened their own view.
     assert!(!f.dir.join("state/clients/dave").exists());
@@ -469,6 +450,17 @@ fn every_refusal_is_refused_and_logged_with_the_identity() {
     // Still serving the legitimate clients.
     ok("nbdinfo", &["--size", &srv.cert_uri("desktop", &f.alice)]);
     assert!(!srv.log_text().contains("panicked"));
+}
+
+/// `server promote carol desktop --config CFG --to TO EXTRA...`.
+fn promote_carol<'a>(cfg: &'a str, to: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    [
+        &[
+            "server", "promote", "carol", "desktop", "--config", cfg, "--to", to,
+        ],
+        extra,
+    ]
+    .concat()
 }
 
 #[test]
@@ -497,16 +489,7 @@ fn views_survive_kill_9_and_reset_and_promote_need_a_stopped_server() {
     let e = rd_fail(&["server", "reset", "carol", "desktop", "--config", cfg]);
     assert!(e.contains("running"), "{e}");
     let out = f.dir.join("promoted.img");
-    let promote = [
-        "server",
-        "promote",
-        "carol",
-        "desktop",
-        "--config",
-        cfg,
-        "--to",
-        path_str(&out),
-    ];
+    let promote = promote_carol(cfg, path_str(&out), &[]);
     let e = rd_fail(&promote);
     assert!(e.contains("running"), "{e}");
     srv.stop();
@@ -518,20 +501,11 @@ fn views_survive_kill_9_and_reset_and_promote_need_a_stopped_server() {
     // ...and as a new version in a chunk store.
     let store = f.dir.join("store");
     let st = path_str(&store);
-    rd(&[
-        "server",
-        "promote",
-        "carol",
-        "desktop",
-        "--config",
+    rd(&promote_carol(
         cfg,
-        "--to",
         "lab/desktop",
-        "--store",
-        st,
-        "-m",
-        "carol's",
-    ]);
+        &["--store", st, "-m", "carol's"],
+    ));
     let back = f.dir.join("checked-out.img");
     rd(&[
         "checkout",
@@ -731,19 +705,17 @@ fn a_revoked_client_is_refused_after_the_restart() {
         .expect("carol's block");
     std::fs::write(&f.config, &cfg[..at]).unwrap();
     let srv = Srv::start(&f);
-    fails(
-        "nbdinfo",
-        &[&srv.psk_uri("desktop", "carol", &f.carol_psk)],
+    srv.refuses(
+        &srv.psk_uri("desktop", "carol", &f.carol_psk),
         "a revoked key served",
+        &["refused: TLS handshake failed", "PSK identity 'carol'"],
     );
-    srv.assert_logged(&["refused: TLS handshake failed", "PSK identity 'carol'"]);
     // On the Unix socket her uid no longer names anyone either.
-    fails(
-        "nbdinfo",
-        &[&srv.unix_uri("desktop")],
+    srv.refuses(
+        &srv.unix_uri("desktop"),
         "a revoked uid served",
+        &["refused", "unknown client"],
     );
-    srv.assert_logged(&["refused", "unknown client"]);
     // The others go on, and carol's overlay is no one's.
     ok("nbdinfo", &["--size", &srv.cert_uri("desktop", &f.alice)]);
     fails(

@@ -33,6 +33,17 @@ struct Site {
     qemu_psk: PathBuf,
 }
 
+/// A server config in DIR (socket `srv.sock`) with its metrics endpoint on
+/// a free port, then REST: the config and the port.
+fn config_with_metrics(dir: &Path, rest: &str) -> (PathBuf, u16) {
+    let metrics = free_port();
+    let config = write_server_config(
+        dir,
+        &format!("socket = \"srv.sock\"\nmetrics = \"127.0.0.1:{metrics}\"\n{rest}"),
+    );
+    (config, metrics)
+}
+
 fn site(cache: &str) -> Site {
     let tmp = tempdir();
     let dir = tmp.path().to_path_buf();
@@ -41,39 +52,17 @@ fn site(cache: &str) -> Site {
     for who in ["alice", "bob", "mallory"] {
         psk_add(&keys, who);
     }
-    let qemu_psk = dir.join("qemu-psk");
-    std::fs::create_dir(&qemu_psk).unwrap();
-    std::fs::copy(&keys, qemu_psk.join("keys.psk")).unwrap();
-    let metrics = free_port();
-    let config = write_server_config(
+    let qemu_psk = qemu_psk_dir(&dir, "qemu-psk", &keys);
+    let (config, metrics) = config_with_metrics(
         &dir,
         &format!(
-            r#"socket = "srv.sock"
-listen = ["127.0.0.1:0"]
+            r#"listen = ["127.0.0.1:0"]
 tls-psk = "server.psk"
-metrics = "127.0.0.1:{metrics}"
-{cache}
-[[image]]
-name = "desk"
-stack = "raw:{}"
-
-[[client]]
-name = "alice"
-psk-identity = "alice"
-view = ["desk"]
-
-[[client]]
-name = "bob"
-psk-identity = "bob"
-view = ["desk"]
-
-[[client]]
-name = "local"
-uid = {}
-read-only = ["desk"]
-"#,
-            dir.join("desk.img").display(),
-            uid()
+{cache}{desk}{alice}{bob}{local}"#,
+            desk = raw_image("desk", &dir.join("desk.img")),
+            alice = psk_client("alice", r#"view = ["desk"]"#),
+            bob = psk_client("bob", r#"view = ["desk"]"#),
+            local = local_client("local", r#"read-only = ["desk"]"#),
         ),
     );
     Site {
@@ -87,10 +76,7 @@ read-only = ["desk"]
 
 /// `qemu-io` as `who` over TLS-PSK, running `cmds` on `desk`.
 fn qemu_io_psk(site: &Site, port: u16, who: &str, cmds: &[&str]) -> Command {
-    let creds = format!(
-        "tls-creds-psk,id=tls0,endpoint=client,dir={},username={who}",
-        site.qemu_psk.display()
-    );
+    let creds = qemu_psk_creds(&site.qemu_psk, who);
     let mut c = Command::new("qemu-io");
     c.args(qemu_io_tls_args(creds, port, "desk", cmds));
     c
@@ -482,31 +468,18 @@ fn server_cache_hits_equal_the_simulators_for_a_two_image_trace() {
     ] {
         let run = dir.join(format!("{policy}-{size}-{block}-{shards}"));
         std::fs::create_dir(&run).unwrap();
-        let metrics = free_port();
-        let config = write_server_config(
+        let (config, _) = config_with_metrics(
             &run,
             &format!(
-                r#"socket = "srv.sock"
-metrics = "127.0.0.1:{metrics}"
-[cache]
+                r#"[cache]
 policy = "{policy}"
 size = "{size}"
 block = "{block}"
 shards = {shards}
-[[image]]
-name = "img0"
-stack = "raw:{}"
-[[image]]
-name = "img1"
-stack = "raw:{}"
-[[client]]
-name = "local"
-uid = {}
-read-only = ["img0", "img1"]
-"#,
-                dir.join("img0.raw").display(),
-                dir.join("img1.raw").display(),
-                uid()
+{}{}{}"#,
+                raw_image("img0", &dir.join("img0.raw")),
+                raw_image("img1", &dir.join("img1.raw")),
+                local_client("local", r#"read-only = ["img0", "img1"]"#),
             ),
         );
         let srv = ServerProc::start(&config, run.join("server.log"));

@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use common::certs::{client_dir, make_ca, make_leaf, CLIENT_EXT, SERVER_EXT};
 use common::{
-    assert_bytes_equal, e2fsck_clean, free_port, nbd_direct_write, num_after, path_str, psk_add,
-    qemu_img_copy, qemu_io, random_file, rd, rd_fail, run, run_stdout, tempdir,
-    write_server_config, Server, ServerProc,
+    assert_bytes_equal, client_table, e2fsck_clean, free_port, nbd_direct_write, num_after,
+    path_str, psk_add, psk_client, qemu_img_copy, qemu_io, random_file, raw_image, rd, rd_fail,
+    run, run_stdout, tempdir, write_server_config, Server, ServerProc,
 };
 use guest_common::Guest;
 
@@ -122,10 +122,9 @@ fn site(auth: Auth, golden: Option<PathBuf>, size: u64, grant: &str, port: u16) 
     let config = write_server_config(
         &dir,
         &format!(
-            "listen = [\"127.0.0.1:{port}\"]\n{tls}\n\
-             [[image]]\nname = \"golden\"\nstack = \"raw:{}\"\n\n\
-             [[client]]\nname = \"thin\"\n{identity}\n{grant} = [\"golden\"]\n",
-            golden.display()
+            "listen = [\"127.0.0.1:{port}\"]\n{tls}\n{}{}",
+            raw_image("golden", &golden),
+            client_table("thin", identity, &format!("{grant} = [\"golden\"]")),
         ),
     );
     Site {
@@ -293,12 +292,11 @@ fn each_psk_identity_reaches_only_its_own_grant() {
     let config = write_server_config(
         d,
         &format!(
-            "listen = [\"127.0.0.1:0\"]\ntls-psk = \"server.psk\"\n\
-             [[image]]\nname = \"a\"\nstack = \"raw:{}\"\n[[image]]\nname = \"b\"\nstack = \"raw:{}\"\n\
-             [[client]]\nname = \"ca\"\npsk-identity = \"ca\"\nread-only = [\"a\"]\n\
-             [[client]]\nname = \"cb\"\npsk-identity = \"cb\"\nread-only = [\"b\"]\n",
-            a.display(),
-            b.display()
+            "listen = [\"127.0.0.1:0\"]\ntls-psk = \"server.psk\"\n{}{}{}{}",
+            raw_image("a", &a),
+            raw_image("b", &b),
+            psk_client("ca", r#"read-only = ["a"]"#),
+            psk_client("cb", r#"read-only = ["b"]"#),
         ),
     );
     let srv = ServerProc::start_tcp(&config, d.join("server.log"));
@@ -471,16 +469,13 @@ fn replay_gives_each_emulated_client_its_own_identity_and_view() {
     let mut clients = String::new();
     for i in 0..4 {
         psk_add(&keys, &format!("c{i}"));
-        clients.push_str(&format!(
-            "[[client]]\nname = \"c{i}\"\npsk-identity = \"c{i}\"\nview = [\"golden\"]\n"
-        ));
+        clients.push_str(&psk_client(&format!("c{i}"), r#"view = ["golden"]"#));
     }
     let config = write_server_config(
         d,
         &format!(
-            "listen = [\"127.0.0.1:0\"]\ntls-psk = \"keys.psk\"\n\
-             [[image]]\nname = \"golden\"\nstack = \"raw:{}\"\n{clients}",
-            golden.display()
+            "listen = [\"127.0.0.1:0\"]\ntls-psk = \"keys.psk\"\n{}{clients}",
+            raw_image("golden", &golden),
         ),
     );
     let trace = d.join("desk.rdtrace");

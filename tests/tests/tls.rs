@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
 use common::certs::{make_ca, make_leaf, CLIENT_EXT, SERVER_EXT};
-use common::{output_text, random_file, run, tempdir, tool};
+use common::{
+    output_text, qemu_psk_creds, qemu_psk_dir, qemu_x509_creds, random_file, run, tempdir, tool,
+};
 use nbdwire::*;
 
 /// `roamdisk serve ARGS... --listen 127.0.0.1:0`, its port read from the
@@ -59,6 +61,13 @@ impl TcpServer {
         s.set_read_timeout(Some(TIMEOUT)).unwrap();
         s.set_write_timeout(Some(TIMEOUT)).unwrap();
         s
+    }
+
+    /// [`TcpServer::connect`], greeted: the client's options come next.
+    fn greeted(&self) -> TcpStream {
+        let mut t = self.connect();
+        greet(&mut t).unwrap();
+        t
     }
 
     fn plain_uri(&self) -> String {
@@ -182,20 +191,25 @@ fn x509(dir: &Path) -> X509 {
 }
 
 impl X509 {
-    fn serve_args(&self) -> Vec<String> {
-        vec![
-            "--tls-cert".into(),
-            self.server_cert.display().to_string(),
-            "--tls-key".into(),
-            self.server_key.display().to_string(),
-        ]
+    /// `roamdisk serve ARGS... --tls-cert SERVER --tls-key KEY` in DIR.
+    fn serve(&self, dir: &Path, args: &[&str]) -> TcpServer {
+        let tls = [
+            "--tls-cert",
+            s(&self.server_cert),
+            "--tls-key",
+            s(&self.server_key),
+        ];
+        TcpServer::start(dir, &[args, &tls[..]].concat())
     }
 }
 
-fn args<'a>(fixed: &[&'a str], more: &'a [String]) -> Vec<&'a str> {
-    let mut v = fixed.to_vec();
-    v.extend(more.iter().map(String::as_str));
-    v
+/// A new folder with [`x509`] credentials, and `roamdisk serve ARGS` with
+/// them.
+fn x509_serving(args: &[&str]) -> (tempfile::TempDir, X509, TcpServer) {
+    let dir = tempdir();
+    let c = x509(dir.path());
+    let srv = c.serve(dir.path(), args);
+    (dir, c, srv)
 }
 
 /// `psktool -u USER -p FILE` (a fresh random key).
@@ -213,10 +227,7 @@ fn s(p: &Path) -> &str {
 
 #[test]
 fn x509_nbdinfo_connects_and_an_untrusted_server_is_refused() {
-    let dir = tempdir();
-    let c = x509(dir.path());
-    let extra = c.serve_args();
-    let srv = TcpServer::start(dir.path(), &args(&["mem:64M"], &extra));
+    let (_dir, c, srv) = x509_serving(&["mem:64M"]);
     let out = nbdinfo_ok(&[&srv.x509_uri(&c.ca_dir)]);
     assert!(out.contains("with TLS"), "{out}");
     assert_eq!(
@@ -244,10 +255,8 @@ fn x509_qemu_img_convert_round_trip() {
         .unwrap()
         .set_len(8 << 20)
         .unwrap();
-    let extra = c.serve_args();
     let spec = format!("raw:{}", served.display());
-    let srv = TcpServer::start(dir.path(), &args(&[&spec], &extra));
-    let object = |d: &Path| format!("tls-creds-x509,id=tls0,endpoint=client,dir={}", d.display());
+    let srv = c.serve(dir.path(), &[&spec]);
     // Write over TLS...
     run(
         "qemu-img",
@@ -258,7 +267,7 @@ fn x509_qemu_img_convert_round_trip() {
             "raw",
             s(&src),
             "--object",
-            &object(&c.client_dir),
+            &qemu_x509_creds(&c.client_dir),
             "--target-image-opts",
             &srv.qemu_opts(),
         ],
@@ -270,7 +279,7 @@ fn x509_qemu_img_convert_round_trip() {
         &[
             "convert",
             "--object",
-            &object(&c.ca_dir),
+            &qemu_x509_creds(&c.ca_dir),
             "--image-opts",
             &srv.qemu_opts(),
             "-O",
@@ -293,9 +302,7 @@ fn x509_qemu_img_convert_round_trip() {
 fn x509_verify_ca_requires_a_client_certificate() {
     let dir = tempdir();
     let c = x509(dir.path());
-    let mut extra = c.serve_args();
-    extra.extend(["--tls-verify-ca".into(), c.ca_cert.display().to_string()]);
-    let srv = TcpServer::start(dir.path(), &args(&["mem:64M"], &extra));
+    let srv = c.serve(dir.path(), &["mem:64M", "--tls-verify-ca", s(&c.ca_cert)]);
     nbdinfo_fails(
         &["--size", &srv.x509_uri(&c.ca_dir)],
         "no client certificate, yet --tls-verify-ca let it in",
@@ -308,10 +315,7 @@ fn x509_verify_ca_requires_a_client_certificate() {
         nbdinfo_ok(&["--size", &srv.x509_uri(&c.client_dir)]).trim(),
         "67108864"
     );
-    let obj = format!(
-        "tls-creds-x509,id=tls0,endpoint=client,dir={}",
-        c.client_dir.display()
-    );
+    let obj = qemu_x509_creds(&c.client_dir);
     let out = run(
         "qemu-img",
         &["info", "--object", &obj, "--image-opts", &srv.qemu_opts()],
@@ -346,13 +350,8 @@ fn psk_nbdinfo_and_qemu_img_work_and_a_wrong_key_fails() {
     );
     nbdinfo_fails(&["--size", &srv.plain_uri()], "plain client served");
     // qemu reads DIR/keys.psk.
-    let qdir = dir.path().join("qemu-psk");
-    std::fs::create_dir(&qdir).unwrap();
-    std::fs::copy(&keys, qdir.join("keys.psk")).unwrap();
-    let obj = format!(
-        "tls-creds-psk,id=tls0,endpoint=client,dir={},username=alice",
-        qdir.display()
-    );
+    let qdir = qemu_psk_dir(dir.path(), "qemu-psk", &keys);
+    let obj = qemu_psk_creds(&qdir, "alice");
     let out = dir.path().join("out.img");
     run(
         "qemu-img",
@@ -376,10 +375,7 @@ fn psk_nbdinfo_and_qemu_img_work_and_a_wrong_key_fails() {
 
 #[test]
 fn tls_require_refuses_plain_clients_and_keeps_serving_tls() {
-    let dir = tempdir();
-    let c = x509(dir.path());
-    let extra = c.serve_args();
-    let srv = TcpServer::start(dir.path(), &args(&["mem:64M", "--tls", "require"], &extra));
+    let (_dir, c, srv) = x509_serving(&["mem:64M", "--tls", "require"]);
     // libnbd: refused, and the server's reason reaches the client.
     let o = nbdinfo_fails(
         &[&srv.plain_uri()],
@@ -389,8 +385,7 @@ fn tls_require_refuses_plain_clients_and_keeps_serving_tls() {
     assert!(err.contains("requires TLS"), "{}", output_text(&o));
 
     // On the wire: every option but STARTTLS and ABORT gets ERR_TLS_REQD.
-    let mut t = srv.connect();
-    greet(&mut t).unwrap();
+    let mut t = srv.greeted();
     for (opt, payload) in [
         (OPT_STRUCTURED_REPLY, Vec::new()),
         (OPT_LIST, Vec::new()),
@@ -409,14 +404,12 @@ fn tls_require_refuses_plain_clients_and_keeps_serving_tls() {
     send_option(&mut t, OPT_EXPORT_NAME, b"").unwrap();
     expect_closed(&mut t, "plain EXPORT_NAME under --tls require");
     // ABORT is still honoured.
-    let mut t = srv.connect();
-    greet(&mut t).unwrap();
+    let mut t = srv.greeted();
     send_option(&mut t, OPT_ABORT, &[]).unwrap();
     assert_eq!(read_option_reply(&mut t).unwrap().rtype, REP_ACK);
     expect_closed(&mut t, "ABORT");
     // STARTTLS followed by garbage instead of a ClientHello.
-    let mut t = srv.connect();
-    greet(&mut t).unwrap();
+    let mut t = srv.greeted();
     assert_eq!(option_result(&mut t, OPT_STARTTLS, b"x"), REP_ERR_INVALID);
     assert_eq!(option_result(&mut t, OPT_STARTTLS, &[]), REP_ACK);
     t.write_all(&pattern(512, 1)).unwrap();
@@ -432,14 +425,13 @@ fn tls_on_serves_plain_and_tls_clients() {
     let dir = tempdir();
     let c = x509(dir.path());
     let keys = psk(dir.path(), "keys.psk", "alice");
-    let extra = c.serve_args();
     let sub = |name: &str| {
         let d = dir.path().join(name);
         std::fs::create_dir(&d).unwrap();
         d
     };
     let x509_dir = sub("x509");
-    let x509_srv = TcpServer::start(&x509_dir, &args(&["mem:64M", "--tls", "on"], &extra));
+    let x509_srv = c.serve(&x509_dir, &["mem:64M", "--tls", "on"]);
     let psk_dir = sub("psk");
     let psk_srv = TcpServer::start(&psk_dir, &["mem:64M", "--tls", "on", "--tls-psk", s(&keys)]);
     for (srv, tls_uri) in [
@@ -460,16 +452,12 @@ fn tls_on_serves_plain_and_tls_clients() {
 
 #[test]
 fn tls_off_refuses_starttls_by_policy() {
-    let dir = tempdir();
-    let c = x509(dir.path());
-    let extra = c.serve_args();
-    let srv = TcpServer::start(dir.path(), &args(&["mem:64M", "--tls", "off"], &extra));
+    let (_dir, c, srv) = x509_serving(&["mem:64M", "--tls", "off"]);
     nbdinfo_fails(
         &["--size", &srv.x509_uri(&c.ca_dir)],
         "TLS client served under --tls off",
     );
-    let mut t = srv.connect();
-    greet(&mut t).unwrap();
+    let mut t = srv.greeted();
     assert_eq!(option_result(&mut t, OPT_STARTTLS, &[]), REP_ERR_POLICY);
     let mut cl = Client::negotiate(t, &Opts::default()).unwrap();
     cl.check_io(0, 4);

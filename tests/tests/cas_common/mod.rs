@@ -111,15 +111,94 @@ impl Cas {
         path
     }
 
+    /// A copy NAME of the image OF with SIZE random bytes (SEED) of its own
+    /// put at OFFSET: a later state of the same disk.
+    pub fn variant(&self, of: &Path, name: &str, (size, seed): (u64, u64), offset: u64) -> PathBuf {
+        let v = self.dir().join(name);
+        std::fs::copy(of, &v).expect("copy the image");
+        let part = self.random_file(&format!("{name}.part"), size, seed);
+        put_at(&v, &part, offset);
+        v
+    }
+
     /// The store as a `--store` argument (a path or an `s3://` URL).
     pub fn s(&self) -> &str {
         &self.spec
     }
 }
 
+/// A new image NAME of SIZE random bytes (SEED) in the store's folder,
+/// committed to TO with EXTRA options: the image and the version.
+pub fn random_version(
+    cas: &Cas,
+    (name, size, seed): (&str, u64, u64),
+    to: &str,
+    extra: &[&str],
+) -> (PathBuf, String) {
+    let img = cas.random_file(name, size, seed);
+    let v = commit_version(cas.s(), path_str(&img), to, extra);
+    (img, v)
+}
+
+/// `roamdisk hoard IMAGE --store STORE --shared-cache CACHE EXTRA...`;
+/// returns stdout.
+pub fn hoard(store: &str, image: &str, cache: &str, extra: &[&str]) -> String {
+    rd(&[
+        &["hoard", image, "--store", store, "--shared-cache", cache],
+        extra,
+    ]
+    .concat())
+}
+
+/// A session SESS (checked out while its store is reachable) served with
+/// `cas[OPTS]:SESS`, its whole disk copied to OUT by qemu-img: whether
+/// that succeeded.
+pub fn read_all(dir: &Path, sess: &Path, opts: &str, out: &Path) -> bool {
+    let srv = Server::start(dir, &[&format!("cas[{opts}]:{}", sess.display())]);
+    let ok = convert_ok(&srv.uri(), out);
+    srv.stop();
+    ok
+}
+
+/// The arguments `commit SRC --to NAME --store STORE EXTRA...`.
+pub fn commit_args<'a>(
+    store: &'a str,
+    src: &'a str,
+    to: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    [&["commit", src, "--to", to, "--store", store], extra].concat()
+}
+
 /// `roamdisk commit SRC --to NAME --store STORE EXTRA...`; returns stdout.
 pub fn commit(store: &str, src: &str, to: &str, extra: &[&str]) -> String {
-    rd(&[&["commit", src, "--to", to, "--store", store], extra].concat())
+    rd(&commit_args(store, src, to, extra))
+}
+
+/// `roamdisk gc --store STORE --json` again and again, PAUSE apart, until
+/// the background CHILD (a commit) has ended, at most LIMIT: (gc runs,
+/// objects they removed).
+pub fn gc_until_exit(
+    store: &str,
+    child: &mut Child,
+    limit: Duration,
+    pause: Duration,
+) -> (u64, u64) {
+    let t0 = Instant::now();
+    let (mut runs, mut removed) = (0, 0);
+    loop {
+        let r = rd(&["gc", "--store", store, "--json"]);
+        removed += json_num(&r, "removed_objects");
+        runs += 1;
+        if child.try_wait().unwrap().is_some() {
+            return (runs, removed);
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "commit did not finish within {limit:?}"
+        );
+        std::thread::sleep(pause);
+    }
 }
 
 /// [`commit`] with `--json`; returns the new version's id.

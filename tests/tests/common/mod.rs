@@ -104,6 +104,37 @@ pub fn run(cmd: &str, args: &[&str]) -> Output {
     out
 }
 
+/// Check DONE every EVERY until it holds or LIMIT has passed: whether it
+/// held.
+pub fn poll_until(limit: Duration, every: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while !done() {
+        if t0.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(every);
+    }
+    true
+}
+
+/// SIGKILL the process in CHILD, if there is one still, and reap it.
+pub fn kill_and_reap(child: &mut Option<Child>) {
+    if let Some(mut c) = child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// Run a prepared command to completion; panic with `what` and its output
+/// unless it succeeds. Returns stdout.
+pub fn command_stdout(cmd: &mut Command, what: &str) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    assert_success(&out, what);
+    stdout_text(&out)
+}
+
 /// Run a command and return its stdout as a string (must succeed).
 pub fn run_stdout(cmd: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&run(cmd, args).stdout).into_owned()
@@ -264,10 +295,7 @@ impl Server {
 
     /// SIGKILL (a crash) and wait.
     pub fn kill9(mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_and_reap(&mut self.child);
     }
 
     fn terminate(&mut self) -> ExitStatus {
@@ -303,9 +331,23 @@ pub fn spec_cow_raw(dir: &Path, base: &Path) -> String {
 /// A new temporary folder holding `disk.raw`, SIZE bytes of zeroes, served
 /// by `roamdisk serve raw:DISK EXTRA...`: (folder, image, server).
 pub fn serve_blank(size: u64, extra: &[&str]) -> (tempfile::TempDir, PathBuf, Server) {
+    serve_new_file(|img| blank_file(img, size), extra)
+}
+
+/// [`serve_blank`], the image SIZE random bytes (SEED).
+pub fn serve_random(size: u64, seed: u64, extra: &[&str]) -> (tempfile::TempDir, PathBuf, Server) {
+    serve_new_file(|img| random_file(img, size, seed), extra)
+}
+
+/// A new temporary folder holding `disk.raw`, made by MAKE, served by
+/// `roamdisk serve raw:DISK EXTRA...`: (folder, image, server).
+fn serve_new_file(
+    make: impl FnOnce(&Path),
+    extra: &[&str],
+) -> (tempfile::TempDir, PathBuf, Server) {
     let dir = tempdir();
     let img = dir.path().join("disk.raw");
-    blank_file(&img, size);
+    make(&img);
     let srv = Server::start(dir.path(), &[&[spec_raw(&img).as_str()], extra].concat());
     (dir, img, srv)
 }
@@ -532,6 +574,25 @@ pub fn qemu_io_command(image: &str, cmds: &[String]) -> Command {
         c.arg("-c").arg(cmd);
     }
     c
+}
+
+/// qemu's `tls-creds-x509` object `tls0` for a client whose credentials
+/// (ca-cert.pem, and client-cert.pem and client-key.pem if it has them)
+/// are in DIR.
+pub fn qemu_x509_creds(dir: &Path) -> String {
+    format!(
+        "tls-creds-x509,id=tls0,endpoint=client,dir={}",
+        dir.display()
+    )
+}
+
+/// qemu's `tls-creds-psk` object `tls0` for USER, its key in DIR/keys.psk
+/// ([`qemu_psk_dir`]).
+pub fn qemu_psk_creds(dir: &Path, user: &str) -> String {
+    format!(
+        "tls-creds-psk,id=tls0,endpoint=client,dir={},username={user}",
+        dir.display()
+    )
 }
 
 /// `qemu-io` arguments that run `cmds` on `export` of the NBD server at
@@ -774,10 +835,7 @@ impl ServerProc {
 
     /// SIGKILL (a crash), waited for.
     pub fn kill9(mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_and_reap(&mut self.child);
     }
 
     /// SIGTERM, and it must exit cleanly within 30 s.
@@ -797,10 +855,7 @@ impl ServerProc {
 
 impl Drop for ServerProc {
     fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_and_reap(&mut self.child);
     }
 }
 
@@ -814,6 +869,41 @@ pub fn write_server_config(dir: &Path, rest: &str) -> PathBuf {
     )
     .expect("write server.toml");
     config
+}
+
+/// `DIR/NAME`, a folder as qemu's `tls-creds-psk` wants it: a copy of the
+/// PSK file KEYS as `keys.psk`.
+pub fn qemu_psk_dir(dir: &Path, name: &str, keys: &Path) -> PathBuf {
+    let d = dir.join(name);
+    std::fs::create_dir(&d).unwrap();
+    std::fs::copy(keys, d.join("keys.psk")).unwrap();
+    d
+}
+
+/// A server config's `[[image]]` table: NAME serving the raw file PATH.
+pub fn raw_image(name: &str, path: &Path) -> String {
+    format!(
+        "\n[[image]]\nname = \"{name}\"\nstack = \"raw:{}\"\n",
+        path.display()
+    )
+}
+
+/// A server config's `[[client]]` table: NAME, proved by ID (a line such as
+/// `cert-cn = "NAME"` or `uid = N`), with its GRANTS (`view = [...]`,
+/// `read-only = [...]` lines).
+pub fn client_table(name: &str, id: &str, grants: &str) -> String {
+    format!("\n[[client]]\nname = \"{name}\"\n{id}\n{grants}\n")
+}
+
+/// [`client_table`] of a client known by this process's uid (on the Unix
+/// socket).
+pub fn local_client(name: &str, grants: &str) -> String {
+    client_table(name, &format!("uid = {}", uid()), grants)
+}
+
+/// [`client_table`] of a client whose TLS-PSK identity is its NAME.
+pub fn psk_client(name: &str, grants: &str) -> String {
+    client_table(name, &format!("psk-identity = \"{name}\""), grants)
 }
 
 /// This process's uid, as a config's `uid = ...` wants it.

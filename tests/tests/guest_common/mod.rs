@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::path_str;
+use crate::common::{kill_and_reap, path_str};
 
 /// The line the guest prints before the test's script.
 pub const START_MARK: &str = "roamdisk-guest: start";
@@ -318,14 +318,14 @@ impl RunningGuest {
     pub fn wait(mut self, timeout: Duration) -> GuestRun {
         let mut child = self.child.take().expect("running");
         let t0 = Instant::now();
-        let (status, timed_out) = loop {
+        let status = loop {
             if let Some(st) = child.try_wait().expect("wait for qemu") {
-                break (Some(st), false);
+                break Some(st);
             }
             if t0.elapsed() > timeout {
                 let _ = child.kill();
                 let _ = child.wait();
-                break (None, true);
+                break None;
             }
             std::thread::sleep(Duration::from_millis(50));
         };
@@ -335,30 +335,29 @@ impl RunningGuest {
             console: self.console(),
             output,
             qemu_status: status,
-            timed_out,
-            qemu_log: read_text(&self.files.qemu_log),
-            command: self.command.clone(),
+            qemu: self.qemu_text(),
             elapsed: self.started.elapsed(),
         }
     }
 
-    /// The command line, console and qemu's log, for a failure message.
-    fn report(&self) -> String {
+    /// The command line and qemu's log, for a failure message.
+    fn qemu_text(&self) -> String {
         format!(
-            "command: {}\nqemu log:\n{}\nconsole:\n{}",
+            "command: {}\nqemu log:\n{}",
             self.command,
-            read_text(&self.files.qemu_log),
-            self.console()
+            read_text(&self.files.qemu_log)
         )
+    }
+
+    /// [`RunningGuest::qemu_text`] and the console, for a failure message.
+    fn report(&self) -> String {
+        format!("{}\nconsole:\n{}", self.qemu_text(), self.console())
     }
 }
 
 impl Drop for RunningGuest {
     fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        kill_and_reap(&mut self.child);
     }
 }
 
@@ -383,12 +382,9 @@ pub struct GuestRun {
     pub exit: Option<i32>,
     /// qemu's exit status; None if it was killed at the timeout.
     pub qemu_status: Option<ExitStatus>,
-    pub timed_out: bool,
-    /// qemu's own stdout and stderr.
-    pub qemu_log: String,
-    /// The qemu command line.
-    pub command: String,
     pub elapsed: Duration,
+    /// The qemu command line and qemu's own stdout and stderr.
+    qemu: String,
 }
 
 impl GuestRun {
@@ -401,12 +397,15 @@ impl GuestRun {
     pub fn assert_ok(&self) {
         assert!(
             self.ok(),
-            "guest run failed: script exit {:?}, qemu {:?}{}\ncommand: {}\nqemu log:\n{}\nconsole:\n{}",
+            "guest run failed: script exit {:?}, qemu {:?}{}\n{}\nconsole:\n{}",
             self.exit,
             self.qemu_status,
-            if self.timed_out { " (killed at the timeout)" } else { "" },
-            self.command,
-            self.qemu_log,
+            if self.qemu_status.is_none() {
+                " (killed at the timeout)"
+            } else {
+                ""
+            },
+            self.qemu,
             self.console
         );
     }
