@@ -308,8 +308,7 @@ mod tests {
 
     #[test]
     fn rename_noreplace_at_names_into_an_opened_directory() {
-        let d = tempfile::tempdir().unwrap();
-        let sub = d.path().join("sub");
+        let (d, sub) = crate::testkit::scratch("sub");
         std::fs::create_dir(&sub).unwrap();
         let dir = File::open(&sub).unwrap();
         let a = d.path().join("a");

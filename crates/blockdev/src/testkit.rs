@@ -280,6 +280,15 @@ impl BlockDev for CrashDev {
     }
 }
 
+/// A fresh temporary directory and the path of `name` inside it, for tests
+/// that need one scratch file. Keep the directory alive (bind it to `_d`,
+/// not `_`) for as long as the path is used.
+pub fn scratch(name: impl AsRef<std::path::Path>) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("create a temporary directory");
+    let path = dir.path().join(name);
+    (dir, path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -56,8 +56,7 @@ proptest! {
 
     #[test]
     fn cow_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
-        let dir = tempfile::tempdir().unwrap();
-        let ov = dir.path().join("ov");
+        let (_dir, ov) = roamdisk_blockdev::testkit::scratch("ov");
         let b = base();
         let opts = CowOptions { cluster_size: CLUSTER as u32 };
         let mut dev = CowDev::open(&ov, b.clone(), false, &opts).unwrap();

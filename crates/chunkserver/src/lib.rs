@@ -509,8 +509,7 @@ mod tests {
 
     #[test]
     fn a_network_address_needs_users_and_tls_or_insecure() {
-        let t = tempfile::tempdir().unwrap();
-        let path = t.path().join("users.toml");
+        let (_t, path) = roamdisk_blockdev::testkit::scratch("users.toml");
         users::edit(&path, true, |_| Ok(())).unwrap();
         let watch = UsersWatch::open(&path).unwrap();
         let tls = TlsFiles {

@@ -170,8 +170,7 @@ mod tests {
 
     #[test]
     fn an_exec_command_ends_serving_with_its_status_and_sees_the_uri() {
-        let d = tempfile::tempdir().unwrap();
-        let sock = d.path().join("s.sock");
+        let (d, sock) = roamdisk_blockdev::testkit::scratch("s.sock");
         let seen = d.path().join("uri");
         let export = Export {
             name: String::new(),

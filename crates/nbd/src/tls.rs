@@ -369,8 +369,7 @@ mod tests {
 
     #[test]
     fn psk_file_parses_and_rejects_garbage() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("k.psk");
+        let (_d, p) = roamdisk_blockdev::testkit::scratch("k.psk");
         std::fs::write(&p, "alice:0123abcd\n").unwrap();
         assert_eq!(
             read_psk_file(&p).unwrap()[b"alice".as_slice()],
@@ -384,8 +383,7 @@ mod tests {
 
     #[test]
     fn one_policy_credentials_are_a_certificate_with_its_key_or_a_psk_file() {
-        let d = tempfile::tempdir().unwrap();
-        let psk = d.path().join("k.psk");
+        let (d, psk) = roamdisk_blockdev::testkit::scratch("k.psk");
         std::fs::write(&psk, "alice:0123abcd\n").unwrap();
         let file = |n: &str| Some(d.path().join(n));
         // Nothing asked, nothing given: off.

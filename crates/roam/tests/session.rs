@@ -57,8 +57,7 @@ fn setup(
     ChunkId,
     Option<std::path::PathBuf>,
 ) {
-    let t = tempfile::tempdir().unwrap();
-    let loc = t.path().join("store");
+    let (t, loc) = roamdisk_blockdev::testkit::scratch("store");
     let st = store::open(
         loc.to_str().unwrap(),
         &store::OpenOptions {

@@ -250,8 +250,7 @@ mod tests {
 
     #[test]
     fn records_every_request_with_its_data() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.rdtrace");
+        let (_dir, path) = roamdisk_blockdev::testkit::scratch("t.rdtrace");
         let mut reg = Registry::with_builtin();
         reg.add(&TRACE);
         let spec = format!("trace[data=on,device=3,client=7]:{}:mem:1M", path.display());

@@ -731,8 +731,7 @@ mod tests {
 
     #[test]
     fn replays_every_request_and_reports_latencies() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("t.rdtrace");
+        let (_dir, p) = roamdisk_blockdev::testkit::scratch("t.rdtrace");
         let mut recs = Vec::new();
         for i in 0..200u64 {
             recs.push(rec(
@@ -814,8 +813,7 @@ mod tests {
 
     #[test]
     fn wall_time_is_not_rounded_up_to_the_progress_poll() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("t.rdtrace");
+        let (_dir, p) = roamdisk_blockdev::testkit::scratch("t.rdtrace");
         let recs: Vec<Record> = (0..8u64)
             .map(|i| rec(i, 0, TraceOp::Read, i * 4096, 4096))
             .collect();
@@ -839,8 +837,7 @@ mod tests {
 
     #[test]
     fn recorded_timing_waits_for_the_recorded_times() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("t.rdtrace");
+        let (_dir, p) = roamdisk_blockdev::testkit::scratch("t.rdtrace");
         write_trace(
             &p,
             &[
@@ -862,8 +859,7 @@ mod tests {
 
     #[test]
     fn errors_stop_the_replay_and_say_where() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("t.rdtrace");
+        let (_dir, p) = roamdisk_blockdev::testkit::scratch("t.rdtrace");
         write_trace(&p, &[rec(0, 0, TraceOp::Read, 4 << 20, 4096)]);
         let opts = ReplayOptions::default();
         let loaded = load(&p, &opts, &NoProgress).unwrap();

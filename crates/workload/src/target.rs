@@ -235,8 +235,7 @@ mod tests {
 
     #[test]
     fn direct_files_take_unaligned_requests() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("f.img");
+        let (_dir, p) = roamdisk_blockdev::testkit::scratch("f.img");
         std::fs::write(&p, vec![0u8; 64 << 10]).unwrap();
         let reg = Registry::with_builtin();
         let t = Target::open(&reg, p.to_str().unwrap(), &TargetOptions::default()).unwrap();

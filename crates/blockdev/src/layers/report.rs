@@ -37,8 +37,7 @@ mod tests {
 
     #[test]
     fn reports_are_one_json_line_and_leave_no_temporary() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("r.json");
+        let (d, p) = crate::testkit::scratch("r.json");
         write_report("t", &p, &serde_json::json!({"n": 1}), ReportAt::Flush);
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"n\":1}\n");
         write_report("t", &p, &serde_json::json!({"n": 2}), ReportAt::Close);

@@ -436,8 +436,7 @@ mod tests {
     /// A new map of `units` units in a temporary folder (kept while the
     /// folder is) and its path.
     fn new_map(units: u64) -> (tempfile::TempDir, PathBuf) {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("map");
+        let (d, p) = crate::testkit::scratch("map");
         OverlayMap::create(&p, &TestHeader { units }, "test").unwrap();
         (d, p)
     }

@@ -262,6 +262,10 @@ impl<S: ChunkWrite + ?Sized> PutGroup for CollectGroup<'_, S> {
     }
 }
 
+/// What [`ChunkPrune::remove_many_if_older`] did with each id: the bytes
+/// it freed, or `None` where the object was kept (or absent).
+pub type Freed = Vec<Option<u64>>;
+
 /// List and remove objects (garbage collection).
 pub trait ChunkPrune: ChunkRead {
     /// The store's clock (object times and lease times use it).
@@ -278,11 +282,7 @@ pub trait ChunkPrune: ChunkRead {
     /// back if recent). Returns the bytes each freed, or `None` where it
     /// was kept. Stores that keep objects together (packs) rewrite each
     /// pack once.
-    fn remove_many_if_older(
-        &self,
-        ids: &[ChunkId],
-        cutoff: SystemTime,
-    ) -> Result<Vec<Option<u64>>> {
+    fn remove_many_if_older(&self, ids: &[ChunkId], cutoff: SystemTime) -> Result<Freed> {
         self.pass(Op::Trim, "remove objects")?
             .remove_many_if_older(ids, cutoff)
     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::api::{
-    ChunkPrune, ChunkRead, ChunkWrite, DynStore, LeaseStore, RefStore, Store, StoreLayer,
+    ChunkPrune, ChunkRead, ChunkWrite, DynStore, Freed, LeaseStore, RefStore, Store, StoreLayer,
 };
 use crate::hash::ChunkId;
 use roamdisk_blockdev::Result;
@@ -163,11 +163,7 @@ impl ChunkRead for CachedStore {
 impl ChunkWrite for CachedStore {}
 
 impl ChunkPrune for CachedStore {
-    fn remove_many_if_older(
-        &self,
-        ids: &[ChunkId],
-        cutoff: SystemTime,
-    ) -> Result<Vec<Option<u64>>> {
+    fn remove_many_if_older(&self, ids: &[ChunkId], cutoff: SystemTime) -> Result<Freed> {
         let r = self.inner.remove_many_if_older(ids, cutoff)?;
         for (id, x) in ids.iter().zip(&r) {
             if x.is_some() {

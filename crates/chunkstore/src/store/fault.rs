@@ -23,8 +23,8 @@ use roamdisk_blockdev::testkit::Rng;
 use roamdisk_blockdev::{ErrorKind, Op, Result};
 
 use super::api::{
-    ChunkPrune, ChunkRead, ChunkWrite, DynStore, Lease, LeaseStore, ObjectEntry, ObjectParts,
-    PutGroup, PutOutcome, RefStore, Store, StoreLayer,
+    ChunkPrune, ChunkRead, ChunkWrite, DynStore, Freed, Lease, LeaseStore, ObjectEntry,
+    ObjectParts, PutGroup, PutOutcome, RefStore, Store, StoreLayer,
 };
 use crate::error::err;
 use crate::hash::ChunkId;
@@ -280,11 +280,7 @@ impl ChunkPrune for FaultStore {
     fn list_objects(&self, f: &mut dyn FnMut(ObjectEntry)) -> Result<()> {
         self.wrap(Op::Read, || self.inner.list_objects(f))
     }
-    fn remove_many_if_older(
-        &self,
-        ids: &[ChunkId],
-        cutoff: SystemTime,
-    ) -> Result<Vec<Option<u64>>> {
+    fn remove_many_if_older(&self, ids: &[ChunkId], cutoff: SystemTime) -> Result<Freed> {
         self.wrap(Op::Trim, || self.inner.remove_many_if_older(ids, cutoff))
     }
     fn recover(&self, cutoff: SystemTime) -> Result<(u64, u64)> {

@@ -19,8 +19,8 @@ use ureq::tls::{PemItem, RootCerts, TlsConfig, TlsProvider};
 
 use super::api::OpenOptions;
 use super::api::{
-    check_ref_name, ChunkPrune, ChunkRead, ChunkWrite, Lease, LeaseStore, ObjectEntry, PutOutcome,
-    RefStore, StoreLayer,
+    check_ref_name, ChunkPrune, ChunkRead, ChunkWrite, Freed, Lease, LeaseStore, ObjectEntry,
+    PutOutcome, RefStore, StoreLayer,
 };
 use super::config::StoreConfig;
 use super::wire;
@@ -470,11 +470,7 @@ impl ChunkPrune for HttpStore {
     }
     /// One DELETE per object (the server rewrites packs as its store
     /// does).
-    fn remove_many_if_older(
-        &self,
-        ids: &[ChunkId],
-        cutoff: SystemTime,
-    ) -> Result<Vec<Option<u64>>> {
+    fn remove_many_if_older(&self, ids: &[ChunkId], cutoff: SystemTime) -> Result<Freed> {
         ids.iter()
             .map(|id| {
                 let path = format!("/v1/objects/{id}?older-than={}", wire::nanos(cutoff));

@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use roamdisk_blockdev::{ErrorKind, Op, Result};
 
 use super::api::{
-    ref_tag, ChunkPrune, ChunkRead, ChunkWrite, Lease, LeaseStore, ObjectEntry, PutOutcome,
+    ref_tag, ChunkPrune, ChunkRead, ChunkWrite, Freed, Lease, LeaseStore, ObjectEntry, PutOutcome,
     RefStore, StoreLayer,
 };
 use super::config::StoreConfig;
@@ -197,11 +197,7 @@ impl ChunkPrune for MemStore {
         entries.into_iter().for_each(f);
         Ok(())
     }
-    fn remove_many_if_older(
-        &self,
-        ids: &[ChunkId],
-        cutoff: SystemTime,
-    ) -> Result<Vec<Option<u64>>> {
+    fn remove_many_if_older(&self, ids: &[ChunkId], cutoff: SystemTime) -> Result<Freed> {
         let mut st = self.state.lock();
         Ok(ids
             .iter()

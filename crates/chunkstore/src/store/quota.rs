@@ -13,8 +13,8 @@ use roamdisk_blockdev::{ErrorKind, Op, Result};
 use parking_lot::Mutex;
 
 use super::api::{
-    ChunkPrune, ChunkRead, ChunkWrite, DynStore, LeaseStore, ObjectParts, PutGroup, PutOutcome,
-    RefStore, Store, StoreLayer,
+    ChunkPrune, ChunkRead, ChunkWrite, DynStore, Freed, LeaseStore, ObjectParts, PutGroup,
+    PutOutcome, RefStore, Store, StoreLayer,
 };
 use crate::error::err;
 use crate::hash::ChunkId;
@@ -199,11 +199,7 @@ impl Drop for QuotaGroup<'_> {
 }
 
 impl ChunkPrune for QuotaStore {
-    fn remove_many_if_older(
-        &self,
-        ids: &[ChunkId],
-        cutoff: SystemTime,
-    ) -> Result<Vec<Option<u64>>> {
+    fn remove_many_if_older(&self, ids: &[ChunkId], cutoff: SystemTime) -> Result<Freed> {
         let r = self.inner.remove_many_if_older(ids, cutoff)?;
         self.release(r.iter().flatten().sum());
         Ok(r)

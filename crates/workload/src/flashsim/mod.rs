@@ -263,8 +263,7 @@ mod tests {
 
     #[test]
     fn the_layer_passes_data_through_and_reports_time() {
-        let dir = tempfile::tempdir().unwrap();
-        let report = dir.path().join("card.json");
+        let (_dir, report) = roamdisk_blockdev::testkit::scratch("card.json");
         let mut reg = Registry::with_builtin();
         reg.add(&FLASHSIM);
         let dev = reg

@@ -434,8 +434,7 @@ mod tests {
 
     #[test]
     fn writes_persist_after_flush_and_fall_through_elsewhere() {
-        let dir = tempfile::tempdir().unwrap();
-        let ov = dir.path().join("ov");
+        let (_dir, ov) = crate::testkit::scratch("ov");
         let b = base();
         {
             let d = CowDev::open(&ov, b.clone(), false, &CowOptions::default()).unwrap();
@@ -463,8 +462,7 @@ mod tests {
 
     #[test]
     fn size_mismatch_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let ov = dir.path().join("ov");
+        let (_dir, ov) = crate::testkit::scratch("ov");
         drop(CowDev::open(&ov, base(), false, &CowOptions::default()).unwrap());
         let other: Arc<dyn BlockDev> = Arc::new(MemDev::new(2 << 20));
         let e = CowDev::open(&ov, other, false, &CowOptions::default())
@@ -475,8 +473,7 @@ mod tests {
 
     #[test]
     fn torn_map_tail_reverts_to_the_previous_flush() {
-        let dir = tempfile::tempdir().unwrap();
-        let ov = dir.path().join("ov");
+        let (_dir, ov) = crate::testkit::scratch("ov");
         let b = base();
         let opts = CowOptions { cluster_size: 4096 };
         let (state_a, full_len, len_a) = {

@@ -21,7 +21,7 @@ use super::packs::{mtime, pack_names_in};
 use super::store::LocalStore;
 use crate::error::io;
 use crate::hash::ChunkId;
-use crate::store::api::{ChunkPrune, ChunkWrite, ObjectEntry, PutGroup};
+use crate::store::api::{ChunkPrune, ChunkWrite, Freed, ObjectEntry, PutGroup};
 use crate::store::pack::{is_pack_name, Entry};
 
 impl LocalStore {
@@ -248,11 +248,7 @@ impl ChunkPrune for LocalStore {
         }
         Ok(())
     }
-    fn remove_many_if_older(
-        &self,
-        ids: &[ChunkId],
-        cutoff: SystemTime,
-    ) -> Result<Vec<Option<u64>>> {
+    fn remove_many_if_older(&self, ids: &[ChunkId], cutoff: SystemTime) -> Result<Freed> {
         let mut out = ids
             .iter()
             .map(|id| self.remove_loose_if_older(id, cutoff))

@@ -19,7 +19,7 @@ use super::store::S3Store;
 use super::table::{Table, Where};
 use crate::error::not_found;
 use crate::hash::ChunkId;
-use crate::store::api::{ChunkPrune, ObjectEntry};
+use crate::store::api::{ChunkPrune, Freed, ObjectEntry};
 use crate::store::pack::Entry;
 
 impl S3Store {
@@ -165,11 +165,7 @@ impl ChunkPrune for S3Store {
         }
         Ok(())
     }
-    fn remove_many_if_older(
-        &self,
-        ids: &[ChunkId],
-        cutoff: SystemTime,
-    ) -> Result<Vec<Option<u64>>> {
+    fn remove_many_if_older(&self, ids: &[ChunkId], cutoff: SystemTime) -> Result<Freed> {
         self.ensure_scanned()?;
         let mut out = vec![None; ids.len()];
         let mut by_pack: HashMap<u32, HashSet<ChunkId>> = HashMap::new();
