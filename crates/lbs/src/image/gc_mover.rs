@@ -165,8 +165,7 @@ impl Inner {
                 }
             }
             if !progressed {
-                lbs.gc_wake.wait_for(&mut st, idle);
-                drop(st);
+                drop(lbs.gc_wake.wait_for(st, idle));
             }
         }
     }
