@@ -11,7 +11,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cas_common::{checkout, commit_version, open_session, Cas, ChunkServer};
+use cas_common::{checkout, commit_version, open_session, read_all, Cas, ChunkServer};
 use common::{path_str, poll_until, qemu_io, run, Server};
 
 const SIZE: u64 = 8 << 20;
@@ -236,4 +236,75 @@ fn read_ahead_speeds_a_sequential_read_and_leaves_random_reads_alone() {
     let n = served(&srv).objects - before.objects;
     assert_eq!(n, 2 + 4, "chunks 100, 101 and a window of 4");
     nbd.stop();
+}
+
+/// A 1 GiB random disk committed as `u/big`, its chunk server (`-vv`) and
+/// a session on it; the shared cache `shared` of at most `cap` bytes
+/// (`None`: its default cap).
+fn big_session(
+    cap: Option<u64>,
+) -> (
+    Cas,
+    std::path::PathBuf,
+    ChunkServer,
+    std::path::PathBuf,
+    String,
+) {
+    const BIG: u64 = 1 << 30;
+    let cas = Cas::new();
+    let src = cas.random_file("big.raw", BIG, 24);
+    commit_version(cas.s(), path_str(&src), "u/big", &[]);
+    let srv = ChunkServer::start(cas.s(), &["-vv"]);
+    let dir = cas.dir();
+    let sess = dir.join("big-session");
+    open_session(&srv.url, "u/big", &sess, &[]);
+    let shared = dir.join("shared");
+    if let Some(cap) = cap {
+        std::fs::create_dir_all(&shared).unwrap();
+        std::fs::write(
+            shared.join("cache.toml"),
+            format!("magic = \"roamdisk-shared-cache\"\nversion = 1\nsize = {cap}\nunit = 65536\npolicy = \"lru\"\n"),
+        )
+        .unwrap();
+    }
+    let opts = format!("shared-cache={}", shared.display());
+    (cas, src, srv, sess, opts)
+}
+
+/// A host keeps every chunk it fetched (issue 24): a 1 GiB session read
+/// once at full speed (qemu-img convert, many requests in flight, faster
+/// than the shared cache's disk writes) over `store serve` on loopback.
+/// The chunk server sent each chunk exactly once; then, with the server
+/// stopped, a second full read of the session is byte-identical: every
+/// chunk came from this host. With the shared cache's default cap, and
+/// with a cap of half the disk (what does not fit there goes to the
+/// session's private cache).
+#[test]
+fn a_session_read_at_full_speed_keeps_every_chunk_it_fetched() {
+    for cap in [None, Some(512u64 << 20)] {
+        let (cas, src, srv, sess, opts) = big_session(cap);
+        let dir = cas.dir();
+        let out = dir.join("first.raw");
+        let n = during(&srv, || {
+            assert!(
+                read_all(dir, &sess, &opts, &out),
+                "cap {cap:?}: the first read failed"
+            );
+        });
+        same_bytes(&src, &out);
+        eprintln!("cap {cap:?}: first read: {n:?}");
+        assert_eq!(
+            n.objects,
+            ((1u64 << 30) / CHUNK) as usize,
+            "cap {cap:?}: {n:?}"
+        );
+        drop(srv);
+        std::fs::remove_file(&out).unwrap();
+        let again = dir.join("second.raw");
+        assert!(
+            read_all(dir, &sess, &opts, &again),
+            "cap {cap:?}: with the chunk server stopped, the second read failed"
+        );
+        same_bytes(&src, &again);
+    }
 }

@@ -237,6 +237,12 @@ impl Chain {
         Ok(false)
     }
 
+    /// A whole chunk from a cache that holds it (nothing is fetched).
+    fn whole_from_caches(&self, w: &Wanted) -> Result<Option<Arc<Vec<u8>>>> {
+        let mut b = vec![0u8; w.len];
+        Ok(self.read_part(w, &mut b, 0)?.then(|| Arc::new(b)))
+    }
+
     /// Which of `ids` some cache holds (nothing is fetched).
     pub fn cached(&self, ids: &[ChunkId]) -> Result<Vec<bool>> {
         let mut held = vec![false; ids.len()];
@@ -303,6 +309,11 @@ impl Chain {
     /// ask at the same time, and handed to the caches in the background.
     pub fn get(&self, w: &Wanted) -> Result<Arc<Vec<u8>>> {
         self.flights.run(w.id, || {
+            // A flight for this chunk may have landed (and handed it to
+            // the caches) since the caller looked in them.
+            if let Some(d) = self.whole_from_caches(w)? {
+                return Ok(d);
+            }
             let mut g = self.fetch_below(std::slice::from_ref(w))?;
             let data = g.pop().and_then(|g| g.data).expect("fetched with data");
             self.keep_later(w.id, &data);
@@ -328,6 +339,28 @@ impl Chain {
         let (mut leads, others) = self.flights.join_many(todo.map(|k| wanted[k].id));
         let pos = |id: &ChunkId| ids.iter().position(|x| x == id).expect("asked");
         let mut out = Vec::with_capacity(leads.len() + others.len());
+        // Flights for some of these may have landed (and handed them to
+        // the caches) since `cached` looked: those come from the caches.
+        if !leads.is_empty() {
+            let lead_ids: Vec<ChunkId> = leads.iter().map(|l| *l.key()).collect();
+            let now_held = self.cached(&lead_ids)?;
+            let mut still = Vec::with_capacity(leads.len());
+            for (lead, held) in leads.into_iter().zip(now_held) {
+                let w = &wanted[pos(lead.key())];
+                match held
+                    .then(|| self.whole_from_caches(w))
+                    .transpose()?
+                    .flatten()
+                {
+                    Some(data) => {
+                        out.push((pos(lead.key()), data.clone()));
+                        lead.land(Some(data));
+                    }
+                    None => still.push(lead),
+                }
+            }
+            leads = still;
+        }
         if !leads.is_empty() {
             let mine: Vec<Wanted> = leads.iter().map(|l| wanted[pos(l.key())]).collect();
             // On an error the leads are dropped: landed as failed.

@@ -56,6 +56,8 @@ pub(super) struct Inner {
     pub(super) hit_bytes: AtomicU64,
     pub(super) inserted: AtomicU64,
     pub(super) refused_n: AtomicU64,
+    /// Times an insert waited for the writer to make room.
+    pub(super) backpressure: AtomicU64,
     pub(super) evicted: AtomicU64,
     pub(super) tmp_seq: AtomicU64,
 }
@@ -400,8 +402,8 @@ pub(super) fn writer(me: &Inner, rx: mpsc::Receiver<ChunkId>) {
         for id in &ids {
             p.remove(id);
         }
-        if p.is_empty() {
-            me.drained.notify_all();
-        }
+        // Wakes `drain` (which waits for empty) and inserts waiting for
+        // room.
+        me.drained.notify_all();
     }
 }

@@ -29,7 +29,7 @@
 //! dropped), so after `kill -9` or a power cut the cache holds exactly
 //! what it can serve, and never a partial chunk.
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::{HashMap, HashSet};
 use std::fs::OpenOptions;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -38,6 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use roamdisk_blockdev::units::format_size;
 use roamdisk_blockdev::{durable, Op, Result};
@@ -156,6 +157,7 @@ impl SharedCache {
             hit_bytes: AtomicU64::new(0),
             inserted: AtomicU64::new(0),
             refused_n: AtomicU64::new(0),
+            backpressure: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
             tmp_seq: AtomicU64::new(0),
         });
@@ -239,15 +241,23 @@ impl SharedCache {
     }
 
     /// Hand over a verified, decoded chunk. It is stored in the
-    /// background; reads are served from memory until then.
+    /// background; reads are served from memory until then. When chunks
+    /// arrive faster than the disk takes them ([`MAX_PENDING`] waiting),
+    /// the caller waits for the writer: memory stays bounded and no
+    /// fetched chunk is left out (it would be fetched again next time).
     pub fn insert(&self, id: ChunkId, data: Arc<Vec<u8>>) {
         let me = &*self.inner;
         {
             let mut p = me.pending.lock();
-            // Past this, chunks arrive faster than the disk takes them:
-            // leave them out rather than hold them all in memory.
-            if p.contains_key(&id) || p.len() >= MAX_PENDING {
+            if p.contains_key(&id) {
                 return;
+            }
+            while p.len() >= MAX_PENDING {
+                me.backpressure.fetch_add(1, Ordering::Relaxed);
+                let waited = me.drained.wait_for(&mut p, Duration::from_secs(1));
+                if waited.timed_out() && !MutexGuard::unlocked(&mut p, || self.writer_running()) {
+                    return;
+                }
             }
             p.insert(id, data);
         }
@@ -260,6 +270,14 @@ impl SharedCache {
         if !sent {
             me.pending.lock().remove(&id);
         }
+    }
+
+    /// Whether the background writer is there to drain `pending`.
+    fn writer_running(&self) -> bool {
+        self.worker
+            .lock()
+            .as_ref()
+            .is_some_and(|(_, h)| !h.is_finished())
     }
 
     /// Store one chunk now (the writer thread's work, done inline).
@@ -344,6 +362,20 @@ impl SharedCache {
     /// Whether the cache holds `id` (by the journal, as of now).
     pub fn contains(&self, id: &ChunkId) -> Result<bool> {
         Ok(self.contains_many(std::slice::from_ref(id))?[0])
+    }
+
+    /// Which of `ids` this host has: resident, or handed to
+    /// [`SharedCache::insert`] and not yet written (reads are served from
+    /// memory meanwhile). What a fetch asks before going to the store.
+    pub fn has_many(&self, ids: &[ChunkId]) -> Result<Vec<bool>> {
+        let mut out = self.contains_many(ids)?;
+        let p = self.inner.pending.lock();
+        if !p.is_empty() {
+            for (o, id) in out.iter_mut().zip(ids) {
+                *o |= p.contains_key(id);
+            }
+        }
+        Ok(out)
     }
 
     /// Which of `ids` the cache holds (by the journal, as of now).
@@ -568,6 +600,7 @@ impl SharedCache {
             hit_bytes: me.hit_bytes.load(Ordering::Relaxed),
             inserted: me.inserted.load(Ordering::Relaxed),
             refused: me.refused_n.load(Ordering::Relaxed),
+            waited_for_writer: me.backpressure.load(Ordering::Relaxed),
             evicted: me.evicted.load(Ordering::Relaxed),
         }
     }

@@ -22,7 +22,7 @@ impl ChunkSource for SharedCache {
         self.read(&w.id, w.len, dst, within)
     }
     fn holds(&self, ids: &[ChunkId]) -> Result<Vec<bool>> {
-        self.contains_many(ids)
+        self.has_many(ids)
     }
     fn fetch(&self, wanted: &[Wanted]) -> Vec<Result<Option<Vec<u8>>>> {
         wanted
