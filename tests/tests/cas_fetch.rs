@@ -308,3 +308,60 @@ fn a_session_read_at_full_speed_keeps_every_chunk_it_fetched() {
         same_bytes(&src, &again);
     }
 }
+
+/// Offline, fast and honest (issue 24): with its chunk server stopped, a
+/// session opens in well under a second; a read of a chunk that is not on
+/// this host fails at once, and the log says why and what to do; the
+/// server restarted on its address, the same read in the same session
+/// succeeds (fetching resumes by itself).
+#[test]
+fn a_session_without_its_store_opens_fast_fails_fast_and_recovers() {
+    let (cas, src, srv) = setup(&[]);
+    let dir = cas.dir();
+    let s = session(&cas, &srv, "s");
+    let listen = srv.url.trim_start_matches("http://").to_string();
+    drop(srv);
+    let t0 = Instant::now();
+    let nbd = Server::start(dir, &[&format!("cas[shared-cache=off]:{}", s.display())]);
+    let opened = t0.elapsed();
+    assert!(opened < Duration::from_millis(500), "opened in {opened:?}");
+    let read = |at: u64| {
+        let t0 = Instant::now();
+        let out = common::qemu_io_command(&nbd.uri(), &[format!("read -v {at} 512")])
+            .output()
+            .expect("run qemu-io");
+        (
+            t0.elapsed(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    for at in [0, 3 * CHUNK, 100 * CHUNK] {
+        let (took, said) = read(at);
+        assert!(said.contains("Input/output error"), "read at {at}: {said}");
+        assert!(
+            took < Duration::from_millis(500),
+            "read at {at} failed after {took:?}"
+        );
+    }
+    let log = std::fs::read_to_string(&nbd.log).unwrap();
+    assert!(
+        log.contains("cannot be reached")
+            && log.contains("roamdisk hoard")
+            && log.contains("resumes by itself"),
+        "{log}"
+    );
+    let srv = ChunkServer::start_at(cas.s(), &listen, &[]);
+    let want = std::fs::read(&src).unwrap();
+    let at = 100 * CHUNK as usize;
+    let mut back = String::new();
+    let ok = poll_until(Duration::from_secs(10), Duration::from_millis(200), || {
+        back = read(at as u64).1;
+        !back.contains("error")
+    });
+    assert!(ok, "the read still fails with the store back: {back}");
+    let first = format!("{:08x}:  {:02x} {:02x}", at, want[at], want[at + 1]);
+    assert!(back.contains(&first), "{first} not in {back}");
+    drop(srv);
+    nbd.stop();
+}

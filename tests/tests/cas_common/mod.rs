@@ -447,6 +447,16 @@ pub struct ChunkServer {
 impl ChunkServer {
     /// STORE: a local store's folder or an `s3://` URL (`cas.s()`).
     pub fn start(store: impl AsRef<std::ffi::OsStr>, extra: &[&str]) -> ChunkServer {
+        Self::start_at(store, "127.0.0.1:0", extra)
+    }
+
+    /// [`ChunkServer::start`] listening on `listen` (`HOST:PORT`): a
+    /// server restarted where its clients know it.
+    pub fn start_at(
+        store: impl AsRef<std::ffi::OsStr>,
+        listen: &str,
+        extra: &[&str],
+    ) -> ChunkServer {
         let log = tempfile::Builder::new()
             .prefix("roamdisk-store-serve-")
             .suffix(".log")
@@ -455,7 +465,7 @@ impl ChunkServer {
         let child = Command::new(bin())
             .args(["store", "serve"])
             .arg(store)
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", listen])
             .args(extra)
             .stdout(Stdio::null())
             .stderr(log.reopen().expect("log file"))

@@ -4,14 +4,20 @@
 //! "which of these do you have", refs with compare-and-swap (ETag /
 //! If-Match), leases and gc operations. Requests run in parallel on a
 //! pool of `parallel` connections; transport errors and 5xx answers are
-//! retried with exponential backoff and jitter.
+//! retried with exponential backoff and jitter. For a session (a store
+//! opened with `known_config`: its caches can serve it offline) a server
+//! that cannot be reached at all (nothing listening, no route) gets one
+//! quick second try; then the store counts as down: requests fail at once
+//! with an error that says what to do, and one request a second tries
+//! again, so fetching resumes by itself when the server is back. Others
+//! (commit, checkout, gc) ride out a server restart on the retries.
 //! `https://` stores are checked against the system's roots or a CA file;
 //! a token file makes every request carry `Authorization: Bearer`.
 //! Protocol: `docs/formats/cas-http.md`; manual: `docs/store-server.md`.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use rayon::prelude::*;
 use roamdisk_blockdev::{ErrorKind, Op, Result};
@@ -33,6 +39,11 @@ use crate::token::Token;
 const ATTEMPTS: u32 = 6;
 /// First retry delay; doubles each time.
 const BACKOFF: Duration = Duration::from_millis(100);
+/// Attempts when the server cannot be reached at all: then it is down.
+const CONNECT_ATTEMPTS: u32 = 2;
+/// While the store is down, one request this often tries the server
+/// again; the others fail at once.
+const DOWN_PROBE: Duration = Duration::from_secs(1);
 /// Ids per have request.
 const HAVE_BATCH: usize = 16384;
 /// Fewest ids per batch get request when a list is split over several
@@ -49,6 +60,37 @@ pub struct HttpStore {
     token: Option<Token>,
     /// The server answers batch gets (until it says it does not know them).
     batch_get: AtomicBool,
+    /// Whether an unreachable server makes the store down at once (a
+    /// session, which can work from its caches).
+    offline_ok: bool,
+    /// Set while the server cannot be reached.
+    down: parking_lot::Mutex<Option<Down>>,
+}
+
+/// A store found unreachable.
+struct Down {
+    since: Instant,
+    /// When a request last tried the server.
+    tried: Instant,
+    why: String,
+}
+
+/// Whether `e` says the server cannot be reached at all (as opposed to a
+/// server that answered badly or slowly).
+fn unreachable(e: &ureq::Error) -> bool {
+    use std::io::ErrorKind as K;
+    match e {
+        ureq::Error::ConnectionFailed | ureq::Error::HostNotFound => true,
+        ureq::Error::Io(io) => matches!(
+            io.kind(),
+            K::ConnectionRefused
+                | K::NotConnected
+                | K::AddrNotAvailable
+                | K::HostUnreachable
+                | K::NetworkUnreachable
+        ),
+        _ => false,
+    }
 }
 
 /// An answer: status and body.
@@ -169,6 +211,8 @@ impl HttpStore {
             pool,
             token,
             batch_get: AtomicBool::new(true),
+            offline_ok: opts.known_config.is_some(),
+            down: parking_lot::Mutex::new(None),
         };
         let a = match (s.call("GET", "/v1/store", None, &[]), &opts.known_config) {
             (Ok(a), _) => a,
@@ -204,7 +248,22 @@ impl HttpStore {
             .map(|(k, v)| (*k, v.as_str()))
             .chain(bearer.as_deref().map(|b| ("authorization", b)))
             .collect();
+        // Known down: fail at once, but let one request a second try.
+        let probing = {
+            let mut d = self.down.lock();
+            match d.as_mut() {
+                Some(d) if d.tried.elapsed() < DOWN_PROBE => {
+                    return Err(self.down_error(d, method, path));
+                }
+                Some(d) => {
+                    d.tried = Instant::now();
+                    true
+                }
+                None => false,
+            }
+        };
         let mut last = String::new();
+        let mut cannot_reach = 0;
         for attempt in 0..ATTEMPTS {
             if attempt > 0 {
                 let d = BACKOFF * (1 << (attempt - 1)) + Duration::from_millis(jitter());
@@ -232,6 +291,7 @@ impl HttpStore {
                             continue;
                         }
                     };
+                    self.up();
                     if matches!(status, 500 | 502 | 503 | 504) {
                         last = format!("HTTP {status}: {}", String::from_utf8_lossy(&body));
                         continue;
@@ -255,6 +315,13 @@ impl HttpStore {
                         ),
                     ));
                 }
+                Err(e) if unreachable(&e) => {
+                    last = e.to_string();
+                    cannot_reach += 1;
+                    if self.offline_ok && (probing || cannot_reach >= CONNECT_ATTEMPTS) {
+                        return Err(self.went_down(last, method, path));
+                    }
+                }
                 Err(e) => last = e.to_string(),
             }
         }
@@ -266,6 +333,51 @@ impl HttpStore {
                 self.base
             ),
         ))
+    }
+
+    /// The server answered: if it was down, it is back.
+    fn up(&self) {
+        if let Some(d) = self.down.lock().take() {
+            tracing::info!(
+                "chunk server {} answers again (unreachable for {:.1} s)",
+                self.base,
+                d.since.elapsed().as_secs_f64()
+            );
+        }
+    }
+
+    /// The server cannot be reached: mark the store down (saying so once)
+    /// and the error of this request.
+    fn went_down(&self, why: String, method: &str, path: &str) -> roamdisk_blockdev::Error {
+        let mut d = self.down.lock();
+        let now = Instant::now();
+        let d = d.get_or_insert_with(|| {
+            tracing::warn!(
+                "chunk server {} cannot be reached ({why}): working offline; only chunks on this host or on lookaside media can be read, and the store is tried again each second",
+                self.base
+            );
+            Down {
+                since: now,
+                tried: now,
+                why: why.clone(),
+            }
+        });
+        d.tried = now;
+        d.why = why;
+        self.down_error(d, method, path)
+    }
+
+    fn down_error(&self, d: &Down, method: &str, path: &str) -> roamdisk_blockdev::Error {
+        err(
+            ErrorKind::Io,
+            Op::Read,
+            format!(
+                "chunk server {} cannot be reached ({}, for {:.0} s), so {method} {path} failed: only chunks on this host or on lookaside media can be read until it is back; start `roamdisk store serve` or restore the network (fetching resumes by itself), or hoard what you need offline beforehand with `roamdisk hoard`",
+                self.base,
+                d.why,
+                d.since.elapsed().as_secs_f64()
+            ),
+        )
     }
 
     fn expect(&self, a: &Answer, ok: &[u16], what: &str) -> Result<()> {
