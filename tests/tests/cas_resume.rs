@@ -248,3 +248,94 @@ fn qemu_io_reads(dir: &Path, sess: &Path) {
     let cmds: Vec<String> = READS.iter().map(|(o, l)| format!("read {o} {l}")).collect();
     cas_common::qemu_io_session(dir, sess, &cmds);
 }
+
+/// Media are only a cache (issue 24): a resume set whose `store.toml` is
+/// damaged, a key's mount point given instead of the resume set in it, an
+/// empty folder, a medium unplugged between `resume` and serving, and one
+/// unplugged while the session is served: every resume succeeds, every
+/// read is right, and each costs at most the fetch.
+#[test]
+fn media_given_oddly_damaged_or_unplugged_cost_the_fetch_only() {
+    let s = suspended();
+    let dir = s.cas.dir().to_path_buf();
+    let copy = |to: &Path| {
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        common::run("cp", &["-a", path_str(&s.media), path_str(to)]);
+    };
+    let from_store = |out: &str| {
+        assert_eq!(json_num(out, "lookaside_bytes"), 0, "{out}");
+        assert_eq!(json_num(out, "store_bytes"), MEMORY, "{out}");
+    };
+    let from_media = |out: &str| {
+        assert_eq!(json_num(out, "lookaside_bytes"), MEMORY, "{out}");
+        assert_eq!(json_num(out, "store_bytes"), 0, "{out}");
+    };
+    let spec = |name: &str| {
+        format!(
+            "cas[shared-cache={}]:{}",
+            dir.join(format!("shared-{name}")).display(),
+            dir.join(name).display()
+        )
+    };
+    let shared = |name: &str| dir.join(format!("shared-{name}")).display().to_string();
+
+    // One damaged byte in the resume set's store.toml.
+    let toml = dir.join("toml").join("rs");
+    copy(&toml);
+    let text = std::fs::read_to_string(toml.join("store.toml")).unwrap();
+    let at = text.find("-chunk-store\"").expect("the magic") + 5;
+    let mut b = text.into_bytes();
+    b[at] ^= 0x20;
+    std::fs::write(toml.join("store.toml"), b).unwrap();
+    from_store(&resume(&s, "toml", &[&toml], &shared("toml")));
+    assert!(reads_match(&dir, &spec("toml"), &s.want, None));
+
+    // The key's mount point, the folder above the resume set.
+    let key = dir.join("key");
+    copy(&key.join("resume-set"));
+    from_media(&resume(&s, "mount", &[&key], &shared("mount")));
+    assert!(reads_match(&dir, &spec("mount"), &s.want, None));
+
+    // An empty folder.
+    let empty = dir.join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    from_store(&resume(&s, "empty", &[&empty], &shared("empty")));
+    assert!(reads_match(&dir, &spec("empty"), &s.want, None));
+
+    // Unplugged after the resume, before the session is served (the
+    // session keeps the medium in its session.toml).
+    let gone = dir.join("gone").join("rs");
+    copy(&gone);
+    from_media(&resume(&s, "unplugged", &[&gone], &shared("unplugged")));
+    std::fs::remove_dir_all(dir.join("gone")).unwrap();
+    assert!(reads_match(
+        &dir,
+        &spec("unplugged"),
+        &s.want,
+        Some((4 << 20, K64))
+    ));
+
+    // Unplugged while the session is served: reads past the working set
+    // then come from the store.
+    let live = dir.join("live").join("rs");
+    copy(&live);
+    from_media(&resume(&s, "live", &[&live], &shared("live")));
+    let srv = Server::start(&dir, &[&spec("live")]);
+    qemu_io(&srv.uri(), &["read 0 64k".to_string()]);
+    std::fs::remove_dir_all(dir.join("live")).unwrap();
+    let out = dir.join("live.raw");
+    common::run(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &srv.uri(),
+            path_str(&out),
+        ],
+    );
+    srv.stop();
+    assert!(std::fs::read(&out).unwrap() == std::fs::read(&s.want).unwrap());
+}

@@ -29,10 +29,12 @@ use crate::store_args::{short, StoreArgs};
 /// `roamdisk serve cas:DIR` serves it.
 ///
 /// Chunks come from the host's shared cache, then from lookaside media
-/// (--lookaside: the folder `roamdisk suspend --to-media` wrote, an old
-/// image file, a block device; kept in the session for later opens),
-/// then from the store. Every chunk is verified against its id: a wrong
-/// or damaged medium costs speed, never correctness. The report says how
+/// (--lookaside: the folder `roamdisk suspend --to-media` wrote or the
+/// folder above it, such as the key's mount point; an old image file; a
+/// block device; kept in the session for later opens), then from the
+/// store. Every chunk is verified against its id: a wrong, damaged,
+/// empty or unplugged medium costs speed and a warning, never
+/// correctness. The report says how
 /// many bytes came from each, and how much of the version this host now
 /// holds (the hoard level; `roamdisk hoard` fetches the rest).
 ///

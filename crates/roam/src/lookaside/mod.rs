@@ -194,9 +194,12 @@ pub struct Lookaside {
 }
 
 impl Lookaside {
-    /// Open every medium. A medium that cannot be opened at all (missing,
-    /// unreadable) is an error naming it; a medium that holds nothing
-    /// useful is simply never a hit.
+    /// Open every medium. Media are only a cache: one that cannot be
+    /// used (missing or unplugged, unreadable, a damaged `store.toml`, a
+    /// folder with no resume set in it, an empty folder) is skipped with a
+    /// warning that says why, and its chunks come from elsewhere. A folder
+    /// without a `store.toml` of its own (a key's mount point) stands for
+    /// the chunk-store folders up to two levels below it.
     pub fn open(
         paths: &[PathBuf],
         hash: HashKind,
@@ -204,37 +207,18 @@ impl Lookaside {
         index_dir: Option<&Path>,
     ) -> Result<Lookaside> {
         let mut media = Vec::new();
-        for p in paths {
-            let m = if p.join("store.toml").exists() {
-                Medium::Store(Box::new(LocalStore::open(p, None)?))
-            } else {
-                let file = File::open(p).map_err(|e| {
-                    io(Op::Open, e, p).msg("cannot open a lookaside medium: give a chunk-store folder (roamdisk suspend --to-media), an image file (raw or qcow2) or a block device")
-                })?;
-                let disk = if qemu_nbd::is_qcow2(&file) {
-                    match Qcow2::open(p) {
-                        Ok(q) => ImageDisk::Qcow2(Box::new(q)),
-                        Err(StartError::Tool(e)) => return Err(e),
-                        Err(StartError::Image(why)) => {
-                            // A damaged medium costs time, never the session.
-                            tracing::warn!(
-                                "lookaside {}: qemu-nbd cannot read this qcow2 image ({why}); the medium is skipped",
-                                p.display()
-                            );
-                            continue;
-                        }
-                    }
-                } else {
-                    ImageDisk::Raw(file.try_clone().map_err(|e| io(Op::Open, e, p))?)
-                };
-                let index = image_index(p, &file, &disk, hash, chunk_size, index_dir)?;
-                Medium::Image {
-                    disk,
-                    chunk_size: chunk_size as u64,
-                    index,
+        for given in paths {
+            for p in medium_paths(given) {
+                match open_medium(&p, hash, chunk_size, index_dir) {
+                    Ok(m) => media.push((p, m)),
+                    // A missing tool (qemu-nbd) is the host's to fix.
+                    Err(Skip::Host(e)) => return Err(e),
+                    Err(Skip::Medium(why)) => tracing::warn!(
+                        "lookaside {}: {why}; the medium is skipped (its chunks come from the caches and the store)",
+                        p.display()
+                    ),
                 }
-            };
-            media.push((p.clone(), m));
+            }
         }
         Ok(Lookaside {
             media,
@@ -309,6 +293,115 @@ impl Lookaside {
     }
 }
 
+/// Why a medium is not used.
+enum Skip {
+    /// The medium cannot serve (said to the user as a warning).
+    Medium(String),
+    /// This host lacks something every such medium needs.
+    Host(roamdisk_blockdev::Error),
+}
+
+/// The media a path given by the user stands for: itself, or for a folder
+/// with no `store.toml` (a key's mount point, the folder above a resume
+/// set), the chunk-store folders up to two levels below it.
+fn medium_paths(given: &Path) -> Vec<PathBuf> {
+    if !given.is_dir() || given.join("store.toml").exists() {
+        return vec![given.to_path_buf()];
+    }
+    let mut found = Vec::new();
+    let mut level = vec![given.to_path_buf()];
+    for _ in 0..2 {
+        let mut next = Vec::new();
+        for d in &level {
+            let Ok(rd) = std::fs::read_dir(d) else {
+                continue;
+            };
+            let mut subs: Vec<PathBuf> = rd
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_dir())
+                .collect();
+            subs.sort();
+            for sub in subs {
+                if sub.join("store.toml").exists() {
+                    found.push(sub);
+                } else {
+                    next.push(sub);
+                }
+            }
+        }
+        level = next;
+    }
+    if found.is_empty() {
+        // Said as a warning when it is opened.
+        return vec![given.to_path_buf()];
+    }
+    tracing::info!(
+        "lookaside {}: using the chunk stores in it: {}",
+        given.display(),
+        found
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    found
+}
+
+/// One medium, opened.
+fn open_medium(
+    p: &Path,
+    hash: HashKind,
+    chunk_size: u32,
+    index_dir: Option<&Path>,
+) -> std::result::Result<Medium, Skip> {
+    if p.join("store.toml").exists() {
+        return LocalStore::open(p, None)
+            .map(|s| Medium::Store(Box::new(s)))
+            .map_err(|e| Skip::Medium(format!("its chunk store cannot be opened ({e})")));
+    }
+    let meta = std::fs::metadata(p).map_err(|e| {
+        Skip::Medium(format!(
+            "cannot be opened ({e}): give a chunk-store folder (roamdisk suspend --to-media), the folder above one, an image file (raw or qcow2) or a block device"
+        ))
+    })?;
+    if meta.is_dir() {
+        return Err(Skip::Medium(
+            "is a folder with no chunk store (store.toml) in it or up to two levels below".into(),
+        ));
+    }
+    use std::os::unix::fs::FileTypeExt;
+    if !meta.is_file() && !meta.file_type().is_block_device() {
+        return Err(Skip::Medium(
+            "is neither an image file nor a block device".into(),
+        ));
+    }
+    let file = File::open(p).map_err(|e| Skip::Medium(format!("cannot be opened ({e})")))?;
+    let disk = if qemu_nbd::is_qcow2(&file) {
+        match Qcow2::open(p) {
+            Ok(q) => ImageDisk::Qcow2(Box::new(q)),
+            Err(StartError::Tool(e)) => return Err(Skip::Host(e)),
+            Err(StartError::Image(why)) => {
+                return Err(Skip::Medium(format!(
+                    "qemu-nbd cannot read this qcow2 image ({why})"
+                )))
+            }
+        }
+    } else {
+        ImageDisk::Raw(
+            file.try_clone()
+                .map_err(|e| Skip::Medium(format!("cannot be opened ({e})")))?,
+        )
+    };
+    let index = image_index(p, &file, &disk, hash, chunk_size, index_dir)
+        .map_err(|e| Skip::Medium(format!("cannot be indexed ({e})")))?;
+    Ok(Medium::Image {
+        disk,
+        chunk_size: chunk_size as u64,
+        index,
+    })
+}
+
 /// Open `media` for reading the chunks of a version made of
 /// `chunk_size`-byte chunks named by `hash` (`None` if there are none);
 /// image media's chunk indexes are kept in `index_dir` (`None`: they are
@@ -350,8 +443,9 @@ impl ChunkSource for MediaSource {
 pub fn find_object(media: &[PathBuf], codec: &ChunkCodec, id: &ChunkId) -> Option<Vec<u8>> {
     media
         .iter()
+        .flat_map(|p| medium_paths(p))
         .filter(|p| p.join("store.toml").exists())
-        .filter_map(|p| LocalStore::open(p, None).ok()?.get(id).ok())
+        .filter_map(|p| LocalStore::open(&p, None).ok()?.get(id).ok())
         .find(|raw| codec.verify(id, raw).is_ok())
 }
 
