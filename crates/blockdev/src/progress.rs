@@ -36,6 +36,11 @@ pub trait Progress: Send + Sync {
     fn phase(&self, name: &'static str, total: u64) {
         self.start(name, total, Unit::Bytes)
     }
+
+    /// A new phase of `total` things (objects, refs, requests).
+    fn items(&self, name: &'static str, total: u64) {
+        self.start(name, total, Unit::Items)
+    }
 }
 
 /// Reports nothing.

@@ -115,6 +115,9 @@ pub struct CommitSummary {
     pub mb_per_s: f64,
     pub filters: Option<FilterReport>,
     pub encrypted: bool,
+    /// The part of `upload` that was the memory image (all zero without
+    /// one).
+    pub memory_upload: UploadStats,
 }
 
 /// Where an initial commit reads the disk from.
@@ -366,6 +369,7 @@ pub fn upload_memory<S: ChunkWrite + LeaseStore + ?Sized>(
     }
     let padded = size.div_ceil(SECTOR) * SECTOR;
     let mut idx = Index::new_zero(up.hash(), chunk_size, padded, encrypted)?;
+    let before = up.stats;
     upload_source(
         up,
         &mut idx,
@@ -374,6 +378,7 @@ pub fn upload_memory<S: ChunkWrite + LeaseStore + ?Sized>(
         "memory image",
         None,
     )?;
+    up.memory = up.stats.since(&before);
     Ok(Memory {
         size,
         ids: idx.ids,
@@ -407,6 +412,7 @@ pub fn finish_commit<S: ChunkWrite + RefStore + LeaseStore + ?Sized>(
         )
     })?;
     let stats = up.stats;
+    let memory_upload = up.memory;
     let entry = Entry {
         version: id,
         parent: version.parent,
@@ -460,6 +466,7 @@ pub fn finish_commit<S: ChunkWrite + RefStore + LeaseStore + ?Sized>(
         mb_per_s: version.index.disk_size as f64 / 1e6 / secs,
         filters,
         encrypted: version.index.encrypted(),
+        memory_upload,
     })
 }
 

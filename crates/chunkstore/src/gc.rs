@@ -84,7 +84,7 @@ pub fn mark<S: ChunkPrune + RefStore + LeaseStore + ?Sized>(
 ) -> Result<HashSet<ChunkId>> {
     let mut marked = HashSet::new();
     let refs = store.ref_list()?;
-    progress.phase("marking", refs.len() as u64);
+    progress.items("marking", refs.len() as u64);
     for name in refs {
         let Some(bytes) = store.ref_get(&name)? else {
             continue;
@@ -180,7 +180,7 @@ pub fn gc<S: ChunkPrune + RefStore + LeaseStore + ?Sized>(
             }
         }
     })?;
-    progress.phase("sweeping", candidates.len() as u64);
+    progress.items("sweeping", candidates.len() as u64);
     for batch in candidates.chunks(SWEEP_BATCH) {
         if opts.dry_run {
             report.removed_objects += batch.len() as u64;

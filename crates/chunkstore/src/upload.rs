@@ -46,6 +46,20 @@ pub struct UploadStats {
     pub hashed_bytes: u64,
 }
 
+impl UploadStats {
+    /// What was done since `before` (a copy of these stats taken then).
+    pub fn since(&self, before: &UploadStats) -> UploadStats {
+        UploadStats {
+            chunks: self.chunks - before.chunks,
+            zero_chunks: self.zero_chunks - before.zero_chunks,
+            new_objects: self.new_objects - before.new_objects,
+            reused_objects: self.reused_objects - before.reused_objects,
+            uploaded_bytes: self.uploaded_bytes - before.uploaded_bytes,
+            hashed_bytes: self.hashed_bytes - before.hashed_bytes,
+        }
+    }
+}
+
 enum Prep {
     Zero,
     Plain {
@@ -99,6 +113,8 @@ pub struct Uploader<'a, S: ChunkWrite + LeaseStore + ?Sized> {
     lease: Lease,
     last_refresh: Mutex<Instant>,
     pub stats: UploadStats,
+    /// The part of `stats` that was the memory image.
+    pub memory: UploadStats,
 }
 
 impl<'a, S: ChunkWrite + LeaseStore + ?Sized> Uploader<'a, S> {
@@ -112,6 +128,7 @@ impl<'a, S: ChunkWrite + LeaseStore + ?Sized> Uploader<'a, S> {
             lease,
             last_refresh: Mutex::new(Instant::now()),
             stats: UploadStats::default(),
+            memory: UploadStats::default(),
         })
     }
 

@@ -94,7 +94,7 @@ pub fn write_resume_set(
         ..Default::default()
     };
     let codec = store.config().codec();
-    progress.phase("writing the resume set", ids.len() as u64);
+    progress.items("writing the resume set", ids.len() as u64);
     for batch in ids.chunks(GATHER_BATCH) {
         let have = media.has_many(batch, false)?;
         let want: Vec<ChunkId> = batch

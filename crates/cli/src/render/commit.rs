@@ -12,6 +12,8 @@ pub fn print_summary(s: &CommitSummary, json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     let u = &s.upload;
+    let m = &s.memory_upload;
+    let d = u.since(m);
     outln!(
         "committed {}@{}{}",
         s.catalog,
@@ -26,10 +28,19 @@ pub fn print_summary(s: &CommitSummary, json: bool) -> anyhow::Result<()> {
         format_size(s.disk_size),
         s.disk_size.div_ceil(s.chunk_size as u64),
         format_size(s.chunk_size as u64),
-        u.zero_chunks,
-        u.chunks - u.zero_chunks,
-        format_size(u.hashed_bytes)
+        d.zero_chunks,
+        d.chunks - d.zero_chunks,
+        format_size(d.hashed_bytes)
     );
+    if m.chunks > 0 {
+        outln!(
+            "  memory      {} chunks: {} all-zero (stored as nothing), {} hashed ({})",
+            m.chunks,
+            m.zero_chunks,
+            m.chunks - m.zero_chunks,
+            format_size(m.hashed_bytes)
+        );
+    }
     outln!(
         "  store       {} new chunks uploaded ({} after compression), {} already there (reused)",
         u.new_objects,
