@@ -70,6 +70,8 @@ fn suspended() -> Suspended {
     ]);
     assert_eq!(json_num(&out, "working_set_chunks"), WS_CHUNKS, "{out}");
     assert_eq!(json_num(&out, "memory_chunks"), MEMORY / K64, "{out}");
+    // The one chunk the session wrote goes with the resume set.
+    assert_eq!(json_num(&out, "written_chunks"), 1, "{out}");
     // The committed version holds the session's write.
     let co = dir.join("co.raw");
     cas_common::checkout(&server.url, "u/vm", &co, &[]);
@@ -338,4 +340,27 @@ fn media_given_oddly_damaged_or_unplugged_cost_the_fetch_only() {
     );
     srv.stop();
     assert!(std::fs::read(&out).unwrap() == std::fs::read(&s.want).unwrap());
+}
+
+/// The resume set carries the session (issue 24): what the guest wrote on
+/// host A is on the medium, so once `resume` has started on host B the
+/// store may go away: the session reads its working set and its own
+/// writes from the medium and the shared cache, every byte right.
+#[test]
+fn after_resume_the_medium_alone_carries_what_the_guest_wrote() {
+    let mut s = suspended();
+    let dir = s.cas.dir().to_path_buf();
+    let shared = dir.join("shared-b");
+    let out = resume(&s, "b", &[&s.media], path_str(&shared));
+    assert_eq!(json_num(&out, "lookaside_bytes"), MEMORY, "{out}");
+    s.server.stop();
+    let spec = format!(
+        "cas[shared-cache={}]:{}",
+        shared.display(),
+        dir.join("b").display()
+    );
+    assert!(
+        reads_match(&dir, &spec, &s.want, Some((4 << 20, K64))),
+        "with the store gone, the session could not read what it wrote on host A"
+    );
 }

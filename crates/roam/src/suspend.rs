@@ -16,7 +16,7 @@ use std::path::Path;
 use roamdisk_chunkstore::commit::CommitSummary;
 
 use crate::session::dev::SessionOpen;
-use crate::session::update::{commit_dir, UpdateOptions};
+use crate::session::update::{commit_session, open_to_commit, UpdateOptions};
 
 use rayon::prelude::*;
 use roamdisk_blockdev::{Progress, Result};
@@ -34,6 +34,10 @@ pub struct ResumeSetSummary {
     /// Memory-image chunks and working-set chunks (distinct, non-zero).
     pub memory_chunks: u64,
     pub working_set_chunks: u64,
+    /// Disk chunks the version has and its parent did not (what the guest
+    /// wrote), not already counted above: with them the medium carries
+    /// the session, so the next host reads them with no network.
+    pub written_chunks: u64,
     /// Objects copied (the version package included) and their stored
     /// bytes; objects the folder already held are not copied again.
     pub copied: u64,
@@ -42,29 +46,39 @@ pub struct ResumeSetSummary {
 }
 
 /// The resume set's objects, in the order a resume needs them: the
-/// version package, the memory image, then the working set.
-pub fn resume_set_ids(view: &VersionView) -> (Vec<ChunkId>, u64, u64) {
+/// version package, the memory image, the working set, then the disk
+/// chunks new since `parent` (the version it was committed on, if known).
+/// Returns them with the counts of each kind after the package.
+pub fn resume_set_ids(
+    view: &VersionView,
+    parent: Option<&VersionView>,
+) -> (Vec<ChunkId>, [u64; 3]) {
     let mut seen = std::collections::HashSet::new();
     let mut ids = vec![view.id];
     seen.insert(view.id);
-    let mem: Vec<ChunkId> = view
-        .memory_chunks()
-        .into_iter()
-        .map(|w| w.id)
-        .filter(|id| !id.is_zero() && seen.insert(*id))
-        .collect();
+    let mut take = |it: &mut dyn Iterator<Item = ChunkId>| -> u64 {
+        let before = ids.len();
+        ids.extend(it.filter(|id| !id.is_zero() && seen.insert(*id)));
+        (ids.len() - before) as u64
+    };
+    let m = take(&mut view.memory_chunks().into_iter().map(|w| w.id));
     let idx = &view.version.index;
-    let ws: Vec<ChunkId> = view
-        .version
-        .working_set
-        .iter()
-        .map(|&c| idx.ids[c as usize])
-        .filter(|id| !id.is_zero() && seen.insert(*id))
-        .collect();
-    let (m, w) = (mem.len() as u64, ws.len() as u64);
-    ids.extend(mem);
-    ids.extend(ws);
-    (ids, m, w)
+    let w = take(
+        &mut view
+            .version
+            .working_set
+            .iter()
+            .map(|&c| idx.ids[c as usize]),
+    );
+    let written = match parent {
+        Some(p) => {
+            let old: std::collections::HashSet<ChunkId> =
+                p.version.index.ids.iter().copied().collect();
+            take(&mut idx.ids.iter().copied().filter(|id| !old.contains(id)))
+        }
+        None => 0,
+    };
+    (ids, [m, w, written])
 }
 
 /// Copy the resume set of `view` from its store into the folder `dir`
@@ -73,6 +87,7 @@ pub fn resume_set_ids(view: &VersionView) -> (Vec<ChunkId>, u64, u64) {
 /// before this returns.
 pub fn write_resume_set(
     view: &VersionView,
+    parent: Option<&VersionView>,
     dir: &Path,
     progress: &dyn Progress,
 ) -> Result<ResumeSetSummary> {
@@ -86,11 +101,12 @@ pub fn write_resume_set(
             store.describe()
         )));
     }
-    let (ids, memory_chunks, working_set_chunks) = resume_set_ids(view);
+    let (ids, [memory_chunks, working_set_chunks, written_chunks]) = resume_set_ids(view, parent);
     let mut s = ResumeSetSummary {
         version: view.id.to_hex(),
         memory_chunks,
         working_set_chunks,
+        written_chunks,
         ..Default::default()
     };
     let codec = store.config().codec();
@@ -152,10 +168,12 @@ pub fn suspend(
     registry: &roamdisk_blockdev::Registry,
     progress: &dyn Progress,
 ) -> Result<Suspended> {
-    let (commit, dev) = commit_dir(dir, open, update, registry, progress)?;
+    let dev = open_to_commit(dir, open, registry)?;
+    let parent = dev.base();
+    let commit = commit_session(&dev, update, &crate::guest::FsmetaAnalyzer, progress)?;
     let view = dev.base();
     let resume_set = match to_media {
-        Some(m) => Some(write_resume_set(&view, m, progress)?),
+        Some(m) => Some(write_resume_set(&view, Some(&parent), m, progress)?),
         None => None,
     };
     Ok(Suspended {

@@ -500,6 +500,12 @@ impl ChunkServer {
         );
     }
 
+    /// Kill the server (its clients find nothing listening).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// The server's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

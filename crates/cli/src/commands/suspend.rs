@@ -98,9 +98,10 @@ fn render_suspended(s: &Suspended, media: Option<&std::path::Path>) {
     );
     if let (Some(m), Some(dir)) = (&s.resume_set, media) {
         outln!(
-            "  resume set  {} memory-image and {} working-set chunks in {}: {} objects copied ({}), {} already there",
+            "  resume set  {} memory-image, {} working-set and {} written chunks in {}: {} objects copied ({}), {} already there",
             m.memory_chunks,
             m.working_set_chunks,
+            m.written_chunks,
             dir.display(),
             m.copied,
             format_size(m.copied_bytes),

@@ -318,12 +318,22 @@ pub fn commit_dir(
     registry: &roamdisk_blockdev::Registry,
     progress: &dyn Progress,
 ) -> Result<(CommitSummary, CasDev)> {
+    let dev = open_to_commit(dir, open, registry)?;
+    let summary = commit_session(&dev, opts, &crate::guest::FsmetaAnalyzer, progress)?;
+    Ok((summary, dev))
+}
+
+/// The session in `dir`, opened to be committed (no prefetch, no
+/// read-ahead).
+pub fn open_to_commit(
+    dir: &std::path::Path,
+    open: &super::dev::SessionOpen,
+    registry: &roamdisk_blockdev::Registry,
+) -> Result<CasDev> {
     let open = super::dev::SessionOpen {
         no_prefetch: true,
         no_readahead: true,
         ..open.clone()
     };
-    let dev = CasDev::open(dir, &open, registry)?;
-    let summary = commit_session(&dev, opts, &crate::guest::FsmetaAnalyzer, progress)?;
-    Ok((summary, dev))
+    CasDev::open(dir, &open, registry)
 }
