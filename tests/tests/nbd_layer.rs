@@ -129,3 +129,101 @@ fn commit_reads_an_nbd_export_without_nbdinfo_or_nbdcopy() {
         assert_files_equal(&back, &raw);
     }
 }
+
+/// A TCP relay on loopback to a Unix socket that can go silent: while
+/// `frozen`, it keeps every connection open but forwards nothing either
+/// way (a network that drops packets without a reset).
+struct SilentLink {
+    port: u16,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SilentLink {
+    fn to(socket: &Path) -> SilentLink {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let frozen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (f, socket) = (frozen.clone(), socket.to_path_buf());
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(c) = c else { return };
+                let Ok(s) = std::os::unix::net::UnixStream::connect(&socket) else {
+                    return;
+                };
+                let pipe =
+                    |mut from: Box<dyn Read + Send>,
+                     mut to: Box<dyn Write + Send>,
+                     f: std::sync::Arc<std::sync::atomic::AtomicBool>| {
+                        std::thread::spawn(move || {
+                            let mut b = vec![0u8; 1 << 16];
+                            while let Ok(n) = from.read(&mut b) {
+                                if n == 0 {
+                                    return;
+                                }
+                                if !f.load(Ordering::SeqCst) && to.write_all(&b[..n]).is_err() {
+                                    return;
+                                }
+                            }
+                        });
+                    };
+                pipe(
+                    Box::new(c.try_clone().unwrap()),
+                    Box::new(s.try_clone().unwrap()),
+                    f.clone(),
+                );
+                pipe(Box::new(s), Box::new(c), f.clone());
+            }
+        });
+        SilentLink { port, frozen }
+    }
+
+    fn freeze(&self, on: bool) {
+        self.frozen.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A silently dropped network does not hang a guest for ever (issue 24):
+/// `nbd[timeout=2s]:` over a link that goes silent fails a read with an
+/// I/O error once its reconnects give up (seconds, not never), and once
+/// the link is back the next read reconnects and succeeds, same server.
+#[test]
+fn a_silent_network_fails_requests_after_the_timeout_and_reconnects_after() {
+    let d = tempdir();
+    let dir = d.path();
+    let base = dir.join("base.raw");
+    random_file(&base, 8 * MIB, 9);
+    let want = std::fs::read(&base).unwrap();
+    let lower = Server::start_named(dir, "lower.sock", &[&format!("raw:{}", base.display())]);
+    let link = SilentLink::to(&lower.socket);
+    let spec = format!("nbd[timeout=2s]:nbd://127.0.0.1:{}/", link.port);
+    let upper = Server::start_named(dir, "upper.sock", &[&spec]);
+    let read = |off: u64| {
+        let t0 = std::time::Instant::now();
+        let out = common::qemu_io_command(&upper.uri(), &[format!("read -v {off} 16")])
+            .output()
+            .expect("run qemu-io");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (t0.elapsed(), text)
+    };
+    let hex = |off: usize| format!("{off:08x}:  {:02x} {:02x}", want[off], want[off + 1]);
+    let (_, ok) = read(4096);
+    assert!(ok.contains(&hex(4096)), "{ok}");
+    link.freeze(true);
+    let (took, failed) = read(MIB);
+    eprintln!("with the link silent, the read failed after {took:?}");
+    assert!(failed.contains("Input/output error"), "{failed}");
+    assert!(
+        took > std::time::Duration::from_millis(1500) && took < std::time::Duration::from_secs(60),
+        "the read failed after {took:?}"
+    );
+    link.freeze(false);
+    let (took, back) = read(2 * MIB);
+    eprintln!("with the link back, the read took {took:?}");
+    assert!(
+        back.contains(&hex(2 * MIB as usize)),
+        "after the link came back: {back}"
+    );
+}

@@ -34,10 +34,15 @@ pub struct NbdOptions {
     /// Longest wait for the server during one connection's handshake
     /// (TLS included); a silent server fails the attempt.
     pub handshake_timeout: Duration,
+    /// Longest wait for a request's reply (None: for ever); past it the
+    /// connection is dropped and made again, so a server or network gone
+    /// silent fails the guest's request instead of hanging it.
+    pub request_timeout: Option<Duration>,
 }
 
 impl Default for NbdOptions {
-    /// Five attempts over about ten seconds (0.4 + 0.8 + 1.6 + 3.2 + 4 s).
+    /// Five attempts over about ten seconds (0.4 + 0.8 + 1.6 + 3.2 + 4 s);
+    /// a request waits 60 s for its reply.
     fn default() -> Self {
         NbdOptions {
             structured: true,
@@ -45,6 +50,7 @@ impl Default for NbdOptions {
             first_backoff: Duration::from_millis(400),
             max_backoff: Duration::from_secs(4),
             handshake_timeout: Duration::from_secs(30),
+            request_timeout: Some(Duration::from_secs(60)),
         }
     }
 }
@@ -90,7 +96,7 @@ fn errno_kind(e: u32) -> ErrorKind {
 
 fn start(uri: &NbdUri, opts: &NbdOptions, tls: Option<&ClientTls>) -> Result<Pipeline> {
     let (sock, neg) = connect(uri, opts.structured, tls, opts.handshake_timeout)?;
-    Pipeline::start(sock, neg).map_err(|e| io_err(Op::Open, e))
+    Pipeline::start(sock, neg, opts.request_timeout).map_err(|e| io_err(Op::Open, e))
 }
 
 impl NbdDev {

@@ -34,18 +34,24 @@ pub static NBD: LayerKind = LayerKind {
     name: "nbd",
     summary: "an export of any NBD server (nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH; TLS: nbds://[USER@]HOST/EXPORT?tls-certificates=DIR or ?tls-psk-file=FILE), reconnecting when the connection drops",
     args: &["uri"],
-    options: &[],
+    options: &[(
+        "timeout",
+        "longest wait for the server: a request's reply, or a connection's handshake (default 60s for a reply, 30s for a handshake); past it the connection is made again, and the request fails if that keeps failing. `off`: wait for ever",
+    )],
     open: open_layer,
     ..LayerKind::BOTTOM
 };
 
 fn open_layer(ctx: &OpenCtx<'_>, _next: Option<Arc<dyn BlockDev>>) -> Result<Arc<dyn BlockDev>> {
     let uri = NbdUri::parse(ctx.get(NBD.name, "uri")?)?;
-    Ok(Arc::new(NbdDev::connect_with(
-        &uri,
-        NbdOptions::default(),
-        ctx.read_only,
-    )?))
+    let mut opts = NbdOptions::default();
+    if ctx.opt("timeout") == Some("off") {
+        opts.request_timeout = None;
+    } else if let Some(t) = ctx.duration_opt(NBD.name, "timeout")? {
+        opts.request_timeout = Some(t);
+        opts.handshake_timeout = t;
+    }
+    Ok(Arc::new(NbdDev::connect_with(&uri, opts, ctx.read_only)?))
 }
 
 /// Add the `nbd` layer to `r`, and read bare NBD URIs as `nbd:URI`.

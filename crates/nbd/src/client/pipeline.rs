@@ -60,6 +60,10 @@ pub(super) enum Broken {
     /// The thread reading replies is gone.
     #[error("the reply reader stopped")]
     ReaderStopped,
+    /// A request had no reply within the layer's `timeout` (a server or
+    /// network gone silent): the connection is dropped and made again.
+    #[error("no reply within {0:?} (the server or the network went silent)")]
+    TimedOut(std::time::Duration),
 }
 
 impl From<std::io::Error> for Broken {
@@ -121,13 +125,36 @@ fn kill(state: &Shared, why: Broken) {
 }
 
 /// A request sent, not yet answered.
-pub(super) struct Pending(Receiver<Result<Reply, Failed>>);
+pub(super) struct Pending {
+    rx: Receiver<Result<Reply, Failed>>,
+    /// How long to wait for the reply (None: for ever).
+    timeout: Option<std::time::Duration>,
+    /// To break the connection when the reply does not come.
+    state: Shared,
+    control: Arc<Sock>,
+}
 
 impl Pending {
+    /// The reply; past the timeout, the connection is broken (every
+    /// request on it fails, and the layer reconnects).
     pub(super) fn wait(self) -> Result<Reply, Failed> {
-        self.0
-            .recv()
-            .unwrap_or(Err(Failed::Gone(Broken::ReaderStopped)))
+        let Some(t) = self.timeout else {
+            return self
+                .rx
+                .recv()
+                .unwrap_or(Err(Failed::Gone(Broken::ReaderStopped)));
+        };
+        match self.rx.recv_timeout(t) {
+            Ok(r) => r,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                kill(&self.state, Broken::TimedOut(t));
+                self.control.shutdown();
+                Err(Failed::Gone(Broken::TimedOut(t)))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                Err(Failed::Gone(Broken::ReaderStopped))
+            }
+        }
     }
 }
 
@@ -135,6 +162,11 @@ impl Pending {
 pub(super) struct Pipeline {
     pub neg: Negotiated,
     writer: Mutex<Sock>,
+    /// A handle on the socket to shut it down without the writer lock (a
+    /// writer may be blocked on a silent network).
+    control: Arc<Sock>,
+    /// How long a request waits for its reply.
+    timeout: Option<std::time::Duration>,
     state: Shared,
     cookie: AtomicU64,
     reader: Option<JoinHandle<()>>,
@@ -142,8 +174,13 @@ pub(super) struct Pipeline {
 
 impl Pipeline {
     /// Start the reply reader on a negotiated connection.
-    pub(super) fn start(sock: Sock, neg: Negotiated) -> std::io::Result<Pipeline> {
+    pub(super) fn start(
+        sock: Sock,
+        neg: Negotiated,
+        timeout: Option<std::time::Duration>,
+    ) -> std::io::Result<Pipeline> {
         let rd = sock.try_clone()?;
+        let control = Arc::new(sock.try_clone()?);
         let state: Shared = Arc::default();
         let st = state.clone();
         let reader = std::thread::Builder::new()
@@ -159,6 +196,8 @@ impl Pipeline {
         Ok(Pipeline {
             neg,
             writer: Mutex::new(sock),
+            control,
+            timeout,
             state,
             cookie: AtomicU64::new(1),
             reader: Some(reader),
@@ -213,7 +252,12 @@ impl Pipeline {
             kill(&self.state, Broken::Send(Arc::new(e)));
             self.writer.lock().shutdown();
         }
-        Ok(Pending(rx))
+        Ok(Pending {
+            rx,
+            timeout: self.timeout,
+            state: self.state.clone(),
+            control: self.control.clone(),
+        })
     }
 }
 
