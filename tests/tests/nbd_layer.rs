@@ -24,12 +24,18 @@ fn convert(from: &str, format: &str, to: &Path) {
     qemu_img_convert(from, format, to.to_str().unwrap());
 }
 
+/// DIR/base.raw: 8 MiB of random data (SEED).
+fn random_disk(dir: &Path, seed: u64) -> std::path::PathBuf {
+    let base = dir.join("base.raw");
+    random_file(&base, 8 * MIB, seed);
+    base
+}
+
 #[test]
 fn cow_over_an_nbd_export_leaves_the_export_unchanged() {
     let d = tempdir();
     let dir = d.path();
-    let base = dir.join("base.raw");
-    random_file(&base, 8 * MIB, 7);
+    let base = random_disk(dir, 7);
     let orig = dir.join("orig.raw");
     std::fs::copy(&base, &orig).unwrap();
     let lower = Server::start_named(dir, "lower.sock", &[&format!("raw:{}", base.display())]);
@@ -192,8 +198,7 @@ impl SilentLink {
 fn a_silent_network_fails_requests_after_the_timeout_and_reconnects_after() {
     let d = tempdir();
     let dir = d.path();
-    let base = dir.join("base.raw");
-    random_file(&base, 8 * MIB, 9);
+    let base = random_disk(dir, 9);
     let want = std::fs::read(&base).unwrap();
     let lower = Server::start_named(dir, "lower.sock", &[&format!("raw:{}", base.display())]);
     let link = SilentLink::to(&lower.socket);

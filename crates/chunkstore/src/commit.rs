@@ -378,7 +378,7 @@ pub fn upload_memory<S: ChunkWrite + LeaseStore + ?Sized>(
         "memory image",
         None,
     )?;
-    up.memory = up.stats.since(&before);
+    up.memory = up.stats - before;
     Ok(Memory {
         size,
         ids: idx.ids,

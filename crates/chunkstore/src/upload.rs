@@ -28,8 +28,9 @@ use roamdisk_blockdev::Result;
 /// How often a commit refreshes its lease.
 const LEASE_REFRESH: Duration = Duration::from_secs(20);
 
-/// What a commit did with the store.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+/// What a commit did with the store (`a - b`: what was done between two
+/// copies of it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, derive_more::Sub)]
 pub struct UploadStats {
     /// Chunks looked at.
     pub chunks: u64,
@@ -44,20 +45,6 @@ pub struct UploadStats {
     pub uploaded_bytes: u64,
     /// Bytes of chunk content hashed.
     pub hashed_bytes: u64,
-}
-
-impl UploadStats {
-    /// What was done since `before` (a copy of these stats taken then).
-    pub fn since(&self, before: &UploadStats) -> UploadStats {
-        UploadStats {
-            chunks: self.chunks - before.chunks,
-            zero_chunks: self.zero_chunks - before.zero_chunks,
-            new_objects: self.new_objects - before.new_objects,
-            reused_objects: self.reused_objects - before.reused_objects,
-            uploaded_bytes: self.uploaded_bytes - before.uploaded_bytes,
-            hashed_bytes: self.hashed_bytes - before.hashed_bytes,
-        }
-    }
 }
 
 enum Prep {

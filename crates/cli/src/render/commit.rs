@@ -13,7 +13,7 @@ pub fn print_summary(s: &CommitSummary, json: bool) -> anyhow::Result<()> {
     }
     let u = &s.upload;
     let m = &s.memory_upload;
-    let d = u.since(m);
+    let d = *u - *m;
     outln!(
         "committed {}@{}{}",
         s.catalog,
