@@ -115,14 +115,24 @@ impl S3Store {
                     text.push('…');
                 }
                 let text = text.trim_end().to_string();
-                let hint = if text.contains("403") || text.contains("SignatureDoesNotMatch") || text.contains("InvalidAccessKeyId") || text.contains("AccessDenied") {
+                // The error and its causes (a timeout is said only there).
+                let mut chain = full.clone();
+                let mut cause = std::error::Error::source(&e);
+                while let Some(c) = cause {
+                    chain.push_str(": ");
+                    chain.push_str(&c.to_string());
+                    cause = c.source();
+                }
+                let hint = if has_status(&text, "403") || text.contains("SignatureDoesNotMatch") || text.contains("InvalidAccessKeyId") || text.contains("AccessDenied") {
                     return err(
                         ErrorKind::PermissionDenied,
                         op,
                         format!("{store} refused access to {what}: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY ({text})"),
                     );
-                } else if text.contains("timed out") || text.contains("timeout") {
+                } else if chain.contains("timed out") || chain.contains("deadline has elapsed") {
                     " (the endpoint did not answer in time; retried with backoff, then gave up)"
+                } else if chain.contains("onnection refused") {
+                    " (nothing listens at the endpoint: check AWS_ENDPOINT_URL)"
                 } else {
                     ""
                 };
@@ -228,5 +238,33 @@ impl S3Store {
                 )
             })
             .collect())
+    }
+}
+
+/// Whether `text` holds the HTTP status `code` as a number of its own
+/// (not inside a duration such as `4.109403219s`).
+fn has_status(text: &str, code: &str) -> bool {
+    let b = text.as_bytes();
+    text.match_indices(code).any(|(i, _)| {
+        let before = i.checked_sub(1).map(|j| b[j]);
+        let after = b.get(i + code.len()).copied();
+        let apart = |c: Option<u8>| c.is_none_or(|c| !c.is_ascii_digit() && c != b'.');
+        apart(before) && apart(after)
+    })
+}
+
+#[cfg(test)]
+mod status_tests {
+    use super::has_status;
+
+    #[test]
+    fn a_status_is_a_number_of_its_own() {
+        assert!(has_status("Client error with status 403 Forbidden", "403"));
+        assert!(has_status("HTTP 403", "403"));
+        assert!(!has_status(
+            "GET http://h/x in 4.109403219s, after 1 retries",
+            "403"
+        ));
+        assert!(!has_status("port 14030", "403"));
     }
 }
