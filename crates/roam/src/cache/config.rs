@@ -56,9 +56,6 @@ pub struct CacheStats {
     pub inserted: u64,
     pub refused: u64,
     pub evicted: u64,
-    /// Times a fetched chunk waited for the writer to make room (chunks
-    /// arrived faster than the disk took them).
-    pub waited_for_writer: u64,
 }
 
 /// The cache's contents by its journal, at one moment.

@@ -56,8 +56,6 @@ pub(super) struct Inner {
     pub(super) hit_bytes: AtomicU64,
     pub(super) inserted: AtomicU64,
     pub(super) refused_n: AtomicU64,
-    /// Times an insert waited for the writer to make room.
-    pub(super) backpressure: AtomicU64,
     pub(super) evicted: AtomicU64,
     pub(super) tmp_seq: AtomicU64,
 }

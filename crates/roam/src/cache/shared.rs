@@ -157,7 +157,6 @@ impl SharedCache {
             hit_bytes: AtomicU64::new(0),
             inserted: AtomicU64::new(0),
             refused_n: AtomicU64::new(0),
-            backpressure: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
             tmp_seq: AtomicU64::new(0),
         });
@@ -253,7 +252,6 @@ impl SharedCache {
                 return;
             }
             while p.len() >= MAX_PENDING {
-                me.backpressure.fetch_add(1, Ordering::Relaxed);
                 let waited = me.drained.wait_for(&mut p, Duration::from_secs(1));
                 if waited.timed_out() && !MutexGuard::unlocked(&mut p, || self.writer_running()) {
                     return;
@@ -600,7 +598,6 @@ impl SharedCache {
             hit_bytes: me.hit_bytes.load(Ordering::Relaxed),
             inserted: me.inserted.load(Ordering::Relaxed),
             refused: me.refused_n.load(Ordering::Relaxed),
-            waited_for_writer: me.backpressure.load(Ordering::Relaxed),
             evicted: me.evicted.load(Ordering::Relaxed),
         }
     }

@@ -208,7 +208,16 @@ impl Lookaside {
     ) -> Result<Lookaside> {
         let mut media = Vec::new();
         for given in paths {
-            for p in medium_paths(given) {
+            let found = medium_paths(given);
+            if found.first() != Some(given) {
+                let names: Vec<String> = found.iter().map(|p| p.display().to_string()).collect();
+                tracing::info!(
+                    "lookaside {}: using the chunk stores in it: {}",
+                    given.display(),
+                    names.join(", ")
+                );
+            }
+            for p in found {
                 match open_medium(&p, hash, chunk_size, index_dir) {
                     Ok(m) => media.push((p, m)),
                     // A missing tool (qemu-nbd) is the host's to fix.
@@ -336,15 +345,6 @@ fn medium_paths(given: &Path) -> Vec<PathBuf> {
         // Said as a warning when it is opened.
         return vec![given.to_path_buf()];
     }
-    tracing::info!(
-        "lookaside {}: using the chunk stores in it: {}",
-        given.display(),
-        found
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
     found
 }
 
