@@ -40,6 +40,17 @@ pub enum Parent {
     Given(ChunkId),
 }
 
+/// The memory image a version keeps (a suspended VM's state).
+#[derive(Debug, Clone)]
+pub enum MemoryImage {
+    /// A file, chunked and uploaded by the commit.
+    File(std::path::PathBuf),
+    /// Already chunked and uploaded ([`upload_memory_stream`]) by an
+    /// uploader that is still alive (its lease keeps the chunks from a
+    /// gc until the version names them); `stats` is what that took.
+    Uploaded { memory: Memory, stats: UploadStats },
+}
+
 /// Options of a commit.
 #[derive(Debug, Clone)]
 pub struct CommitOptions {
@@ -52,8 +63,8 @@ pub struct CommitOptions {
     pub user_key: Option<Key>,
     /// The VM configuration file.
     pub config: Vec<u8>,
-    /// A memory image to chunk and keep with the version.
-    pub memory: Option<std::path::PathBuf>,
+    /// A memory image to keep with the version.
+    pub memory: Option<MemoryImage>,
     pub parent: Parent,
     /// A tag for the new version.
     pub tag: Option<String>,
@@ -124,15 +135,12 @@ pub struct CommitSummary {
 pub enum Source<'a> {
     /// A block device (any stack); holes are not read.
     Dev(&'a dyn BlockDev),
-    /// A sequential stream of `size` bytes (a memory image file).
-    Stream(Box<dyn Read + Send + 'a>, u64),
 }
 
 impl Source<'_> {
     fn size(&self) -> u64 {
         match self {
             Source::Dev(d) => d.size(),
-            Source::Stream(_, n) => *n,
         }
     }
 }
@@ -162,18 +170,15 @@ fn read_batches(
     let size = src.size();
     let n = size.div_ceil(chunk as u64) as usize;
     let per = (BATCH_BYTES / chunk).max(1);
-    let mut src = src;
+    let Source::Dev(dev) = src;
     // The allocation map of the whole source, once (asking per batch makes
     // SEEK_HOLE rescan the rest of the file every time).
-    let extents = match &src {
-        Source::Dev(dev) => match extents_covering(*dev, 0, size) {
-            Ok(e) => e,
-            Err(e) => {
-                let _ = tx.send(Err(e));
-                return;
-            }
-        },
-        Source::Stream(..) => Vec::new(),
+    let extents = match extents_covering(dev, 0, size) {
+        Ok(e) => e,
+        Err(e) => {
+            let _ = tx.send(Err(e));
+            return;
+        }
     };
     let mut ext_at = 0usize;
     let mut ext_off = 0u64;
@@ -185,55 +190,41 @@ fn read_batches(
             // Bytes of hole chunks are left as they are: they are not used.
             let mut data = free.try_recv().unwrap_or_default();
             data.resize(len, 0);
-            let mut holes = vec![false; last - first];
-            match &mut src {
-                Source::Dev(dev) => {
-                    // Chunks entirely inside zero/hole extents are not read.
-                    holes.fill(true);
-                    let end = off + len as u64;
-                    while ext_at < extents.len() && ext_off < end {
-                        let e = extents[ext_at];
-                        let (a, b) = (ext_off.max(off), (ext_off + e.len).min(end));
-                        if !e.state.is_zero() && b > a {
-                            let ka = ((a - off) / chunk as u64) as usize;
-                            let kb = ((b - off).div_ceil(chunk as u64)) as usize;
-                            for h in &mut holes[ka..kb.min(last - first)] {
-                                *h = false;
-                            }
-                        }
-                        if ext_off + e.len <= end {
-                            ext_off += e.len;
-                            ext_at += 1;
-                        } else {
-                            break;
-                        }
-                    }
-                    // Read runs of non-hole chunks, one request each.
-                    let mut k = 0;
-                    while k < holes.len() {
-                        if holes[k] {
-                            k += 1;
-                            continue;
-                        }
-                        let mut e = k + 1;
-                        while e < holes.len() && !holes[e] {
-                            e += 1;
-                        }
-                        let a = k * chunk;
-                        let b = (e * chunk).min(len);
-                        dev.read_at(&mut data[a..b], off + a as u64)?;
-                        k = e;
+            // Chunks entirely inside zero/hole extents are not read.
+            let mut holes = vec![true; last - first];
+            let end = off + len as u64;
+            while ext_at < extents.len() && ext_off < end {
+                let e = extents[ext_at];
+                let (a, b) = (ext_off.max(off), (ext_off + e.len).min(end));
+                if !e.state.is_zero() && b > a {
+                    let ka = ((a - off) / chunk as u64) as usize;
+                    let kb = ((b - off).div_ceil(chunk as u64)) as usize;
+                    for h in &mut holes[ka..kb.min(last - first)] {
+                        *h = false;
                     }
                 }
-                Source::Stream(rd, _) => {
-                    rd.read_exact(&mut data).map_err(|e| {
-                        err(
-                            ErrorKind::Io,
-                            Op::Read,
-                            format!("the source stream ended or failed near byte {off}: {e}"),
-                        )
-                    })?;
+                if ext_off + e.len <= end {
+                    ext_off += e.len;
+                    ext_at += 1;
+                } else {
+                    break;
                 }
+            }
+            // Read runs of non-hole chunks, one request each.
+            let mut k = 0;
+            while k < holes.len() {
+                if holes[k] {
+                    k += 1;
+                    continue;
+                }
+                let mut e = k + 1;
+                while e < holes.len() && !holes[e] {
+                    e += 1;
+                }
+                let a = k * chunk;
+                let b = (e * chunk).min(len);
+                dev.read_at(&mut data[a..b], off + a as u64)?;
+                k = e;
             }
             Ok(Batch { first, data, holes })
         })();
@@ -350,40 +341,93 @@ pub(crate) fn upload_source<S: ChunkWrite + LeaseStore + ?Sized>(
     })
 }
 
-/// Chunk and upload a memory image file.
-pub fn upload_memory<S: ChunkWrite + LeaseStore + ?Sized>(
+/// The memory image `image` as the version's: a file is chunked and
+/// uploaded now, an uploaded one is taken as it is (its stats added to the
+/// commit's).
+pub fn take_memory<S: ChunkWrite + LeaseStore + ?Sized>(
     up: &mut Uploader<'_, S>,
-    path: &std::path::Path,
+    image: Option<&MemoryImage>,
     chunk_size: u32,
     encrypted: bool,
     progress: &dyn Progress,
 ) -> Result<Memory> {
-    let f = std::fs::File::open(path)
-        .map_err(|e| crate::error::io(Op::Open, e, path).msg("cannot open the memory image"))?;
-    let size = f
-        .metadata()
-        .map_err(|e| crate::error::io(Op::Open, e, path))?
-        .len();
-    if size == 0 {
-        return Ok(Memory::default());
+    match image {
+        None => Ok(Memory::default()),
+        Some(MemoryImage::Uploaded { memory, stats }) => {
+            up.stats += *stats;
+            up.memory = *stats;
+            Ok(memory.clone())
+        }
+        Some(MemoryImage::File(path)) => {
+            let f = std::fs::File::open(path).map_err(|e| {
+                crate::error::io(Op::Open, e, path).msg("cannot open the memory image")
+            })?;
+            let size = f
+                .metadata()
+                .map_err(|e| crate::error::io(Op::Open, e, path))?
+                .len();
+            let before = up.stats;
+            let m = upload_memory_stream(up, f, chunk_size, encrypted, size, progress)?;
+            up.memory = up.stats - before;
+            Ok(m)
+        }
     }
-    let padded = size.div_ceil(SECTOR) * SECTOR;
-    let mut idx = Index::new_zero(up.hash(), chunk_size, padded, encrypted)?;
-    let before = up.stats;
-    upload_source(
-        up,
-        &mut idx,
-        Source::Stream(Box::new(f), size),
-        progress,
-        "memory image",
-        None,
-    )?;
-    up.memory = up.stats - before;
-    Ok(Memory {
-        size,
-        ids: idx.ids,
-        keys: idx.keys,
-    })
+}
+
+/// Chunk and upload a memory image read from `src` to its end (a file, or
+/// a VM's migration stream of unknown length), [`BATCH_BYTES`] at a time:
+/// memory use does not grow with the image. `size_hint` is the expected
+/// size for the progress bar (0: unknown).
+pub fn upload_memory_stream<S: ChunkWrite + LeaseStore + ?Sized>(
+    up: &mut Uploader<'_, S>,
+    mut src: impl Read,
+    chunk_size: u32,
+    encrypted: bool,
+    size_hint: u64,
+    progress: &dyn Progress,
+) -> Result<Memory> {
+    let chunk = chunk_size as usize;
+    let per = (BATCH_BYTES / chunk).max(1) * chunk;
+    progress.phase("memory image", size_hint);
+    let mut m = Memory::default();
+    let mut buf = vec![0u8; per];
+    loop {
+        // Fill the batch (a stream returns short reads).
+        let mut len = 0;
+        while len < per {
+            match src.read(&mut buf[len..]) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(err(
+                        ErrorKind::Io,
+                        Op::Read,
+                        format!(
+                            "the memory image failed near byte {}: {e}",
+                            m.size + len as u64
+                        ),
+                    ))
+                }
+            }
+        }
+        if len == 0 {
+            break;
+        }
+        let padded = (len as u64).div_ceil(SECTOR) * SECTOR;
+        let mut idx = Index::new_zero(up.hash(), chunk_size, padded, encrypted)?;
+        let data: Vec<(usize, &[u8])> = buf[..len].chunks(chunk).enumerate().collect();
+        up.upload(&mut idx, &data)?;
+        m.size += len as u64;
+        m.ids.extend(idx.ids);
+        m.keys.extend(idx.keys);
+        progress.advance(len as u64);
+        if len < per {
+            break;
+        }
+    }
+    progress.end();
+    Ok(m)
 }
 
 /// Store a finished version: package first (durable), then the catalog
@@ -557,16 +601,13 @@ pub fn commit_image<S: ChunkWrite + RefStore + LeaseStore + ?Sized>(
         "committing",
         opts.rate_limit,
     )?;
-    let memory = match &opts.memory {
-        Some(p) => upload_memory(
-            &mut up,
-            p,
-            opts.chunk_size,
-            opts.user_key.is_some(),
-            progress,
-        )?,
-        None => Memory::default(),
-    };
+    let memory = take_memory(
+        &mut up,
+        opts.memory.as_ref(),
+        opts.chunk_size,
+        opts.user_key.is_some(),
+        progress,
+    )?;
     let version = Version {
         created: now_nanos(),
         parent,

@@ -30,7 +30,9 @@ const LEASE_REFRESH: Duration = Duration::from_secs(20);
 
 /// What a commit did with the store (`a - b`: what was done between two
 /// copies of it).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, derive_more::Sub)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, derive_more::Sub, derive_more::AddAssign,
+)]
 pub struct UploadStats {
     /// Chunks looked at.
     pub chunks: u64,

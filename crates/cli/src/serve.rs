@@ -7,16 +7,18 @@ use std::sync::Arc;
 
 use clap::Args;
 use roamdisk_blockdev::{Access, BlockDev, Checked};
-use roamdisk_nbd::{Bound, Export, Listen, ServeOptions, Until};
+use roamdisk_nbd::{Bound, Ended, Export, Listen, ServeOptions, Until};
 
-/// Serve `dev` as the default export on `listen` until SIGINT/SIGTERM.
+/// Serve `dev` as the default export on `listen` until `until` (a signal,
+/// or the end of an --exec command).
 pub fn serve_one(
     dev: Arc<dyn BlockDev>,
     access: Access,
     describe: &str,
     listen: Vec<Listen>,
+    until: Until,
     quiet: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Ended> {
     let export = Export {
         name: String::new(),
         description: describe.to_string(),
@@ -29,14 +31,13 @@ pub fn serve_one(
     };
     let what = format!("serving {describe}{how}");
     let opts = ServeOptions::default();
-    roamdisk_nbd::serve(
+    Ok(roamdisk_nbd::serve(
         vec![export],
         listen,
         opts,
-        Until::Signal,
+        until,
         announce(quiet, &what),
-    )?;
-    Ok(())
+    )?)
 }
 
 /// How much a server takes on at once.

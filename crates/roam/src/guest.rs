@@ -138,7 +138,7 @@ impl GuestAnalyzer for FsmetaAnalyzer {
                         roamdisk_fsmeta::Health::Clean => String::new(),
                     };
                     notes.push(format!(
-                        "{what}: {} free map not trusted ({why}); P2 keeps its writes — shut the guest down cleanly before committing",
+                        "{what}: {} in use or not clean ({why}), as in a running or suspended guest; P2 keeps every write there (after a clean shutdown it drops writes to free clusters)",
                         pr.type_name
                     ));
                 }

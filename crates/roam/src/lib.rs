@@ -24,6 +24,7 @@ pub mod fetch;
 pub mod guest;
 pub mod hoard;
 pub mod layer;
+pub mod live;
 pub mod lookaside;
 pub mod readahead;
 pub mod resume;

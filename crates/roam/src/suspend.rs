@@ -155,6 +155,18 @@ pub struct Suspended {
     pub chunk_size: u32,
     /// The resume set written, if asked for.
     pub resume_set: Option<ResumeSetSummary>,
+    /// A live suspend ([`suspend_live`]): the VM's state taken.
+    pub live: Option<LiveSuspend>,
+}
+
+/// What a live suspend did before the commit.
+#[derive(Debug, Clone, Serialize)]
+pub struct LiveSuspend {
+    /// The VM's migration stream, stored as the memory image.
+    pub saved: crate::live::Saved,
+    /// The process that served the session, asked to end (SIGTERM) once
+    /// QEMU had quit.
+    pub server_ended: Option<u32>,
 }
 
 /// Suspend the session in `dir`: commit its useful updates (`update`
@@ -181,5 +193,57 @@ pub fn suspend(
         working_set_chunks: view.version.working_set.len(),
         chunk_size: view.version.index.chunk_size,
         resume_set,
+        live: None,
     })
+}
+
+/// Suspend the running VM behind the QMP socket `qmp` and its session in
+/// `dir`: stop the VM and store its migration stream as the memory image
+/// (straight into the session's store, chunk by chunk), have QEMU quit
+/// (it flushes and closes the disk), end the process serving the session,
+/// then [`suspend`] with that memory image. If the VM's state cannot be
+/// stored, nothing is committed and the VM runs on.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "suspend's arguments and the socket"
+)]
+pub fn suspend_live(
+    dir: &Path,
+    open: &SessionOpen,
+    update: &UpdateOptions,
+    qmp: &Path,
+    to_media: Option<&Path>,
+    registry: &roamdisk_blockdev::Registry,
+    progress: &dyn Progress,
+) -> Result<Suspended> {
+    use crate::live::{end_server, save_vm, vmm};
+    use std::time::Duration;
+    let (store, base) = crate::session::dev::peek(dir, open)?;
+    let idx = &base.index;
+    let mut q = roamdisk_qmp::Qmp::connect(qmp, Duration::from_secs(5)).map_err(vmm)?;
+    // The uploader's lease keeps the memory image's chunks from a gc
+    // until the version names them.
+    let mut up = roamdisk_chunkstore::upload::Uploader::begin(&*store, idx.encrypted())?;
+    let saved = save_vm(&mut q, &mut up, idx.chunk_size, idx.encrypted(), progress)?;
+    // The VM must not run on here: its disk is committed next.
+    q.quit().map_err(|e| {
+        context(
+            vmm(e),
+            "the VM's state is stored but QEMU did not quit: quit it (it must not run on), then suspend again",
+        )
+    })?;
+    let server_ended = end_server(dir, Duration::from_secs(2), Duration::from_secs(120))?;
+    up.confirm_lease()?;
+    let mut u = update.clone();
+    u.commit.memory = Some(roamdisk_chunkstore::commit::MemoryImage::Uploaded {
+        memory: saved.memory.clone(),
+        stats: saved.upload,
+    });
+    let mut s = suspend(dir, open, &u, to_media, registry, progress)?;
+    drop(up);
+    s.live = Some(LiveSuspend {
+        saved,
+        server_ended,
+    });
+    Ok(s)
 }

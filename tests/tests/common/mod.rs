@@ -205,7 +205,9 @@ pub fn blank_file(path: &Path, size: u64) {
 pub struct Server {
     child: Option<Child>,
     pub socket: PathBuf,
+    /// Its stderr (log lines) and its stdout (reports).
     pub log: PathBuf,
+    pub out: PathBuf,
 }
 
 impl Server {
@@ -225,13 +227,15 @@ impl Server {
         let socket = dir.join(sock);
         let log = dir.join(format!("{sock}.log"));
         let logf = std::fs::File::create(&log).expect("log file");
+        let out = dir.join(format!("{sock}.out"));
+        let outf = std::fs::File::create(&out).expect("output file");
         let child = Command::new(bin())
             .arg(command)
             .args(args)
             .arg("--socket")
             .arg(&socket)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(outf)
             .stderr(logf)
             .spawn()
             .expect("spawn roamdisk serve");
@@ -239,6 +243,7 @@ impl Server {
             child: Some(child),
             socket,
             log,
+            out,
         };
         s.wait_ready();
         s
@@ -282,6 +287,11 @@ impl Server {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// What it printed on stdout so far.
+    pub fn out_text(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
     }
 
     pub fn pid(&self) -> u32 {

@@ -279,6 +279,11 @@ impl RunningGuest {
         }
     }
 
+    /// QEMU's QMP socket (for `roamdisk suspend --qmp`, `resume --qmp`).
+    pub fn qmp_socket(&self) -> &Path {
+        &self.files.qmp
+    }
+
     /// Run one QMP command (`{"execute": ...}` as JSON text) and return
     /// the reply line (`{"return": ...}` or `{"error": ...}`); events
     /// before it are skipped.

@@ -137,7 +137,14 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         if listen.is_empty() {
             bail!("say where to serve {describe}: --socket PATH and/or --listen ADDR:PORT");
         }
-        serve_one(view.served(), Access::ReadOnly, &describe, listen, quiet)?;
+        serve_one(
+            view.served(),
+            Access::ReadOnly,
+            &describe,
+            listen,
+            roamdisk_nbd::Until::Signal,
+            quiet,
+        )?;
         return Ok(());
     }
     bail!("say what to do with {describe}: --output FILE, --session DIR or --serve --socket PATH")

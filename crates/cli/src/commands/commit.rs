@@ -7,7 +7,7 @@ use anyhow::bail;
 use clap::Parser;
 use roamdisk_blockdev::units::parse_size;
 use roamdisk_blockdev::Access;
-use roamdisk_chunkstore::commit::{commit_image, CommitOptions, Parent, Source};
+use roamdisk_chunkstore::commit::{commit_image, CommitOptions, MemoryImage, Parent, Source};
 use roamdisk_roam::layer::CAS;
 use roamdisk_roam::session::update::commit_dir;
 
@@ -87,7 +87,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         description: a.message.clone(),
         chunk_size: parse_size(&a.chunk_size).map_err(anyhow::Error::msg)? as u32,
         config,
-        memory: a.memory.clone(),
+        memory: a.memory.clone().map(MemoryImage::File),
         parent: if a.no_parent {
             Parent::None
         } else {

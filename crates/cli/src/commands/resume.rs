@@ -7,11 +7,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use anyhow::bail;
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
+use roamdisk_blockdev::units::{parse_duration, Bare};
 use roamdisk_blockdev::{Access, BlockDev};
-use roamdisk_nbd::Listen;
+use roamdisk_nbd::{Ended, Listen, Until};
 use roamdisk_roam::fetch::GatherStats;
+use roamdisk_roam::live::{restore_vm, Restored};
 use roamdisk_roam::resume::{resume, ResumeOptions, ResumeReport, Resumed};
 use roamdisk_roam::session::dev::SessionOpen;
 
@@ -40,7 +43,20 @@ use crate::store_args::{short, StoreArgs};
 ///
 /// DIR may be a session already on this version (it is reused).
 ///
+/// A running VM (suspended with `roamdisk suspend --qmp`): give --qmp
+/// SOCKET and start QEMU as before but with `-incoming defer` and that QMP
+/// socket, its disk on the --socket this command serves (or let --exec
+/// start it). This command hands QEMU the VM's state as its chunks
+/// arrive — no memory file — and, once QEMU has it, continues the VM
+/// (QMP `cont`; --paused leaves it paused). The guest carries on where it
+/// stopped: same boot, same processes. With --exec, serving ends when the
+/// command exits (QEMU powered off or quit).
+///
 /// Examples:
+///   roamdisk resume alice/desktop --session ~/s/alice --lookaside /media/usb/alice \
+///       --socket /tmp/vm.sock --qmp /tmp/vm.qmp --exec 'qemu-system-x86_64 -m 2G \
+///       -drive file=nbd:unix:/tmp/vm.sock,format=raw,if=virtio \
+///       -qmp unix:/tmp/vm.qmp,server=on,wait=off -incoming defer'
 ///   roamdisk resume alice/desktop --session ~/s/alice --lookaside /media/usb/alice \
 ///       --memory-out /tmp/vm.mem --socket /tmp/vm.sock
 ///   roamdisk resume alice/desktop@monday --session ~/s/old --json
@@ -77,6 +93,25 @@ pub struct Args {
     /// Serve the session over NBD on this TCP address.
     #[arg(long, value_name = "ADDR:PORT")]
     listen: Option<SocketAddr>,
+    /// Live resume: the QMP socket of a QEMU started with `-incoming
+    /// defer`; it gets the VM's state, then `cont`.
+    #[arg(long, value_name = "PATH", conflicts_with = "memory_out")]
+    qmp: Option<PathBuf>,
+    /// How long to wait for the QMP socket to answer (QEMU starting).
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "120s",
+        requires = "qmp"
+    )]
+    qmp_wait: String,
+    /// Leave the VM paused once QEMU has its state.
+    #[arg(long, requires = "qmp")]
+    paused: bool,
+    /// Run this command with `sh -c` once the disk is served (your QEMU,
+    /// ROAMDISK_NBD_URI set to the disk); serving ends when it exits.
+    #[arg(long, value_name = "COMMAND")]
+    exec: Option<String>,
     #[command(flatten)]
     st: StoreArgs,
 }
@@ -129,7 +164,22 @@ fn print_report(r: &ResumeReport, name: &str) {
     );
 }
 
+fn print_restored(r: &Restored) {
+    outln!(
+        "  VM state     {} handed to QEMU: {}; the VM is {} ({:.2} s after QEMU answered)",
+        format_size(r.memory.bytes),
+        sources(&r.memory),
+        r.state,
+        r.seconds
+    );
+}
+
 pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
+    let serving = a.socket.is_some() || a.listen.is_some();
+    if (a.qmp.is_some() || a.exec.is_some()) && !serving {
+        bail!("--qmp and --exec need the disk served: add --socket PATH or --listen ADDR:PORT");
+    }
+    let qmp_wait = parse_duration(&a.qmp_wait, Bare::Seconds)?;
     let store = a.st.open(false)?;
     let key = a.st.key()?;
     let o = ResumeOptions {
@@ -175,6 +225,45 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     // Serve at once; report when the working set is here.
     let bg = r.clone();
     std::thread::spawn(move || show(&bg, progress));
+    let failed = Arc::new(parking_lot::Mutex::new(None));
+    if let Some(qmp) = a.qmp.clone() {
+        // Hand QEMU the VM's state once it is up, beside the serving; a
+        // failure ends serving (QEMU cannot run that VM).
+        let (view, failed, json) = (r.dev.base(), failed.clone(), a.st.json);
+        std::thread::spawn(move || {
+            match restore_vm(&view, &qmp, qmp_wait, a.paused) {
+                Ok(res) if json => outln!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({ "restored": res }))
+                        .expect("serialisable")
+                ),
+                Ok(res) if !quiet => print_restored(&res),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!("the VM could not be resumed: {e}");
+                    *failed.lock() = Some(e.to_string());
+                    // SAFETY: raise(3) with a valid signal number; the
+                    // server's handler ends serving with a flush.
+                    unsafe { libc::raise(libc::SIGTERM) };
+                }
+            }
+        });
+    }
     let describe = r.dev.describe();
-    serve_one(r.dev.clone(), Access::ReadWrite, &describe, listen, quiet)
+    let until = a.exec.clone().map_or(Until::Signal, Until::Exec);
+    let ended = serve_one(
+        r.dev.clone(),
+        Access::ReadWrite,
+        &describe,
+        listen,
+        until,
+        quiet,
+    )?;
+    if let Some(e) = failed.lock().take() {
+        bail!("the VM could not be resumed: {e}");
+    }
+    match ended {
+        Ended::Exited(st) if !st.success() => bail!("the --exec command failed ({st})"),
+        _ => Ok(()),
+    }
 }

@@ -6,20 +6,31 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
-use roamdisk_chunkstore::commit::CommitOptions;
-use roamdisk_roam::suspend::{suspend, Suspended};
+use roamdisk_chunkstore::commit::{CommitOptions, MemoryImage};
+use roamdisk_roam::suspend::{suspend, suspend_live, Suspended};
 
 use crate::disk::DiskSpec;
 use crate::render::commit::finish;
 use crate::store_args::{short, Filters, StoreArgs};
 
-/// Suspend a session: stop the VM first (or have it save its memory to a
-/// file), then run this. It commits the session's useful updates (the
-/// same filters as `roamdisk commit cas:SESSION`) as a new version that
-/// also keeps the memory image, the VM configuration and the session's
-/// recorded working set: the disk chunks the guest read, in the order it
-/// first read them. A session of that version — `roamdisk resume` on
-/// another host — fetches that working set first, in that order.
+/// Suspend a session: commit its useful updates (the same filters as
+/// `roamdisk commit cas:SESSION`) as a new version that also keeps the
+/// VM's memory image, its configuration and the session's recorded
+/// working set (the disk chunks the guest read, in the order it first
+/// read them). A session of that version — `roamdisk resume` on another
+/// host — fetches that working set first, in that order.
+///
+/// A running VM: --qmp SOCKET (QEMU started with `-qmp
+/// unix:SOCKET,server=on,wait=off`). The VM is stopped, its state goes
+/// straight into the store as the memory image (QEMU's migration stream,
+/// chunked as it comes: no file the size of RAM), QEMU quits (it must not
+/// run on: the disk is committed), the process serving the session
+/// (`roamdisk serve` or `resume`) is asked to end, and the session is
+/// committed. If the state cannot be stored, nothing is committed and the
+/// VM runs on. `roamdisk resume --qmp` continues it on the next host.
+///
+/// Otherwise stop the VM first (or have it save its memory to a file for
+/// --memory), and stop the process serving the session.
 ///
 /// --to-media DIR writes the resume set (the version package, the memory
 /// image and the working-set chunks, as stored: compressed or encrypted)
@@ -28,6 +39,7 @@ use crate::store_args::{short, Filters, StoreArgs};
 /// verified, so a stale or damaged copy costs only speed.
 ///
 /// Examples:
+///   roamdisk suspend ~/s/alice --qmp /tmp/vm.qmp --to-media /media/usb/alice
 ///   roamdisk suspend ~/s/alice --memory vm.mem --config vm.conf -m "end of day"
 ///   roamdisk suspend ~/s/alice --memory vm.mem --to-media /media/usb/alice
 ///   (next host) roamdisk resume alice/desktop --session ~/s/alice --lookaside /media/usb/alice --socket /tmp/vm.sock
@@ -42,6 +54,10 @@ pub struct Args {
     /// The VM's memory image to keep with the version.
     #[arg(long, value_name = "FILE")]
     memory: Option<PathBuf>,
+    /// Suspend the running VM behind this QMP socket: its state is
+    /// stored as the memory image, then QEMU quits.
+    #[arg(long, value_name = "PATH", conflicts_with = "memory")]
+    qmp: Option<PathBuf>,
     /// The VM configuration file to keep (default: the base version's).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -66,7 +82,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let u = a.filters.update(CommitOptions {
         description: a.message.clone(),
         config,
-        memory: a.memory.clone(),
+        memory: a.memory.clone().map(MemoryImage::File),
         tag: a.tag.clone(),
         ..Default::default()
     });
@@ -76,7 +92,10 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     };
     let (dir, open) = a.st.session_open(&DiskSpec::parse(&spec)?.spec)?;
     let reg = super::registry();
-    let s = suspend(&dir, &open, &u, a.to_media.as_deref(), &reg, &progress)?;
+    let s = match &a.qmp {
+        Some(q) => suspend_live(&dir, &open, &u, q, a.to_media.as_deref(), &reg, &progress)?,
+        None => suspend(&dir, &open, &u, a.to_media.as_deref(), &reg, &progress)?,
+    };
     if a.st.json {
         progress.finish();
         outln!("{}", serde_json::to_string_pretty(&s)?);
@@ -91,6 +110,18 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
 
 fn render_suspended(s: &Suspended, media: Option<&std::path::Path>) {
     let c = &s.commit;
+    if let Some(l) = &s.live {
+        outln!(
+            "  VM state    {} taken from QEMU in {:.2} s ({} new objects, {} already stored); QEMU quit{}",
+            format_size(l.saved.bytes),
+            l.saved.seconds,
+            l.saved.upload.new_objects,
+            l.saved.upload.reused_objects,
+            l.server_ended
+                .map(|p| format!(", the server of the session (pid {p}) ended"))
+                .unwrap_or_default()
+        );
+    }
     outln!(
         "  working set {} chunks ({}) recorded, fetched first on resume",
         s.working_set_chunks,
@@ -109,13 +140,18 @@ fn render_suspended(s: &Suspended, media: Option<&std::path::Path>) {
         );
     }
     outln!(
-        "suspended {}@{}; on the next host:\n  roamdisk resume {}@{} --session DIR{} --socket /tmp/vm.sock",
+        "suspended {}@{}; on the next host:\n  roamdisk resume {}@{} --session DIR{} --socket /tmp/vm.sock{}",
         c.catalog,
         short(&c.version),
         c.catalog,
         short(&c.version),
         media
             .map(|d| format!(" --lookaside {}", d.display()))
-            .unwrap_or_default()
+            .unwrap_or_default(),
+        if s.live.is_some() {
+            " --qmp /tmp/vm.qmp  (QEMU with -incoming defer)"
+        } else {
+            ""
+        }
     );
 }

@@ -183,33 +183,11 @@ impl CasDev {
         let lock_path = dir.join("lock");
         let lock = roamdisk_chunkstore::error::open_lock_file(&lock_path)?;
         roamdisk_blockdev::layers::raw::lock_file(&lock, opts.read_only, "cas", dir)?;
-        // The session keeps a copy of its store's settings, so it opens
-        // (and reads what is cached) when the store cannot be reached.
-        let known = std::fs::read_to_string(dir.join(STORE_COPY))
-            .ok()
-            .and_then(|t| StoreConfig::parse(&t).ok());
         let store = match store {
             Some(s) => s,
-            None => roamdisk_chunkstore::store::open(
-                opts.store.as_deref().unwrap_or(&config.store),
-                &roamdisk_chunkstore::store::OpenOptions {
-                    known_config: known.clone(),
-                    credentials: config
-                        .credentials(&opts.credentials)
-                        .or(&opts.fallback_credentials),
-                    s3: opts.host.s3.clone(),
-                    ..Default::default()
-                },
-            )?,
+            None => open_store(dir, &config, opts)?,
         };
-        if !opts.read_only && known.as_ref() != Some(store.config()) {
-            keep_copy(&dir.join(STORE_COPY), store.config().to_toml().as_bytes());
-        }
-        let key_file = opts.key_file.clone().or_else(|| config.key_file.clone());
-        let user_key = match &key_file {
-            Some(k) => Some(roamdisk_chunkstore::version::read_key_file(k)?),
-            None => None,
-        };
+        let user_key = user_key(&config, opts)?;
         let states_path = dir.join("states");
         let (map, _) = OverlayMap::<Header>::open(&states_path, "cas", opts.read_only)?;
         let header = map.header();
@@ -700,6 +678,60 @@ impl Drop for CasDev {
             let _ = std::fs::remove_file(self.dir.join(OPEN_MARKER));
         }
     }
+}
+
+/// Open the store of the session in `dir` (`config`), as `opts` says.
+/// The session keeps a copy of its store's settings, so it opens (and
+/// reads what is cached) when the store cannot be reached; a writable
+/// open refreshes that copy.
+fn open_store(dir: &Path, config: &SessionConfig, opts: &SessionOpen) -> Result<DynStore> {
+    let known = std::fs::read_to_string(dir.join(STORE_COPY))
+        .ok()
+        .and_then(|t| StoreConfig::parse(&t).ok());
+    let store = roamdisk_chunkstore::store::open(
+        opts.store.as_deref().unwrap_or(&config.store),
+        &roamdisk_chunkstore::store::OpenOptions {
+            known_config: known.clone(),
+            credentials: config
+                .credentials(&opts.credentials)
+                .or(&opts.fallback_credentials),
+            s3: opts.host.s3.clone(),
+            ..Default::default()
+        },
+    )?;
+    if !opts.read_only && known.as_ref() != Some(store.config()) {
+        keep_copy(&dir.join(STORE_COPY), store.config().to_toml().as_bytes());
+    }
+    Ok(store)
+}
+
+/// The user's key of the session (`opts` first, then `session.toml`).
+fn user_key(config: &SessionConfig, opts: &SessionOpen) -> Result<Option<Key>> {
+    match opts.key_file.as_ref().or(config.key_file.as_ref()) {
+        Some(k) => Ok(Some(roamdisk_chunkstore::version::read_key_file(k)?)),
+        None => Ok(None),
+    }
+}
+
+/// The store and base version of the session in `dir`, read without
+/// taking its lock (another process may be serving it): what a live
+/// suspend needs to store the VM's memory before the session is free.
+pub fn peek(
+    dir: &Path,
+    opts: &SessionOpen,
+) -> Result<(DynStore, roamdisk_chunkstore::version::Version)> {
+    let config = SessionConfig::load(dir)?;
+    let opts = SessionOpen {
+        read_only: true,
+        ..opts.clone()
+    };
+    let store = open_store(dir, &config, &opts)?;
+    let (map, _) = OverlayMap::<Header>::open(&dir.join("states"), "cas", true)?;
+    let base = map.header().base;
+    let key = user_key(&config, &opts)?;
+    let version = load_base(dir, &store, &base, key.as_ref(), true)
+        .map_err(|e| context(e, format!("the base of session {}", dir.display())))?;
+    Ok((store, version))
 }
 
 /// Present while a writable open of the session has not closed cleanly.

@@ -29,7 +29,7 @@ use roamdisk_chunkstore::commit::{
 use roamdisk_chunkstore::error::bad_arg;
 use roamdisk_chunkstore::index::{SectorState, SECTOR};
 use roamdisk_chunkstore::upload::Uploader;
-use roamdisk_chunkstore::version::{Memory, Version};
+use roamdisk_chunkstore::version::Version;
 
 /// Options of an update commit.
 #[derive(Debug, Clone)]
@@ -267,16 +267,13 @@ pub fn commit_session(
         up.upload(&mut index, &refs)?;
         progress.advance(batch.len() as u64 * bidx.chunk_size as u64);
     }
-    let memory = match &copts.memory {
-        Some(p) => roamdisk_chunkstore::commit::upload_memory(
-            &mut up,
-            p,
-            bidx.chunk_size,
-            bidx.encrypted(),
-            progress,
-        )?,
-        None => Memory::default(),
-    };
+    let memory = roamdisk_chunkstore::commit::take_memory(
+        &mut up,
+        copts.memory.as_ref(),
+        bidx.chunk_size,
+        bidx.encrypted(),
+        progress,
+    )?;
     let version = Version {
         created: now_nanos(),
         parent: Some(base.id),

@@ -1,0 +1,344 @@
+//! A running guest roams (ISR with the VM live): qemu (TCG) runs a guest
+//! whose disk is a cas session; the guest writes a file, then appends a
+//! counter line to a file every 100 ms. `roamdisk suspend --qmp` stops it
+//! mid-run and stores its state and disk; on "host B" (other folders, an
+//! empty shared cache, the resume set as lookaside media, the store
+//! behind a 10 Mbit/s link) `roamdisk resume --qmp` hands a QEMU started
+//! with `-incoming defer` the VM's state and continues it. The guest must
+//! not notice: same boot, counter and uptime continuous, its file system
+//! never recovered; at the end it syncs and powers off and the host checks
+//! the file system (`e2fsck -fn`) and the whole counter file.
+
+#![allow(clippy::disallowed_macros, reason = "a test prints what it measured")]
+
+mod cas_common;
+mod common;
+mod guest_common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use cas_common::{
+    checkout, commit_session, commit_version, json_str, open_session, Cas, ChunkServer,
+};
+use common::{e2fsck_clean, path_str, run, run_stdout, Server};
+use guest_common::{Guest, GuestRun, RunningGuest};
+
+const MIB: u64 = 1 << 20;
+const IMAGE: &str = "alice/vm";
+const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The guest: writes /a.bin (4 MiB, synced: on the disk before any
+/// suspend) and prints its hash, then counts to COUNT, a line `I UPTIME`
+/// in /counter every 100 ms; then re-reads /a.bin from the disk (caches
+/// dropped), prints its hash and the boot id again, unmounts and powers
+/// off.
+fn script(count: u32) -> String {
+    format!(
+        r#"
+mount -t ext4 /dev/vda /mnt
+echo "boot $(cat /proc/sys/kernel/random/boot_id)"
+dd if=/dev/urandom of=/mnt/a.bin bs=64k count=64 2>/dev/null
+sync
+sha256sum /mnt/a.bin
+i=0
+while [ $i -lt {count} ]; do
+  i=$((i+1))
+  echo "$i $(cut -d' ' -f1 /proc/uptime)" >>/mnt/counter
+  echo "count $i;"
+  sleep 0.1
+done
+sync
+echo 3 >/proc/sys/vm/drop_caches
+sha256sum /mnt/a.bin
+echo "boot $(cat /proc/sys/kernel/random/boot_id)"
+umount /mnt
+"#
+    )
+}
+
+/// The store (a folder, served at full speed) holding IMAGE: a 128 MiB
+/// empty ext4 file system made on the host.
+fn store_with_ext4() -> (Cas, ChunkServer) {
+    let cas = Cas::new();
+    let base = cas.dir().join("base.raw");
+    std::fs::File::create(&base)
+        .and_then(|f| f.set_len(128 * MIB))
+        .expect("base image");
+    run(
+        "mke2fs",
+        &["-q", "-F", "-t", "ext4", "-L", "roam", path_str(&base)],
+    );
+    let fast = ChunkServer::start(&cas.store, &[]);
+    commit_version(&fast.url, path_str(&base), IMAGE, &[]);
+    (cas, fast)
+}
+
+/// `roamdisk suspend SESS --qmp QMP --to-media MEDIA EXTRA...`; its stdout.
+fn suspend(sess: &Path, qmp: &Path, media: &Path, extra: &[&str]) -> String {
+    let t0 = Instant::now();
+    let out = run_stdout(
+        path_str(&common::bin()),
+        &[
+            &[
+                "suspend",
+                path_str(sess),
+                "--qmp",
+                path_str(qmp),
+                "--to-media",
+                path_str(media),
+            ],
+            extra,
+        ]
+        .concat(),
+    );
+    println!("suspend took {:.2} s:\n{out}", t0.elapsed().as_secs_f64());
+    assert!(out.contains("VM state"), "{out}");
+    out
+}
+
+/// `roamdisk resume IMAGE` into HOST/sess (HOST/shared its shared cache),
+/// MEDIA as lookaside, STORE as the store, served on HOST/resume.sock,
+/// handing the VM's state to the QEMU at HOST/guest-qmp.sock.
+fn resume(host: &Path, store: &str, media: &Path) -> Server {
+    std::fs::create_dir_all(host).expect("host folder");
+    Server::start_command(
+        host,
+        "resume.sock",
+        "resume",
+        &[
+            IMAGE,
+            "--store",
+            store,
+            "--session",
+            path_str(&host.join("sess")),
+            "--shared-cache",
+            path_str(&host.join("shared")),
+            "--lookaside",
+            path_str(media),
+            "--qmp",
+            path_str(&host.join("guest-qmp.sock")),
+        ],
+    )
+}
+
+/// The guest on `host`, its disk served on SOCKET; `incoming`: a QEMU
+/// waiting for a VM's state (`-incoming defer`).
+fn guest(host: &Path, socket: &Path, incoming: bool, count: u32) -> RunningGuest {
+    let g = Guest::new(host).nbd_disk(socket, "");
+    let g = if incoming {
+        g.qemu_args(&["-incoming", "defer"])
+    } else {
+        g
+    };
+    g.spawn(&script(count))
+}
+
+/// The resume process's report line on the VM's state, once it is there.
+fn restored_line(srv: &Server) -> String {
+    let t0 = Instant::now();
+    loop {
+        let out = srv.out_text();
+        if let Some(l) = out.lines().find(|l| l.contains("VM state")) {
+            return l.to_string();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no VM state line from resume:\n{out}\n{}",
+            srv.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The `count N;` numbers in a run's output, in order.
+fn counts(run: &GuestRun) -> Vec<u32> {
+    run.output
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("count "))
+        .filter_map(|n| n.strip_suffix(';'))
+        .map(|n| n.parse().expect("a count"))
+        .collect()
+}
+
+/// The guest's `boot ID` lines, in order.
+fn boots(run: &GuestRun) -> Vec<String> {
+    run.output
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("boot "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The hashes the guest's `sha256sum /mnt/a.bin` printed, in order.
+fn a_bin_hashes(run: &GuestRun) -> Vec<String> {
+    run.output
+        .lines()
+        .filter_map(|l| l.trim().strip_suffix("  /mnt/a.bin"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Commit the session SESS (through STORE), check the version out and
+/// check it: a clean ext4 whose /counter holds `1 ..= count`, one line
+/// each, its uptimes never going back nor jumping by more than 5 s.
+fn check_disk(store: &str, sess: &Path, dir: &Path, count: u32) {
+    let out = commit_session(sess, &["--store", store, "-m", "after roaming", "--json"]);
+    let v = json_str(&out, "version");
+    let image = dir.join("final.raw");
+    checkout(store, &format!("{IMAGE}@{}", &v[..12]), &image, &[]);
+    e2fsck_clean(&image);
+    let text = run_stdout("debugfs", &["-R", "cat /counter", path_str(&image)]);
+    let lines: Vec<(u32, f64)> = text
+        .lines()
+        .map(|l| {
+            let (i, up) = l.split_once(' ').unwrap_or_else(|| panic!("line {l:?}"));
+            (i.parse().expect("count"), up.parse().expect("uptime"))
+        })
+        .collect();
+    let want: Vec<u32> = (1..=count).collect();
+    assert_eq!(
+        lines.iter().map(|l| l.0).collect::<Vec<_>>(),
+        want,
+        "the counter file:\n{text}"
+    );
+    let max_step = lines
+        .windows(2)
+        .map(|w| w[1].1 - w[0].1)
+        .fold(0.0f64, f64::max);
+    let min_step = lines
+        .windows(2)
+        .map(|w| w[1].1 - w[0].1)
+        .fold(f64::MAX, f64::min);
+    println!("guest uptime steps between counter lines: {min_step:.2}-{max_step:.2} s");
+    assert!(min_step >= 0.0, "the guest's uptime went back:\n{text}");
+    assert!(max_step < 5.0, "the guest's uptime jumped:\n{text}");
+}
+
+/// Assert the whole run: one boot, counts 1..=COUNT across the hosts in
+/// order with no gap or repeat, /a.bin read back identical at the end.
+fn check_runs(runs: &[&GuestRun], count: u32) {
+    let all: Vec<u32> = runs.iter().flat_map(|r| counts(r)).collect();
+    assert_eq!(all, (1..=count).collect::<Vec<_>>(), "counter across hosts");
+    let ids: Vec<String> = runs.iter().flat_map(|r| boots(r)).collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert_eq!(ids[0], ids[1], "the guest booted again");
+    let hashes: Vec<String> = runs.iter().flat_map(|r| a_bin_hashes(r)).collect();
+    assert_eq!(hashes.len(), 2, "{hashes:?}");
+    assert_eq!(hashes[0], hashes[1], "/a.bin read back from the disk");
+    for r in runs {
+        assert!(
+            !r.console.contains("recovery") && !r.console.contains("EXT4-fs error"),
+            "the file system was recovered or failed:\n{}",
+            r.console
+        );
+    }
+}
+
+/// Host A runs the guest to count `at`, suspends it to MEDIA; returns
+/// A's finished run.
+fn run_on_a_and_suspend(
+    fast: &ChunkServer,
+    a: &Path,
+    media: &Path,
+    at: u32,
+    count: u32,
+) -> GuestRun {
+    std::fs::create_dir_all(a).expect("host A");
+    let sess = a.join("sess");
+    open_session(&fast.url, IMAGE, &sess, &[]);
+    let spec = format!(
+        "cas[shared-cache={}]:{}",
+        a.join("shared").display(),
+        sess.display()
+    );
+    let srv = Server::start(a, &[&spec]);
+    let mut g = guest(a, &srv.socket, false, count);
+    g.wait_output(&format!("count {at};"), GUEST_TIMEOUT);
+    let qmp = g.qmp_socket().to_path_buf();
+    suspend(&sess, &qmp, media, &[]);
+    let run = g.wait(Duration::from_secs(30));
+    assert!(
+        run.qemu_status.is_some_and(|s| s.success()),
+        "QEMU on host A did not quit after the suspend"
+    );
+    // The suspend ended the server (its session had to be committed).
+    let log = srv.log_text();
+    srv.stop();
+    assert!(log.contains("serving"), "{log}");
+    run
+}
+
+#[test]
+fn a_running_guest_roams_to_another_host_and_back_in_the_same_boot() {
+    const COUNT: u32 = 240;
+    let (cas, fast) = store_with_ext4();
+    let dir = cas.dir();
+    let slow = ChunkServer::start(&cas.store, &["--limit", "10Mbit", "--latency", "8ms"]);
+
+    let first = run_on_a_and_suspend(&fast, &dir.join("a"), &dir.join("usb"), 40, COUNT);
+
+    // Host B: the store behind a 10 Mbit/s link, the resume set at hand.
+    let b = dir.join("b");
+    let t0 = Instant::now();
+    let srv = resume(&b, &slow.url, &dir.join("usb"));
+    let mut g = guest(&b, &srv.socket, true, COUNT);
+    let line = restored_line(&srv);
+    println!(
+        "host B: running again {:.2} s after resume started: {line}",
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(line.contains("the VM is running"), "{line}");
+    assert!(
+        line.contains("0 B fetched"),
+        "the state came from the media: {line}"
+    );
+    g.wait_output("count 120;", GUEST_TIMEOUT);
+    // Back to host A: the return trip's commit goes over the fast link.
+    let qmp = g.qmp_socket().to_path_buf();
+    let out = suspend(
+        &b.join("sess"),
+        &qmp,
+        &dir.join("usb2"),
+        &["--store", &fast.url],
+    );
+    assert!(out.contains("the server of the session"), "{out}");
+    let second = g.wait(Duration::from_secs(30));
+    assert!(second.qemu_status.is_some_and(|s| s.success()));
+    drop(srv);
+
+    let a2 = dir.join("a2");
+    let srv = resume(&a2, &fast.url, &dir.join("usb2"));
+    let g = guest(&a2, &srv.socket, true, COUNT);
+    assert!(restored_line(&srv).contains("the VM is running"));
+    let third = g.wait(GUEST_TIMEOUT);
+    third.assert_ok();
+    srv.stop();
+    check_runs(&[&first, &second, &third], COUNT);
+    check_disk(&fast.url, &a2.join("sess"), &a2, COUNT);
+}
+
+#[test]
+fn a_resumed_guest_runs_on_from_the_media_with_the_store_gone() {
+    const COUNT: u32 = 80;
+    let (cas, fast) = store_with_ext4();
+    let dir = cas.dir();
+    let first = run_on_a_and_suspend(&fast, &dir.join("a"), &dir.join("usb"), 30, COUNT);
+
+    // Host B reaches the store through its own server, which goes away
+    // once resume has started: what the guest reads comes from the media.
+    let mut link = ChunkServer::start(&cas.store, &["--limit", "10Mbit"]);
+    let b = dir.join("b");
+    let srv = resume(&b, &link.url, &dir.join("usb"));
+    link.stop();
+    let g = guest(&b, &srv.socket, true, COUNT);
+    let line = restored_line(&srv);
+    assert!(line.contains("the VM is running"), "{line}");
+    let second = g.wait(GUEST_TIMEOUT);
+    second.assert_ok();
+    let log = srv.log_text();
+    srv.stop();
+    assert!(!log.contains("ERROR"), "{log}");
+    check_runs(&[&first, &second], COUNT);
+    check_disk(&fast.url, &b.join("sess"), &b, COUNT);
+}
