@@ -235,14 +235,55 @@ fn check_runs(runs: &[&GuestRun], count: u32) {
     }
 }
 
+/// A suspend whose store goes away while the VM's state streams in
+/// (an 8 Mbit/s link killed after 1.5 s): it fails, commits nothing, and
+/// the guest runs on — checked by waiting for it to count to `then`.
+fn failed_suspend(g: &mut RunningGuest, sess: &Path, store: &Path, then: u32) {
+    let mut link = ChunkServer::start(store, &["--limit", "8Mbit"]);
+    let mut child = std::process::Command::new(common::bin())
+        .args(["suspend", path_str(sess), "--qmp", path_str(g.qmp_socket())])
+        .args(["--store", &link.url])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("roamdisk suspend");
+    std::thread::sleep(Duration::from_millis(1500));
+    link.stop();
+    let t0 = Instant::now();
+    let mut err = String::new();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for suspend") {
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "suspend hangs with its store gone"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    println!(
+        "failed suspend ({:.2} s after the store went): {err}",
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("nothing was committed and the VM runs on"),
+        "{err}"
+    );
+    g.wait_output(&format!("count {then};"), GUEST_TIMEOUT);
+}
+
 /// Host A runs the guest to count `at`, suspends it to MEDIA; returns
-/// A's finished run.
+/// A's finished run. With `fail_first`, a suspend that fails comes first
+/// (at `at`; the real one then at `at + 10`).
 fn run_on_a_and_suspend(
     fast: &ChunkServer,
     a: &Path,
     media: &Path,
     at: u32,
     count: u32,
+    fail_first: Option<&Path>,
 ) -> GuestRun {
     std::fs::create_dir_all(a).expect("host A");
     let sess = a.join("sess");
@@ -255,6 +296,9 @@ fn run_on_a_and_suspend(
     let srv = Server::start(a, &[&spec]);
     let mut g = guest(a, &srv.socket, false, count);
     g.wait_output(&format!("count {at};"), GUEST_TIMEOUT);
+    if let Some(store) = fail_first {
+        failed_suspend(&mut g, &sess, store, at + 10);
+    }
     let qmp = g.qmp_socket().to_path_buf();
     suspend(&sess, &qmp, media, &[]);
     let run = g.wait(Duration::from_secs(30));
@@ -276,7 +320,7 @@ fn a_running_guest_roams_to_another_host_and_back_in_the_same_boot() {
     let dir = cas.dir();
     let slow = ChunkServer::start(&cas.store, &["--limit", "10Mbit", "--latency", "8ms"]);
 
-    let first = run_on_a_and_suspend(&fast, &dir.join("a"), &dir.join("usb"), 40, COUNT);
+    let first = run_on_a_and_suspend(&fast, &dir.join("a"), &dir.join("usb"), 40, COUNT, None);
 
     // Host B: the store behind a 10 Mbit/s link, the resume set at hand.
     let b = dir.join("b");
@@ -318,12 +362,21 @@ fn a_running_guest_roams_to_another_host_and_back_in_the_same_boot() {
     check_disk(&fast.url, &a2.join("sess"), &a2, COUNT);
 }
 
+/// Also: a suspend on host A whose store goes away mid-stream fails,
+/// commits nothing, and the guest runs on there.
 #[test]
 fn a_resumed_guest_runs_on_from_the_media_with_the_store_gone() {
     const COUNT: u32 = 80;
     let (cas, fast) = store_with_ext4();
     let dir = cas.dir();
-    let first = run_on_a_and_suspend(&fast, &dir.join("a"), &dir.join("usb"), 30, COUNT);
+    let first = run_on_a_and_suspend(
+        &fast,
+        &dir.join("a"),
+        &dir.join("usb"),
+        20,
+        COUNT,
+        Some(&cas.store),
+    );
 
     // Host B reaches the store through its own server, which goes away
     // once resume has started: what the guest reads comes from the media.

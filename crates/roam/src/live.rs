@@ -193,7 +193,16 @@ fn migrate_out(
                 .try_clone()
                 .map_err(|e| io(e, "the migration socket"))?;
             let upload = scope.spawn(move || {
-                upload_memory_stream(up, reader, chunk_size, encrypted, hint, progress)
+                let shut = reader.try_clone();
+                let r = upload_memory_stream(up, reader, chunk_size, encrypted, hint, progress);
+                if r.is_err() {
+                    // QEMU is told at once (its writes fail): the
+                    // migration ends as failed instead of waiting on us.
+                    if let Ok(s) = shut {
+                        let _ = s.shutdown(std::net::Shutdown::Both);
+                    }
+                }
+                r
             });
             let m = qmp.wait_migration(Duration::from_secs(24 * 3600), |_| true);
             if !matches!(&m, Ok(m) if m.status == "completed") {
@@ -201,11 +210,14 @@ fn migrate_out(
                 let _ = stream.shutdown(std::net::Shutdown::Both);
             }
             let memory = upload.join().expect("the memory upload does not panic");
-            let m = m.map_err(vmm)?;
-            if m.status != "completed" {
-                return Err(failed(&m, "outgoing"));
+            // The store's failure is the cause when there is one (QEMU
+            // then only saw its socket closed).
+            match (memory, m) {
+                (Err(e), _) => Err(e),
+                (Ok(_), Err(e)) => Err(vmm(e)),
+                (Ok(_), Ok(m)) if m.status != "completed" => Err(failed(&m, "outgoing")),
+                (Ok(memory), Ok(_)) => Ok(memory),
             }
-            memory
         })
     })();
     if r.is_err() {
