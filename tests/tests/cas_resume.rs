@@ -364,3 +364,75 @@ fn after_resume_the_medium_alone_carries_what_the_guest_wrote() {
         "with the store gone, the session could not read what it wrote on host A"
     );
 }
+
+/// `resume --exec` serves until its command ends and fails when it does;
+/// `--qmp` needs the disk served, and a QEMU that never answers ends the
+/// resume with an error that says how to start it.
+#[test]
+fn resume_exec_serves_until_the_command_ends_and_qmp_failures_are_clear() {
+    let s = suspended();
+    let dir = s.cas.dir();
+    let shared = dir.join("shared-exec").display().to_string();
+    let base = |name: &str| -> Vec<String> {
+        vec![
+            "resume".into(),
+            "u/vm".into(),
+            "--store".into(),
+            s.server.url.clone(),
+            "--session".into(),
+            dir.join(name).display().to_string(),
+            "--shared-cache".into(),
+            shared.clone(),
+            "--socket".into(),
+            dir.join(format!("{name}.sock")).display().to_string(),
+        ]
+    };
+    let run = |mut args: Vec<String>, extra: &[&str]| {
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let t0 = std::time::Instant::now();
+        let o = common::roamdisk(&argv);
+        (o, t0.elapsed())
+    };
+    // The command reads what the first session wrote, then serving ends.
+    let (o, _) = run(
+        base("e1"),
+        &[
+            "--exec",
+            "qemu-io -f raw -c 'read -P 0x5a 4194304 65536' \"$ROAMDISK_NBD_URI\"",
+        ],
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("read 65536/65536") && !out.contains("Pattern verification failed"),
+        "{out}"
+    );
+    // A failing command fails the resume.
+    let (o, _) = run(base("e2"), &["--exec", "exit 3"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("--exec command failed"),
+        "{err}"
+    );
+    // --qmp without serving says what is missing.
+    let mut no_socket = base("e3");
+    no_socket.truncate(no_socket.len() - 2);
+    let (o, _) = run(no_socket, &["--qmp", "/nonexistent/q.sock"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("--socket"), "{err}");
+    // No QEMU behind the QMP socket: the resume ends, saying how to start one.
+    let q = dir.join("none.qmp");
+    let (o, took) = run(base("e4"), &["--qmp", path_str(&q), "--qmp-wait", "1s"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("-qmp unix:") && err.contains("could not be resumed"),
+        "{err}"
+    );
+    assert!(took < std::time::Duration::from_secs(30), "{took:?}");
+}

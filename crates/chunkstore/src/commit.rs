@@ -619,3 +619,63 @@ pub fn commit_image<S: ChunkWrite + RefStore + LeaseStore + ?Sized>(
     };
     finish_commit(store, up, &version, opts, started, None)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::mem::MemStore;
+    use crate::store::{ChunkRead, StoreConfig, StoreLayer};
+    use roamdisk_blockdev::progress::NoProgress;
+
+    /// A reader handing out at most 1000 bytes per call, as a socket does.
+    struct Trickle<'a>(&'a [u8]);
+
+    impl Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.0.len()).min(1000);
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_memory_stream_of_any_length_is_chunked_like_a_file_across_batches() {
+        let store = MemStore::new(StoreConfig::default());
+        let chunk = 64 << 10;
+        // Past one batch, not a whole number of chunks or sectors; one
+        // zero chunk in the middle.
+        let len = BATCH_BYTES + 3 * chunk + 777;
+        let mut x = 7u64;
+        let mut data: Vec<u8> = (0..len)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                (x >> 56) as u8
+            })
+            .collect();
+        data[2 * chunk..3 * chunk].fill(0);
+        let mut up = Uploader::begin(&store, false).unwrap();
+        let m = upload_memory_stream(&mut up, Trickle(&data), chunk as u32, false, 0, &NoProgress)
+            .unwrap();
+        assert_eq!(m.size, len as u64);
+        assert_eq!(m.ids.len(), len.div_ceil(chunk));
+        let codec = store.config().codec();
+        for (i, piece) in data.chunks(chunk).enumerate() {
+            if i == 2 {
+                assert!(m.ids[i].is_zero(), "a zero chunk is stored as nothing");
+                continue;
+            }
+            assert_eq!(m.ids[i], codec.hash.hash(piece), "chunk {i}");
+            let obj = store.get(&m.ids[i]).unwrap();
+            assert_eq!(
+                codec.open(&m.ids[i], None, &obj).unwrap(),
+                piece,
+                "chunk {i}"
+            );
+        }
+        // An empty stream is an empty image.
+        let e = upload_memory_stream(&mut up, Trickle(&[]), chunk as u32, false, 0, &NoProgress)
+            .unwrap();
+        assert_eq!(e, Memory::default());
+    }
+}

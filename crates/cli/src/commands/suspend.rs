@@ -25,7 +25,8 @@ use crate::store_args::{short, Filters, StoreArgs};
 /// straight into the store as the memory image (QEMU's migration stream,
 /// chunked as it comes: no file the size of RAM), QEMU quits (it must not
 /// run on: the disk is committed), the process serving the session
-/// (`roamdisk serve` or `resume`) is asked to end, and the session is
+/// (`roamdisk serve` or `resume`; serve the session alone in it) is asked
+/// to end, and the session is
 /// committed. If the state cannot be stored, nothing is committed and the
 /// VM runs on. `roamdisk resume --qmp` continues it on the next host.
 ///
