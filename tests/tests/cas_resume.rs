@@ -85,24 +85,31 @@ fn suspended() -> Suspended {
     }
 }
 
-/// `roamdisk resume u/vm` into a new session (another host: its own
-/// shared cache), with lookaside MEDIA; returns the JSON report.
-fn resume(s: &Suspended, name: &str, media: &[&Path], shared: &str) -> String {
-    let dir = s.cas.dir();
-    let mem_out = dir.join(format!("{name}.mem"));
-    let mut args = vec![
+/// `roamdisk resume u/vm --store URL --session DIR/NAME --shared-cache
+/// SHARED`.
+fn resume_args(s: &Suspended, name: &str, shared: &str) -> Vec<String> {
+    vec![
         "resume".to_string(),
         "u/vm".into(),
         "--store".into(),
         s.server.url.clone(),
         "--session".into(),
-        dir.join(name).display().to_string(),
+        s.cas.dir().join(name).display().to_string(),
         "--shared-cache".into(),
         shared.into(),
+    ]
+}
+
+/// `roamdisk resume u/vm` into a new session (another host: its own
+/// shared cache), with lookaside MEDIA; returns the JSON report.
+fn resume(s: &Suspended, name: &str, media: &[&Path], shared: &str) -> String {
+    let mem_out = s.cas.dir().join(format!("{name}.mem"));
+    let mut args = resume_args(s, name, shared);
+    args.extend([
         "--memory-out".into(),
         mem_out.display().to_string(),
         "--json".into(),
-    ];
+    ]);
     for m in media {
         args.push("--lookaside".into());
         args.push(m.display().to_string());
@@ -374,18 +381,12 @@ fn resume_exec_serves_until_the_command_ends_and_qmp_failures_are_clear() {
     let dir = s.cas.dir();
     let shared = dir.join("shared-exec").display().to_string();
     let base = |name: &str| -> Vec<String> {
-        vec![
-            "resume".into(),
-            "u/vm".into(),
-            "--store".into(),
-            s.server.url.clone(),
-            "--session".into(),
-            dir.join(name).display().to_string(),
-            "--shared-cache".into(),
-            shared.clone(),
+        let mut a = resume_args(&s, name, &shared);
+        a.extend([
             "--socket".into(),
             dir.join(format!("{name}.sock")).display().to_string(),
-        ]
+        ]);
+        a
     };
     let run = |mut args: Vec<String>, extra: &[&str]| {
         args.extend(extra.iter().map(|a| a.to_string()));

@@ -151,31 +151,20 @@ fn restored_line(srv: &Server) -> String {
     }
 }
 
+/// The guest's output lines PREFIX...SUFFIX, what lies between, in order.
+fn between(run: &GuestRun, prefix: &str, suffix: &str) -> Vec<String> {
+    run.output
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix(prefix)?.strip_suffix(suffix))
+        .map(str::to_string)
+        .collect()
+}
+
 /// The `count N;` numbers in a run's output, in order.
 fn counts(run: &GuestRun) -> Vec<u32> {
-    run.output
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("count "))
-        .filter_map(|n| n.strip_suffix(';'))
+    between(run, "count ", ";")
+        .iter()
         .map(|n| n.parse().expect("a count"))
-        .collect()
-}
-
-/// The guest's `boot ID` lines, in order.
-fn boots(run: &GuestRun) -> Vec<String> {
-    run.output
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("boot "))
-        .map(str::to_string)
-        .collect()
-}
-
-/// The hashes the guest's `sha256sum /mnt/a.bin` printed, in order.
-fn a_bin_hashes(run: &GuestRun) -> Vec<String> {
-    run.output
-        .lines()
-        .filter_map(|l| l.trim().strip_suffix("  /mnt/a.bin"))
-        .map(str::to_string)
         .collect()
 }
 
@@ -220,10 +209,13 @@ fn check_disk(store: &str, sess: &Path, dir: &Path, count: u32) {
 fn check_runs(runs: &[&GuestRun], count: u32) {
     let all: Vec<u32> = runs.iter().flat_map(|r| counts(r)).collect();
     assert_eq!(all, (1..=count).collect::<Vec<_>>(), "counter across hosts");
-    let ids: Vec<String> = runs.iter().flat_map(|r| boots(r)).collect();
+    let ids: Vec<String> = runs.iter().flat_map(|r| between(r, "boot ", "")).collect();
     assert_eq!(ids.len(), 2, "{ids:?}");
     assert_eq!(ids[0], ids[1], "the guest booted again");
-    let hashes: Vec<String> = runs.iter().flat_map(|r| a_bin_hashes(r)).collect();
+    let hashes: Vec<String> = runs
+        .iter()
+        .flat_map(|r| between(r, "", "  /mnt/a.bin"))
+        .collect();
     assert_eq!(hashes.len(), 2, "{hashes:?}");
     assert_eq!(hashes[0], hashes[1], "/a.bin read back from the disk");
     for r in runs {
