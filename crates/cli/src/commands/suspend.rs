@@ -26,16 +26,16 @@ use crate::store_args::{short, Filters, StoreArgs};
 /// chunked as it comes: no file the size of RAM), QEMU quits (it must not
 /// run on: the disk is committed), the process serving the session
 /// (`roamdisk serve` or `resume`; serve the session alone in it) is asked
-/// to end, and the session is
-/// committed. If the state cannot be stored, nothing is committed and the
-/// VM runs on. `roamdisk resume --qmp` continues it on the next host.
+/// to end, and the session is committed. If the state cannot be stored,
+/// nothing is committed and the VM runs on. `roamdisk resume --qmp`
+/// continues it on the next host.
 ///
 /// Otherwise stop the VM first (or have it save its memory to a file for
 /// --memory), and stop the process serving the session.
 ///
 /// --to-media DIR writes the resume set (the version package, the memory
-/// image and the working-set chunks, as stored: compressed or encrypted)
-/// to a folder, e.g. on a USB key; give it to `roamdisk resume
+/// image, the working-set chunks and the chunks the guest wrote, as
+/// stored: compressed or encrypted) to a folder, e.g. on a USB key; give it to `roamdisk resume
 /// --lookaside DIR` on the next host. Every chunk read from it is
 /// verified, so a stale or damaged copy costs only speed.
 ///
