@@ -15,7 +15,7 @@ mod cas_common;
 mod common;
 mod guest_common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cas_common::{
@@ -28,7 +28,11 @@ const MIB: u64 = 1 << 20;
 const IMAGE: &str = "alice/vm";
 const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The guest: writes /a.bin (4 MiB, synced: on the disk before any
+/// A line the guest keeps 2,000 times in its RAM (a tmpfs file): in the
+/// memory image, never in an encrypted store in plaintext.
+const MARKER: &str = "TOP-SECRET-MEMORY-MARKER-2718281828";
+
+/// The guest: keeps MARKER in RAM, writes /a.bin (4 MiB, synced: on the disk before any
 /// suspend) and prints its hash, then counts to COUNT, a line `I UPTIME`
 /// in /counter every 100 ms; then re-reads /a.bin from the disk (caches
 /// dropped), prints its hash and the boot id again, unmounts and powers
@@ -38,6 +42,8 @@ fn script(count: u32) -> String {
         r#"
 mount -t ext4 /dev/vda /mnt
 echo "boot $(cat /proc/sys/kernel/random/boot_id)"
+i=0
+while [ $i -lt 2000 ]; do echo {MARKER}; i=$((i+1)); done >/tmp/marker
 dd if=/dev/urandom of=/mnt/a.bin bs=64k count=64 2>/dev/null
 sync
 sha256sum /mnt/a.bin
@@ -55,12 +61,14 @@ echo "boot $(cat /proc/sys/kernel/random/boot_id)"
 umount /mnt
 "#
     )
+    .replace("{MARKER}", MARKER)
 }
 
 /// The store (a folder, served at full speed) holding IMAGE: a 128 MiB
-/// empty ext4 file system made on the host.
-fn store_with_ext4() -> (Cas, ChunkServer) {
-    let cas = Cas::new();
+/// empty ext4 file system made on the host; with `encrypt`, encrypted
+/// with a new key, whose file is returned.
+fn store_with_ext4(encrypt: bool) -> (Cas, ChunkServer, Option<PathBuf>) {
+    let cas = Cas::local();
     let base = cas.dir().join("base.raw");
     std::fs::File::create(&base)
         .and_then(|f| f.set_len(128 * MIB))
@@ -70,8 +78,13 @@ fn store_with_ext4() -> (Cas, ChunkServer) {
         &["-q", "-F", "-t", "ext4", "-L", "roam", path_str(&base)],
     );
     let fast = ChunkServer::start(&cas.store, &[]);
-    commit_version(&fast.url, path_str(&base), IMAGE, &[]);
-    (cas, fast)
+    let key = encrypt.then(|| cas.dir().join("alice.key"));
+    let extra: Vec<&str> = match &key {
+        Some(k) => vec!["--encrypt", "--key-file", path_str(k)],
+        None => Vec::new(),
+    };
+    commit_version(&fast.url, path_str(&base), IMAGE, &extra);
+    (cas, fast, key)
 }
 
 /// `roamdisk suspend SESS --qmp QMP --to-media MEDIA EXTRA...`; its stdout.
@@ -100,25 +113,29 @@ fn suspend(sess: &Path, qmp: &Path, media: &Path, extra: &[&str]) -> String {
 /// `roamdisk resume IMAGE` into HOST/sess (HOST/shared its shared cache),
 /// MEDIA as lookaside, STORE as the store, served on HOST/resume.sock,
 /// handing the VM's state to the QEMU at HOST/guest-qmp.sock.
-fn resume(host: &Path, store: &str, media: &Path) -> Server {
+fn resume(host: &Path, store: &str, media: &Path, extra: &[&str]) -> Server {
     std::fs::create_dir_all(host).expect("host folder");
     Server::start_command(
         host,
         "resume.sock",
         "resume",
         &[
-            IMAGE,
-            "--store",
-            store,
-            "--session",
-            path_str(&host.join("sess")),
-            "--shared-cache",
-            path_str(&host.join("shared")),
-            "--lookaside",
-            path_str(media),
-            "--qmp",
-            path_str(&host.join("guest-qmp.sock")),
-        ],
+            &[
+                IMAGE,
+                "--store",
+                store,
+                "--session",
+                path_str(&host.join("sess")),
+                "--shared-cache",
+                path_str(&host.join("shared")),
+                "--lookaside",
+                path_str(media),
+                "--qmp",
+                path_str(&host.join("guest-qmp.sock")),
+            ],
+            extra,
+        ]
+        .concat(),
     )
 }
 
@@ -171,11 +188,11 @@ fn counts(run: &GuestRun) -> Vec<u32> {
 /// Commit the session SESS (through STORE), check the version out and
 /// check it: a clean ext4 whose /counter holds `1 ..= count`, one line
 /// each, its uptimes never going back nor jumping by more than 5 s.
-fn check_disk(store: &str, sess: &Path, dir: &Path, count: u32) {
+fn check_disk(store: &str, sess: &Path, dir: &Path, count: u32, extra: &[&str]) {
     let out = commit_session(sess, &["--store", store, "-m", "after roaming", "--json"]);
     let v = json_str(&out, "version");
     let image = dir.join("final.raw");
-    checkout(store, &format!("{IMAGE}@{}", &v[..12]), &image, &[]);
+    checkout(store, &format!("{IMAGE}@{}", &v[..12]), &image, extra);
     e2fsck_clean(&image);
     let text = run_stdout("debugfs", &["-R", "cat /counter", path_str(&image)]);
     let lines: Vec<(u32, f64)> = text
@@ -276,10 +293,11 @@ fn run_on_a_and_suspend(
     at: u32,
     count: u32,
     fail_first: Option<&Path>,
+    session_args: &[&str],
 ) -> GuestRun {
     std::fs::create_dir_all(a).expect("host A");
     let sess = a.join("sess");
-    open_session(&fast.url, IMAGE, &sess, &[]);
+    open_session(&fast.url, IMAGE, &sess, session_args);
     let spec = format!(
         "cas[shared-cache={}]:{}",
         a.join("shared").display(),
@@ -308,16 +326,24 @@ fn run_on_a_and_suspend(
 #[test]
 fn a_running_guest_roams_to_another_host_and_back_in_the_same_boot() {
     const COUNT: u32 = 240;
-    let (cas, fast) = store_with_ext4();
+    let (cas, fast, _) = store_with_ext4(false);
     let dir = cas.dir();
     let slow = ChunkServer::start(&cas.store, &["--limit", "10Mbit", "--latency", "8ms"]);
 
-    let first = run_on_a_and_suspend(&fast, &dir.join("a"), &dir.join("usb"), 40, COUNT, None);
+    let first = run_on_a_and_suspend(
+        &fast,
+        &dir.join("a"),
+        &dir.join("usb"),
+        40,
+        COUNT,
+        None,
+        &[],
+    );
 
     // Host B: the store behind a 10 Mbit/s link, the resume set at hand.
     let b = dir.join("b");
     let t0 = Instant::now();
-    let srv = resume(&b, &slow.url, &dir.join("usb"));
+    let srv = resume(&b, &slow.url, &dir.join("usb"), &[]);
     let mut g = guest(&b, &srv.socket, true, COUNT);
     let line = restored_line(&srv);
     println!(
@@ -344,22 +370,25 @@ fn a_running_guest_roams_to_another_host_and_back_in_the_same_boot() {
     drop(srv);
 
     let a2 = dir.join("a2");
-    let srv = resume(&a2, &fast.url, &dir.join("usb2"));
+    let srv = resume(&a2, &fast.url, &dir.join("usb2"), &[]);
     let g = guest(&a2, &srv.socket, true, COUNT);
     assert!(restored_line(&srv).contains("the VM is running"));
     let third = g.wait(GUEST_TIMEOUT);
     third.assert_ok();
     srv.stop();
     check_runs(&[&first, &second, &third], COUNT);
-    check_disk(&fast.url, &a2.join("sess"), &a2, COUNT);
+    check_disk(&fast.url, &a2.join("sess"), &a2, COUNT, &[]);
 }
 
-/// Also: a suspend on host A whose store goes away mid-stream fails,
-/// commits nothing, and the guest runs on there.
+/// On an encrypted image. Also: a suspend on host A whose store goes away
+/// mid-stream fails, commits nothing, and the guest runs on there; and
+/// the VM's memory reaches the store and the media only encrypted.
 #[test]
 fn a_resumed_guest_runs_on_from_the_media_with_the_store_gone() {
     const COUNT: u32 = 80;
-    let (cas, fast) = store_with_ext4();
+    let (cas, fast, key) = store_with_ext4(true);
+    let key = key.expect("an encrypted image's key");
+    let key_args = ["--key-file", path_str(&key)];
     let dir = cas.dir();
     let first = run_on_a_and_suspend(
         &fast,
@@ -368,13 +397,14 @@ fn a_resumed_guest_runs_on_from_the_media_with_the_store_gone() {
         20,
         COUNT,
         Some(&cas.store),
+        &key_args,
     );
 
     // Host B reaches the store through its own server, which goes away
     // once resume has started: what the guest reads comes from the media.
     let mut link = ChunkServer::start(&cas.store, &["--limit", "10Mbit"]);
     let b = dir.join("b");
-    let srv = resume(&b, &link.url, &dir.join("usb"));
+    let srv = resume(&b, &link.url, &dir.join("usb"), &key_args);
     link.stop();
     let g = guest(&b, &srv.socket, true, COUNT);
     let line = restored_line(&srv);
@@ -382,8 +412,50 @@ fn a_resumed_guest_runs_on_from_the_media_with_the_store_gone() {
     let second = g.wait(GUEST_TIMEOUT);
     second.assert_ok();
     let log = srv.log_text();
+    let resumed = srv.out_text();
     srv.stop();
     assert!(!log.contains("ERROR"), "{log}");
     check_runs(&[&first, &second], COUNT);
-    check_disk(&fast.url, &b.join("sess"), &b, COUNT);
+    check_disk(&fast.url, &b.join("sess"), &b, COUNT, &key_args);
+
+    // The VM's memory went to the store and the media encrypted like the
+    // disk: the marker it held in RAM is in no object there, and is in
+    // the memory image the key decrypts.
+    let mut files = cas_common::store_files(&cas.store);
+    files.extend(cas_common::store_files(&dir.join("usb")));
+    assert!(files.len() > 100, "{} objects", files.len());
+    for f in &files {
+        let bytes = std::fs::read(f).expect("a stored object");
+        assert!(
+            !bytes.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()),
+            "plaintext guest memory in {}",
+            f.display()
+        );
+    }
+    let version = resumed
+        .split_once(&format!("resumed {IMAGE}@"))
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no version in resume's report:\n{resumed}"))
+        .to_string();
+    let mem = dir.join("memory.out");
+    cas_common::rd(&[
+        "resume",
+        &format!("{IMAGE}@{version}"),
+        "--store",
+        &fast.url,
+        "--session",
+        path_str(&dir.join("check")),
+        "--shared-cache",
+        "off",
+        "--memory-out",
+        path_str(&mem),
+        "--key-file",
+        path_str(&key),
+    ]);
+    let plain = std::fs::read(&mem).expect("the memory image");
+    assert!(
+        plain.windows(MARKER.len()).any(|w| w == MARKER.as_bytes()),
+        "the marker is not in the decrypted memory image ({} bytes)",
+        plain.len()
+    );
 }
