@@ -132,11 +132,13 @@ impl Progress for Reporter {
         s.last = Instant::now();
         match self.mode {
             Mode::Bar => {
-                let template = match unit {
-                    Unit::Bytes => {
+                let template = match (unit, total) {
+                    // A stream of unknown length (a VM's migration stream).
+                    (Unit::Bytes, 0) => "{msg:>16} {bytes} {bytes_per_sec}",
+                    (Unit::Bytes, _) => {
                         "{msg:>16} [{bar:36}] {bytes}/{total_bytes} {bytes_per_sec} {eta} left"
                     }
-                    Unit::Items => "{msg:>16} [{bar:36}] {percent:>3}% {eta} left",
+                    (Unit::Items, _) => "{msg:>16} [{bar:36}] {percent:>3}% {eta} left",
                 };
                 let b = ProgressBar::new(total);
                 b.set_style(

@@ -187,7 +187,9 @@ fn migrate_out(
         )
         .map_err(vmm)?;
         let stream = accept(&listener, qmp)?;
-        let hint = qmp.migration().map(|m| m.total).unwrap_or(0);
+        // The stream's length is not known ahead (zero pages take a few
+        // bytes each): the progress shows bytes so far.
+        let hint = 0;
         std::thread::scope(|scope| {
             let reader = stream
                 .try_clone()
