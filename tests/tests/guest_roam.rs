@@ -256,7 +256,21 @@ fn failed_suspend(g: &mut RunningGuest, sess: &Path, store: &Path, then: u32) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("roamdisk suspend");
-    std::thread::sleep(Duration::from_millis(1500));
+    // The VM stops (its counter stands still) once the suspend has
+    // begun: the state is then streaming into the store.
+    let t0 = Instant::now();
+    let mut seen = (g.output().len(), Instant::now());
+    while seen.1.elapsed() < Duration::from_millis(1500) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the VM never stopped"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        let n = g.output().len();
+        if n != seen.0 {
+            seen = (n, Instant::now());
+        }
+    }
     link.stop();
     let t0 = Instant::now();
     let mut err = String::new();
@@ -317,9 +331,13 @@ fn run_on_a_and_suspend(
         "QEMU on host A did not quit after the suspend"
     );
     // The suspend ended the server (its session had to be committed).
-    let log = srv.log_text();
-    srv.stop();
-    assert!(log.contains("serving"), "{log}");
+    let mut srv = srv;
+    let ended = srv.ended_within(Duration::from_secs(5));
+    assert!(
+        ended.is_some(),
+        "the server of the suspended session still runs:\n{}",
+        srv.log_text()
+    );
     run
 }
 

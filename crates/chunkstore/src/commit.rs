@@ -354,6 +354,9 @@ pub fn take_memory<S: ChunkWrite + LeaseStore + ?Sized>(
     match image {
         None => Ok(Memory::default()),
         Some(MemoryImage::Uploaded { memory, stats }) => {
+            // Under this commit's lease from now on (the uploader that
+            // stored them may have been idle longer than a lease lasts).
+            up.claim(&memory.ids)?;
             up.stats += *stats;
             up.memory = *stats;
             Ok(memory.clone())

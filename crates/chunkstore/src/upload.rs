@@ -144,6 +144,21 @@ impl<'a, S: ChunkWrite + LeaseStore + ?Sized> Uploader<'a, S> {
         Ok(())
     }
 
+    /// Touch `ids` (uploaded earlier, by another uploader) under this
+    /// uploader's lease, so that a gc keeps them until the version naming
+    /// them is in the catalog; an error if any is gone.
+    pub fn claim(&self, ids: &[ChunkId]) -> Result<()> {
+        self.refresh()?;
+        let ids: Vec<ChunkId> = ids.iter().filter(|id| !id.is_zero()).copied().collect();
+        let have = self.store.has_many(&ids, true)?;
+        if let Some((id, _)) = ids.iter().zip(&have).find(|(_, h)| !**h) {
+            return Err(crate::error::corrupt(format!(
+                "object {id}, uploaded earlier in this commit, is gone from the store (a gc removed it?)"
+            )));
+        }
+        Ok(())
+    }
+
     /// Store `chunks` (record number, content) and set their records in
     /// `index`. Content shorter than the chunk size is allowed only for
     /// the last record.

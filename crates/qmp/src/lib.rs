@@ -76,6 +76,10 @@ pub struct Qmp {
     writer: UnixStream,
     /// Events received so far (`{"event": NAME, "data": ...}`).
     pub events: Vec<Value>,
+    /// The `id` of the next command: a reply carries it back, so a late
+    /// reply to an earlier command (one that timed out) is never taken
+    /// for the answer to a later one.
+    next_id: u64,
 }
 
 impl Qmp {
@@ -111,6 +115,7 @@ impl Qmp {
             reader: BufReader::new(stream),
             writer,
             events: Vec::new(),
+            next_id: 1,
         };
         let greeting = q.message("the greeting")?;
         if greeting.get("QMP").is_none() {
@@ -169,7 +174,9 @@ impl Qmp {
 
     /// Run `command` with `arguments`; its `return` value.
     pub fn execute(&mut self, command: &str, arguments: Option<Value>) -> Result<Value> {
-        let mut msg = json!({ "execute": command });
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut msg = json!({ "execute": command, "id": id });
         if let Some(a) = arguments {
             msg["arguments"] = a;
         }
@@ -179,6 +186,14 @@ impl Qmp {
         })?;
         loop {
             let m = self.message(&format!("`{command}`"))?;
+            if m.get("event").is_some() {
+                self.events.push(m);
+                continue;
+            }
+            // A reply to an earlier command (it timed out here): skip it.
+            if m.get("id").is_some_and(|i| i.as_u64() != Some(id)) {
+                continue;
+            }
             if let Some(r) = m.get("return") {
                 return Ok(r.clone());
             }
@@ -189,10 +204,6 @@ impl Qmp {
                     class: field("class"),
                     desc: field("desc"),
                 });
-            }
-            if m.get("event").is_some() {
-                self.events.push(m);
-                continue;
             }
             return Err(self.unexpected(format!("unexpected message {m}")));
         }
@@ -251,6 +262,8 @@ impl Qmp {
             Ok(_) | Err(Error::Closed { .. }) => {}
             Err(e) => return Err(e),
         }
+        // Events may still come while QEMU exits; the read timeout bounds
+        // a QEMU that never closes.
         loop {
             match self.message("QEMU to exit") {
                 Ok(_) => continue,
@@ -300,6 +313,8 @@ mod tests {
         d
     }
 
+    /// Replies, events, errors, and a late reply to an earlier command
+    /// (id 1, `qmp_capabilities`) skipped.
     #[test]
     fn replies_events_and_errors() {
         let d = tmp("replies");
@@ -320,7 +335,10 @@ mod tests {
                 ),
                 (
                     "query-migrate",
-                    vec![r#"{"return": {"status": "failed", "error-desc": "broken pipe"}}"#],
+                    vec![
+                        r#"{"return": {"status": "active"}, "id": 1}"#,
+                        r#"{"return": {"status": "failed", "error-desc": "broken pipe"}, "id": 4}"#,
+                    ],
                 ),
                 ("quit", vec![]),
             ],

@@ -94,6 +94,10 @@ fn failed(m: &Migration, side: &str) -> roamdisk_blockdev::Error {
 /// socket once asked.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long an outgoing migration may send nothing before it is given up
+/// (the store stalled; the VM runs on).
+const STALL_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// The memory image a live suspend took.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Saved {
@@ -131,7 +135,18 @@ pub fn save_vm(
     }
     let was_running = state == "running";
     if was_running {
-        qmp.execute("stop", None).map_err(vmm)?;
+        if let Err(e) = qmp.execute("stop", None) {
+            // `stop` drains the guest's disks and may time out here; QEMU
+            // may stop later. Do not leave it so without saying.
+            let back = match qmp.execute("cont", None) {
+                Ok(_) => "the VM was continued",
+                Err(_) => "the VM may be stopped: check it (QMP query-status) and continue it",
+            };
+            return Err(roamdisk_chunkstore::error::context(
+                vmm(e),
+                format!("QEMU did not stop the VM; nothing was stored and {back}"),
+            ));
+        }
     }
     let before = up.stats;
     let r = migrate_out(qmp, up, chunk_size, encrypted, progress);
@@ -206,7 +221,18 @@ fn migrate_out(
                 }
                 r
             });
-            let m = qmp.wait_migration(Duration::from_secs(24 * 3600), |_| true);
+            // A stream that stops moving (a store that stalls without
+            // failing) ends the wait: the migration is cancelled below.
+            let mut last = (0u64, Instant::now());
+            let m = qmp.wait_migration(Duration::from_secs(24 * 3600), |m| {
+                if m.transferred != last.0 {
+                    last = (m.transferred, Instant::now());
+                }
+                last.1.elapsed() < STALL_TIMEOUT
+            });
+            if matches!(&m, Ok(m) if !m.ended()) {
+                let _ = qmp.execute("migrate_cancel", None);
+            }
             if !matches!(&m, Ok(m) if m.status == "completed") {
                 // Unblock the upload: the stream will not end by itself.
                 let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -217,6 +243,15 @@ fn migrate_out(
             match (memory, m) {
                 (Err(e), _) => Err(e),
                 (Ok(_), Err(e)) => Err(vmm(e)),
+                (Ok(_), Ok(m)) if !m.ended() => Err(err(
+                    ErrorKind::Io,
+                    Op::Write,
+                    format!(
+                        "the VM's state stopped moving ({} bytes sent, nothing for {} s): the store stalls",
+                        m.transferred,
+                        STALL_TIMEOUT.as_secs()
+                    ),
+                )),
                 (Ok(_), Ok(m)) if m.status != "completed" => Err(failed(&m, "outgoing")),
                 (Ok(memory), Ok(_)) => Ok(memory),
             }
@@ -403,7 +438,12 @@ fn lock_holder(f: &std::fs::File) -> Option<u32> {
         if w.get(1) != Some(&"FLOCK") {
             return None;
         }
+        // pid 0: a holder in another pid namespace (or gone); never
+        // signal that, ourselves or init.
         let pid: u32 = w.get(4)?.parse().ok()?;
+        if pid <= 1 || pid > i32::MAX as u32 || pid == std::process::id() {
+            return None;
+        }
         let mut id = w.get(5)?.split(':');
         let ma = u32::from_str_radix(id.next()?, 16).ok()?;
         let mi = u32::from_str_radix(id.next()?, 16).ok()?;

@@ -225,21 +225,46 @@ pub fn suspend_live(
     // until the version names them.
     let mut up = roamdisk_chunkstore::upload::Uploader::begin(&*store, idx.encrypted())?;
     let saved = save_vm(&mut q, &mut up, idx.chunk_size, idx.encrypted(), progress)?;
+    // The store still takes requests (else the VM runs on: nothing lost).
+    if let Err(e) = up.confirm_lease() {
+        let back = match q.execute("cont", None) {
+            Ok(_) => "the VM runs on",
+            Err(_) => "the VM is stopped: continue it (QMP cont)",
+        };
+        return Err(context(
+            e,
+            format!(
+                "the store failed after the VM's state was taken; nothing was committed and {back}"
+            ),
+        ));
+    }
     // The VM must not run on here: its disk is committed next.
     q.quit().map_err(|e| {
         context(
             vmm(e),
-            "the VM's state is stored but QEMU did not quit: quit it (it must not run on), then suspend again",
+            "the VM's state is stored but QEMU did not quit: quit it (it must not run on), then commit the session (`roamdisk suspend DIR` without --qmp; the state taken is not kept)",
         )
     })?;
-    let server_ended = end_server(dir, Duration::from_secs(2), Duration::from_secs(120))?;
-    up.confirm_lease()?;
+    // From here QEMU is gone: a failure keeps the disk (the session) but
+    // not the VM's state, and says so.
+    let lost = |e| {
+        context(
+            e,
+            format!(
+                "QEMU has quit and the suspend did not finish: the session {} keeps the disk (commit it with `roamdisk suspend {}`), the VM's memory is lost (boot it again)",
+                dir.display(),
+                dir.display()
+            ),
+        )
+    };
+    let server_ended =
+        end_server(dir, Duration::from_secs(2), Duration::from_secs(120)).map_err(lost)?;
     let mut u = update.clone();
     u.commit.memory = Some(roamdisk_chunkstore::commit::MemoryImage::Uploaded {
         memory: saved.memory.clone(),
         stats: saved.upload,
     });
-    let mut s = suspend(dir, open, &u, to_media, registry, progress)?;
+    let mut s = suspend(dir, open, &u, to_media, registry, progress).map_err(lost)?;
     drop(up);
     s.live = Some(LiveSuspend {
         saved,

@@ -308,6 +308,22 @@ impl Server {
         kill_and_reap(&mut self.child);
     }
 
+    /// Its exit status if it has ended by itself (waiting up to
+    /// `within`), else None (it still runs).
+    pub fn ended_within(&mut self, within: Duration) -> Option<ExitStatus> {
+        let c = self.child.as_mut().expect("running");
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = c.try_wait().expect("wait for roamdisk") {
+                return Some(st);
+            }
+            if t0.elapsed() > within {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn terminate(&mut self) -> ExitStatus {
         let mut c = self.child.take().expect("running");
         sigterm_and_wait(&mut c, 40)

@@ -226,6 +226,13 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let bg = r.clone();
     std::thread::spawn(move || show(&bg, progress));
     let failed = Arc::new(parking_lot::Mutex::new(None));
+    if a.qmp.is_some() && r.dev.base().version.memory.size == 0 {
+        bail!(
+            "{}@{} keeps no memory image (it was not suspended with --qmp or --memory): boot the VM on the disk instead (no --qmp)",
+            r.name,
+            short(&r.dev.base().id.to_hex())
+        );
+    }
     if let Some(qmp) = a.qmp.clone() {
         // Hand QEMU the VM's state once it is up, beside the serving; a
         // failure ends serving (QEMU cannot run that VM).
