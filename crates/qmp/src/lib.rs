@@ -50,6 +50,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// `stop` drain the guest's disks first, which may wait on the network).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The longest QMP message read (QEMU's replies are far shorter; a
+/// peer that never ends its line is not buffered without bound).
+const MAX_LINE: u64 = 16 << 20;
+
 /// A migration as `query-migrate` reports it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Migration {
@@ -142,20 +146,29 @@ impl Qmp {
         let mut line = String::new();
         loop {
             line.clear();
-            let n = self.reader.read_line(&mut line).map_err(|e| {
-                let source = if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
-                    std::io::Error::new(
-                        ErrorKind::TimedOut,
-                        format!("no answer to {during} within {} s", REPLY_TIMEOUT.as_secs()),
-                    )
-                } else {
-                    e
-                };
-                Error::Io {
+            let n = std::io::Read::take(&mut self.reader, MAX_LINE)
+                .read_line(&mut line)
+                .map_err(|e| {
+                    let source = if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
+                    {
+                        std::io::Error::new(
+                            ErrorKind::TimedOut,
+                            format!("no answer to {during} within {} s", REPLY_TIMEOUT.as_secs()),
+                        )
+                    } else {
+                        e
+                    };
+                    Error::Io {
+                        path: self.path.clone(),
+                        source,
+                    }
+                })?;
+            if n as u64 == MAX_LINE && !line.ends_with('\n') {
+                return Err(Error::Protocol {
                     path: self.path.clone(),
-                    source,
-                }
-            })?;
+                    line: format!("a line longer than {MAX_LINE} bytes"),
+                });
+            }
             if n == 0 {
                 return Err(Error::Closed {
                     path: self.path.clone(),

@@ -233,11 +233,12 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             short(&r.dev.base().id.to_hex())
         );
     }
+    let mut restoring = None;
     if let Some(qmp) = a.qmp.clone() {
         // Hand QEMU the VM's state once it is up, beside the serving; a
         // failure ends serving (QEMU cannot run that VM).
         let (view, failed, json) = (r.dev.base(), failed.clone(), a.st.json);
-        std::thread::spawn(move || {
+        restoring = Some(std::thread::spawn(move || {
             match restore_vm(&view, &qmp, qmp_wait, a.paused) {
                 Ok(res) if json => outln!(
                     "{}",
@@ -254,7 +255,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
                     unsafe { libc::raise(libc::SIGTERM) };
                 }
             }
-        });
+        }));
     }
     let describe = r.dev.describe();
     let until = a.exec.clone().map_or(Until::Signal, Until::Exec);
@@ -266,6 +267,14 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         until,
         quiet,
     )?;
+    // A QEMU that rejected the state exits, and so may the --exec command:
+    // the handoff's own error, if it comes within a few seconds, says why.
+    if let Some(h) = restoring {
+        let t0 = std::time::Instant::now();
+        while !h.is_finished() && t0.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
     if let Some(e) = failed.lock().take() {
         bail!("the VM could not be resumed: {e}");
     }
