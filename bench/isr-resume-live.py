@@ -217,7 +217,7 @@ def main():
     run(B, "-q", "store", "init", store)
     rep = setup(d, store, a.memory)
     rs = rep.get("resume_set", {})
-    print(f"suspended: memory image {rep['live']['saved']['bytes']} B; resume set "
+    print(f"suspended: memory image {rep['live']['bytes']} B; resume set "
           f"{rs.get('copied')} objects, {rs.get('copied_bytes')} B", file=sys.stderr)
     results, n = [], 0
     for rate in a.rates.split(","):

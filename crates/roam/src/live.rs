@@ -111,6 +111,9 @@ pub struct Saved {
     pub was_running: bool,
     /// Seconds from `stop` to the whole stream stored.
     pub seconds: f64,
+    /// The process that served the session, asked to end (SIGTERM) once
+    /// QEMU had quit.
+    pub server_ended: Option<u32>,
 }
 
 /// Stop the VM behind `qmp` and store its migration stream with `up` as a
@@ -157,6 +160,7 @@ pub fn save_vm(
             upload: up.stats - before,
             was_running,
             seconds: t0.elapsed().as_secs_f64(),
+            server_ended: None,
         }),
         Err(e) => {
             let back = if was_running {

@@ -156,17 +156,7 @@ pub struct Suspended {
     /// The resume set written, if asked for.
     pub resume_set: Option<ResumeSetSummary>,
     /// A live suspend ([`suspend_live`]): the VM's state taken.
-    pub live: Option<LiveSuspend>,
-}
-
-/// What a live suspend did before the commit.
-#[derive(Debug, Clone, Serialize)]
-pub struct LiveSuspend {
-    /// The VM's migration stream, stored as the memory image.
-    pub saved: crate::live::Saved,
-    /// The process that served the session, asked to end (SIGTERM) once
-    /// QEMU had quit.
-    pub server_ended: Option<u32>,
+    pub live: Option<crate::live::Saved>,
 }
 
 /// Suspend the session in `dir`: commit its useful updates (`update`
@@ -266,9 +256,9 @@ pub fn suspend_live(
     });
     let mut s = suspend(dir, open, &u, to_media, registry, progress).map_err(lost)?;
     drop(up);
-    s.live = Some(LiveSuspend {
-        saved,
+    s.live = Some(crate::live::Saved {
         server_ended,
+        ..saved
     });
     Ok(s)
 }

@@ -114,10 +114,10 @@ fn render_suspended(s: &Suspended, media: Option<&std::path::Path>) {
     if let Some(l) = &s.live {
         outln!(
             "  VM state    {} taken from QEMU in {:.2} s ({} new objects, {} already stored); QEMU quit{}",
-            format_size(l.saved.bytes),
-            l.saved.seconds,
-            l.saved.upload.new_objects,
-            l.saved.upload.reused_objects,
+            format_size(l.bytes),
+            l.seconds,
+            l.upload.new_objects,
+            l.upload.reused_objects,
             l.server_ended
                 .map(|p| format!(", the server of the session (pid {p}) ended"))
                 .unwrap_or_default()
