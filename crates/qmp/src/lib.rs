@@ -270,9 +270,20 @@ impl Qmp {
 
     /// `quit`, then wait until QEMU closes the socket (it has flushed and
     /// closed its disks by then).
+    /// A QEMU already gone (its socket closed or reset, even before the
+    /// command could be written) has quit too.
     pub fn quit(mut self) -> Result<()> {
+        let gone = |e: &Error| match e {
+            Error::Closed { .. } => true,
+            Error::Io { source, .. } => matches!(
+                source.kind(),
+                ErrorKind::ConnectionReset | ErrorKind::BrokenPipe
+            ),
+            _ => false,
+        };
         match self.execute("quit", None) {
-            Ok(_) | Err(Error::Closed { .. }) => {}
+            Ok(_) => {}
+            Err(e) if gone(&e) => return Ok(()),
             Err(e) => return Err(e),
         }
         // Events may still come while QEMU exits; the read timeout bounds
@@ -280,10 +291,7 @@ impl Qmp {
         loop {
             match self.message("QEMU to exit") {
                 Ok(_) => continue,
-                Err(Error::Closed { .. }) => return Ok(()),
-                Err(Error::Io { source, .. }) if source.kind() == ErrorKind::ConnectionReset => {
-                    return Ok(())
-                }
+                Err(e) if gone(&e) => return Ok(()),
                 Err(e) => return Err(e),
             }
         }

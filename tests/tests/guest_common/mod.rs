@@ -355,7 +355,7 @@ impl RunningGuest {
     }
 
     /// [`RunningGuest::qemu_text`] and the console, for a failure message.
-    fn report(&self) -> String {
+    pub fn report(&self) -> String {
         format!("{}\nconsole:\n{}", self.qemu_text(), self.console())
     }
 }
@@ -413,6 +413,11 @@ impl GuestRun {
             self.qemu,
             self.console
         );
+    }
+
+    /// The qemu command line and qemu's own stdout and stderr.
+    pub fn qemu_text(&self) -> &str {
+        &self.qemu
     }
 
     /// What the script printed, line by line (without the start and exit
