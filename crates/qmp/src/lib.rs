@@ -61,9 +61,8 @@ pub struct Migration {
     pub status: String,
     /// Why it failed (`error-desc`), when QEMU says.
     pub error: Option<String>,
-    /// RAM bytes sent so far and in all (source side; 0 when unknown).
+    /// RAM bytes sent so far (source side; 0 when unknown).
     pub transferred: u64,
-    pub total: u64,
 }
 
 impl Migration {
@@ -240,7 +239,6 @@ impl Qmp {
             status: r["status"].as_str().unwrap_or("none").to_string(),
             error: r["error-desc"].as_str().map(str::to_string),
             transferred: num("transferred"),
-            total: num("total"),
         })
     }
 

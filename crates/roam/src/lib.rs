@@ -26,6 +26,7 @@ pub mod hoard;
 pub mod layer;
 pub mod live;
 pub mod lookaside;
+mod private_dir;
 pub mod readahead;
 pub mod resume;
 pub mod session;

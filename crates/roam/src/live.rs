@@ -29,6 +29,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::fetch::GatherStats;
+use crate::private_dir::PrivateDir;
 use crate::view::VersionView;
 
 /// A QMP failure as the program's error.
@@ -41,34 +42,30 @@ pub fn vmm(e: roamdisk_qmp::Error) -> roamdisk_blockdev::Error {
     err(kind, Op::Open, e.to_string())
 }
 
-/// A Unix socket path in a folder only this user can enter, removed on
-/// drop (a socket path must be short: under the temporary folder, not
-/// the session's).
-struct PrivateSocket {
-    dir: PathBuf,
-    path: PathBuf,
+/// `NAME.sock` in a new private folder (removed with it).
+fn private_socket(name: &str) -> Result<(PrivateDir, PathBuf)> {
+    let dir = PrivateDir::new(name).map_err(|e| io(e, "a private folder for a socket"))?;
+    let path = dir.path().join(format!("{name}.sock"));
+    Ok((dir, path))
 }
 
-impl PrivateSocket {
-    fn new(name: &str) -> Result<PrivateSocket> {
-        use std::os::unix::fs::DirBuilderExt;
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("roamdisk-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&dir)
-            .map_err(|e| roamdisk_chunkstore::error::io(Op::Open, e, &dir))?;
-        let path = dir.join(format!("{name}.sock"));
-        Ok(PrivateSocket { dir, path })
+/// `cont` after a failure: what became of the VM, for the error.
+pub(crate) fn continue_vm(qmp: &mut Qmp) -> &'static str {
+    match qmp.execute("cont", None) {
+        Ok(_) => "the VM runs on",
+        Err(_) => "the VM may be stopped: check it (QMP query-status) and continue it (QMP cont)",
     }
 }
 
-impl Drop for PrivateSocket {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+/// An error unless `view` keeps a memory image to resume.
+pub fn require_memory(view: &VersionView) -> Result<()> {
+    if view.version.memory.size == 0 {
+        return Err(bad_arg(format!(
+            "version {} keeps no memory image (it was not suspended with --qmp or --memory): boot the VM on the disk instead (no --qmp)",
+            view.id.short()
+        )));
     }
+    Ok(())
 }
 
 fn io(e: std::io::Error, what: &str) -> roamdisk_blockdev::Error {
@@ -141,10 +138,7 @@ pub fn save_vm(
         if let Err(e) = qmp.execute("stop", None) {
             // `stop` drains the guest's disks and may time out here; QEMU
             // may stop later. Do not leave it so without saying.
-            let back = match qmp.execute("cont", None) {
-                Ok(_) => "the VM was continued",
-                Err(_) => "the VM may be stopped: check it (QMP query-status) and continue it",
-            };
+            let back = continue_vm(qmp);
             return Err(roamdisk_chunkstore::error::context(
                 vmm(e),
                 format!("QEMU did not stop the VM; nothing was stored and {back}"),
@@ -164,12 +158,9 @@ pub fn save_vm(
         }),
         Err(e) => {
             let back = if was_running {
-                match qmp.execute("cont", None) {
-                    Ok(_) => "the VM runs on".to_string(),
-                    Err(c) => format!("the VM could not be continued ({c}): continue it by hand"),
-                }
+                continue_vm(qmp)
             } else {
-                "the VM stays paused".to_string()
+                "the VM stays paused"
             };
             Err(roamdisk_chunkstore::error::context(
                 e,
@@ -187,8 +178,8 @@ fn migrate_out(
     encrypted: bool,
     progress: &dyn Progress,
 ) -> Result<Memory> {
-    let sock = PrivateSocket::new("migrate")?;
-    let listener = UnixListener::bind(&sock.path).map_err(|e| io(e, "the migration socket"))?;
+    let (_dir, sock) = private_socket("migrate")?;
+    let listener = UnixListener::bind(&sock).map_err(|e| io(e, "the migration socket"))?;
     // QEMU paces a migration (128 MiB/s by default) for a VM that runs
     // meanwhile; this one is stopped: let it go as fast as the store takes.
     let old_bandwidth = qmp
@@ -202,20 +193,19 @@ fn migrate_out(
     let r = (|| {
         qmp.execute(
             "migrate",
-            Some(json!({ "uri": format!("unix:{}", sock.path.display()) })),
+            Some(json!({ "uri": format!("unix:{}", sock.display()) })),
         )
         .map_err(vmm)?;
         let stream = accept(&listener, qmp)?;
-        // The stream's length is not known ahead (zero pages take a few
-        // bytes each): the progress shows bytes so far.
-        let hint = 0;
         std::thread::scope(|scope| {
             let reader = stream
                 .try_clone()
                 .map_err(|e| io(e, "the migration socket"))?;
             let upload = scope.spawn(move || {
                 let shut = reader.try_clone();
-                let r = upload_memory_stream(up, reader, chunk_size, encrypted, hint, progress);
+                // The stream's length is not known ahead (zero pages take
+                // a few bytes each): the progress shows bytes so far.
+                let r = upload_memory_stream(up, reader, chunk_size, encrypted, 0, progress);
                 if r.is_err() {
                     // QEMU is told at once (its writes fail): the
                     // migration ends as failed instead of waiting on us.
@@ -330,12 +320,7 @@ pub fn restore_vm(
     wait: Duration,
     paused: bool,
 ) -> Result<Restored> {
-    if view.version.memory.size == 0 {
-        return Err(bad_arg(format!(
-            "version {} keeps no memory image (it was not suspended with --qmp or --memory): boot the VM on the disk instead",
-            view.id.short()
-        )));
-    }
+    require_memory(view)?;
     let mut q = Qmp::connect(qmp, wait).map_err(vmm)?;
     let t0 = Instant::now();
     let state = q.run_state().map_err(vmm)?;
@@ -345,14 +330,14 @@ pub fn restore_vm(
             qmp.display()
         )));
     }
-    let sock = PrivateSocket::new("incoming")?;
+    let (_dir, sock) = private_socket("incoming")?;
     q.execute(
         "migrate-incoming",
-        Some(json!({ "uri": format!("unix:{}", sock.path.display()) })),
+        Some(json!({ "uri": format!("unix:{}", sock.display()) })),
     )
     .map_err(vmm)?;
     let mut stream = loop {
-        match UnixStream::connect(&sock.path) {
+        match UnixStream::connect(&sock) {
             Ok(s) => break s,
             Err(_) if t0.elapsed() < CONNECT_TIMEOUT => {
                 std::thread::sleep(Duration::from_millis(20));

@@ -217,10 +217,7 @@ pub fn suspend_live(
     let saved = save_vm(&mut q, &mut up, idx.chunk_size, idx.encrypted(), progress)?;
     // The store still takes requests (else the VM runs on: nothing lost).
     if let Err(e) = up.confirm_lease() {
-        let back = match q.execute("cont", None) {
-            Ok(_) => "the VM runs on",
-            Err(_) => "the VM is stopped: continue it (QMP cont)",
-        };
+        let back = crate::live::continue_vm(&mut q);
         return Err(context(
             e,
             format!(

@@ -226,12 +226,9 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let bg = r.clone();
     std::thread::spawn(move || show(&bg, progress));
     let failed = Arc::new(parking_lot::Mutex::new(None));
-    if a.qmp.is_some() && r.dev.base().version.memory.size == 0 {
-        bail!(
-            "{}@{} keeps no memory image (it was not suspended with --qmp or --memory): boot the VM on the disk instead (no --qmp)",
-            r.name,
-            short(&r.dev.base().id.to_hex())
-        );
+    if a.qmp.is_some() {
+        // Before serving: nothing to hand QEMU.
+        roamdisk_roam::live::require_memory(&r.dev.base())?;
     }
     let mut restoring = None;
     if let Some(qmp) = a.qmp.clone() {

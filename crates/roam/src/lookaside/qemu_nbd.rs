@@ -23,9 +23,8 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use roamdisk_blockdev::{BlockDev, ErrorKind, Op, Result};
@@ -61,27 +60,12 @@ pub enum StartError {
     Image(String),
 }
 
-static SEQ: AtomicU64 = AtomicU64::new(0);
-
-/// A new private folder for the socket and `qemu-nbd`'s messages.
-fn private_dir() -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::DirBuilderExt;
-    let dir = std::env::temp_dir().join(format!(
-        "roamdisk-qemu-nbd-{}-{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-    Ok(dir)
-}
-
 impl Qcow2 {
     /// Start `qemu-nbd` on the qcow2 image `path` and connect to it.
     pub fn open(path: &Path) -> std::result::Result<Qcow2, StartError> {
-        let dir = private_dir().map_err(|e| StartError::Tool(io(Op::Open, e, path)))?;
-        let out = Qcow2::start(path, &dir);
-        let _ = std::fs::remove_dir_all(&dir);
-        out
+        let dir = crate::private_dir::PrivateDir::new("qemu-nbd")
+            .map_err(|e| StartError::Tool(io(Op::Open, e, path)))?;
+        Qcow2::start(path, dir.path())
     }
 
     fn start(path: &Path, dir: &Path) -> std::result::Result<Qcow2, StartError> {
