@@ -125,7 +125,7 @@ def main():
                 finally:
                     stop(p)
                 unit = "s" if w == "boot" else "IOPS"
-                print(f"run {r + 1}: {w:4} {c:9} {res[(c, w)][-1]:.2f} {unit}", file=sys.stderr)
+                print(f"run {r + 1}: {w:4} {c:9} {res[(c, w)][-1]:.3f} {unit}", file=sys.stderr)
     srv.terminate()
     load = open("/proc/loadavg").read().split()[:3]
     print(f"# {os.cpu_count()} cores, load {' '.join(load)}, chunk server limit {a.limit or 'none'}, "
@@ -138,7 +138,7 @@ def main():
         mb, mf = med.get((c, "boot"), nan), med.get((c, "fio"), nan)
         rb = med.get(("local raw", "boot"), nan) / mb
         rf = mf / med.get(("local raw", "fio"), nan)
-        print(f"| {c} | {mb:.2f} | {rb:.2f}x | {mf:.0f} | {rf:.2f}x |")
+        print(f"| {c} | {mb:.3f} | {rb:.2f}x | {mf:.0f} | {rf:.2f}x |")
     if not a.dir:
         shutil.rmtree(d, ignore_errors=True)
 

@@ -847,6 +847,55 @@ pub fn borrow_plan() -> Seeds {
     s
 }
 
+/// A write-ahead log of a 2048-sector disk: generation 3 (slot 1), two
+/// records, the second with data.
+pub fn cas_session_wal() -> Seeds {
+    use roamdisk_blockdev::overlay::Run;
+    use roamdisk_roam::session::wal;
+    let head = wal::Head {
+        generation: 3,
+        capacity: wal::MIN_CAPACITY,
+    };
+    let mut f = vec![0u8; wal::MIN_CAPACITY as usize];
+    let slot = wal::encode_slot(&head);
+    let at = wal::slot_offset(3) as usize;
+    f[at..at + wal::SLOT_SIZE].copy_from_slice(&slot);
+    let mut chain = u32::from_le_bytes(slot[wal::SLOT_SIZE - 4..].try_into().unwrap());
+    let mut pos = wal::RECORDS_AT as usize;
+    let records = [
+        wal::Record {
+            seq: 1,
+            runs: vec![Run {
+                start: 0,
+                count: 8,
+                state: 1,
+            }],
+            extents: vec![],
+            data: vec![],
+        },
+        wal::Record {
+            seq: 2,
+            runs: vec![Run {
+                start: 100,
+                count: 3,
+                state: 3,
+            }],
+            extents: vec![wal::Extent {
+                start: 100,
+                count: 3,
+            }],
+            data: vec![0xa5; 3 * 512],
+        },
+    ];
+    for r in &records {
+        let (b, crc) = wal::encode_record(3, chain, r);
+        f[pos..pos + b.len()].copy_from_slice(&b);
+        pos += b.len();
+        chain = crc;
+    }
+    both("two-records", &f)
+}
+
 /// Every new target's seeds, by target name.
 pub fn all() -> Vec<(&'static str, Seeds)> {
     vec![
@@ -855,6 +904,7 @@ pub fn all() -> Vec<(&'static str, Seeds)> {
         ("cas_index", cas_index()),
         ("cas_version", cas_version()),
         ("cas_session_map", cas_session_map()),
+        ("cas_session_wal", cas_session_wal()),
         ("cas_wire", cas_wire()),
         ("cas_wire_get", cas_wire_get()),
         ("cas_pack", cas_pack()),
@@ -967,6 +1017,15 @@ mod tests {
             }
             roamdisk_blockdev::overlay::log::replay::<map::Header>(&b)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        for (name, s) in get("cas_session_wal") {
+            let mut b = s[1..].to_vec();
+            if s[0] & FIXUP != 0 {
+                fixup::cas_session_wal(&mut b);
+            }
+            let r = roamdisk_roam::session::wal::replay(&b, 2048)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(r.records.len(), 2, "{name}");
         }
         for hash in [HashKind::Blake3, HashKind::Sha256] {
             let codec = ChunkCodec {

@@ -162,6 +162,38 @@ pub fn cas_session_map(b: &mut [u8]) {
     }
 }
 
+/// `docs/formats/cas-session.md` (the write-ahead log): both header
+/// slots' CRCs, then, from offset 4096 while a record's length field is
+/// sane, its generation, sequence number, chain and CRC.
+pub fn cas_session_wal(b: &mut [u8]) {
+    use roamdisk_roam::session::wal;
+    for o in [0, wal::SLOT_SIZE] {
+        if b.len() >= o + wal::SLOT_SIZE {
+            let c = crc32c::crc32c(&b[o..o + wal::SLOT_SIZE - 4]);
+            put32(b, o + wal::SLOT_SIZE - 4, c);
+        }
+    }
+    let Ok((head, mut chain)) = wal::current(b) else {
+        return;
+    };
+    let mut at = wal::RECORDS_AT as usize;
+    let mut seq = 1u64;
+    while let Some(len) = get64(b, at + 40) {
+        let len = len as usize;
+        if len < wal::RECORD_HEADER || len % 512 != 0 || at.saturating_add(len) > b.len() {
+            break;
+        }
+        put64(b, at + 8, head.generation);
+        put64(b, at + 16, seq);
+        put32(b, at + 48, chain);
+        put32(b, at + 60, 0);
+        chain = crc32c::crc32c(&b[at..at + len]);
+        put32(b, at + 60, chain);
+        at += len;
+        seq += 1;
+    }
+}
+
 /// `docs/formats/cas-chunk.md`: the payload length field; an uncompressed
 /// chunk's original length equals it.
 pub fn cas_chunk(b: &mut [u8]) {

@@ -269,6 +269,11 @@ impl<H: MapHeader> OverlayMap<H> {
         push_runs(&mut self.pending.lock(), a, b, v);
     }
 
+    /// How many changes wait for the next commit.
+    pub fn pending_len(&self) -> usize {
+        self.pending.lock().len()
+    }
+
     /// The lock stripe of `key` (callers choose the key: a cluster, a
     /// group of sectors), for a read-modify-write that must not interleave
     /// with another on the same unit.

@@ -4,8 +4,10 @@
 //! are zeroes, EMPTY sectors come from the base version (fetched from the
 //! chunk store by hash and verified). Writes: a sector of zeroes becomes
 //! ZERO with no data written (P1, switchable); any other sector is written
-//! to the private cache and becomes DIRTY. A flush makes the cache durable
-//! and then appends the changed states to the session map.
+//! to the private cache and becomes DIRTY. A flush appends what the guest
+//! wrote since the last one (states and bytes) to the session's
+//! write-ahead log and syncs it once (`super::wal`); the private cache and
+//! the map catch up at checkpoints.
 //!
 //! In the background, a session fetches its base version's recorded
 //! working set ([`CasDev::start_prefetch`]) and, while the guest reads
@@ -26,69 +28,25 @@ use roamdisk_blockdev::{
 
 use super::map::Header;
 use super::offline::{keep_copy, load_base, BASE_COPY, STORE_COPY};
+use super::wal::{self, WalFile};
 use super::workset::Recorder;
 use super::SessionConfig;
 use crate::cache::pins::PinGuard;
-use crate::cache::SharedChoice;
 use crate::fetch::GatherStats;
 use crate::readahead::ReadAhead;
 use crate::view::{start_read_ahead, AheadTarget, VersionView};
 use roamdisk_chunkstore::chunk::Key;
 use roamdisk_chunkstore::error::{bad_arg, context, corrupt};
 use roamdisk_chunkstore::index::{SectorState, SECTOR};
-use roamdisk_chunkstore::store::http::Credentials;
 use roamdisk_chunkstore::store::{DynStore, StoreConfig};
 
 /// Sectors that share a lock stripe for read-modify-write.
 const STRIPE_SECTORS: u64 = 128;
 
-/// Options for opening a session.
-#[derive(Debug, Clone, Default)]
-pub struct SessionOpen {
-    pub read_only: bool,
-    /// Use this store instead of the one in session.toml.
-    pub store: Option<String>,
-    /// Use this key file instead of the one in session.toml.
-    pub key_file: Option<PathBuf>,
-    /// Use this token file or CA instead of those in session.toml.
-    pub credentials: Credentials,
-    /// The token file or CA when neither these options nor session.toml
-    /// name one (the program's environment).
-    pub fallback_credentials: Credentials,
-    /// This host's folders.
-    pub host: Host,
-    /// Override P1 at write time.
-    pub zero_detect: Option<bool>,
-    /// The host's shared cache to read through.
-    pub shared_cache: SharedChoice,
-    /// Lookaside media, besides those in session.toml.
-    pub lookaside: Vec<PathBuf>,
-    /// Do not fetch the base version's working set in the background
-    /// ([`CasDev::start_prefetch`] does nothing).
-    pub no_prefetch: bool,
-    /// Do not fetch ahead of the guest's sequential reads
-    /// ([`CasDev::start_readahead`] does nothing).
-    pub no_readahead: bool,
-}
+mod logged;
+use logged::{Logged, Touched, MAX_PENDING, MAX_RECORD};
 
-/// This host's folders and how it reaches S3, as the program resolved
-/// them (engines read no environment). The `roamdisk` command hands one to
-/// the layers through the registry (`Registry::set_context`).
-#[derive(Debug, Clone, Default)]
-pub struct Host {
-    /// Its cache folder (`~/.cache/roamdisk`): lookaside media's chunk
-    /// indexes are kept under `lookaside/`.
-    pub cache: Option<PathBuf>,
-    /// The `AWS_*` settings and where S3 stores keep their pack indexes.
-    pub s3: roamdisk_chunkstore::store::s3::S3Env,
-}
-
-impl Host {
-    /// Where lookaside image media's chunk indexes are kept.
-    pub fn lookaside_index(&self) -> Option<PathBuf> {
-        self.cache.as_ref().map(|c| c.join("lookaside"))
-    }
-}
+pub use super::open::{Host, SessionOpen};
 
 /// Where a sector reads from.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -136,6 +94,15 @@ pub struct CasDev {
     no_readahead: bool,
     /// The guest's sequential runs, read ahead of.
     ahead: ReadAhead,
+    /// The write-ahead log (writable sessions).
+    wal: Option<Mutex<WalFile>>,
+    /// What the next flush logs.
+    touched: Mutex<Touched>,
+    /// A read-only open's view of the log's records not yet checkpointed
+    /// (a writable open applies them): sector → its bytes.
+    logged: Logged,
+    /// Dropped as a killed process would end: no last flush (tests).
+    abandoned: std::sync::atomic::AtomicBool,
     _lock: File,
 }
 
@@ -230,7 +197,9 @@ impl CasDev {
         }
         let base_records = base.version.index.records();
         let workset = (!opts.read_only).then(|| Recorder::load(dir, base_records));
-        let dev = CasDev {
+        let wal_path = dir.join(WAL);
+        let replayed = WalFile::read(&wal_path, size / SECTOR, !opts.read_only)?;
+        let mut dev = CasDev {
             workset,
             no_prefetch: opts.no_prefetch,
             no_readahead: opts.no_readahead,
@@ -246,8 +215,15 @@ impl CasDev {
             read_only: opts.read_only,
             user_key,
             pins: Mutex::new(pins),
+            wal: None,
+            touched: Mutex::new(Touched::default()),
+            logged: Default::default(),
+            abandoned: Default::default(),
             _lock: lock,
         };
+        if let Some((r, _)) = &replayed {
+            dev.apply_log(r)?;
+        }
         if !opts.read_only {
             let marker = dir.join(OPEN_MARKER);
             if marker.exists() {
@@ -284,6 +260,12 @@ impl CasDev {
                 // Every writable open starts from a compact map with no torn tail.
                 dev.map.compact(|_| {}, || dev.cache.flush())?;
             }
+            // The log's records are in the cache and the map now (synced
+            // by the compaction above): a new generation starts.
+            dev.wal = Some(Mutex::new(match replayed {
+                Some((r, f)) => WalFile::after_replay(&wal_path, &r, f)?,
+                None => WalFile::create(&wal_path, wal::FIRST_CAPACITY)?,
+            }));
             // Durable before any guest write can land in the cache.
             std::fs::write(&marker, b"")
                 .and_then(|()| std::fs::File::open(&marker)?.sync_all())
@@ -324,9 +306,72 @@ impl CasDev {
     }
 
     /// Set sectors `[s0, s1)` to `v`, logged at the next flush. Call it
-    /// only once the data the state claims is in the private cache.
+    /// only once the data the state claims is in the private cache, under
+    /// the sectors' stripe locks.
     fn mark(&self, s0: u64, s1: u64, v: u8) {
         self.map.set(s0, s1, v);
+        if self.wal.is_some() {
+            self.touched.lock().add(s0, s1);
+        }
+    }
+
+    /// Apply the records of the write-ahead log found at open: a writable
+    /// open writes their bytes into the private cache and their states
+    /// into the map (checkpointed by the compaction that follows); a
+    /// read-only one keeps the bytes in memory, over the cache.
+    fn apply_log(&mut self, r: &wal::Replay) -> Result<()> {
+        if self.read_only {
+            self.logged = Logged::of(r, self.map.states());
+            return Ok(());
+        }
+        let (cache, map) = (&self.cache, &self.map);
+        let write = |b: &[u8], off| cache.write_at(b, off, WriteFlags::default());
+        logged::apply(r, write, |a, b, v| map.set(a, b, v))
+    }
+
+    /// The flush of a writable session: one record in the log, synced. It
+    /// checkpoints instead when the record would hold more than
+    /// `MAX_RECORD` bytes, or does not fit (then the log grows).
+    fn flush_logged(&self, w: &mut WalFile) -> Result<()> {
+        let t = std::mem::take(&mut *self.touched.lock());
+        let done = (|| {
+            if !t.overflow && t.ranges.is_empty() {
+                return Ok(());
+            }
+            if t.overflow || self.map.pending_len() > MAX_PENDING {
+                return self.checkpoint(w, false);
+            }
+            let rec = logged::record_of(
+                &t,
+                MAX_RECORD,
+                self.map.states(),
+                |a, b| self.lock_stripes(a, b),
+                |buf, off| self.cache.read_at(buf, off),
+            )?;
+            match rec {
+                None => self.checkpoint(w, false),
+                Some(rec) => match w.append(rec)? {
+                    true => Ok(()),
+                    false => self.checkpoint(w, true),
+                },
+            }
+        })();
+        if done.is_err() {
+            self.touched.lock().restore(t);
+        }
+        done
+    }
+
+    /// Bring the private cache and the map up to date with the log (the
+    /// cache synced, the map's records appended and synced), then start
+    /// the log's next generation (unless this one holds no record and
+    /// need not grow).
+    fn checkpoint(&self, w: &mut WalFile, grow: bool) -> Result<()> {
+        self.map.commit(|| self.cache.flush())?;
+        if w.is_empty() && !grow {
+            return Ok(());
+        }
+        w.restart(grow)
     }
 
     /// Counts of sectors in each state (EMPTY, ZERO, CLEAN, DIRTY).
@@ -347,8 +392,15 @@ impl CasDev {
             .with_shared_cache(self.base().shared_cache().cloned())
             .with_lookaside(self.base().lookaside().cloned());
         let pins = pin_base(&view)?;
+        // The log's records are in the map before it is rewritten for the
+        // new base, and no flush logs in between.
+        let mut w = self.wal.as_ref().map(|w| w.lock());
+        if let Some(w) = w.as_deref_mut() {
+            self.checkpoint(w, false)?;
+        }
         self.map
             .replace(&changes, |h| h.base = id, || self.cache.flush())?;
+        drop(w);
         *self.base.write() = Arc::new(view);
         *self.pins.lock() = pins;
         Ok(())
@@ -622,7 +674,12 @@ impl CasDev {
         self.runs(off, off + buf.len() as u64, |src, a, b| {
             let dst = &mut buf[(a - off) as usize..(b - off) as usize];
             match src {
-                Src::Cache => self.cache.read_at(dst, a)?,
+                Src::Cache => {
+                    self.cache.read_at(dst, a)?;
+                    if !self.logged.is_empty() {
+                        self.logged.lay_over(dst, a);
+                    }
+                }
                 Src::Zero => dst.fill(0),
                 Src::Base => {
                     base.read_at(dst, a)?;
@@ -668,13 +725,30 @@ impl AheadTarget for CasDev {
     }
 }
 
+impl CasDev {
+    /// Close as a process killed now would: no last flush, no checkpoint,
+    /// the open marker left (what crash tests start from).
+    pub fn abandon(self) {
+        self.abandoned
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 impl Drop for CasDev {
     fn drop(&mut self) {
+        if *self.abandoned.get_mut() {
+            return;
+        }
         self.save_working_set(true);
         // A clean close: everything written is logged, so the next open
         // need not distrust CLEAN sectors. If this flush fails the marker
         // stays (and losing its removal in a crash only costs a re-check).
-        if !self.read_only && self.flush().is_ok() {
+        // The log checkpointed too, so the next open has nothing to replay.
+        let checkpointed = || match &self.wal {
+            Some(w) => self.checkpoint(&mut w.lock(), false),
+            None => Ok(()),
+        };
+        if !self.read_only && self.flush().and_then(|()| checkpointed()).is_ok() {
             let _ = std::fs::remove_file(self.dir.join(OPEN_MARKER));
         }
     }
@@ -736,6 +810,9 @@ pub fn peek(
 
 /// Present while a writable open of the session has not closed cleanly.
 const OPEN_MARKER: &str = "open";
+
+/// The session's write-ahead log.
+const WAL: &str = "wal";
 
 impl BlockDev for CasDev {
     roamdisk_blockdev::layer!("cas");
@@ -815,8 +892,11 @@ impl BlockDev for CasDev {
             }
             self.keep_refused(&base)?;
         }
-        // The private cache's data is durable before any record claims it.
-        self.map.commit(|| self.cache.flush())?;
+        match &self.wal {
+            Some(w) => self.flush_logged(&mut w.lock())?,
+            // The private cache's data is durable before any record claims it.
+            None => self.map.commit(|| self.cache.flush())?,
+        }
         self.save_working_set(false);
         Ok(())
     }

@@ -12,6 +12,8 @@
 //!                        lookaside media hold) when the store is unreachable
 //! SESSION/working-set    the chunks the guest read, first touch first
 //!                        (workset.rs): stored with the next commit
+//! SESSION/wal            the write-ahead log a flush syncs (wal.rs),
+//!                        brought into the cache and the map at checkpoints
 //! ```
 //!
 //! The `cas:SESSION` layer ([`dev::CasDev`]) serves it; `roamdisk commit
@@ -21,8 +23,10 @@
 pub mod dev;
 pub mod map;
 pub mod offline;
+pub mod open;
 
 pub mod update;
+pub mod wal;
 pub mod workset;
 
 use std::path::{Path, PathBuf};
