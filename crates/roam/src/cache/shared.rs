@@ -24,10 +24,11 @@
 //!
 //! Crash safety: a chunk file is written under `tmp/`, made durable, and
 //! renamed into `chunks/` before the journal names it; files are removed
-//! only after the journal says so. Opening the cache reconciles the two
-//! (files the journal does not name are removed, names without a file are
-//! dropped), so after `kill -9` or a power cut the cache holds exactly
-//! what it can serve, and never a partial chunk.
+//! only after the journal says so. Opening the cache reconciles the two by
+//! names (files the journal does not name are removed, names without a
+//! file are dropped); a file cut short is dropped when it is first opened.
+//! So after `kill -9` or a power cut the cache serves exactly what it
+//! holds whole, never a partial chunk.
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::{HashMap, HashSet};
@@ -163,7 +164,7 @@ impl SharedCache {
         let (orphans, missing) = inner.locked(|me, st| me.reconcile(st))?;
         if orphans + missing > 0 {
             tracing::info!(
-                "shared cache {}: removed {orphans} files the journal did not name, dropped {missing} names without a whole file",
+                "shared cache {}: removed {orphans} files the journal did not name, dropped {missing} names without a file",
                 dir.display()
             );
         }

@@ -138,6 +138,12 @@ impl Journal {
         })
     }
 
+    /// This process's copy of the state as of its last look at the
+    /// journal (no lock on the directory: it may be behind).
+    pub(super) fn peek<T>(&self, f: impl FnOnce(&State) -> T) -> T {
+        f(&self.state.lock())
+    }
+
     /// Run `f` holding this process's state and the directory's lock,
     /// with the state caught up with the journal.
     pub(super) fn locked<T>(&self, f: impl FnOnce(&mut State) -> Result<T>) -> Result<T> {

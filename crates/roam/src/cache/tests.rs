@@ -214,15 +214,32 @@ fn reopening_reconciles_files_and_journal() {
     std::fs::write(&j, &bytes).unwrap();
     std::fs::write(t.path().join("tmp/x.999999999.0"), b"partial").unwrap();
 
+    // Opening goes by names (no stat of every file): the file cut short
+    // is still named until it is first read.
     let c = lru(t.path(), 8);
-    assert_eq!(set(&c), [id(1)].into_iter().collect());
-    assert!(!path(7).exists() && !path(2).exists());
+    assert_eq!(set(&c), [id(1), id(2)].into_iter().collect());
+    assert!(!path(7).exists() && path(2).exists());
     assert!(!t.path().join("tmp/x.999999999.0").exists());
     let len = std::fs::metadata(&j).unwrap().len() as usize;
     assert_eq!((len - HEADER_LEN) % RECORD_LEN, 0, "torn tail cut");
     let mut buf = vec![0u8; UNIT as usize];
     assert!(c.read(&id(1), UNIT as usize, &mut buf, 0).unwrap());
     assert_eq!(buf, data(1));
+    // Read, it is found cut short: not served, dropped from the journal
+    // and its file removed, so that the fetch that follows puts it back.
+    assert!(!c.read(&id(2), UNIT as usize, &mut buf, 0).unwrap());
+    assert_eq!(set(&c), [id(1)].into_iter().collect());
+    assert!(!path(2).exists());
+    assert_eq!(c.insert_now(id(2), &data(2)).unwrap(), Admission::Admitted);
+    assert!(c.read(&id(2), UNIT as usize, &mut buf, 0).unwrap());
+    assert_eq!(buf, data(2));
+    // A file removed by hand after the cache opened, while the journal
+    // names it: not served, dropped at its first read.
+    drop(c);
+    let c = lru(t.path(), 8);
+    std::fs::remove_file(path(1)).unwrap();
+    assert!(!c.read(&id(1), UNIT as usize, &mut buf, 0).unwrap());
+    assert_eq!(set(&c), [id(2)].into_iter().collect());
 }
 
 #[test]
