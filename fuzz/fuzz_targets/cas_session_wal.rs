@@ -1,6 +1,6 @@
 //! The session's write-ahead log (`SESSION/wal`), replayed from arbitrary
 //! bytes. Byte 0 is the mode: even parses the rest as is; odd first
-//! rewrites the header slots' CRCs and each record's chain and CRC
+//! rewrites the header slots' CRCs and each record's chain, log id and CRC
 //! (`fixup::cas_session_wal`) so mutations reach the record logic. What
 //! replays must hold together: entries inside the disk, data the length
 //! of the extents, the end inside the capacity.

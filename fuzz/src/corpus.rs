@@ -855,6 +855,7 @@ pub fn cas_session_wal() -> Seeds {
     let head = wal::Head {
         generation: 3,
         capacity: wal::MIN_CAPACITY,
+        id: 0x5eed,
     };
     let mut f = vec![0u8; wal::MIN_CAPACITY as usize];
     let slot = wal::encode_slot(&head);
@@ -888,7 +889,7 @@ pub fn cas_session_wal() -> Seeds {
         },
     ];
     for r in &records {
-        let (b, crc) = wal::encode_record(3, chain, r);
+        let (b, crc) = wal::encode_record(&head, chain, r);
         f[pos..pos + b.len()].copy_from_slice(&b);
         pos += b.len();
         chain = crc;

@@ -164,7 +164,7 @@ pub fn cas_session_map(b: &mut [u8]) {
 
 /// `docs/formats/cas-session.md` (the write-ahead log): both header
 /// slots' CRCs, then, from offset 4096 while a record's length field is
-/// sane, its generation, sequence number, chain and CRC.
+/// sane, its generation, sequence number, chain, log id and CRC.
 pub fn cas_session_wal(b: &mut [u8]) {
     use roamdisk_roam::session::wal;
     for o in [0, wal::SLOT_SIZE] {
@@ -186,6 +186,7 @@ pub fn cas_session_wal(b: &mut [u8]) {
         put64(b, at + 8, head.generation);
         put64(b, at + 16, seq);
         put32(b, at + 48, chain);
+        put64(b, at + 52, head.id);
         put32(b, at + 60, 0);
         chain = crc32c::crc32c(&b[at..at + len]);
         put32(b, at + 60, chain);

@@ -143,7 +143,7 @@ fn tear_log_end(dir: &std::path::Path, rng: &mut Rng) {
         extents: vec![],
         data: vec![],
     };
-    let (mut b, _) = wal::encode_record(r.head.generation, r.chain, &rec);
+    let (mut b, _) = wal::encode_record(&r.head, r.chain, &rec);
     let cut = 8 + rng.below(b.len() as u64 - 8) as usize;
     b[cut] ^= 0x5a;
     if r.end + b.len() as u64 <= r.head.capacity {

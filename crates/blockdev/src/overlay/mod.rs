@@ -153,6 +153,9 @@ struct LogFile {
     chain: u32,
     seq: u64,
     records: u64,
+    /// Where the next commit goes: the end of the committed records (a
+    /// commit that failed half-way may have left bytes after it).
+    end: u64,
 }
 
 /// How an opened map was found.
@@ -226,6 +229,7 @@ impl<H: MapHeader> OverlayMap<H> {
                 chain: replay.chain,
                 seq: replay.last_seq,
                 records: replay.records(),
+                end: replay.valid_len as u64,
             }),
             stripes: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
         };
@@ -290,26 +294,41 @@ impl<H: MapHeader> OverlayMap<H> {
     pub fn commit(&self, sync_data: impl Fn() -> Result<()>) -> Result<()> {
         let mut log = self.log.lock();
         let changes = std::mem::take(&mut *self.pending.lock());
-        if let Err(e) = sync_data() {
-            // Nothing was logged: keep the changes for the next flush.
+        // On any failure nothing was logged: the changes wait for the next
+        // flush, before those recorded since.
+        let put_back = |changes: Vec<Run>| {
             let mut p = self.pending.lock();
             let later = std::mem::replace(&mut *p, changes);
             p.extend(later);
+        };
+        if let Err(e) = sync_data() {
+            put_back(changes);
             return Err(e);
         }
         if changes.is_empty() {
             return Ok(());
         }
         if log.records + changes.len() as u64 > COMPACT_RECORDS {
-            return self.compact_locked(&mut log, |_| {}, sync_data);
+            let done = self.compact_locked(&mut log, |_| {}, sync_data);
+            if done.is_err() {
+                put_back(changes);
+            }
+            return done;
         }
-        let runs = coalesce(changes);
+        let runs = coalesce(changes.clone());
         let (buf, chain) = log::encode_commit(&runs, log.seq + 1, log.chain);
         let err = |e| Error::io(Op::Flush, self.layer, e).path(&self.path);
-        let end = log.file.metadata().map_err(err)?.len();
-        log.file.write_all_at(&buf, end).map_err(err)?;
-        log.file.sync_data().map_err(err)?;
+        let end = log.end;
+        let written = log
+            .file
+            .write_all_at(&buf, end)
+            .and_then(|()| log.file.sync_data());
+        if let Err(e) = written {
+            put_back(changes);
+            return Err(err(e));
+        }
         log.records += (buf.len() / log::RECORD_SIZE) as u64;
+        log.end += buf.len() as u64;
         log.chain = chain;
         log.seq += 1;
         Ok(())
@@ -375,6 +394,7 @@ impl<H: MapHeader> OverlayMap<H> {
         log.chain = chain;
         log.seq = 1;
         log.records = runs.len() as u64 + 1;
+        log.end = buf.len() as u64;
         *self.header.lock() = header;
         Ok(())
     }

@@ -37,7 +37,7 @@ pub const RECORD_MAGIC: [u8; 8] = *b"RDWALREC";
 roamdisk_blockdev::offsets! {
     // A header slot (two at the start of the file, at 0 and SLOT_SIZE).
     from roamdisk_blockdev::header::FIELDS;
-    S_FLAGS: 4, S_GENERATION: 8, S_CAPACITY: 8, S_RESERVED: 476, S_CRC: 4;
+    S_FLAGS: 4, S_GENERATION: 8, S_CAPACITY: 8, S_LOG_ID: 8, S_RESERVED: 468, S_CRC: 4;
     /// Size of a header slot.
     pub SLOT_SIZE == 512
 }
@@ -45,7 +45,7 @@ roamdisk_blockdev::offsets! {
 roamdisk_blockdev::offsets! {
     // A record's header.
     R_MAGIC: 8, R_GENERATION: 8, R_SEQ: 8, R_RUNS: 4, R_EXTENTS: 4, R_DATA: 8, R_LEN: 8,
-    R_CHAIN: 4, R_RESERVED: 8, R_CRC: 4;
+    R_CHAIN: 4, R_LOG_ID: 8, R_CRC: 4;
     /// Size of a record's header.
     pub RECORD_HEADER == 64
 }
@@ -71,17 +71,20 @@ const SLOT: Frame = Frame {
 pub enum WalError {
     #[error("neither header slot is valid ({0}; {1})")]
     NoHeader(String, String),
-    #[error("record {seq} at byte {at} is damaged and the records after it were acknowledged")]
+    #[error("record {seq} at byte {at} is whole but cannot be reached: a record or header slot before it is damaged, and the flushes it holds were acknowledged")]
     Damaged { seq: u64, at: u64 },
     #[error("the header gives {capacity} bytes but the file has {len}")]
     Short { capacity: u64, len: u64 },
 }
 
-/// The current generation and the bytes records may use.
+/// The current generation, the bytes records may use, and the log's
+/// identity (random, made with the log: a copy of another log's records,
+/// say inside a guest's data, is never taken for one of this log's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Head {
     pub generation: u64,
     pub capacity: u64,
+    pub id: u64,
 }
 
 /// A header slot for `h`.
@@ -89,6 +92,7 @@ pub fn encode_slot(h: &Head) -> [u8; SLOT_SIZE] {
     let mut b = [0u8; SLOT_SIZE];
     put_u64(&mut b, S_GENERATION, h.generation);
     put_u64(&mut b, S_CAPACITY, h.capacity);
+    put_u64(&mut b, S_LOG_ID, h.id);
     SLOT.seal(&mut b);
     b
 }
@@ -107,6 +111,7 @@ pub fn parse_slot(b: &[u8]) -> std::result::Result<Head, String> {
     let h = Head {
         generation: u64_at(b, S_GENERATION),
         capacity: u64_at(b, S_CAPACITY),
+        id: u64_at(b, S_LOG_ID),
     };
     if h.generation == 0 {
         return Err("generation 0".into());
@@ -164,19 +169,20 @@ pub fn record_len(runs: usize, extents: usize, data: usize) -> u64 {
     raw.div_ceil(ALIGN) * ALIGN
 }
 
-/// Encode a record of generation `generation` that follows a record (or
-/// header slot) whose checksum is `chain`; returns it and its checksum.
-pub fn encode_record(generation: u64, chain: u32, r: &Record) -> (Vec<u8>, u32) {
+/// Encode a record of `head`'s log and generation that follows a record
+/// (or header slot) whose checksum is `chain`; returns it and its checksum.
+pub fn encode_record(head: &Head, chain: u32, r: &Record) -> (Vec<u8>, u32) {
     let len = record_len(r.runs.len(), r.extents.len(), r.data.len()) as usize;
     let mut b = vec![0u8; len];
     b[R_MAGIC..R_GENERATION].copy_from_slice(&RECORD_MAGIC);
-    put_u64(&mut b, R_GENERATION, generation);
+    put_u64(&mut b, R_GENERATION, head.generation);
     put_u64(&mut b, R_SEQ, r.seq);
     put_u32(&mut b, R_RUNS, r.runs.len() as u32);
     put_u32(&mut b, R_EXTENTS, r.extents.len() as u32);
     put_u64(&mut b, R_DATA, r.data.len() as u64);
     put_u64(&mut b, R_LEN, len as u64);
     put_u32(&mut b, R_CHAIN, chain);
+    put_u64(&mut b, R_LOG_ID, head.id);
     let mut at = RECORD_HEADER;
     for run in &r.runs {
         put_u64(&mut b, at, run.start);
@@ -199,11 +205,9 @@ pub fn encode_record(generation: u64, chain: u32, r: &Record) -> (Vec<u8>, u32) 
 enum Found {
     /// A whole record of this generation with its checksum: its length.
     Record(Record, u64, u32),
-    /// Not a record that could follow: the end of the log.
+    /// Not a whole record that could follow: the end of the log (or a
+    /// torn last record, or damage: [`cut_off`] tells).
     End,
-    /// A record of this generation with the expected sequence number and
-    /// a sane length whose checksum fails: torn, or damaged.
-    Bad(u64),
 }
 
 fn entry_ok(start: u64, count: u32, sectors: u64) -> bool {
@@ -213,13 +217,15 @@ fn entry_ok(start: u64, count: u32, sectors: u64) -> bool {
             .is_some_and(|e| e <= sectors)
 }
 
-/// Read the record at the start of `b`, expected to be of `generation`
-/// with sequence number `seq`, on a disk of `sectors` sectors.
-fn parse_record(b: &[u8], generation: u64, seq: u64, sectors: u64) -> Found {
+/// Read the record at the start of `b`, expected to be of `head`'s log
+/// and generation with sequence number `seq`, on a disk of `sectors`
+/// sectors.
+fn parse_record(b: &[u8], head: &Head, seq: u64, sectors: u64) -> Found {
     if b.len() < RECORD_HEADER
         || b[R_MAGIC..R_GENERATION] != RECORD_MAGIC
-        || u64_at(b, R_GENERATION) != generation
+        || u64_at(b, R_GENERATION) != head.generation
         || u64_at(b, R_SEQ) != seq
+        || u64_at(b, R_LOG_ID) != head.id
     {
         return Found::End;
     }
@@ -239,8 +245,8 @@ fn parse_record(b: &[u8], generation: u64, seq: u64, sectors: u64) -> Found {
     let mut zeroed = rec.to_vec();
     put_u32(&mut zeroed, R_CRC, 0);
     let crc = u32_at(rec, R_CRC);
-    if crc32c::crc32c(&zeroed) != crc || rec[R_RESERVED..R_CRC].iter().any(|&x| x != 0) {
-        return Found::Bad(len);
+    if crc32c::crc32c(&zeroed) != crc {
+        return Found::End;
     }
     let mut at = RECORD_HEADER;
     let mut out = Record {
@@ -252,7 +258,7 @@ fn parse_record(b: &[u8], generation: u64, seq: u64, sectors: u64) -> Found {
     for _ in 0..runs {
         let (start, count, state) = (u64_at(rec, at), u32_at(rec, at + 8), rec[at + 12]);
         if !entry_ok(start, count, sectors) || state > 3 || rec[at + 13..at + 16] != [0; 3] {
-            return Found::Bad(len);
+            return Found::End;
         }
         out.runs.push(Run {
             start,
@@ -265,17 +271,56 @@ fn parse_record(b: &[u8], generation: u64, seq: u64, sectors: u64) -> Found {
     for _ in 0..extents {
         let (start, count) = (u64_at(rec, at), u32_at(rec, at + 8));
         if !entry_ok(start, count, sectors) || u32_at(rec, at + 12) != 0 {
-            return Found::Bad(len);
+            return Found::End;
         }
-        sum += count as u64 * SECTOR;
+        sum = match sum.checked_add(count as u64 * SECTOR) {
+            Some(x) if x <= data => x,
+            _ => return Found::End,
+        };
         out.extents.push(Extent { start, count });
         at += ENTRY_SIZE;
     }
     if sum != data || rec[at + data as usize..].iter().any(|&x| x != 0) {
-        return Found::Bad(len);
+        return Found::End;
     }
     out.data = rec[at..at + data as usize].to_vec();
     Found::Record(out, len, crc)
+}
+
+/// The generation and sequence number of a whole record of log `id` at
+/// the start of `b` (its magic, a sane length and its checksum right),
+/// whatever it follows.
+fn whole_record(b: &[u8], id: u64) -> Option<(u64, u64)> {
+    if b.len() < RECORD_HEADER
+        || b[R_MAGIC..R_GENERATION] != RECORD_MAGIC
+        || u64_at(b, R_LOG_ID) != id
+    {
+        return None;
+    }
+    let len = u64_at(b, R_LEN);
+    if len < RECORD_HEADER as u64 || !len.is_multiple_of(ALIGN) || len > b.len() as u64 {
+        return None;
+    }
+    let mut rec = b[..len as usize].to_vec();
+    put_u32(&mut rec, R_CRC, 0);
+    (crc32c::crc32c(&rec) == u32_at(b, R_CRC)).then(|| (u64_at(b, R_GENERATION), u64_at(b, R_SEQ)))
+}
+
+/// After the log ended at `at` (the next record would have been `seq` of
+/// `generation`): a whole record further on of this generation with a
+/// later number, or of a newer generation, means acknowledged flushes
+/// were cut off by damage (to a record, or to the newer header slot).
+fn cut_off(b: &[u8], at: u64, head: &Head, seq: u64) -> Option<(u64, u64)> {
+    let mut p = RECORDS_AT;
+    while (p as usize) < b.len() {
+        if let Some((g, s)) = whole_record(&b[p as usize..], head.id) {
+            if g > head.generation || (g == head.generation && s >= seq && p >= at) {
+                return Some((s, p));
+            }
+        }
+        p += ALIGN;
+    }
+    None
 }
 
 /// A replayed log.
@@ -308,7 +353,7 @@ pub fn replay(b: &[u8], sectors: u64) -> std::result::Result<Replay, WalError> {
     loop {
         let seq = records.len() as u64 + 1;
         let here = b.get(at as usize..).unwrap_or(&[]);
-        match parse_record(here, head.generation, seq, sectors) {
+        match parse_record(here, &head, seq, sectors) {
             Found::Record(r, len, crc) => {
                 if u32_at(here, R_CHAIN) != chain {
                     return Err(WalError::Damaged { seq, at });
@@ -317,10 +362,10 @@ pub fn replay(b: &[u8], sectors: u64) -> std::result::Result<Replay, WalError> {
                 chain = crc;
                 at += len;
             }
-            Found::End => break,
-            Found::Bad(len) => {
-                let next = b.get((at + len) as usize..).unwrap_or(&[]);
-                if let Found::Record(..) = parse_record(next, head.generation, seq + 1, sectors) {
+            Found::End => {
+                // The end, or a torn last record, unless a whole record
+                // that should come later is further on.
+                if let Some((seq, at)) = cut_off(b, at, &head, seq + 1) {
                     return Err(WalError::Damaged { seq, at });
                 }
                 break;
@@ -343,6 +388,13 @@ pub struct WalFile {
     end: u64,
     chain: u32,
     seq: u64,
+    /// An append or a restart failed: bytes of a record, or a header
+    /// slot of a newer generation, may be on disk that this state does not
+    /// account for. Nothing is appended until a restart succeeds, and that
+    /// restart skips past `spent`.
+    broken: bool,
+    /// The highest generation a header slot may have been written for.
+    spent: u64,
 }
 
 /// The capacity of a new log, and the most it grows to (doubling at a
@@ -362,6 +414,7 @@ impl WalFile {
         let head = Head {
             generation: 1,
             capacity,
+            id: new_log_id(path),
         };
         let slot = encode_slot(&head);
         let mut b = vec![0u8; capacity as usize];
@@ -380,6 +433,8 @@ impl WalFile {
             end: RECORDS_AT,
             chain: SLOT.stored_crc(&slot),
             seq: 0,
+            broken: false,
+            spent: 1,
         })
     }
 
@@ -421,6 +476,8 @@ impl WalFile {
             end: r.end,
             chain: r.chain,
             seq: r.records.len() as u64,
+            broken: false,
+            spent: r.head.generation,
         };
         w.restart(false)?;
         Ok(w)
@@ -434,7 +491,7 @@ impl WalFile {
     /// Whether this generation holds no record (a restart would change
     /// nothing the replay does).
     pub fn is_empty(&self) -> bool {
-        self.seq == 0
+        self.seq == 0 && !self.broken
     }
 
     /// Whether the log could grow at its next restart.
@@ -446,14 +503,22 @@ impl WalFile {
     /// it does not fit; nothing was written.
     pub fn append(&mut self, mut r: Record) -> Result<bool> {
         let len = record_len(r.runs.len(), r.extents.len(), r.data.len());
-        if len > self.free() {
+        if len > self.free() || self.broken {
             return Ok(false);
         }
         r.seq = self.seq + 1;
-        let (b, crc) = encode_record(self.head.generation, self.chain, &r);
+        let (b, crc) = encode_record(&self.head, self.chain, &r);
         let err = io_err(Op::Flush, &self.path);
-        self.file.write_all_at(&b, self.end).map_err(&err)?;
-        self.file.sync_data().map_err(&err)?;
+        let written = self
+            .file
+            .write_all_at(&b, self.end)
+            .and_then(|()| self.file.sync_data());
+        if let Err(e) = written {
+            // The record may reach the disk anyway (write-back): it must
+            // never replay, so this generation ends at the next restart.
+            self.broken = true;
+            return Err(err(e));
+        }
         self.end += len;
         self.chain = crc;
         self.seq += 1;
@@ -462,14 +527,15 @@ impl WalFile {
 
     /// Start a new generation (every record so far is checkpointed: the
     /// private cache synced and the map's records appended and synced), at
-    /// twice the capacity when `grow`. On failure the log stays as it was
-    /// (its records replay harmlessly over a map that holds them).
+    /// twice the capacity when `grow`. On failure nothing more is appended
+    /// until a later restart succeeds (flushes checkpoint meanwhile).
     pub fn restart(&mut self, grow: bool) -> Result<()> {
         let err = io_err(Op::Flush, &self.path);
         let mut h = Head {
-            generation: self.head.generation + 1,
-            capacity: self.head.capacity,
+            generation: self.head.generation.max(self.spent) + 1,
+            ..self.head
         };
+        self.spent = h.generation;
         if grow && self.can_grow() {
             let cap = (self.head.capacity * 2).min(GROWN_CAPACITY);
             let len = self.file.metadata().map_err(&err)?.len();
@@ -480,16 +546,34 @@ impl WalFile {
             h.capacity = cap;
         }
         let slot = encode_slot(&h);
-        self.file
+        let written = self
+            .file
             .write_all_at(&slot, slot_offset(h.generation))
-            .map_err(&err)?;
-        self.file.sync_data().map_err(&err)?;
+            .and_then(|()| self.file.sync_data());
+        if let Err(e) = written {
+            // The slot may be on disk: records of the old generation would
+            // not replay after it. None is appended until a restart to a
+            // generation past it succeeds.
+            self.broken = true;
+            return Err(err(e));
+        }
+        self.broken = false;
         self.head = h;
         self.end = RECORDS_AT;
         self.chain = SLOT.stored_crc(&slot);
         self.seq = 0;
         Ok(())
     }
+}
+
+/// A new log's identity: the time, the process and the path, hashed.
+fn new_log_id(path: &Path) -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let seed = format!("{t} {} {}", std::process::id(), path.display());
+    let h = blake3::hash(seed.as_bytes());
+    u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"))
 }
 
 /// Write zeros over `[a, b)` of `f`.
@@ -513,13 +597,14 @@ mod tests {
         let h = Head {
             generation: 7,
             capacity,
+            id: 42,
         };
         let slot = encode_slot(&h);
         b[SLOT_SIZE..2 * SLOT_SIZE].copy_from_slice(&slot);
         let mut chain = SLOT.stored_crc(&slot);
         let mut at = RECORDS_AT as usize;
         for r in records {
-            let (e, crc) = encode_record(7, chain, r);
+            let (e, crc) = encode_record(&h, chain, r);
             b[at..at + e.len()].copy_from_slice(&e);
             at += e.len();
             chain = crc;
@@ -561,18 +646,35 @@ mod tests {
             t[(third + cut) as usize] ^= 0x40;
             assert_eq!(replay(&t, 64).unwrap().records, rs[..2]);
         }
-        // The first record damaged while the second is whole: an error.
+        // The first record damaged while the second is whole: an error
+        // (naming the first record it cannot reach).
         let mut d = b.clone();
         d[RECORDS_AT as usize + 200] ^= 1;
         assert!(matches!(
             replay(&d, 64),
-            Err(WalError::Damaged { seq: 1, .. })
+            Err(WalError::Damaged { seq: 2, .. })
         ));
+        // The same with the damage in the record's sequence number, where
+        // nothing tells the record from the end of the log but what
+        // follows.
+        let mut d = b.clone();
+        d[RECORDS_AT as usize + 16] ^= 1;
+        assert!(matches!(replay(&d, 64), Err(WalError::Damaged { .. })));
+        // Another log's records (a copy inside a guest's data, say) are
+        // never this log's, whole as they may be.
+        let mut other = log_with(&rs, MIN_CAPACITY);
+        other[SLOT_SIZE..2 * SLOT_SIZE].copy_from_slice(&encode_slot(&Head {
+            generation: 7,
+            capacity: MIN_CAPACITY,
+            id: 43,
+        }));
+        assert!(replay(&other, 64).unwrap().records.is_empty());
         // Records of another generation (an older one, left behind) end it.
         let mut old = b.clone();
         let s0 = encode_slot(&Head {
             generation: 8,
             capacity: MIN_CAPACITY,
+            id: 42,
         });
         old[..SLOT_SIZE].copy_from_slice(&s0);
         let r = replay(&old, 64).unwrap();
@@ -583,6 +685,19 @@ mod tests {
         assert_eq!(replay(&s, 64).unwrap().records, rs);
         s[SLOT_SIZE + 20] ^= 1;
         assert!(matches!(replay(&s, 64), Err(WalError::NoHeader(..))));
+        // The newer slot damaged while its generation has records: the
+        // older slot must not pass for the truth.
+        let mut n = old.clone();
+        let h8 = Head {
+            generation: 8,
+            capacity: MIN_CAPACITY,
+            id: 42,
+        };
+        let (r8, _) = encode_record(&h8, SLOT.stored_crc(&s0), &rec(1, 30, 5));
+        n[RECORDS_AT as usize..RECORDS_AT as usize + r8.len()].copy_from_slice(&r8);
+        assert_eq!(replay(&n, 64).unwrap().records.len(), 1);
+        n[20] ^= 1;
+        assert!(matches!(replay(&n, 64), Err(WalError::Damaged { .. })));
         // Entries past the disk's end are not accepted.
         assert!(replay(&b, 20).unwrap().records.len() < 3);
         // Cut short: an error naming the lengths.
