@@ -38,8 +38,8 @@ for ((r = 0; r < runs; r++)); do
             else
                 cmd=("$bin" info "cas[shared-cache=$dir/cache]:sess")
             fi
-            line=$( { /usr/bin/time -f "%e %M" "${cmd[@]}" >/dev/null 2>/dev/null; } 2>&1 | tail -1)
-            t[$bin,$what]+="$line;"
+            /usr/bin/time -o "$dir/time.out" -f "%e %M" "${cmd[@]}" >/dev/null 2>&1
+            t[$bin,$what]+="$(tail -1 "$dir/time.out");"
         done
     done
 done
