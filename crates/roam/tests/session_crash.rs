@@ -2,7 +2,10 @@
 //! zeroes, trims, flushes and FUA writes, and between any two of them a
 //! power cut — the process gone with no last flush, the private cache
 //! reduced to what it had synced plus a random part of the writes since
-//! (each lost, landed or torn by sector: `CrashDev::crash_image`), and
+//! (each lost, landed or torn by sector: `CrashDev::crash_image`); half the
+//! time the cache's power fails at one of its next I/Os instead, inside a
+//! write, a flush's checkpoint or the next open's recovery (which then
+//! runs again); and
 //! sometimes a torn record at the end of the write-ahead log (a flush cut
 //! short, never acknowledged); now and then a flush holds more than a log
 //! record takes and checkpoints instead. The session is then opened again, first
@@ -152,6 +155,11 @@ fn tear_log_end(dir: &std::path::Path, rng: &mut Rng) {
     }
 }
 
+fn cache_crashed(c: &CrashDev) -> bool {
+    let mut b = [0u8; 512];
+    c.read_at(&mut b, 0).is_err()
+}
+
 fn run_seed(seed: u64, crashes: usize) -> usize {
     let mut rng = Rng::new(seed);
     let (t, loc) = roamdisk_blockdev::testkit::scratch("store");
@@ -182,12 +190,20 @@ fn run_seed(seed: u64, crashes: usize) -> usize {
     cfg.cache = "crashcache:cache".into();
     session::create(&sdir, &cfg, v1, SIZE).unwrap();
     let key = sdir.join("cache").display().to_string();
-    let install = |img: Vec<u8>| {
-        let dev = Arc::new(CrashDev::from_image(img, Countdown::unarmed()));
+    // Half the time the private cache's power fails at one of its next
+    // 1-60 I/Os: inside a write, a flush's checkpoint, or the recovery of
+    // the next open.
+    let install = |img: Vec<u8>, rng: &mut Rng| {
+        let power = if rng.chance(1, 2) {
+            Countdown::crash_at(1 + rng.below(60))
+        } else {
+            Countdown::unarmed()
+        };
+        let dev = Arc::new(CrashDev::from_image(img, power));
         CACHES.lock().insert(key.clone(), dev.clone());
         dev
     };
-    let mut cache = install(vec![0u8; SIZE as usize]);
+    let mut cache = install(vec![0u8; SIZE as usize], &mut rng);
     let reg = registry();
     let open = |read_only: bool| {
         CasDev::open(
@@ -200,14 +216,16 @@ fn run_seed(seed: u64, crashes: usize) -> usize {
             },
             &reg,
         )
-        .unwrap()
     };
     let mut model = Model::new(&base);
-    let mut dev = open(false);
+    let mut dev = open(false).unwrap();
     let mut points = 0;
     for _ in 0..crashes {
+        // Each step's result: an error is the power failing (nothing it
+        // did is acknowledged), and the steps stop there.
+        let mut cut = false;
         for _ in 0..1 + rng.below(24) {
-            match rng.below(10) {
+            let done = match rng.below(10) {
                 0..=3 => {
                     // Whole sectors, some all zeroes (ZERO by P1); now and
                     // then more than a log record takes (that flush
@@ -224,63 +242,84 @@ fn run_seed(seed: u64, crashes: usize) -> usize {
                         rng.bytes((n * 512) as usize)
                     };
                     let fua = rng.chance(1, 8);
-                    dev.write_at(&data, s * 512, WriteFlags { fua }).unwrap();
                     model.write(s * 512, &data);
-                    if fua {
+                    let r = dev.write_at(&data, s * 512, WriteFlags { fua });
+                    if fua && r.is_ok() {
                         model.flushed();
                     }
+                    r
                 }
                 4 => {
                     // Not sector-aligned (a read-modify-write).
                     let off = rng.below(SIZE - 3000);
                     let n = 1 + rng.below(2000) as usize;
                     let data = rng.bytes(n);
-                    dev.write_at(&data, off, WriteFlags::default()).unwrap();
                     model.write(off, &data);
+                    dev.write_at(&data, off, WriteFlags::default())
                 }
                 5 => {
                     let s = rng.below(SECTORS - 64);
                     let n = 1 + rng.below(64);
+                    model.write(s * 512, &vec![0u8; (n * 512) as usize]);
                     if rng.chance(1, 2) {
-                        dev.trim(s * 512, n * 512, WriteFlags::default()).unwrap();
+                        dev.trim(s * 512, n * 512, WriteFlags::default())
                     } else {
                         dev.write_zeroes(s * 512, n * 512, ZeroFlags::default())
-                            .unwrap();
                     }
-                    model.write(s * 512, &vec![0u8; (n * 512) as usize]);
                 }
                 _ => {
-                    dev.flush().unwrap();
-                    model.flushed();
+                    let r = dev.flush();
+                    if r.is_ok() {
+                        model.flushed();
+                    }
+                    r
                 }
+            };
+            if done.is_err() {
+                cut = true;
+                break;
             }
         }
-        assert_eq!(
-            read_all(&dev),
-            model.now,
-            "seed {seed}: reads before the crash"
-        );
-        // The power goes.
-        dev.abandon();
-        cache = install(cache.crash_image(&mut rng));
-        if rng.chance(1, 3) {
-            tear_log_end(&sdir, &mut rng);
+        if !cut {
+            assert_eq!(
+                read_all(&dev),
+                model.now,
+                "seed {seed}: reads before the crash"
+            );
         }
-        points += 1;
-        let ro = open(true);
-        let got = read_all(&ro);
-        model.check(
-            &got,
-            &format!("seed {seed}, read-only open after crash {points}"),
-        );
-        drop(ro);
-        dev = open(false);
-        let again = read_all(&dev);
-        assert_eq!(
-            again, got,
-            "seed {seed}: the writable open reads what the read-only one did"
-        );
-        model.reset_to(&again);
+        // The power goes (or went).
+        dev.abandon();
+        loop {
+            cache = install(cache.crash_image(&mut rng), &mut rng);
+            if rng.chance(1, 3) {
+                tear_log_end(&sdir, &mut rng);
+            }
+            points += 1;
+            let ro = open(true).unwrap();
+            let got = read_all(&ro);
+            model.check(
+                &got,
+                &format!("seed {seed}, read-only open after crash {points}"),
+            );
+            drop(ro);
+            match open(false) {
+                Ok(d) => {
+                    let again = read_all(&d);
+                    assert_eq!(
+                        again, got,
+                        "seed {seed}: the writable open reads what the read-only one did"
+                    );
+                    model.reset_to(&again);
+                    dev = d;
+                    break;
+                }
+                // The power failed during the recovery: again.
+                Err(_) => assert!(
+                    cache_crashed(&cache),
+                    "seed {seed}: open failed: no power cut"
+                ),
+            }
+        }
     }
     drop(dev);
     CACHES.lock().remove(&key);
