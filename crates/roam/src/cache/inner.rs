@@ -130,15 +130,21 @@ impl Inner {
             tracing::warn!(
                 "shared cache: chunk {id} is named in the journal but its file is missing or cut short; dropped, it is fetched again"
             );
-            let mut b = Batch::new(st);
-            b.emit(Kind::Evict, *id);
-            let bytes = b.take();
-            me.commit(st, &bytes)?;
-            me.files.forget(std::slice::from_ref(id));
-            let _ = std::fs::remove_file(&path);
-            me.evicted.fetch_add(1, Ordering::Relaxed);
-            Ok(())
+            me.drop_chunk(st, id)
         })
+    }
+
+    /// Drop chunk `id` (under the lock): an evict record, its file closed
+    /// and removed.
+    pub(super) fn drop_chunk(&self, st: &mut State, id: &ChunkId) -> Result<()> {
+        let mut b = Batch::new(st);
+        b.emit(Kind::Evict, *id);
+        let bytes = b.take();
+        self.commit(st, &bytes)?;
+        self.files.forget(std::slice::from_ref(id));
+        let _ = std::fs::remove_file(self.chunk_path(id));
+        self.evicted.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     pub(super) fn hoards_dir(&self) -> PathBuf {

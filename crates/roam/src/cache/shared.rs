@@ -523,13 +523,7 @@ impl SharedCache {
             if let Ok(f) = OpenOptions::new().write(true).open(&path) {
                 let _ = f.set_len(0);
             }
-            let mut b = Batch::new(st);
-            b.emit(Kind::Evict, *id);
-            let bytes = b.take();
-            me.commit(st, &bytes)?;
-            me.files.forget(std::slice::from_ref(id));
-            let _ = std::fs::remove_file(&path);
-            me.evicted.fetch_add(1, Ordering::Relaxed);
+            me.drop_chunk(st, id)?;
             Ok(true)
         })
     }
