@@ -12,6 +12,11 @@ use roamdisk_chunkstore::hash::ChunkId;
 
 pub const MAGIC: [u8; 8] = *b"RDCASSES";
 pub const VERSION: u32 = 1;
+/// Header flag: the session keeps a write-ahead log (`SESSION/wal`,
+/// `super::wal`) whose records a reader must apply. Written into every
+/// map this build makes, so that a build from before the log, which
+/// refuses any flag, never opens the session and misses its flushes.
+pub const FLAG_WAL: u32 = 1;
 
 roamdisk_blockdev::offsets! {
     // The header body's fields (file offset = 12 + body offset).
@@ -43,12 +48,13 @@ impl MapHeader for Header {
     const WHAT: &'static str = "session map";
 
     fn encode_body(&self, b: &mut [u8; BODY_SIZE]) {
+        b[B_FLAGS..B_DISK_SIZE].copy_from_slice(&FLAG_WAL.to_le_bytes());
         b[B_DISK_SIZE..B_BASE].copy_from_slice(&self.disk_size.to_le_bytes());
         b[B_BASE..B_RESERVED].copy_from_slice(&self.base.0);
     }
 
     fn parse_body(b: &[u8; BODY_SIZE]) -> Result<Header, MapError> {
-        if u32_at(b, B_FLAGS) != 0 || u32_at(b, B_RESERVED) != 0 {
+        if u32_at(b, B_FLAGS) & !FLAG_WAL != 0 || u32_at(b, B_RESERVED) != 0 {
             return Err(bad("flags"));
         }
         let disk_size = u64_at(b, B_DISK_SIZE);
@@ -86,6 +92,7 @@ mod tests {
         };
         let hb = log::encode_header(&h);
         assert_eq!(&hb[0..8], b"RDCASSES");
+        assert_eq!(u32_at(&hb, 12), FLAG_WAL);
         assert_eq!(u64_at(&hb, 16), 1 << 20);
         assert_eq!(&hb[24..56], &[1u8; 32]);
         let mut b = hb.to_vec();
