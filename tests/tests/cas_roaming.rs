@@ -22,12 +22,40 @@ use common::{
 const SIZE: u64 = 8 << 20;
 const CHUNKS: usize = (SIZE / 65536) as usize;
 
-fn chunk_files(cache: &Path) -> usize {
+/// Every chunk file under the cache's `chunks/` folder (none before the
+/// cache exists).
+fn chunk_paths(cache: &Path) -> Vec<PathBuf> {
     let Ok(rd) = std::fs::read_dir(cache.join("chunks")) else {
-        return 0;
+        return Vec::new();
     };
-    rd.map(|d| std::fs::read_dir(d.unwrap().path()).unwrap().count())
-        .sum()
+    let mut v: Vec<PathBuf> = rd
+        .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+        .map(|e| e.unwrap().path())
+        .collect();
+    v.sort();
+    v
+}
+
+fn chunk_files(cache: &Path) -> usize {
+    chunk_paths(cache).len()
+}
+
+/// Session `sess` reads the whole disk (`src`) through the shared cache
+/// `cache` (`opts`), its server killed -9 once the cache holds every chunk.
+fn fill_shared_cache_then_kill_9(dir: &Path, src: &Path, sess: &Path, cache: &Path, opts: &str) {
+    let srv = Server::start(dir, &[&format!("cas[{opts}]:{}", sess.display())]);
+    let out = dir.join("out.raw");
+    assert!(convert_ok(&srv.uri(), &out));
+    qemu_img_compare(path_str(src), path_str(&out));
+    poll_until(Duration::from_secs(30), Duration::from_millis(50), || {
+        chunk_files(cache) >= CHUNKS
+    });
+    assert_eq!(
+        chunk_files(cache),
+        CHUNKS,
+        "every chunk in the shared cache"
+    );
+    srv.kill9();
 }
 
 /// A store, the disk committed to it, its chunk server, and sessions.
@@ -62,19 +90,8 @@ fn what_one_session_fetched_is_never_fetched_again_even_after_kill_9() {
     let opts = format!("shared-cache={}", cache.display());
     // Session 1 reads the whole disk over HTTP; its server is killed -9
     // once the cache holds every chunk.
-    let srv = Server::start(dir, &[&format!("cas[{opts}]:{}", s[0].display())]);
+    fill_shared_cache_then_kill_9(dir, &src, &s[0], &cache, &opts);
     let out = dir.join("out.raw");
-    assert!(convert_ok(&srv.uri(), &out));
-    qemu_img_compare(path_str(&src), path_str(&out));
-    poll_until(Duration::from_secs(30), Duration::from_millis(50), || {
-        chunk_files(&cache) >= CHUNKS
-    });
-    assert_eq!(
-        chunk_files(&cache),
-        CHUNKS,
-        "every chunk in the shared cache"
-    );
-    srv.kill9();
     // The network goes away.
     drop(chunk_server);
     // Session 2, on the same host, reads everything from the cache.
@@ -87,30 +104,14 @@ fn what_one_session_fetched_is_never_fetched_again_even_after_kill_9() {
     assert!(!read_all(dir, &s[2], "shared-cache=off", &out));
 }
 
-/// Every chunk file under the cache's `chunks/` folder.
-fn chunk_paths(cache: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(cache.join("chunks"))
-        .unwrap()
-        .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
-        .map(|e| e.unwrap().path())
-        .collect();
-    v.sort();
-    v
-}
-
 #[test]
 fn a_chunk_file_cut_short_or_removed_after_kill_9_is_fetched_again_never_served() {
     let (cas, src, chunk_server, s) = setup(3);
     let dir = cas.dir();
     let cache = dir.join("shared");
     let opts = format!("shared-cache={}", cache.display());
-    let srv = Server::start(dir, &[&format!("cas[{opts}]:{}", s[0].display())]);
+    fill_shared_cache_then_kill_9(dir, &src, &s[0], &cache, &opts);
     let out = dir.join("out.raw");
-    assert!(convert_ok(&srv.uri(), &out));
-    poll_until(Duration::from_secs(30), Duration::from_millis(50), || {
-        chunk_files(&cache) >= CHUNKS
-    });
-    srv.kill9();
     // What a crash or a careless hand can leave: a file cut short, a file
     // gone, both still named by the journal (the cache opens by names).
     let files = chunk_paths(&cache);

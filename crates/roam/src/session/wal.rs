@@ -196,9 +196,16 @@ pub fn encode_record(head: &Head, chain: u32, r: &Record) -> (Vec<u8>, u32) {
         at += ENTRY_SIZE;
     }
     b[at..at + r.data.len()].copy_from_slice(&r.data);
-    let crc = crc32c::crc32c(&b);
+    let crc = record_crc(&b);
     put_u32(&mut b, R_CRC, crc);
     (b, crc)
+}
+
+/// A whole record's CRC-32C, its CRC field taken as zero (no copy: a
+/// record may hold megabytes).
+fn record_crc(rec: &[u8]) -> u32 {
+    let head = crc32c::crc32c_append(crc32c::crc32c(&rec[..R_CRC]), &[0; 4]);
+    crc32c::crc32c_append(head, &rec[R_CRC + 4..])
 }
 
 /// What the bytes at a position are.
@@ -242,10 +249,8 @@ fn parse_record(b: &[u8], head: &Head, seq: u64, sectors: u64) -> Found {
         return Found::End;
     }
     let rec = &b[..len as usize];
-    let mut zeroed = rec.to_vec();
-    put_u32(&mut zeroed, R_CRC, 0);
     let crc = u32_at(rec, R_CRC);
-    if crc32c::crc32c(&zeroed) != crc {
+    if record_crc(rec) != crc {
         return Found::End;
     }
     let mut at = RECORD_HEADER;
@@ -301,9 +306,8 @@ fn whole_record(b: &[u8], id: u64) -> Option<(u64, u64)> {
     if len < RECORD_HEADER as u64 || !len.is_multiple_of(ALIGN) || len > b.len() as u64 {
         return None;
     }
-    let mut rec = b[..len as usize].to_vec();
-    put_u32(&mut rec, R_CRC, 0);
-    (crc32c::crc32c(&rec) == u32_at(b, R_CRC)).then(|| (u64_at(b, R_GENERATION), u64_at(b, R_SEQ)))
+    (record_crc(&b[..len as usize]) == u32_at(b, R_CRC))
+        .then(|| (u64_at(b, R_GENERATION), u64_at(b, R_SEQ)))
 }
 
 /// After the log ended at `at` (the next record would have been `seq` of
@@ -414,7 +418,7 @@ impl WalFile {
         let head = Head {
             generation: 1,
             capacity,
-            id: new_log_id(path),
+            id: new_log_id()?,
         };
         let slot = encode_slot(&head);
         let mut b = vec![0u8; capacity as usize];
@@ -566,14 +570,11 @@ impl WalFile {
     }
 }
 
-/// A new log's identity: the time, the process and the path, hashed.
-fn new_log_id(path: &Path) -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let seed = format!("{t} {} {}", std::process::id(), path.display());
-    let h = blake3::hash(seed.as_bytes());
-    u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"))
+/// A new log's identity: random.
+fn new_log_id() -> Result<u64> {
+    let mut b = [0u8; 8];
+    roamdisk_chunkstore::secret::fill_random(&mut b, "a write-ahead log's id")?;
+    Ok(u64::from_le_bytes(b))
 }
 
 /// Write zeros over `[a, b)` of `f`.
