@@ -97,7 +97,7 @@ pub struct Terms {
     pub write_position: f64,
 }
 
-fn emptiness_of(state: ClusterState, live: u32, bpc: u64) -> f64 {
+pub(crate) fn emptiness_of(state: ClusterState, live: u32, bpc: u64) -> f64 {
     match state {
         ClusterState::Free | ClusterState::PendingFree => 1.0,
         _ => 1.0 - live as f64 / bpc as f64,
@@ -186,9 +186,10 @@ pub fn lifetime(age: u64, written: u32, live: u32) -> f64 {
 }
 
 /// How many lifetimes a cluster's blocks have lived: `ln(written / live)`
-/// (a cluster with no live block counts as half a block live).
-fn decay(written: u32, live: u32) -> f64 {
-    (written.max(live) as f64 / (live as f64).max(0.5)).ln()
+/// (a cluster with no live block counts as half a block live, one with
+/// nothing written as half a block written: 0).
+pub(crate) fn decay(written: u32, live: u32) -> f64 {
+    ((written.max(live) as f64).max(0.5) / (live as f64).max(0.5)).ln()
 }
 
 /// The lifetime of each stream's data, pooled over its `Used` clusters

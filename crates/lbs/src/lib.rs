@@ -19,6 +19,7 @@ pub mod storage;
 #[doc(hidden)]
 pub mod testkit;
 pub mod transfer;
+pub mod victims;
 
 pub use checksum::ChecksumKind;
 pub use create::{create, CreateOptions, Encryption, Paths};

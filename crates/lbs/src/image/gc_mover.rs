@@ -15,26 +15,17 @@ impl Inner {
     /// Choose the best victim cluster by the policy's score; None when no
     /// cluster is worth collecting.
     pub(super) fn choose_victim(&self, st: &State) -> Option<Moves> {
-        let ages: Vec<u64> = st
-            .activated
-            .iter()
-            .map(|a| st.clock.saturating_sub(*a))
-            .collect();
-        let per_stream =
-            crate::gc::stream_lifetimes(&st.cstate, &st.stream_of, &ages, &st.written, &st.live);
-        let lifetimes: Vec<f64> = st
-            .stream_of
-            .iter()
-            .map(|&s| per_stream[s as usize])
-            .collect();
-        let v = pick_victim(
-            &st.cstate,
-            &st.live,
-            &lifetimes,
-            self.bpc,
-            st.streams[HOT].active,
-            &self.policy,
-        )?;
+        let active = st.streams[HOT].active;
+        if cfg!(debug_assertions) && st.cstate.len() <= crate::victims::CHECKED_CLUSTERS {
+            crate::victims::check_against_full_scan(
+                &st.victims,
+                &st.clusters(),
+                st.clock,
+                active,
+                &self.policy,
+            );
+        }
+        let v = st.victims.pick(active, st.clock, &self.policy)?;
         let lo = v as u64 * self.bpc;
         let moves: Moves = (lo..lo + self.bpc)
             .filter_map(|p| match st.p2l[p as usize] {

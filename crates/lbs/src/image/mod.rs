@@ -105,9 +105,10 @@ use roamdisk_blockdev::{
 
 use crate::checksum::ChecksumKind;
 use crate::format::{encode_entry, DataSuper, Entry, Geometry, MetaHeader, SUPERBLOCK_SIZE};
-use crate::gc::{is_moved, pick_victim, ClusterState, GcPolicy, HOT, STREAMS};
+use crate::gc::{is_moved, ClusterState, GcPolicy, HOT, STREAMS};
 use crate::replay::{replay, IN_PLACE, UNMAPPED, ZERO};
 use crate::storage::LogStore;
+use crate::victims::{ClusterView, VictimIndex};
 use roamdisk_crypto::Xts;
 
 /// A slot in the write buffer whose block was zeroed or trimmed after it
@@ -272,6 +273,9 @@ struct State {
     activated: Vec<u64>,
     written: Vec<u32>,
     clock: u64,
+    /// The collector's candidates, kept up to date by [`State::touch`]
+    /// after every change of a cluster's tables above.
+    victims: VictimIndex,
     /// Per LBN: its last client write on `clock` (`crate::gc::STAMP_FLAG`);
     /// in memory only.
     stamps: Vec<u16>,
@@ -288,6 +292,32 @@ struct State {
     /// Set after a failed data or log write: the in-memory state may be
     /// ahead of the disk, so every later write-like call is refused.
     poisoned: Option<String>,
+}
+
+impl State {
+    /// The cluster tables, as the victim index reads them.
+    fn clusters(&self) -> ClusterView<'_> {
+        ClusterView {
+            states: &self.cstate,
+            live: &self.live,
+            stream: &self.stream_of,
+            activated: &self.activated,
+            written: &self.written,
+        }
+    }
+
+    /// Cluster `c`'s state, live or written count, stream or activation
+    /// changed: keep the victim index up to date.
+    fn touch(&mut self, c: usize) {
+        let v = ClusterView {
+            states: &self.cstate,
+            live: &self.live,
+            stream: &self.stream_of,
+            activated: &self.activated,
+            written: &self.written,
+        };
+        self.victims.refresh(c, &v);
+    }
 }
 
 /// The shared state of an open image (the GC thread holds it too).
@@ -486,6 +516,17 @@ impl Inner {
         let stamp_unit = (clusters / crate::gc::STAMP_UNITS_PER_PASS).max(1);
         let stream_of = vec![crate::gc::WARM as u8; live.len()];
         let written = live.clone();
+        let victims = VictimIndex::new(
+            &ClusterView {
+                states: &cstate,
+                live: &live,
+                stream: &stream_of,
+                activated: &activated,
+                written: &written,
+            },
+            bpc,
+            &policy,
+        );
         let st = State {
             p2l,
             l2p: r.map.l2p,
@@ -504,6 +545,7 @@ impl Inner {
             activated,
             written,
             clock,
+            victims,
             stamps: vec![0; header.logical_blocks() as usize],
             stamp_unit,
             stamp_pass: (clusters / stamp_unit).max(1),

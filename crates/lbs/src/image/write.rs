@@ -29,6 +29,7 @@ impl Inner {
                 st.cstate[c] = ClusterState::PendingFree;
                 st.pending.push(c);
             }
+            st.touch(c);
         }
     }
 
@@ -184,6 +185,7 @@ impl Inner {
             if st.cstate[c] == ClusterState::PendingFree && st.live[c] == 0 {
                 st.cstate[c] = ClusterState::Free;
                 st.free += 1;
+                st.touch(c);
             }
         }
     }
@@ -228,6 +230,7 @@ impl Inner {
             } else {
                 st.cstate[a] = ClusterState::Used;
             }
+            st.touch(a);
         }
         st.epoch_counter = st
             .epoch_counter
@@ -240,6 +243,7 @@ impl Inner {
         st.activated[c] = st.clock;
         st.written[c] = 0;
         st.clock += 1;
+        st.touch(c);
         st.streams[s].active = Some(c);
         st.streams[s].next = c + 1;
         st.streams[s].buf.base = c as u64 * self.bpc;
@@ -323,6 +327,7 @@ impl Inner {
                 } else {
                     st.cstate[a] = ClusterState::Used;
                 }
+                st.touch(a);
             }
         }
         Ok(())
@@ -393,6 +398,7 @@ impl Inner {
             .expect("ensure_room set an active cluster");
         st.live[a] += 1;
         st.written[a] += 1;
+        st.touch(a);
         st.dirty = true;
         self.stats.stream_blocks[s].fetch_add(1, Ordering::Relaxed);
         Ok(())
