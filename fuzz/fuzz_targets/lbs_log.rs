@@ -9,7 +9,8 @@
 //!   reuse) instead of dying at a checksum.
 //!
 //! Bit 7 of the mode byte selects a version-1 header (whose logs may not
-//! hold MOVED entries).
+//! hold MOVED entries), else bit 6 a version-2 one (no STAMPS or CLUSTERS
+//! hints).
 //!
 //! Replay must never panic. When it succeeds, the map must be consistent:
 //! every mapped PBN inside the data file and owned by a cluster whose epoch
@@ -19,7 +20,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use roamdisk_lbs::checksum::ChecksumKind;
-use roamdisk_lbs::format::{encode_entry, Entry, Geometry, MetaHeader, META_HEADER_SIZE};
+use roamdisk_lbs::format::{
+    encode_entry, ClusterHint, Entry, Geometry, MetaHeader, META_HEADER_SIZE,
+};
 use roamdisk_lbs::replay::{replay, IN_PLACE, ZERO};
 
 fn header(sum: ChecksumKind) -> MetaHeader {
@@ -45,7 +48,7 @@ fn generated(h: &MetaHeader, data: &[u8]) -> Vec<u8> {
         let (lbn, pbn, epoch) = (b(1) % 70, b(2) % 100, 1 + b(4) % 4);
         let mapped = 1 + b(3) % 4;
         let sums = vec![b(5) as u8; mapped as usize * w];
-        let e = match b(0) % 6 {
+        let e = match b(0) % 8 {
             0 | 1 => Entry::placing(lbn, pbn, mapped, epoch, None, sums),
             2 => Entry::Zero {
                 lbn,
@@ -59,6 +62,24 @@ fn generated(h: &MetaHeader, data: &[u8]) -> Vec<u8> {
                 let seal = (b(5) % 100, 1 + b(5) % 3);
                 Entry::placing(lbn, pbn, mapped, epoch, Some(seal), sums)
             }
+            6 => Entry::Stamps {
+                lbn,
+                clock: b(5),
+                stamps: vec![b(4) as u16 * 257; 1 + b(3) as usize % 8],
+            },
+            7 => Entry::Clusters {
+                first: b(1) % 7,
+                clock: b(5),
+                hints: vec![
+                    ClusterHint {
+                        epoch,
+                        activated: b(2) % 40,
+                        written: b(3) as u32 % 20,
+                        stream: b(4) as u8 % 5,
+                    };
+                    1 + b(3) as usize % 3
+                ],
+            },
             _ => {
                 barriers += 1;
                 // Occasionally a wrong number or checksum.
@@ -91,6 +112,8 @@ fuzz_target!(|data: &[u8]| {
     let mut h0 = header(sum);
     if mode & 0x80 != 0 {
         h0.version = 1;
+    } else if mode & 0x40 != 0 {
+        h0.version = 2;
     }
     let file = match mode % 4 {
         0 => rest.to_vec(),
@@ -123,6 +146,15 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(r.valid_len + r.discarded, file.len());
     assert!(r.valid_len >= META_HEADER_SIZE.min(file.len()));
     let bpc = h.geometry.blocks_per_cluster();
+    let hints = &r.hints;
+    assert!(hints.stamps.is_empty() || hints.stamps.len() == r.map.l2p.len());
+    assert!(hints.clusters.is_empty() || hints.clusters.len() == r.map.epochs.len());
+    if !hints.stamps.is_empty() || !hints.clusters.is_empty() {
+        assert!(h.version >= 3, "hints in a log older than version 3");
+    }
+    for c in &hints.clusters {
+        assert!(c.stream < 4 && c.written as u64 <= bpc);
+    }
     for (l, &p) in r.map.l2p.iter().enumerate() {
         if r.map.seal_pbn[l] != IN_PLACE {
             assert!(p < ZERO, "a seal on an unmapped block");

@@ -5,13 +5,15 @@
 //! Usage: write_amplification [--blocks N] [--block-size 1024|4096]
 //!        [--overprovision 112] [--writes W] [--pattern uniform|hotcold|zipf|working-set|sequential]
 //!        [--ws-pct 10] [--hot-pct 10] [--hot-writes-pct 90] [--theta 1.1] [--prefill] [--greedy]
-//!        [--background-gc [--gc-low N] [--gc-high N]] [--seed S]
+//!        [--background-gc [--gc-low N] [--gc-high N]] [--reopen-every N] [--seed S]
 //!
 //! `zipf`: block ranks drawn with probability ∝ rank^-theta (fio's
 //! `random_distribution=zipf:THETA`), ranks scattered over the disk by a
 //! fixed random permutation. `--background-gc`: the collector's thread
 //! runs (between the watermarks, in clusters) besides the foreground
 //! collection; results then vary from run to run with thread timing.
+//! `--reopen-every N`: close the image and open it again every N writes
+//! (a user's sessions; what the collector learnt is kept in the log).
 //! Prints one JSON line.
 
 #![allow(
@@ -67,13 +69,12 @@ fn main() {
         gc: Some(policy),
         ..LbsOptions::default()
     };
-    let lbs = Lbs::open(
-        Arc::new(data) as Arc<dyn BlockDev>,
-        Box::new(log),
-        None,
-        opts,
-    )
-    .unwrap();
+    let data = Arc::new(data) as Arc<dyn BlockDev>;
+    let open = || Lbs::open(data.clone(), Box::new(log.clone()), None, opts.clone()).unwrap();
+    let mut lbs = open();
+    let reopen: u64 = arg(&args, "--reopen-every", 0);
+    // Counters of the sessions closed so far (each open starts at zero).
+    let mut closed = [0u64; 4];
     let block = vec![0x5au8; bs as usize];
     if prefill {
         let chunk = vec![0x33u8; 256 * 1024];
@@ -87,6 +88,9 @@ fn main() {
         lbs.flush().unwrap();
     }
     let before = lbs.stats();
+    let tally = |s: &roamdisk_lbs::StatsSnapshot| {
+        [s.client_blocks, s.physical_blocks, s.gc_moved, s.gc_clusters]
+    };
     let mut r = Rng::new(seed);
     // hotcold: `--hot-writes-pct` of the writes go to `--hot-pct` of the
     // blocks (default 90% to 10%).
@@ -137,15 +141,25 @@ fn main() {
         if i % 64 == 63 {
             lbs.flush().unwrap();
         }
+        if reopen > 0 && i % reopen == reopen - 1 {
+            lbs.flush().unwrap();
+            let t = tally(&lbs.stats());
+            drop(lbs);
+            lbs = open();
+            for (c, x) in closed.iter_mut().zip(t) {
+                *c += x;
+            }
+        }
     }
     lbs.flush().unwrap();
-    let after = lbs.stats();
-    let requested = after.client_blocks - before.client_blocks;
-    let written = after.physical_blocks - before.physical_blocks;
-    let moved = after.gc_moved - before.gc_moved;
+    let (after, before) = (tally(&lbs.stats()), tally(&before));
+    let total = |k: usize| after[k] + closed[k] - before[k];
+    let requested = total(0);
+    let written = total(1);
+    let moved = total(2);
     println!(
         "{{\"pattern\":\"{pattern}\",\"hot_pct\":{hot_pct},\"hot_writes_pct\":{hot_writes},\"theta\":{theta},\"prefill\":{prefill},\"blocks\":{blocks},\"block_size\":{bs},\"overprovision_pct\":{op},\"requested\":{requested},\"written\":{written},\"gc_moved\":{moved},\"gc_clusters\":{},\"write_amplification_pct\":{:.2}}}",
-        after.gc_clusters - before.gc_clusters,
+        total(3),
         (written as f64 / requested as f64 - 1.0) * 100.0
     );
 }

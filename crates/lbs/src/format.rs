@@ -14,9 +14,10 @@ pub const DATA_MAGIC: [u8; 8] = *b"RDLBSDAT";
 /// Metadata-file magic.
 pub const META_MAGIC: [u8; 8] = *b"RDLBSMET";
 /// Format version of the metadata file this build writes. Version 1 logs
-/// (no MOVED entries) are still read; a writable open rewrites them as
-/// version 2 at its first compaction.
-pub const VERSION: u32 = 2;
+/// (no MOVED entries) and version 2 logs (no STAMPS or CLUSTERS entries)
+/// are still read; a writable open rewrites them as version 3 at its
+/// first compaction.
+pub const VERSION: u32 = 3;
 /// Oldest metadata version this build reads.
 pub const OLDEST_VERSION: u32 = 1;
 /// Format version of the data file's superblock (unchanged by metadata
@@ -57,11 +58,13 @@ const META_FRAME: Frame = Frame {
     version: VERSION,
     crc_at: M_CRC,
 };
-/// The frame of a version-1 metadata header (same layout).
-const META_FRAME_V1: Frame = Frame {
-    version: 1,
-    ..META_FRAME
-};
+/// The frame of an older version's metadata header (same layout).
+const fn meta_frame(version: u32) -> Frame {
+    Frame {
+        version,
+        ..META_FRAME
+    }
+}
 
 /// Entry header size (kind, reserved, length, seq).
 pub const ENTRY_HEADER: usize = 16;
@@ -77,6 +80,14 @@ pub const KIND_TRIM: u8 = 3;
 pub const KIND_BARRIER: u8 = 4;
 /// Since version 2.
 pub const KIND_MOVED: u8 = 5;
+/// Since version 3: the collector's hints (write stamps, cluster ages).
+pub const KIND_STAMPS: u8 = 6;
+pub const KIND_CLUSTERS: u8 = 7;
+/// Most stamps in one STAMPS entry, clusters in one CLUSTERS entry.
+pub const STAMPS_PER_ENTRY: usize = 1 << 17;
+pub const CLUSTERS_PER_ENTRY: usize = 1 << 14;
+const STAMPS_FIXED: usize = 8 + 4 + 4 + 8;
+const CLUSTER_HINT: usize = 24;
 
 /// Accepted block sizes.
 pub const BLOCK_SIZES: [u32; 2] = [1024, 4096];
@@ -293,11 +304,7 @@ impl MetaHeader {
         b[M_SALT..M_SALT + 32].copy_from_slice(&self.salt);
         b[M_KEY_CHECK..M_KEY_CHECK + 16].copy_from_slice(&self.key_check);
         put_u64(&mut b, M_GENERATION, self.generation);
-        let frame = if self.version == 1 {
-            META_FRAME_V1
-        } else {
-            META_FRAME
-        };
+        let frame = meta_frame(self.version);
         frame.seal(&mut b);
         b
     }
@@ -305,11 +312,11 @@ impl MetaHeader {
     pub fn parse(b: &[u8]) -> Result<MetaHeader, FormatError> {
         let version = match META_FRAME.check(b) {
             Ok(()) => VERSION,
-            Err(FrameError::BadVersion(1)) => {
-                META_FRAME_V1
-                    .check(b)
-                    .map_err(|e| FormatError::frame(e, &META_FRAME_V1, "metadata (.lbsm)"))?;
-                1
+            Err(FrameError::BadVersion(v)) if (OLDEST_VERSION..VERSION).contains(&v) => {
+                let f = meta_frame(v);
+                f.check(b)
+                    .map_err(|e| FormatError::frame(e, &f, "metadata (.lbsm)"))?;
+                v
             }
             Err(e) => return Err(FormatError::frame(e, &META_FRAME, "metadata (.lbsm)")),
         };
@@ -398,6 +405,34 @@ pub enum Entry {
     /// Everything since the previous barrier is durable; `crc` is the
     /// CRC-32C of all entry bytes since the previous barrier's end.
     Barrier { number: u64, crc: u32 },
+    /// The collector's write stamps of LBNs `lbn..lbn+stamps.len()`, taken
+    /// on activation clock `clock` (hints: they place writes, never data).
+    /// Since version 3.
+    Stamps {
+        lbn: u64,
+        clock: u64,
+        stamps: Vec<u16>,
+    },
+    /// The collector's knowledge of clusters `first..first+hints.len()` at
+    /// activation clock `clock`. Since version 3.
+    Clusters {
+        first: u64,
+        clock: u64,
+        hints: Vec<ClusterHint>,
+    },
+}
+
+/// What the collector knew of a cluster when the log was compacted: valid
+/// while the cluster is still in the use of `epoch` (0: no hint).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClusterHint {
+    pub epoch: u64,
+    /// Activation clock when it became a write position.
+    pub activated: u64,
+    /// Blocks written into it since.
+    pub written: u32,
+    /// The write stream that filled it.
+    pub stream: u8,
 }
 
 const MAP_FIXED: usize = 8 + 8 + 4 + 4 + 8;
@@ -491,7 +526,7 @@ impl Entry {
             | Entry::Moved { count, .. }
             | Entry::Zero { count, .. }
             | Entry::Trim { count, .. } => *count,
-            Entry::Barrier { .. } => 0,
+            Entry::Barrier { .. } | Entry::Stamps { .. } | Entry::Clusters { .. } => 0,
         }
     }
 }
@@ -533,6 +568,33 @@ pub fn encode_entry(e: &Entry, seq: u64, sum_width: usize) -> Vec<u8> {
             body.extend_from_slice(&crc.to_le_bytes());
             body.extend_from_slice(&0u32.to_le_bytes());
             KIND_BARRIER
+        }
+        Entry::Stamps { lbn, clock, stamps } => {
+            body.extend_from_slice(&lbn.to_le_bytes());
+            body.extend_from_slice(&(stamps.len() as u32).to_le_bytes());
+            body.extend_from_slice(&0u32.to_le_bytes());
+            body.extend_from_slice(&clock.to_le_bytes());
+            for s in stamps {
+                body.extend_from_slice(&s.to_le_bytes());
+            }
+            KIND_STAMPS
+        }
+        Entry::Clusters {
+            first,
+            clock,
+            hints,
+        } => {
+            body.extend_from_slice(&first.to_le_bytes());
+            body.extend_from_slice(&(hints.len() as u32).to_le_bytes());
+            body.extend_from_slice(&0u32.to_le_bytes());
+            body.extend_from_slice(&clock.to_le_bytes());
+            for h in hints {
+                body.extend_from_slice(&h.epoch.to_le_bytes());
+                body.extend_from_slice(&h.activated.to_le_bytes());
+                body.extend_from_slice(&h.written.to_le_bytes());
+                body.extend_from_slice(&[h.stream, 0, 0, 0]);
+            }
+            KIND_CLUSTERS
         }
     };
     while body.len() % 4 != 0 {
@@ -664,6 +726,65 @@ pub fn parse_entry(
                 crc: u32_at(body, 8),
             }
         }
+        KIND_STAMPS | KIND_CLUSTERS => {
+            if body.len() < STAMPS_FIXED || u32_at(body, 12) != 0 {
+                return Err(TailError::BadEntry("hint layout"));
+            }
+            let first = u64_at(body, 0);
+            let count = u32_at(body, 8) as usize;
+            let clock = u64_at(body, 16);
+            let stamps = b[0] == KIND_STAMPS;
+            let (each, most, limit) = if stamps {
+                (2, STAMPS_PER_ENTRY, lblocks)
+            } else {
+                (CLUSTER_HINT, CLUSTERS_PER_ENTRY, pblocks / bpc)
+            };
+            let items = STAMPS_FIXED + count * each;
+            if count > most
+                || body.len() < items
+                || body.len() - items >= 4
+                || body[items..].iter().any(|&x| x != 0)
+            {
+                return Err(TailError::BadEntry("hint layout"));
+            }
+            if !in_range(first, count as u64, limit) {
+                return Err(TailError::BadEntry("hint range"));
+            }
+            let at = |i: usize| &body[STAMPS_FIXED + i * each..STAMPS_FIXED + (i + 1) * each];
+            if stamps {
+                Entry::Stamps {
+                    lbn: first,
+                    clock,
+                    stamps: (0..count)
+                        .map(|i| u16::from_le_bytes([at(i)[0], at(i)[1]]))
+                        .collect(),
+                }
+            } else {
+                let mut hints = Vec::with_capacity(count);
+                for i in 0..count {
+                    let x = at(i);
+                    let h = ClusterHint {
+                        epoch: u64_at(x, 0),
+                        activated: u64_at(x, 8),
+                        written: u32_at(x, 16),
+                        stream: x[20],
+                    };
+                    if x[21..24] != [0; 3]
+                        || h.stream as usize >= crate::gc::STREAMS
+                        || h.activated > clock
+                        || h.written as u64 > bpc
+                    {
+                        return Err(TailError::BadEntry("CLUSTERS hint"));
+                    }
+                    hints.push(h);
+                }
+                Entry::Clusters {
+                    first,
+                    clock,
+                    hints,
+                }
+            }
+        }
         _ => return Err(TailError::BadEntry("unknown kind")),
     };
     Ok((e, seq, l))
@@ -710,7 +831,12 @@ mod tests {
         let b = h1.encode();
         assert_eq!(u32_at(&b, 8), 1);
         assert_eq!(MetaHeader::parse(&b).unwrap(), h1);
-        for v in [0, 3, 99] {
+        let h2 = MetaHeader {
+            version: 2,
+            ..header()
+        };
+        assert_eq!(MetaHeader::parse(&h2.encode()).unwrap(), h2);
+        for v in [0, 4, 99] {
             let mut b = header().encode();
             put_u32(&mut b, 8, v);
             let crc = crc32c::crc32c(&b[..M_CRC]);
@@ -747,6 +873,16 @@ mod tests {
                 number: 4,
                 crc: 0xdead_beef,
             },
+            Entry::Stamps {
+                lbn: 250,
+                clock: 77,
+                stamps: vec![1, 2, 0x8003, 4, 5, 6],
+            },
+            Entry::Clusters {
+                first: 18,
+                clock: 100,
+                hints: vec![hint(3, 99, 16), ClusterHint::default()],
+            },
         ];
         for (i, e) in es.iter().enumerate() {
             let b = encode_entry(e, i as u64 + 1, 4);
@@ -763,6 +899,46 @@ mod tests {
                     "flip at {j} of {e:?}"
                 );
             }
+        }
+    }
+
+    fn hint(stream: u8, activated: u64, written: u32) -> ClusterHint {
+        ClusterHint {
+            epoch: 5,
+            activated,
+            written,
+            stream,
+        }
+    }
+
+    #[test]
+    fn impossible_hints_are_rejected() {
+        let clusters = |first, hints| Entry::Clusters {
+            first,
+            clock: 100,
+            hints,
+        };
+        for (e, why) in [
+            (clusters(0, vec![hint(4, 1, 1)]), "CLUSTERS hint"),
+            (clusters(0, vec![hint(0, 101, 1)]), "CLUSTERS hint"),
+            (clusters(0, vec![hint(0, 1, 17)]), "CLUSTERS hint"),
+            (clusters(19, vec![hint(0, 1, 1); 2]), "hint range"),
+            (clusters(0, vec![]), "hint range"),
+            (
+                Entry::Stamps {
+                    lbn: 255,
+                    clock: 0,
+                    stamps: vec![1, 2],
+                },
+                "hint range",
+            ),
+        ] {
+            let b = encode_entry(&e, 1, 4);
+            assert_eq!(
+                parse_entry(&b, 4, 256, 320, 16).unwrap_err(),
+                TailError::BadEntry(why),
+                "{e:?}"
+            );
         }
     }
 

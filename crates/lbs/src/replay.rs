@@ -5,7 +5,7 @@
 //! number and cumulative checksum verify are discarded: that is the
 //! rollback to the last barrier of the seed, and it also cuts a torn tail.
 
-use crate::format::{parse_entry, Entry, MetaHeader, TailError, META_HEADER_SIZE};
+use crate::format::{parse_entry, ClusterHint, Entry, MetaHeader, TailError, META_HEADER_SIZE};
 
 /// Sentinel PBNs in the LBN→PBN map.
 pub const UNMAPPED: u32 = u32::MAX;
@@ -30,6 +30,47 @@ pub struct MapState {
     pub seal_epoch: Vec<u64>,
 }
 
+/// The collector's hints a log carried (STAMPS and CLUSTERS entries,
+/// version 3): what it knew of the blocks' and clusters' ages when the log
+/// was compacted. Each vector is empty when the log held none.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Hints {
+    /// The activation clock of the last hint applied.
+    pub clock: u64,
+    /// Per LBN: its write stamp (0 = unknown).
+    pub stamps: Vec<u16>,
+    /// Per cluster (epoch 0 = no hint).
+    pub clusters: Vec<ClusterHint>,
+}
+
+impl Hints {
+    fn apply(&mut self, e: &Entry, lblocks: usize, clusters: usize) {
+        match e {
+            Entry::Stamps { lbn, clock, stamps } => {
+                if self.stamps.is_empty() {
+                    self.stamps = vec![0; lblocks];
+                }
+                let at = *lbn as usize;
+                self.stamps[at..at + stamps.len()].copy_from_slice(stamps);
+                self.clock = *clock;
+            }
+            Entry::Clusters {
+                first,
+                clock,
+                hints,
+            } => {
+                if self.clusters.is_empty() {
+                    self.clusters = vec![ClusterHint::default(); clusters];
+                }
+                let at = *first as usize;
+                self.clusters[at..at + hints.len()].copy_from_slice(hints);
+                self.clock = *clock;
+            }
+            _ => {}
+        }
+    }
+}
+
 /// What replay found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Replayed {
@@ -46,6 +87,8 @@ pub struct Replayed {
     pub next_seq: u64,
     /// Entries applied.
     pub entries: u64,
+    /// The collector's hints (version 3 logs).
+    pub hints: Hints,
 }
 
 /// The log was valid but describes an impossible state.
@@ -134,7 +177,7 @@ impl MapState {
                     self.seal_pbn[l] = IN_PLACE;
                 }
             }
-            Entry::Barrier { .. } => {}
+            Entry::Barrier { .. } | Entry::Stamps { .. } | Entry::Clusters { .. } => {}
         }
         Ok(())
     }
@@ -157,6 +200,7 @@ pub fn replay(bytes: &[u8], h: &MetaHeader) -> Result<Replayed, Inconsistent> {
     let mut barriers = 0u64;
     let mut entries = 0u64;
     let mut stop = None;
+    let mut hints = Hints::default();
     while pos < bytes.len() {
         let (e, s, len) = match parse_entry(&bytes[pos..], width, lblocks, pblocks, bpc) {
             Ok(x) => x,
@@ -167,6 +211,12 @@ pub fn replay(bytes: &[u8], h: &MetaHeader) -> Result<Replayed, Inconsistent> {
         };
         if h.version < 2 && matches!(e, Entry::Moved { .. }) {
             stop = Some(TailError::BadEntry("MOVED entry in a version-1 log"));
+            break;
+        }
+        if h.version < 3 && matches!(e, Entry::Stamps { .. } | Entry::Clusters { .. }) {
+            stop = Some(TailError::BadEntry(
+                "hint entry in a log older than version 3",
+            ));
             break;
         }
         if s != seq {
@@ -183,8 +233,12 @@ pub fn replay(bytes: &[u8], h: &MetaHeader) -> Result<Replayed, Inconsistent> {
                     break;
                 }
                 for (at, p) in pending.drain(..) {
-                    map.apply(&p, width, bpc, &mut live)
-                        .map_err(|what| Inconsistent { offset: at, what })?;
+                    if matches!(p, Entry::Stamps { .. } | Entry::Clusters { .. }) {
+                        hints.apply(&p, lblocks as usize, live.len());
+                    } else {
+                        map.apply(&p, width, bpc, &mut live)
+                            .map_err(|what| Inconsistent { offset: at, what })?;
+                    }
                     entries += 1;
                 }
                 barriers = number;
@@ -208,6 +262,7 @@ pub fn replay(bytes: &[u8], h: &MetaHeader) -> Result<Replayed, Inconsistent> {
         barriers,
         next_seq,
         entries,
+        hints,
     })
 }
 
@@ -339,6 +394,39 @@ mod tests {
         let r = replay(&l.bytes, &h1).unwrap();
         assert_eq!(r.valid_len, good);
         assert_eq!(r.map.l2p[1], 1);
+    }
+
+    #[test]
+    fn hints_are_kept_and_refused_in_older_logs() {
+        let stamps = Entry::Stamps {
+            lbn: 4,
+            clock: 9,
+            stamps: vec![7, 8],
+        };
+        let mut l = LogBuilder::new(&header());
+        l.map(0, 0, 1, 1);
+        l.push(stamps.clone());
+        l.barrier();
+        let r = replay(&l.bytes, &header()).unwrap();
+        assert_eq!(
+            (&r.hints.stamps[3..7], r.hints.clock),
+            (&[0, 7, 8, 0][..], 9)
+        );
+        assert!(r.hints.clusters.is_empty());
+        // Under a version-2 header the group holding them is cut off.
+        let h2 = MetaHeader {
+            version: 2,
+            ..header()
+        };
+        let mut l = LogBuilder::new(&h2);
+        l.map(0, 0, 1, 1);
+        l.barrier();
+        let good = l.bytes.len();
+        l.push(stamps);
+        l.barrier();
+        let r = replay(&l.bytes, &h2).unwrap();
+        assert_eq!(r.valid_len, good);
+        assert!(r.hints.stamps.is_empty());
     }
 
     #[test]

@@ -25,6 +25,12 @@ use crate::gc::{cost_benefit, decay, emptiness_of, ClusterState, GcPolicy, STREA
 /// most this many clusters (the tests' images).
 pub const CHECKED_CLUSTERS: usize = 8192;
 
+/// Memory the index takes per cluster: its candidate and lifetime share,
+/// its emptiness flag and about 24 bytes in a bucket (a B-tree entry of
+/// 16 bytes in nodes two thirds full).
+pub const BYTES_PER_CLUSTER: usize =
+    std::mem::size_of::<Option<Candidate>>() + std::mem::size_of::<Option<Share>>() + 1 + 24;
+
 /// Fixed-point scale of the decay sums (exact to add and take away, so
 /// the running sums never drift from a fresh pass).
 const DECAY_ONE: f64 = (1u64 << 32) as f64;

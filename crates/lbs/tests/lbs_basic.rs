@@ -346,14 +346,15 @@ fn version_1_images_open_and_are_upgraded_by_a_writable_open() {
     use roamdisk_lbs::storage::LogStore;
     let img = mem_image(true, ChecksumKind::Blake3);
     let data = pattern(7, 256 * 1024);
-    {
+    // A version-1 log: the same entries (MAP, ZERO, TRIM, BARRIER) under a
+    // version-1 header, as an older roamdisk wrote it (taken before the
+    // close, whose compaction adds the collector's version-3 hints).
+    let mut log = {
         let d = img.open(lopts()).unwrap();
         d.write_at(&data, 4096, WriteFlags::default()).unwrap();
         d.flush().unwrap();
-    }
-    // A version-1 log: the same entries (MAP, ZERO, TRIM, BARRIER) under a
-    // version-1 header, as an older roamdisk wrote it.
-    let mut log = img.log.live();
+        img.log.live()
+    };
     let h = MetaHeader::parse(&log).unwrap();
     assert_eq!(h.version, VERSION);
     let v1 = MetaHeader { version: 1, ..h }.encode();
@@ -531,4 +532,39 @@ fn a_full_image_with_little_spare_keeps_taking_overwrites_in_every_stream() {
         dev.read_at(&mut b, lbn * 4096).unwrap();
         assert_eq!(b, pattern(last[lbn as usize], 4096), "block {lbn}");
     }
+}
+
+#[test]
+fn write_stamps_and_cluster_ages_survive_a_reopen() {
+    use roamdisk_lbs::gc::HOT;
+    // Block 3 rewritten twice soon after its first write is hot: its next
+    // write goes to the hot stream, in this session and after a reopen
+    // (the close's compaction keeps the stamps in STAMPS entries; before
+    // version 3 they were lost and the block counted as warm again).
+    let img = mem_image(false, ChecksumKind::Crc32c);
+    let block = |seed| pattern(seed, 4096);
+    {
+        let d = img.open(lopts()).unwrap();
+        for seed in 0..3 {
+            d.write_at(&block(seed), 3 * 4096, WriteFlags::default())
+                .unwrap();
+            d.flush().unwrap();
+        }
+        assert_eq!(d.stats().stream_blocks[HOT], 1, "{:?}", d.stats());
+    }
+    let d = img.open(lopts()).unwrap();
+    d.write_at(&block(9), 3 * 4096, WriteFlags::default())
+        .unwrap();
+    d.flush().unwrap();
+    assert_eq!(d.stats().stream_blocks[HOT], 1, "{:?}", d.stats());
+    let mut x = vec![0u8; 4096];
+    d.read_at(&mut x, 3 * 4096).unwrap();
+    assert_eq!(x, block(9));
+    drop(d);
+    // The hints are in the log the close left.
+    let log = img.log.live();
+    let h = roamdisk_lbs::format::MetaHeader::parse(&log).unwrap();
+    let r = roamdisk_lbs::replay::replay(&log, &h).unwrap();
+    assert_ne!(r.hints.stamps[3], 0);
+    assert!(r.hints.clusters.iter().any(|c| c.epoch != 0));
 }

@@ -2,6 +2,7 @@
 //! through a second file and an atomic rename (seed section 4.5).
 
 use super::*;
+use crate::format::{ClusterHint, CLUSTERS_PER_ENTRY, STAMPS_PER_ENTRY};
 
 impl Inner {
     /// Rewrite the log as the current (durable) state plus one barrier,
@@ -77,6 +78,11 @@ impl Inner {
                 l += 1;
             }
         }
+        if header.version >= 3 {
+            self.push_hints(st, &mut |e: &Entry| {
+                push(&mut out, e, &mut seq, &mut running)
+            });
+        }
         let b = encode_entry(
             &Entry::Barrier {
                 number: 1,
@@ -96,6 +102,42 @@ impl Inner {
         st.epoch_counter = 0;
         self.stats.compactions.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The collector's hints, for the next open: the blocks' write stamps
+    /// and what it knows of every cluster in use (runs with nothing to
+    /// say are left out).
+    fn push_hints(&self, st: &State, push: &mut dyn FnMut(&Entry)) {
+        let clock = st.clock;
+        for (k, run) in st.stamps.chunks(STAMPS_PER_ENTRY).enumerate() {
+            if run.iter().any(|&x| x != 0) {
+                push(&Entry::Stamps {
+                    lbn: (k * STAMPS_PER_ENTRY) as u64,
+                    clock,
+                    stamps: run.to_vec(),
+                });
+            }
+        }
+        let hints: Vec<ClusterHint> = (0..st.cstate.len())
+            .map(|c| match st.cstate[c] {
+                ClusterState::Used | ClusterState::Active => ClusterHint {
+                    epoch: st.epochs[c],
+                    activated: st.activated[c],
+                    written: st.written[c],
+                    stream: st.stream_of[c],
+                },
+                _ => ClusterHint::default(),
+            })
+            .collect();
+        for (k, run) in hints.chunks(CLUSTERS_PER_ENTRY).enumerate() {
+            if run.iter().any(|h| h.epoch != 0) {
+                push(&Entry::Clusters {
+                    first: (k * CLUSTERS_PER_ENTRY) as u64,
+                    clock,
+                    hints: run.to_vec(),
+                });
+            }
+        }
     }
 
     /// Compact the metadata log now (after a barrier).

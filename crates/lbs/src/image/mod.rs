@@ -277,7 +277,7 @@ struct State {
     /// after every change of a cluster's tables above.
     victims: VictimIndex,
     /// Per LBN: its last client write on `clock` (`crate::gc::STAMP_FLAG`);
-    /// in memory only.
+    /// kept across reopen by the compaction's STAMPS entries.
     stamps: Vec<u16>,
     /// Activations per stamp unit, and stamp units per pass.
     stamp_unit: u64,
@@ -496,16 +496,39 @@ impl Inner {
             header.checksum.name(),
             if encrypted { ", xts-aes-256" } else { "" }
         );
-        // Ages survive a reopen only as an order: clusters holding data
-        // were activated in the order of their epochs. How fast their data
-        // dies is measured afresh (written = live), and it counts as warm.
-        let mut order: Vec<usize> = (0..live.len()).filter(|&c| live[c] > 0).collect();
-        order.sort_by_key(|&c| r.map.epochs[c]);
+        // What the collector knew at the last compaction (version 3: the
+        // clusters' activations, streams and written counts, the blocks'
+        // write stamps) holds for clusters still in the same use. Clusters
+        // without such a hint (activated since, or an older log) count as
+        // warm and activated after the hinted ones, in the order of their
+        // epochs; how fast their data dies is measured afresh (written =
+        // live).
+        let hints = r.hints;
+        let base = hints.clock;
         let mut activated = vec![0u64; live.len()];
-        for (k, &c) in order.iter().enumerate() {
-            activated[c] = k as u64;
+        let mut stream_of = vec![crate::gc::WARM as u8; live.len()];
+        let mut written = live.clone();
+        let mut order = Vec::new();
+        for c in (0..live.len()).filter(|&c| live[c] > 0) {
+            match hints.clusters.get(c) {
+                Some(h) if h.epoch != 0 && h.epoch == r.map.epochs[c] => {
+                    activated[c] = h.activated.min(base);
+                    stream_of[c] = h.stream;
+                    written[c] = h.written.max(live[c]);
+                }
+                _ => order.push(c),
+            }
         }
-        let clock = order.len() as u64;
+        order.sort_by_key(|&c| r.map.epochs[c]);
+        for (k, &c) in order.iter().enumerate() {
+            activated[c] = base + k as u64;
+        }
+        let clock = base + order.len() as u64;
+        let stamps = if hints.stamps.is_empty() {
+            vec![0; header.logical_blocks() as usize]
+        } else {
+            hints.stamps
+        };
         let mut p2l = vec![NO_LBN; geo.physical_blocks() as usize];
         for (l, &p) in r.map.l2p.iter().enumerate() {
             if p < ZERO {
@@ -514,8 +537,6 @@ impl Inner {
         }
         let clusters = live.len() as u64;
         let stamp_unit = (clusters / crate::gc::STAMP_UNITS_PER_PASS).max(1);
-        let stream_of = vec![crate::gc::WARM as u8; live.len()];
-        let written = live.clone();
         let victims = VictimIndex::new(
             &ClusterView {
                 states: &cstate,
@@ -546,7 +567,7 @@ impl Inner {
             written,
             clock,
             victims,
-            stamps: vec![0; header.logical_blocks() as usize],
+            stamps,
             stamp_unit,
             stamp_pass: (clusters / stamp_unit).max(1),
             log,
@@ -661,7 +682,7 @@ impl Inner {
 pub fn map_bytes_per_gib(h: &MetaHeader) -> f64 {
     let per_block = (4 + h.checksum.width() + 4 + 8 + 2) as f64;
     let per_pblock = 4.0;
-    let per_cluster = 8.0 + 4.0 + 1.0 + 1.0 + 8.0 + 4.0;
+    let per_cluster = 8.0 + 4.0 + 1.0 + 1.0 + 8.0 + 4.0 + crate::victims::BYTES_PER_CLUSTER as f64;
     let geo = h.geometry;
     let blocks_per_gib = (1u64 << 30) as f64 / geo.block_size as f64;
     let phys = geo.physical_blocks() as f64 / h.logical_blocks() as f64;
@@ -729,7 +750,10 @@ impl Lbs {
         if st.poisoned.is_some() {
             return Ok(());
         }
-        self.inner.barrier(&mut st)
+        self.inner.barrier(&mut st)?;
+        // The log rewritten with the collector's hints of this session
+        // (write stamps, cluster ages), for the next open.
+        self.inner.compact(&mut st)
     }
 }
 
