@@ -24,6 +24,7 @@ use roamdisk_chunkstore::catalog::{Catalog, Entry};
 use roamdisk_chunkstore::chunk::{ChunkCodec, Key};
 use roamdisk_chunkstore::index::{Index, SectorState};
 use roamdisk_chunkstore::store::config::StoreConfig;
+use roamdisk_chunkstore::store::PutOutcome;
 use roamdisk_chunkstore::store::{pack, wire, ObjectEntry};
 use roamdisk_chunkstore::token::Token;
 use roamdisk_chunkstore::version::{Memory, Version};
@@ -278,6 +279,27 @@ pub fn cas_wire_get() -> Seeds {
         ("request-fix".into(), with_mode(FIXUP, &request)),
         ("answer".into(), with_mode(2, &answer)),
         ("answer-fix".into(), with_mode(2 | FIXUP, &framed)),
+    ]
+}
+
+/// Batch puts: a request of two objects and its answer, and the same
+/// request as entries for the fix-up mode's framing.
+pub fn cas_wire_put() -> Seeds {
+    let items: [(ChunkId, &[u8]); 2] = [(ChunkId([1; 32]), b"an object"), (ChunkId([2; 32]), b"")];
+    let request = wire::encode_put_request(&items);
+    let mut framed = vec![1u8, 9];
+    framed.extend(b"an object");
+    framed.extend([2u8, 0]);
+    let mut answer = vec![2u8];
+    answer.extend(wire::encode_put_answer(&[
+        PutOutcome::Stored,
+        PutOutcome::Existed,
+    ]));
+    vec![
+        ("request".into(), with_mode(0, &request)),
+        ("request-fix".into(), with_mode(FIXUP, &framed)),
+        ("answer".into(), with_mode(2, &answer)),
+        ("answer-fix".into(), with_mode(2 | FIXUP, &answer)),
     ]
 }
 
@@ -908,6 +930,7 @@ pub fn all() -> Vec<(&'static str, Seeds)> {
         ("cas_session_wal", cas_session_wal()),
         ("cas_wire", cas_wire()),
         ("cas_wire_get", cas_wire_get()),
+        ("cas_wire_put", cas_wire_put()),
         ("cas_pack", cas_pack()),
         ("cas_store_config", cas_store_config()),
         ("cas_store_users", cas_store_users()),
@@ -946,6 +969,27 @@ mod tests {
             }
         }
         let get = |t: &str| all.iter().find(|(n, _)| *n == t).unwrap().1.clone();
+        for (name, s) in get("cas_wire_put") {
+            let n = if s[0] & 2 == 0 {
+                let b = if s[0] & FIXUP == 0 {
+                    s[1..].to_vec()
+                } else {
+                    // What the target frames from these entries.
+                    let mut b = wire::PUT_MAGIC.to_vec();
+                    b.extend(2u32.to_le_bytes());
+                    b.extend([1u8; 32]);
+                    b.extend(9u32.to_le_bytes());
+                    b.extend(b"an object");
+                    b.extend([2u8; 32]);
+                    b.extend(0u32.to_le_bytes());
+                    b
+                };
+                wire::parse_put_request(&b).map(|i| i.len())
+            } else {
+                wire::parse_put_answer(&s[2..], s[1] as usize).map(|o| o.len())
+            };
+            assert_eq!(n.unwrap_or_else(|e| panic!("{name}: {e}")), 2, "{name}");
+        }
         for (name, s) in get("cas_wire_get") {
             let got = if s[0] & 2 == 0 {
                 wire::parse_get_request(&s[1..]).map(|ids| ids.len())

@@ -49,6 +49,14 @@ pub fn cas_id_request(b: &mut [u8]) {
     }
 }
 
+/// `docs/formats/cas-http.md`, a batch put answer: the count rewritten to
+/// the statuses after it (one byte each).
+pub fn cas_status_answer(b: &mut [u8]) {
+    if b.len() >= 12 {
+        put32(b, 8, (b.len() - 12) as u32);
+    }
+}
+
 /// `docs/formats/cas-pack.md`: the trailer's index offset and count made
 /// to fit the file (the count kept where it fits) and its checksum
 /// rewritten.

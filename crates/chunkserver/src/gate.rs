@@ -171,7 +171,7 @@ pub fn need<'a>(method: &Method, path: &'a str) -> Need<'a> {
     let read = matches!(m, "GET" | "HEAD");
     match (segs.as_slice(), m) {
         (["v1", "store" | "time"], _) if read => Need::User,
-        (["v1", "objects", "get"], "POST") => Need::User,
+        (["v1", "objects", "get" | "put"], "POST") => Need::User,
         (["v1", "objects", _], "PUT") => Need::User,
         (["v1", "objects", _], _) if read => Need::User,
         (["v1", "objects", _], "DELETE") => Need::Admin("remove objects"),
@@ -338,6 +338,7 @@ mod tests {
         assert_eq!(need(&Method::HEAD, id), Need::User);
         assert_eq!(need(&Method::PUT, id), Need::User);
         assert_eq!(need(&Method::POST, "/v1/objects/get"), Need::User);
+        assert_eq!(need(&Method::POST, "/v1/objects/put"), Need::User);
         assert!(matches!(
             need(&Method::POST, "/v1/objects/00"),
             Need::Admin(_)

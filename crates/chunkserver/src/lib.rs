@@ -148,6 +148,33 @@ async fn get_objects(State(s): State<St>, body: Bytes) -> Response {
     }
 }
 
+/// `POST /v1/objects/put`: many objects in one request, each verified
+/// against its name (422 names the first that is not), stored with one
+/// `put_many` (an object store behind the server writes them as one
+/// pack), one status per object in the answer.
+async fn put_objects(State(s): State<St>, body: Bytes) -> Response {
+    let r = blocking(move || {
+        let items = wire::parse_put_request(&body)?;
+        let codec = s.config().codec();
+        for (id, b) in &items {
+            codec.verify(id, b)?;
+        }
+        let out = s.put_many(&items)?;
+        tracing::debug!(
+            objects = items.len(),
+            bytes = items.iter().map(|(_, b)| b.len()).sum::<usize>(),
+            stored = out.iter().filter(|o| **o == PutOutcome::Stored).count(),
+            "batch put"
+        );
+        Ok(wire::encode_put_answer(&out))
+    })
+    .await;
+    match r {
+        Ok(b) => b.into_response(),
+        Err(r) => r,
+    }
+}
+
 #[derive(serde::Deserialize)]
 struct OlderThan {
     #[serde(rename = "older-than")]
@@ -355,13 +382,15 @@ async fn recover(State(s): State<St>, Query(q): Query<Cutoff>) -> Response {
 }
 
 /// The router of the chunk server over `store`, behind `gate`; without
-/// `batch_get` it answers `POST /v1/objects/get` as a server from before
-/// that request did (405), so clients' fallback can be tested.
-pub fn router(store: DynStore, gate: Gate, batch_get: bool) -> Router {
+/// `batch` it answers `POST /v1/objects/get` and `POST /v1/objects/put`
+/// as a server from before those requests did (405), so clients' fallback
+/// can be tested.
+pub fn router(store: DynStore, gate: Gate, batch: bool) -> Router {
     let st: St = Arc::new(store);
     let r = Router::new();
-    let r = if batch_get {
+    let r = if batch {
         r.route("/v1/objects/get", post(get_objects))
+            .route("/v1/objects/put", post(put_objects))
     } else {
         r
     };
@@ -398,9 +427,9 @@ pub struct ServerOptions {
     pub users: Option<Arc<UsersWatch>>,
     /// Serve without TLS, or without users, on a non-loopback address.
     pub insecure: bool,
-    /// Answer batch gets (`POST /v1/objects/get`); off only to stand in for
-    /// an older server.
-    pub batch_get: bool,
+    /// Answer batch gets and puts (`POST /v1/objects/get`, `.../put`); off
+    /// only to stand in for an older server.
+    pub batch: bool,
 }
 
 impl ServerOptions {
@@ -411,7 +440,7 @@ impl ServerOptions {
             tls: None,
             users: None,
             insecure: false,
-            batch_get: true,
+            batch: true,
         }
     }
 
@@ -470,7 +499,7 @@ pub async fn serve(
         Gate {
             users: opts.users.clone(),
         },
-        opts.batch_get,
+        opts.batch,
     )
     .into_make_service_with_connect_info::<SocketAddr>();
     let handle = axum_server::Handle::new();

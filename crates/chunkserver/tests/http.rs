@@ -14,6 +14,7 @@ use roamdisk_blockdev::throttle::LinkSpec;
 use roamdisk_blockdev::{BlockDev, ErrorKind, WriteFlags};
 use roamdisk_chunkstore::commit::{commit_image, CommitOptions, Source};
 use roamdisk_chunkstore::gc::{gc, GcOptions};
+use roamdisk_chunkstore::store::api::PutOutcome;
 use roamdisk_chunkstore::store::{self, DynStore, StoreConfig};
 use roamdisk_chunkstore::{ChunkId, NoProgress};
 use roamdisk_roam::checkout::materialise;
@@ -53,7 +54,7 @@ fn serve(local: DynStore, batch_get: bool) -> Running {
     let h = std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let opts = roamdisk_chunkserver::ServerOptions {
-            batch_get,
+            batch: batch_get,
             ..roamdisk_chunkserver::ServerOptions::new("127.0.0.1:0".parse().unwrap())
         };
         rt.block_on(roamdisk_chunkserver::serve(
@@ -250,4 +251,86 @@ fn the_emulated_link_charges_a_batch_one_latency_and_every_byte() {
     };
     let batched = timed(rate, true, 32, 65536);
     assert!(batched >= Duration::from_millis(1900), "{batched:?}");
+}
+
+/// A store that counts the `put_many` calls reaching it.
+struct Counting {
+    inner: DynStore,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl store::api::StoreLayer for Counting {
+    fn next(&self) -> Option<&dyn store::api::Store> {
+        Some(&*self.inner)
+    }
+}
+impl store::api::ChunkRead for Counting {}
+impl store::api::ChunkWrite for Counting {
+    fn put_many(&self, items: &[(ChunkId, &[u8])]) -> roamdisk_blockdev::Result<Vec<PutOutcome>> {
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.put_many(items)
+    }
+}
+impl store::api::ChunkPrune for Counting {}
+impl store::api::RefStore for Counting {}
+impl store::api::LeaseStore for Counting {}
+
+/// `put_many` over HTTP stores every object under its name and says which
+/// were new: in a few batch puts from a server that takes them (each one
+/// `put_many` of the store behind it, which an object store writes as one
+/// pack), one PUT per object from a server without them; an object that
+/// does not match its name is refused (422, `corrupt`) and nothing of its
+/// batch is stored.
+#[test]
+fn batch_puts_and_the_fallback_for_servers_without_them() {
+    for batch in [true, false] {
+        let t = tempfile::tempdir().unwrap();
+        let local = local_store(&t.path().join("s"), None);
+        let counting = Arc::new(Counting {
+            inner: local.clone(),
+            calls: Default::default(),
+        });
+        let (url, stop, h) = serve(counting.clone(), batch);
+        let st = store::open(&url, &store::OpenOptions::default()).unwrap();
+        let codec = st.config().codec();
+        let mut rng = Rng::new(7);
+        let sealed: Vec<_> = (0..70)
+            .map(|_| codec.seal(&rng.bytes(5000), false))
+            .collect();
+        local
+            .put_many(&[(sealed[3].id, &sealed[3].object[..])])
+            .unwrap();
+        let items: Vec<(ChunkId, &[u8])> = sealed.iter().map(|s| (s.id, &s.object[..])).collect();
+        let out = st.put_many(&items).unwrap();
+        for (k, (o, s)) in out.iter().zip(&sealed).enumerate() {
+            let want = if k == 3 {
+                PutOutcome::Existed
+            } else {
+                PutOutcome::Stored
+            };
+            assert_eq!(*o, want, "object {k}, batch={batch}");
+            assert_eq!(local.get(&s.id).unwrap(), s.object);
+        }
+        let calls = counting.calls.load(std::sync::atomic::Ordering::Relaxed);
+        if batch {
+            assert!((2..=8).contains(&calls), "{calls} put_many calls");
+        } else {
+            assert_eq!(calls, 70);
+        }
+        // A tampered object in a batch: refused, its batch-mates not stored.
+        let a = codec.seal(&rng.bytes(100), false);
+        let mut b = codec.seal(&rng.bytes(100), false);
+        let last = b.object.len() - 1;
+        b.object[last] ^= 1;
+        let e = st
+            .put_many(&[(a.id, &a.object[..]), (b.id, &b.object[..])])
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+        if batch {
+            assert!(local.get(&a.id).is_err());
+        }
+        let _ = stop.send(());
+        h.join().unwrap();
+    }
 }

@@ -89,7 +89,12 @@ fn main() {
     }
     let before = lbs.stats();
     let tally = |s: &roamdisk_lbs::StatsSnapshot| {
-        [s.client_blocks, s.physical_blocks, s.gc_moved, s.gc_clusters]
+        [
+            s.client_blocks,
+            s.physical_blocks,
+            s.gc_moved,
+            s.gc_clusters,
+        ]
     };
     let mut r = Rng::new(seed);
     // hotcold: `--hot-writes-pct` of the writes go to `--hot-pct` of the

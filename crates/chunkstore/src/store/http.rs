@@ -1,6 +1,6 @@
 //! The client of an HTTP chunk server (`roamdisk store serve`): GET, HEAD
-//! and PUT of objects by name, batch gets (many objects in one request;
-//! object by object from a server that does not know them), a batch
+//! and PUT of objects by name, batch gets and batch puts (many objects in
+//! one request; object by object from a server that does not know them), a batch
 //! "which of these do you have", refs with compare-and-swap (ETag /
 //! If-Match), leases and gc operations. Requests run in parallel on a
 //! pool of `parallel` connections; transport errors and 5xx answers are
@@ -49,6 +49,8 @@ const HAVE_BATCH: usize = 16384;
 /// Fewest ids per batch get request when a list is split over several
 /// (a shorter list goes in one request).
 const GET_BATCH_MIN: usize = 16;
+/// Fewest objects per batch put request when a list is split over several.
+const PUT_BATCH_MIN: usize = 16;
 pub use super::api::Credentials;
 
 /// A chunk store behind `roamdisk store serve`.
@@ -60,6 +62,8 @@ pub struct HttpStore {
     token: Option<Token>,
     /// The server answers batch gets (until it says it does not know them).
     batch_get: AtomicBool,
+    /// The server takes batch puts (until it says it does not know them).
+    batch_put: AtomicBool,
     /// Whether an unreachable server makes the store down at once (a
     /// session, which can work from its caches).
     offline_ok: bool,
@@ -211,6 +215,7 @@ impl HttpStore {
             pool,
             token,
             batch_get: AtomicBool::new(true),
+            batch_put: AtomicBool::new(true),
             offline_ok: opts.known_config.is_some(),
             down: parking_lot::Mutex::new(None),
         };
@@ -463,6 +468,54 @@ impl HttpStore {
             .collect()
     }
 
+    /// Objects by name, one PUT each, in parallel.
+    fn put_each(&self, items: &[(ChunkId, &[u8])]) -> Result<Vec<PutOutcome>> {
+        self.pool.install(|| {
+            items
+                .par_iter()
+                .map(|(id, bytes)| {
+                    let a = self.call("PUT", &format!("/v1/objects/{id}"), Some(bytes), &[])?;
+                    self.expect(&a, &[200, 201], &format!("store object {id}"))?;
+                    Ok(if a.status == 201 {
+                        PutOutcome::Stored
+                    } else {
+                        PutOutcome::Existed
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// One batch put (`POST /v1/objects/put`) of at most `wire::MAX_PUT`
+    /// objects and `wire::MAX_PUT_BYTES`, no id twice; object by object
+    /// when the server does not know the request (as for batch gets: 403,
+    /// 404, 405 or 501) or the object is too large for one.
+    fn put_batch(&self, items: &[(ChunkId, &[u8])]) -> Result<Vec<PutOutcome>> {
+        let bytes: u64 = items.iter().map(|(_, b)| b.len() as u64).sum();
+        if bytes > wire::MAX_PUT_BYTES || !self.batch_put.load(Ordering::Relaxed) {
+            return self.put_each(items);
+        }
+        let body = wire::encode_put_request(items);
+        let a = self.call("POST", "/v1/objects/put", Some(&body), &[])?;
+        if matches!(a.status, 403 | 404 | 405 | 501) {
+            if self.batch_put.swap(false, Ordering::Relaxed) {
+                tracing::info!(
+                    "chunk server {} does not take batch puts (HTTP {}): storing objects one by one",
+                    self.base,
+                    a.status
+                );
+            }
+            return self.put_each(items);
+        }
+        self.expect(
+            &a,
+            &[200],
+            &format!("store a batch of {} objects", items.len()),
+        )?;
+        wire::parse_put_answer(&a.body, items.len())
+            .map_err(|e| context(e, format!("chunk server {}", self.base)))
+    }
+
     /// `POST /v1/objects/get`: the answer's entries, or `None` from a
     /// server that does not know the request — 404 or 405 as routers
     /// answer an unknown one, or 403 from the gate of a server with users,
@@ -544,21 +597,46 @@ impl ChunkRead for HttpStore {
 }
 
 impl ChunkWrite for HttpStore {
+    /// Several objects: one PUT each when the server does not take batch
+    /// puts, else batch puts of runs of the list (each at most
+    /// `wire::MAX_PUT` objects and `wire::MAX_PUT_BYTES`, at least
+    /// `PUT_BATCH_MIN` objects when the list is split over the pool's
+    /// connections, an object past the byte limit alone in a PUT), as many
+    /// in flight as the pool has connections. A server in front of an
+    /// object store writes each batch as one pack.
     fn put_many(&self, items: &[(ChunkId, &[u8])]) -> Result<Vec<PutOutcome>> {
-        self.pool.install(|| {
-            items
-                .par_iter()
-                .map(|(id, bytes)| {
-                    let a = self.call("PUT", &format!("/v1/objects/{id}"), Some(bytes), &[])?;
-                    self.expect(&a, &[200, 201], &format!("store object {id}"))?;
-                    Ok(if a.status == 201 {
-                        PutOutcome::Stored
-                    } else {
-                        PutOutcome::Existed
-                    })
-                })
+        if items.len() <= 1 || !self.batch_put.load(Ordering::Relaxed) {
+            return self.put_each(items);
+        }
+        let per = items
+            .len()
+            .div_ceil(self.pool.current_num_threads())
+            .clamp(PUT_BATCH_MIN, wire::MAX_PUT);
+        let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+        let (mut start, mut bytes) = (0, 0u64);
+        let mut ids = std::collections::HashSet::new();
+        for (k, (id, b)) in items.iter().enumerate() {
+            let len = b.len() as u64;
+            let full = k - start >= per || bytes + len > wire::MAX_PUT_BYTES || ids.contains(id);
+            if k > start && full {
+                runs.push(start..k);
+                (start, bytes) = (k, 0);
+                ids.clear();
+            }
+            bytes += len;
+            ids.insert(*id);
+        }
+        runs.push(start..items.len());
+        let answers: Vec<Result<Vec<PutOutcome>>> = self.pool.install(|| {
+            runs.par_iter()
+                .map(|r| self.put_batch(&items[r.clone()]))
                 .collect()
-        })
+        });
+        let mut out = Vec::with_capacity(items.len());
+        for a in answers {
+            out.extend(a?);
+        }
+        Ok(out)
     }
     fn sync(&self) -> Result<()> {
         let a = self.call("POST", "/v1/sync", Some(&[]), &[])?;

@@ -1,7 +1,8 @@
 //! Binary bodies of the HTTP chunk protocol (`docs/formats/cas-http.md`):
 //! the batch "which of these do you have" request and answer, the batch
-//! get (many objects in one request) and the object listing. Pure encoding
-//! and parsing (fuzz targets `cas_wire` and `cas_wire_get`).
+//! get and the batch put (many objects in one request) and the object
+//! listing. Pure encoding and parsing (fuzz targets `cas_wire`,
+//! `cas_wire_get` and `cas_wire_put`).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -9,7 +10,7 @@ use crate::bytes::{Reader, Writer};
 use crate::chunk::{HEADER_SIZE, MAX_OBJECT};
 use crate::error::corrupt;
 use crate::hash::ChunkId;
-use crate::store::api::ObjectEntry;
+use crate::store::api::{ObjectEntry, PutOutcome};
 use roamdisk_blockdev::Result;
 
 pub const HAVE_MAGIC: [u8; 8] = *b"RDHAVE01";
@@ -37,6 +38,22 @@ pub const MAX_GET_ANSWER: u64 =
     GET_HEADER as u64 + (MAX_GET * GET_ENTRY_HEADER) as u64 + MAX_GET_BYTES;
 const _: () = assert!(MAX_GET_BYTES as usize <= MAX_OBJECT + HEADER_SIZE);
 const _: () = assert!(MAX_GET_ANSWER <= u32::MAX as u64);
+
+pub const PUT_MAGIC: [u8; 8] = *b"RDPUTS01";
+/// Most objects in one batch put request.
+pub const MAX_PUT: usize = 256;
+/// Most object bytes (the sum of the entries' lengths) in one batch put
+/// request: a larger object goes alone, in a PUT of its own.
+pub const MAX_PUT_BYTES: u64 = 32 << 20;
+/// Bytes of a batch put request's entry before its object: id, length.
+pub const PUT_ENTRY_HEADER: usize = 32 + 4;
+/// The longest batch put request.
+pub const MAX_PUT_REQUEST: u64 =
+    GET_HEADER as u64 + (MAX_PUT * PUT_ENTRY_HEADER) as u64 + MAX_PUT_BYTES;
+const _: () = assert!(MAX_PUT_REQUEST as usize <= MAX_OBJECT + HEADER_SIZE);
+/// Entry statuses of a batch put answer.
+pub const PUT_EXISTED: u8 = 0;
+pub const PUT_STORED: u8 = 1;
 
 /// Entry statuses of a batch get answer.
 pub const GOT_MISSING: u8 = 0;
@@ -218,6 +235,92 @@ pub fn parse_get_answer(b: &[u8], asked: usize) -> Result<Vec<Got>> {
     Ok(out)
 }
 
+/// A batch put request of `items` (1 to [`MAX_PUT`] objects of at most
+/// [`MAX_PUT_BYTES`] together, no id twice: the caller splits).
+pub fn encode_put_request(items: &[(ChunkId, &[u8])]) -> Vec<u8> {
+    let bytes: usize = items.iter().map(|(_, b)| b.len()).sum();
+    let mut w = Writer::new();
+    w.buf
+        .reserve(GET_HEADER + items.len() * PUT_ENTRY_HEADER + bytes);
+    w.bytes(&PUT_MAGIC).u32(items.len() as u32);
+    for (id, b) in items {
+        w.id(id).u32(b.len() as u32).bytes(b);
+    }
+    w.buf
+}
+
+/// Parse a batch put request: 1 to [`MAX_PUT`] entries, each an id, a
+/// length and that many bytes, the lengths adding up to at most
+/// [`MAX_PUT_BYTES`], no id twice, nothing after the last. The objects
+/// are not verified here: the server checks each against its name.
+pub fn parse_put_request(b: &[u8]) -> Result<Vec<(ChunkId, &[u8])>> {
+    let (mut r, n) = read_head(b, PUT_MAGIC, "batch put request")?;
+    if n == 0 || n > MAX_PUT {
+        return Err(corrupt(format!(
+            "batch put request of {n} objects: 1 to {MAX_PUT} may be sent at once"
+        )));
+    }
+    let mut used = 0u64;
+    let mut out: Vec<(ChunkId, &[u8])> = Vec::with_capacity(n);
+    let mut seen = std::collections::HashSet::with_capacity(n);
+    for k in 0..n {
+        let id = r.id("id")?;
+        let len = r.u32("length")? as u64;
+        if len > MAX_PUT_BYTES - used {
+            return Err(corrupt(format!(
+                "batch put request: object {k} is {len} bytes, past the request's limit of {MAX_PUT_BYTES} bytes"
+            )));
+        }
+        if !seen.insert(id) {
+            return Err(corrupt(format!(
+                "batch put request: object {id} is sent twice"
+            )));
+        }
+        used += len;
+        out.push((id, r.bytes(len as usize, "object")?));
+    }
+    r.finish()?;
+    Ok(out)
+}
+
+/// The answer to a batch put request: one status per object, in order.
+pub fn encode_put_answer(outcomes: &[PutOutcome]) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.bytes(&PUT_MAGIC).u32(outcomes.len() as u32);
+    for o in outcomes {
+        w.u8(match o {
+            PutOutcome::Stored => PUT_STORED,
+            PutOutcome::Existed => PUT_EXISTED,
+        });
+    }
+    w.buf
+}
+
+/// Parse the answer to a batch put request of `sent` objects: exactly
+/// `sent` known statuses, nothing after them.
+pub fn parse_put_answer(b: &[u8], sent: usize) -> Result<Vec<PutOutcome>> {
+    let (mut r, n) = read_head(b, PUT_MAGIC, "batch put answer")?;
+    if n != sent {
+        return Err(corrupt(format!(
+            "batch put answer for {n} objects, sent {sent}"
+        )));
+    }
+    let mut out = Vec::with_capacity(n.min(MAX_PUT));
+    for k in 0..n {
+        out.push(match r.u8("status")? {
+            PUT_STORED => PutOutcome::Stored,
+            PUT_EXISTED => PutOutcome::Existed,
+            s => {
+                return Err(corrupt(format!(
+                    "batch put answer: entry {k} has unknown status {s}"
+                )))
+            }
+        });
+    }
+    r.finish()?;
+    Ok(out)
+}
+
 pub fn nanos(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -268,6 +371,41 @@ mod tests {
         assert!(parse_have_answer(&encode_have_answer(&a), 4).is_err());
         let b = encode_have_request(&ids);
         assert!(parse_have_request(&b[..b.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn put_round_trip_and_refusals() {
+        let a = vec![5u8; 3000];
+        let items: Vec<(ChunkId, &[u8])> = vec![
+            (ChunkId([1; 32]), b"one"),
+            (ChunkId([2; 32]), &a),
+            (ChunkId([3; 32]), b""),
+        ];
+        let b = encode_put_request(&items);
+        assert_eq!(parse_put_request(&b).unwrap(), items);
+        for n in 0..b.len() {
+            assert!(parse_put_request(&b[..n]).is_err(), "cut at {n}");
+        }
+        let mut long = b.clone();
+        long.push(0);
+        assert!(parse_put_request(&long).is_err());
+        let twice = encode_put_request(&[items[0], items[0]]);
+        let e = parse_put_request(&twice).unwrap_err();
+        assert!(e.to_string().contains("sent twice"), "{e}");
+        assert!(parse_put_request(&encode_put_request(&[])).is_err());
+        // Past the byte limit: 3 objects of 12 MiB.
+        let big = vec![0u8; 12 << 20];
+        let over: Vec<(ChunkId, &[u8])> = (0..3).map(|i| (ChunkId([i; 32]), &big[..])).collect();
+        let e = parse_put_request(&encode_put_request(&over)).unwrap_err();
+        assert!(e.to_string().contains("limit"), "{e}");
+        let outcomes = [PutOutcome::Stored, PutOutcome::Existed, PutOutcome::Stored];
+        let ans = encode_put_answer(&outcomes);
+        assert_eq!(parse_put_answer(&ans, 3).unwrap(), outcomes);
+        assert!(parse_put_answer(&ans, 2).is_err());
+        let mut bad = ans.clone();
+        *bad.last_mut().unwrap() = 7;
+        assert!(parse_put_answer(&bad, 3).is_err());
+        assert!(parse_put_answer(&ans[..ans.len() - 1], 3).is_err());
     }
 
     fn sample() -> Vec<Got> {

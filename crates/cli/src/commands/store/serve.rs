@@ -62,8 +62,9 @@ pub struct ServeArgs {
     /// store, none for a directory, which the page cache already holds).
     #[arg(long, value_name = "SIZE")]
     cache: Option<String>,
-    /// Answer batch gets (POST /v1/objects/get) as a server from before
-    /// them did, so clients fetch object by object (tests, benchmarks).
+    /// Answer batch gets and puts (POST /v1/objects/get, /v1/objects/put)
+    /// as a server from before them did, so clients fetch and store object
+    /// by object (tests, benchmarks).
     #[arg(long, hide = true)]
     no_batch_get: bool,
 }
@@ -104,7 +105,7 @@ pub fn run(s: ServeArgs, quiet: bool) -> anyhow::Result<()> {
         },
         users,
         insecure: s.insecure,
-        batch_get: !s.no_batch_get,
+        batch: !s.no_batch_get,
     };
     let scheme = opts.scheme();
     let who = match &s.users {
