@@ -4,6 +4,13 @@
 //! of depth `burst`), and every request waits `latency`. For the seeds'
 //! bandwidth experiments on one machine; everything else passes through.
 //!
+//! Data crosses the link when it would on a network: a write's bytes
+//! before NEXT gets them, a read's after NEXT has answered (the reply
+//! comes back over the link). On a link shared by many clients the order
+//! matters: a read's request reaches the server at once and its disk
+//! works while earlier replies still queue at the server's port, instead
+//! of the disk waiting for the port.
+//!
 //! With `link=NAME` every throttle layer of the process naming the same
 //! link shares it ([`Duplex::named`]): one token bucket per direction for
 //! all of them, as the clients of a server share its port. `report=FILE`
@@ -63,8 +70,9 @@ impl BlockDev for ThrottleDev {
         )
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
+        let r = self.next.read_at(buf, off);
         self.link.down.pass(buf.len() as u64);
-        self.next.read_at(buf, off)
+        r
     }
     fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
         self.link.up.pass(buf.len() as u64);
@@ -87,8 +95,9 @@ impl BlockDev for ThrottleDev {
         self.next.write_zeroes(off, len, flags)
     }
     fn block_status(&self, off: u64, len: u64) -> Result<Vec<Extent>> {
+        let r = self.next.block_status(off, len);
         self.link.down.pass(0);
-        self.next.block_status(off, len)
+        r
     }
 }
 
@@ -117,6 +126,50 @@ mod tests {
         let took = t0.elapsed();
         assert!(took >= Duration::from_millis(130), "{took:?}");
         assert!(buf[..4096].iter().all(|&b| b == 7) && buf[4096..].iter().all(|&b| b == 0));
+    }
+
+    /// NEXT below, seeing what the link had carried when a request
+    /// reached it.
+    struct Probe {
+        mem: Arc<MemDev>,
+        link: Arc<Duplex>,
+        seen: parking_lot::Mutex<Vec<(&'static str, u64)>>,
+    }
+
+    impl BlockDev for Probe {
+        crate::layer!("probe", mem);
+        fn size(&self) -> u64 {
+            self.mem.size()
+        }
+        fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
+            let n = self.link.down.stats().requests;
+            self.seen.lock().push(("read", n));
+            self.mem.read_at(buf, off)
+        }
+        fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
+            let n = self.link.up.stats().requests;
+            self.seen.lock().push(("write", n));
+            self.mem.write_at(buf, off, flags)
+        }
+    }
+
+    #[test]
+    fn writes_cross_before_next_and_reads_after_it() {
+        let link = Duplex::new(LinkSpec {
+            rate: 1 << 30,
+            latency: Duration::ZERO,
+            burst: 0,
+        });
+        let probe = Arc::new(Probe {
+            mem: Arc::new(MemDev::new(1 << 20)),
+            link: link.clone(),
+            seen: Default::default(),
+        });
+        let t = ThrottleDev::on(probe.clone(), link.clone(), None);
+        t.write_at(&[1u8; 4096], 0, WriteFlags::default()).unwrap();
+        t.read_at(&mut [0u8; 4096], 0).unwrap();
+        assert_eq!(*probe.seen.lock(), [("write", 1), ("read", 0)]);
+        assert_eq!(link.stats().down.requests, 1);
     }
 
     /// Two stacks on one named link (`link=NAME`, through the registry)
