@@ -81,7 +81,7 @@ pub static COW: LayerKind = LayerKind {
     ..LayerKind::WRAPPING
 };
 
-/// `throttle[rate=R,latency=D,burst=B]:NEXT`.
+/// `throttle[rate=R,latency=D,burst=B,link=NAME,report=FILE]:NEXT`.
 pub static THROTTLE: LayerKind = LayerKind {
     name: "throttle",
     summary: "NEXT behind an emulated network link: a bandwidth limit (token bucket) and a latency per request",
@@ -90,6 +90,8 @@ pub static THROTTLE: LayerKind = LayerKind {
         ("rate", "bandwidth per direction: 1Mbit, 100kbit, or bytes per second such as 10M (default unlimited)"),
         ("latency", "added to every request: 8ms, 250us (default 0)"),
         ("burst", "bytes that may go at once after an idle period (default 64K)"),
+        ("link", "a name: every throttle layer of the process with this name is one link, one rate per direction (default: a link of its own)"),
+        ("report", "write the link's counters (requests, bytes, busy time per direction) as JSON to this file at each flush and at close"),
     ],
     open: |ctx: &OpenCtx<'_>, next| {
         let next = ctx.inner("throttle", next)?;
@@ -97,10 +99,45 @@ pub static THROTTLE: LayerKind = LayerKind {
         let latency = ctx.duration_opt("throttle", "latency")?.unwrap_or_default();
         let burst = ctx.size_opt("throttle", "burst")?.unwrap_or(64 << 10);
         let spec = crate::throttle::LinkSpec { rate, latency, burst };
-        Ok(Arc::new(throttle::ThrottleDev::new(next, spec)) as Arc<dyn BlockDev>)
+        let link = match ctx.opt("link") {
+            None => crate::throttle::Duplex::new(spec),
+            Some(name) => crate::throttle::Duplex::named(link_name(name)?, spec)?,
+        };
+        let report = match ctx.opt("report") {
+            Some("") => {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    Op::Open,
+                    "throttle",
+                    "report: give a file name (report=link.json)",
+                ))
+            }
+            r => r.map(std::path::PathBuf::from),
+        };
+        Ok(Arc::new(throttle::ThrottleDev::on(next, link, report)) as Arc<dyn BlockDev>)
     },
     ..LayerKind::WRAPPING
 };
+
+/// A `link=` name: letters, digits, `-`, `_` and `.`, 1-64 of them.
+fn link_name(name: &str) -> crate::error::Result<&str> {
+    let ok = (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(name)
+    } else {
+        Err(Error::new(
+            ErrorKind::InvalidArgument,
+            Op::Open,
+            "throttle",
+            format!(
+                "link '{name}': a name is 1-64 letters, digits, '-', '_' or '.' (e.g. link=server)"
+            ),
+        ))
+    }
+}
 
 /// `hdd[seek=T,rpm=R,rate=B,near=N,head=NAME,charge=all|writes,report=FILE]:NEXT`.
 pub static HDD: LayerKind = LayerKind {
