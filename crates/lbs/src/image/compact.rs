@@ -23,14 +23,21 @@ impl Inner {
             *running = crc32c::crc32c_append(*running, &b);
             out.extend_from_slice(&b);
         };
-        let mut mapped: Vec<(u32, u32)> = st
-            .l2p
+        // Mapped blocks in PBN order, from the reverse map (no sort: on a
+        // 16 GiB image of random writes, sorting the map's 4M pairs was a
+        // third of a compaction's time).
+        let mapped: Vec<(u32, u32)> = st
+            .p2l
             .iter()
             .enumerate()
-            .filter(|(_, &p)| p < ZERO)
-            .map(|(l, &p)| (p, l as u32))
+            .filter(|&(p, &l)| l != NO_LBN && st.l2p[l as usize] == p as u32)
+            .map(|(p, &l)| (p as u32, l))
             .collect();
-        mapped.sort_unstable();
+        debug_assert_eq!(
+            mapped.len(),
+            st.l2p.iter().filter(|&&p| p < ZERO).count(),
+            "the reverse map names every mapped block"
+        );
         // A block's seal, or None where it was written in place.
         let seal = |l: u32| match st.seal_pbn[l as usize] {
             IN_PLACE => None,
@@ -94,6 +101,7 @@ impl Inner {
         out.extend_from_slice(&b);
         let r = st.log.replace(&out).map_err(|e| log_err(Op::Flush, e));
         self.poison(st, r)?;
+        st.compacted = out.len() as u64;
         st.seq = seq + 1;
         st.barrier_no = 1;
         st.running = 0;

@@ -133,7 +133,10 @@ pub struct LbsOptions {
     pub background_gc: bool,
     /// GC watermarks and weights; `None` = defaults for the image size.
     pub gc: Option<GcPolicy>,
-    /// Compact the metadata log when it grows past this many bytes.
+    /// Compact the metadata log when it grows past this many bytes and
+    /// twice its length after the last compaction (so a large image, whose
+    /// compacted map alone may pass the limit, compacts after as many bytes
+    /// of new entries as the map takes, not at every barrier).
     pub compact_limit: u64,
 }
 
@@ -283,6 +286,8 @@ struct State {
     stamp_unit: u64,
     stamp_pass: u64,
     log: Box<dyn LogStore>,
+    /// The log's length after the last compaction.
+    compacted: u64,
     seq: u64,
     barrier_no: u64,
     running: u32,
@@ -571,6 +576,7 @@ impl Inner {
             stamp_unit,
             stamp_pass: (clusters / stamp_unit).max(1),
             log,
+            compacted: 0,
             seq: r.next_seq,
             barrier_no: r.barriers,
             running: 0,

@@ -174,7 +174,7 @@ impl Inner {
         st.dirty = false;
         self.stats.barriers.fetch_add(1, Ordering::Relaxed);
         self.free_pending(st);
-        if st.log.len() > self.opts.compact_limit {
+        if st.log.len() > self.opts.compact_limit.max(2 * st.compacted) {
             self.compact(st)?;
         }
         Ok(())
