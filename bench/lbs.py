@@ -198,7 +198,10 @@ def measure(server, size, runtime, rows, precondition):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--passes", type=int, default=3)
-    ap.add_argument("--size", default="4G", help="image size (default 4G: fresh-image rows never fill it)")
+    ap.add_argument("--size", default="4G",
+                    help="image size (default 4G: fresh-image rows never fill it); several, comma-separated "
+                         "(e.g. 1G,16G), run every configuration at each size, interleaved, and add each "
+                         "size's ratios and the largest size's IOPS over the smallest's")
     ap.add_argument("--runtime", type=int, default=8, help="seconds per fio row (default 8)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
     ap.add_argument("--rows", default=",".join(r[0] for r in ROWS),
@@ -222,9 +225,9 @@ def main():
         run(["cargo", "build", "--release", "--quiet", "-p", "roamdisk"], cwd=REPO)
         roamdisk = os.path.join(REPO, "target", "release", "roamdisk")
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    size = int(a.size[:-1]) * units[a.size[-1]] if a.size[-1] in units else int(a.size)
-    names = [c for c in a.configs.split(",") if c]
-    for n in names:
+    sizes = {z: int(z[:-1]) * units[z[-1]] if z[-1] in units else int(z) for z in a.size.split(",") if z}
+    configs = [c for c in a.configs.split(",") if c]
+    for n in configs:
         base, _, tag = n.partition("@")
         if base not in CONFIGS or (tag and (tag not in ALSO or CONFIGS[base][0] != "lbs")):
             die(f"unknown configuration {n} (NAME@TAG needs an lbs NAME and --also TAG=BIN)")
@@ -233,12 +236,17 @@ def main():
     if len(rows) != len(want):
         die(f"unknown row in --rows {a.rows}")
     work = tempfile.mkdtemp(prefix="roamdisk-bench-lbs-", dir=os.environ.get("BENCH_DIR", "/var/tmp"))
+    # One column per configuration and size (NAME/SIZE when several sizes).
+    multi = len(sizes) > 1
+    names = [f"{n}/{z}" if multi else n for z in sizes for n in configs]
     results = {n: {r[0]: [] for r in rows} for n in names}
     try:
         for p in range(a.passes):
             order = names[p % len(names):] + names[:p % len(names)]
             for n in order:
-                s = Server(n, work, size, roamdisk).start()
+                config, _, z = n.partition("/")
+                size = sizes[z] if multi else next(iter(sizes.values()))
+                s = Server(config, work, size, roamdisk).start()
                 try:
                     r = measure(s, size, a.runtime, rows, a.precondition)
                 finally:
@@ -250,14 +258,20 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
     med = {n: {k: statistics.median(v) for k, v in rows.items()} for n, rows in results.items()}
     lines = []
-    head = "| row | unit | " + " | ".join(names) + (f" | {MAIN} / {BASELINE} |" if MAIN in names and BASELINE in names else " |")
+    # Ratio columns: MAIN / BASELINE at each size; MAIN at the largest size
+    # over MAIN at the smallest.
+    suffixes = [f"/{z}" for z in sizes] if multi else [""]
+    ratios = [(f"{MAIN}{x} / {BASELINE}{x}", MAIN + x, BASELINE + x) for x in suffixes
+              if MAIN + x in names and BASELINE + x in names]
+    if multi and MAIN in configs:
+        lo, hi = suffixes[0], suffixes[-1]
+        ratios.append((f"{MAIN}{hi} / {MAIN}{lo}", MAIN + hi, MAIN + lo))
+    head = "| row | unit | " + " | ".join(names) + " |" + "".join(f" {r[0]} |" for r in ratios)
     lines.append(head)
     lines.append("|" + " --- |" * (head.count("|") - 1))
     for rid, label, unit, _params, _phase in rows:
         cells = [f"{med[n][rid]:.0f}" for n in names]
-        ratio = ""
-        if MAIN in names and BASELINE in names:
-            ratio = f" **{med[MAIN][rid] / med[BASELINE][rid]:.2f}** |"
+        ratio = "".join(f" **{med[x][rid] / med[y][rid]:.2f}** |" for _, x, y in ratios)
         lines.append(f"| {label} | {unit} | " + " | ".join(cells) + " |" + ratio)
     if "lbs-plain" in names:
         lines.append("")
@@ -274,7 +288,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     with open(os.path.join(a.out, f"lbs-{stamp}.json"), "w") as f:
-        json.dump({"size": size, "runtime": a.runtime, "passes": a.passes, "precondition": a.precondition,
+        json.dump({"sizes": sizes, "runtime": a.runtime, "passes": a.passes, "precondition": a.precondition,
                    "rows": [r[0] for r in rows], "results": results, "medians": med}, f, indent=1)
 
 

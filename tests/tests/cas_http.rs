@@ -47,18 +47,16 @@ fn commit_session_checkout_and_gc_through_the_chunk_server() {
     // A chunk damaged on the server: the checkout names it.
     let pkg = std::fs::read(object_file(&cas.store, &v1)).unwrap();
     assert!(pkg.len() > 16);
-    let victim = cas_common::object_files(&cas.store)
+    // (The commit's chunks went up in batch puts, which the local store
+    // behind the server writes as packs.)
+    let victim = cas_common::packed_objects(&cas.store)
         .into_iter()
-        .find(|f| {
-            let n = f.file_name().unwrap().to_str().unwrap();
-            n != v1 && n != v2 && std::fs::metadata(f).unwrap().len() > 60000
-        })
-        .unwrap();
-    let id = victim.file_name().unwrap().to_str().unwrap().to_string();
-    let mut b = std::fs::read(&victim).unwrap();
-    let n = b.len();
-    b[n - 7] ^= 1;
-    std::fs::write(&victim, b).unwrap();
+        .find(|o| o.len > 60000)
+        .expect("a whole chunk in a pack");
+    let id = victim.id.clone();
+    let mut b = std::fs::read(&victim.pack).unwrap();
+    b[(victim.offset + victim.len) as usize - 7] ^= 1;
+    std::fs::write(&victim.pack, b).unwrap();
     let e = checkout_fail(&url, "erin/vm", &dir.join("x.raw"), &[]);
     assert!(e.contains(&id) && e.contains("corrupt"), "{e}");
 }
