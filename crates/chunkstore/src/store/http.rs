@@ -496,17 +496,16 @@ impl HttpStore {
             return self.put_each(items);
         }
         let body = wire::encode_put_request(items);
-        let a = self.call("POST", "/v1/objects/put", Some(&body), &[])?;
-        if matches!(a.status, 403 | 404 | 405 | 501) {
-            if self.batch_put.swap(false, Ordering::Relaxed) {
-                tracing::info!(
-                    "chunk server {} does not take batch puts (HTTP {}): storing objects one by one",
-                    self.base,
-                    a.status
-                );
-            }
+        let Some(a) = self.post_batch(
+            "/v1/objects/put",
+            &body,
+            &self.batch_put,
+            "take batch puts",
+            "storing",
+        )?
+        else {
             return self.put_each(items);
-        }
+        };
         self.expect(
             &a,
             &[200],
@@ -516,24 +515,48 @@ impl HttpStore {
             .map_err(|e| context(e, format!("chunk server {}", self.base)))
     }
 
-    /// `POST /v1/objects/get`: the answer's entries, or `None` from a
-    /// server that does not know the request — 404 or 405 as routers
-    /// answer an unknown one, or 403 from the gate of a server with users,
-    /// which takes an unknown request for an admin's. (A server that knows
-    /// it lets every user make it.)
-    fn post_get(&self, ids: &[ChunkId]) -> Result<Option<Vec<wire::Got>>> {
-        let body = wire::encode_get_request(ids);
-        let a = self.call("POST", "/v1/objects/get", Some(&body), &[])?;
+    /// A batch request (`POST path`): its answer, or `None` from a server
+    /// that does not know the request — 404 or 405 as routers answer an
+    /// unknown one, or 403 from the gate of a server with users, which
+    /// takes an unknown request for an admin's (a server that knows it lets
+    /// every user make it) — after which `known` is cleared and the client
+    /// goes object by object (said once).
+    fn post_batch(
+        &self,
+        path: &str,
+        body: &[u8],
+        known: &AtomicBool,
+        does: &str,
+        instead: &str,
+    ) -> Result<Option<Answer>> {
+        let a = self.call("POST", path, Some(body), &[])?;
         if matches!(a.status, 403 | 404 | 405 | 501) {
-            if self.batch_get.swap(false, Ordering::Relaxed) {
+            if known.swap(false, Ordering::Relaxed) {
                 tracing::info!(
-                    "chunk server {} does not answer batch gets (HTTP {}): fetching objects one by one",
+                    "chunk server {} does not {does} (HTTP {}): {instead} objects one by one",
                     self.base,
                     a.status
                 );
             }
             return Ok(None);
         }
+        Ok(Some(a))
+    }
+
+    /// `POST /v1/objects/get`: the answer's entries, or `None` from a
+    /// server that does not know the request ([`HttpStore::post_batch`]).
+    fn post_get(&self, ids: &[ChunkId]) -> Result<Option<Vec<wire::Got>>> {
+        let body = wire::encode_get_request(ids);
+        let Some(a) = self.post_batch(
+            "/v1/objects/get",
+            &body,
+            &self.batch_get,
+            "answer batch gets",
+            "fetching",
+        )?
+        else {
+            return Ok(None);
+        };
         self.expect(&a, &[200], "send a batch of objects")?;
         wire::parse_get_answer(&a.body, ids.len())
             .map(Some)
