@@ -145,15 +145,13 @@ impl Source<'_> {
     }
 }
 
-/// Bytes read per batch (hashed and uploaded together).
+/// Bytes read per batch (hashed and uploaded together). For a chunk
+/// server each batch is one have request, then batch puts over the
+/// connections, then the next batch: 64 MiB batches left the uploads idle
+/// less often (`store serve s3://` in front of Swift, 512 MiB commit: 87 ->
+/// 127 MB/s) but took a commit's peak memory from ~115 to ~500 MB; the way
+/// to keep uploads busy is to pipeline the batches, not to grow them.
 const BATCH_BYTES: usize = 16 << 20;
-/// Bytes of a disk read per batch for a store without cheap lookups (a
-/// chunk server: each batch is one have request, then batch puts over the
-/// connections, then the next batch). Larger batches leave the uploads
-/// idle less often: `store serve s3://` in front of Swift, 512 MiB commit,
-/// 16 MiB 87 MB/s, 64 MiB 127 MB/s (`bench/cas-s3.py`, same machine, one
-/// run each).
-const DEV_BATCH_BYTES: usize = 64 << 20;
 
 /// Chunks read together: records `first..first + holes.len()`, their
 /// bytes back to back in `data` (hole chunks are not read: their bytes are
@@ -176,7 +174,7 @@ fn read_batches(
 ) {
     let size = src.size();
     let n = size.div_ceil(chunk as u64) as usize;
-    let per = (DEV_BATCH_BYTES / chunk).max(1);
+    let per = (BATCH_BYTES / chunk).max(1);
     let Source::Dev(dev) = src;
     // The allocation map of the whole source, once (asking per batch makes
     // SEEK_HOLE rescan the rest of the file every time).
