@@ -43,6 +43,13 @@ pub(super) fn random_u64() -> Result<u64> {
     Ok(u64::from_le_bytes(r))
 }
 
+/// Whether a PUT's answer lacked its ETag header (not retried by
+/// `object_store`).
+fn missing_etag(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::Generic { .. })
+        && e.to_string().contains("ETag Header missing")
+}
+
 /// Whether a request failed because its object does not exist.
 pub(super) fn is_not_found(e: &object_store::Error) -> bool {
     matches!(e, object_store::Error::NotFound { .. })
@@ -174,11 +181,26 @@ impl S3Store {
 
     /// Store `bytes` as `rel` with one PUT.
     pub(super) async fn put(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
-        self.os
-            .put(&self.key(rel), PutPayload::from(bytes))
-            .await
-            .map(|_| ())
-            .map_err(|e| self.fail(e, Op::Write, rel))
+        let payload = PutPayload::from(bytes);
+        let mut attempt = 0;
+        loop {
+            match self.os.put(&self.key(rel), payload.clone()).await {
+                Ok(_) => return Ok(()),
+                // An answer without the ETag every S3 PUT answer carries
+                // (Swift under load, seen once in CI: "Unable to extract
+                // metadata from headers: ETag Header missing") says nothing
+                // of whether the object was stored; object_store does not
+                // retry it. Every PUT here is of a fresh random name, a
+                // content-addressed object or an empty marker, so it is
+                // sent again.
+                Err(e) if attempt < 3 && missing_etag(&e) => {
+                    attempt += 1;
+                    tracing::debug!(object = rel, attempt, "PUT answered without an ETag: again");
+                    tokio::time::sleep(std::time::Duration::from_millis(100 << attempt)).await;
+                }
+                Err(e) => return Err(self.fail(e, Op::Write, rel)),
+            }
+        }
     }
 
     /// Upload a pack: one PUT, or a multipart upload of large ones.
@@ -270,5 +292,26 @@ mod status_tests {
             "403"
         ));
         assert!(!has_status("port 14030", "403"));
+    }
+}
+
+#[cfg(test)]
+mod put_retry_tests {
+    use super::missing_etag;
+
+    #[test]
+    fn only_a_put_answer_without_its_etag_is_sent_again() {
+        let generic = |m: &str| object_store::Error::Generic {
+            store: "S3",
+            source: m.to_string().into(),
+        };
+        assert!(missing_etag(&generic(
+            "Unable to extract metadata from headers: ETag Header missing from response"
+        )));
+        assert!(!missing_etag(&generic("connection reset")));
+        assert!(!missing_etag(&object_store::Error::NotFound {
+            path: "x".into(),
+            source: "ETag Header missing".into(),
+        }));
     }
 }
