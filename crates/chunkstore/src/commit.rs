@@ -12,6 +12,7 @@
 //! lease. A crash anywhere before the catalog update leaves the previous
 //! version current and nothing half-visible.
 
+use std::collections::HashSet;
 use std::io::Read;
 use std::time::{Duration, Instant};
 
@@ -24,7 +25,7 @@ use crate::hash::ChunkId;
 use crate::index::{valid_chunk_size, Index, SECTOR};
 use crate::repo::{read_catalog, update_catalog};
 use crate::store::{ChunkWrite, LeaseStore, RefStore};
-use crate::upload::{UploadStats, Uploader};
+use crate::upload::{Prepared, UploadStats, Uploader};
 use crate::version::{Memory, Version};
 use roamdisk_blockdev::Progress;
 use roamdisk_blockdev::{extents_covering, BlockDev, ErrorKind, Op, Result};
@@ -160,6 +161,21 @@ struct Batch {
     first: usize,
     data: Vec<u8>,
     holes: Vec<bool>,
+}
+
+impl Batch {
+    /// The chunks read (record number, content).
+    fn chunks(&self, chunk: usize) -> Vec<(usize, &[u8])> {
+        let mut out = Vec::with_capacity(self.holes.len());
+        for (k, hole) in self.holes.iter().enumerate() {
+            if !*hole {
+                let a = k * chunk;
+                let b = (a + chunk).min(self.data.len());
+                out.push((self.first + k, &self.data[a..b]));
+            }
+        }
+        out
+    }
 }
 
 /// Read the source batch by batch into buffers taken from `free` (the
@@ -314,33 +330,62 @@ pub(crate) fn upload_source<S: ChunkWrite + LeaseStore + ?Sized>(
         up.upload_each(index, &records, (GROUP_BYTES / chunk).max(1), chunk, &read)?;
         return Ok(());
     }
+    // Batches: read on one thread; hashed, asked about and sealed on this
+    // one; put on their own threads, up to the store's groups in flight at
+    // once (a chunk server: the next batch is hashed and asked about while
+    // the uploads of the last ones go on).
+    let limit = up.store().groups_in_flight().max(1);
+    let store = up.store();
     std::thread::scope(|scope| {
-        let (tx, rx) = std::sync::mpsc::sync_channel(2);
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let (free_tx, free_rx) = std::sync::mpsc::channel();
         scope.spawn(move || read_batches(src, chunk, tx, free_rx));
+        type Putting<'s> = std::thread::ScopedJoinHandle<
+            's,
+            (Batch, Prepared, Result<Vec<crate::store::PutOutcome>>),
+        >;
+        let mut behind: std::collections::VecDeque<Putting<'_>> = Default::default();
+        let mut in_flight: HashSet<ChunkId> = HashSet::new();
+        let land = |h: Putting<'_>,
+                    up: &mut Uploader<'_, S>,
+                    index: &mut Index,
+                    in_flight: &mut HashSet<ChunkId>|
+         -> Result<()> {
+            let (batch, prepared, outcomes) = h.join().expect("upload thread");
+            for id in prepared.ids() {
+                in_flight.remove(id);
+            }
+            up.account_batch(index, &batch.chunks(chunk), prepared, outcomes)?;
+            let _ = free_tx.send(batch.data);
+            Ok(())
+        };
         for batch in rx {
             let batch = batch?;
             let bytes = batch.data.len() as u64;
-            let mut data: Vec<(usize, &[u8])> = Vec::with_capacity(batch.holes.len());
             for (k, hole) in batch.holes.iter().enumerate() {
-                let i = batch.first + k;
                 if *hole {
                     // Unread (hole) chunks are zero.
-                    index.set_zero(i);
+                    index.set_zero(batch.first + k);
                     up.stats.chunks += 1;
                     up.stats.zero_chunks += 1;
-                } else {
-                    let a = k * chunk;
-                    let b = (a + chunk).min(batch.data.len());
-                    data.push((i, &batch.data[a..b]));
                 }
             }
-            up.upload(index, &data)?;
-            drop(data);
-            let _ = free_tx.send(batch.data);
+            let prepared = up.prepare(index, &batch.chunks(chunk), &in_flight)?;
+            while behind.len() >= limit {
+                let h = behind.pop_front().expect("a batch behind");
+                land(h, up, index, &mut in_flight)?;
+            }
+            in_flight.extend(prepared.ids().copied());
+            behind.push_back(scope.spawn(move || {
+                let outcomes = prepared.put(store, &batch.chunks(chunk));
+                (batch, prepared, outcomes)
+            }));
             progress.advance(bytes);
             done += bytes;
             pace(done);
+        }
+        while let Some(h) = behind.pop_front() {
+            land(h, up, index, &mut in_flight)?;
         }
         Ok(())
     })

@@ -85,13 +85,60 @@ impl Each {
 }
 
 /// How a missing chunk is stored.
-enum Stored<'p> {
-    /// Plain, uncompressed: this header, then chunk `.1` as it is.
+enum Stored {
+    /// Plain, uncompressed: this header, then chunk `.1` of the batch as
+    /// it is.
     Header([u8; HEADER_SIZE], usize),
     /// A sealed envelope.
     Object(Vec<u8>),
-    /// An envelope sealed while hashing (encrypted chunks).
-    Borrowed(&'p [u8]),
+}
+
+impl Stored {
+    fn parts<'p>(&'p self, chunks: &[(usize, &'p [u8])]) -> [&'p [u8]; 2] {
+        match self {
+            Stored::Header(h, k) => [h, chunks[*k].1],
+            Stored::Object(v) => [v, &[]],
+        }
+    }
+
+    fn len(&self, chunks: &[(usize, &[u8])]) -> usize {
+        self.parts(chunks).iter().map(|p| p.len()).sum()
+    }
+}
+
+/// A batch hashed, asked about and sealed ([`Uploader::prepare`]),
+/// waiting for its puts.
+pub struct Prepared {
+    preps: Vec<Prep>,
+    /// The objects the store lacks, in the order they are put.
+    sealed: Vec<(ChunkId, Stored)>,
+    /// Distinct objects the store had (touched).
+    found: u64,
+}
+
+impl Prepared {
+    /// The objects this batch puts.
+    pub fn ids(&self) -> impl Iterator<Item = &ChunkId> {
+        self.sealed.iter().map(|(id, _)| id)
+    }
+
+    /// Put the objects the store lacks; `chunks` as given to
+    /// [`Uploader::prepare`]. Runs on any thread.
+    pub fn put<S: ChunkWrite + ?Sized>(
+        &self,
+        store: &S,
+        chunks: &[(usize, &[u8])],
+    ) -> Result<Vec<PutOutcome>> {
+        if self.sealed.is_empty() {
+            return Ok(Vec::new());
+        }
+        let items: Vec<ObjectParts<'_>> = self
+            .sealed
+            .iter()
+            .map(|(id, o)| (*id, o.parts(chunks)))
+            .collect();
+        store.put_many_parts(&items)
+    }
 }
 
 /// Uploads chunks for one commit.
@@ -163,10 +210,32 @@ impl<'a, S: ChunkWrite + LeaseStore + ?Sized> Uploader<'a, S> {
     /// `index`. Content shorter than the chunk size is allowed only for
     /// the last record.
     pub fn upload(&mut self, index: &mut Index, chunks: &[(usize, &[u8])]) -> Result<()> {
+        let prepared = self.prepare(index, chunks, &HashSet::new())?;
+        let outcomes = prepared.put(self.store, chunks);
+        self.account_batch(index, chunks, prepared, outcomes)
+    }
+
+    /// The store this uploader writes to.
+    pub fn store(&self) -> &'a S {
+        self.store
+    }
+
+    /// The first part of [`Uploader::upload`]: hash `chunks`, ask the
+    /// store which it lacks and seal those. Objects in `in_flight` (being
+    /// put by a batch prepared earlier and not yet accounted) are not
+    /// asked about nor put again. [`Prepared::put`] then stores the batch
+    /// (on any thread) and [`Uploader::account_batch`] sets its records,
+    /// so the next batch can be hashed while this one is uploaded.
+    pub fn prepare(
+        &self,
+        index: &Index,
+        chunks: &[(usize, &[u8])],
+        in_flight: &HashSet<ChunkId>,
+    ) -> Result<Prepared> {
         self.refresh()?;
         let codec = self.codec;
         let encrypt = self.encrypt;
-        let preps: Vec<Prep> = chunks
+        let mut preps: Vec<Prep> = chunks
             .par_iter()
             .map(|(_, data)| {
                 let (all_zero, states) = index.content_states(data);
@@ -194,7 +263,7 @@ impl<'a, S: ChunkWrite + LeaseStore + ?Sized> Uploader<'a, S> {
         let mut first: HashMap<ChunkId, usize> = HashMap::new();
         for (k, p) in preps.iter().enumerate() {
             if let Prep::Plain { id, .. } | Prep::Sealed { id, .. } = p {
-                if !first.contains_key(id) {
+                if !in_flight.contains(id) && !first.contains_key(id) {
                     first.insert(*id, k);
                     wanted.push(*id);
                 }
@@ -210,7 +279,7 @@ impl<'a, S: ChunkWrite + LeaseStore + ?Sized> Uploader<'a, S> {
         // A plain chunk stored uncompressed is written as a 16-byte header
         // and the chunk itself, straight from the caller's buffer; others
         // are sealed (compressed, encrypted) first.
-        let sealed: Vec<(ChunkId, Stored)> = missing
+        let mut sealed: Vec<(ChunkId, Stored)> = missing
             .par_iter()
             .map(|&k| match &preps[k] {
                 Prep::Plain { id, .. } => {
@@ -221,37 +290,48 @@ impl<'a, S: ChunkWrite + LeaseStore + ?Sized> Uploader<'a, S> {
                     };
                     (*id, object)
                 }
-                Prep::Sealed { id, object, .. } => (*id, Stored::Borrowed(object)),
+                Prep::Sealed { id, .. } => (*id, Stored::Object(Vec::new())),
                 Prep::Zero => unreachable!("zero chunks are never uploaded"),
             })
             .collect();
-        let items: Vec<ObjectParts<'_>> = sealed
-            .iter()
-            .map(|(id, o)| {
-                let parts: [&[u8]; 2] = match o {
-                    Stored::Header(h, k) => [h, chunks[*k].1],
-                    Stored::Object(v) => [v, &[]],
-                    Stored::Borrowed(v) => [v, &[]],
-                };
-                (*id, parts)
-            })
-            .collect();
-        let outcomes = self.store.put_many_parts(&items).map_err(|e| {
+        // Encrypted envelopes move out of the preps (sealed while hashing).
+        for ((_, o), &k) in sealed.iter_mut().zip(&missing) {
+            if let Prep::Sealed { object, .. } = &mut preps[k] {
+                *o = Stored::Object(std::mem::take(object));
+            }
+        }
+        Ok(Prepared {
+            found: (wanted.len() - sealed.len()) as u64,
+            preps,
+            sealed,
+        })
+    }
+
+    /// The last part of [`Uploader::upload`]: count what the batch's puts
+    /// did (`outcomes`, from [`Prepared::put`]) and set its records.
+    pub fn account_batch(
+        &mut self,
+        index: &mut Index,
+        chunks: &[(usize, &[u8])],
+        prepared: Prepared,
+        outcomes: Result<Vec<PutOutcome>>,
+    ) -> Result<()> {
+        let outcomes = outcomes.map_err(|e| {
             context(
                 e,
                 "commit stopped while uploading chunks; the previous version is intact",
             )
         })?;
-        for ((_, [a, b]), out) in items.iter().zip(&outcomes) {
+        for ((_, o), out) in prepared.sealed.iter().zip(&outcomes) {
             if *out == PutOutcome::Stored {
                 self.stats.new_objects += 1;
-                self.stats.uploaded_bytes += (a.len() + b.len()) as u64;
+                self.stats.uploaded_bytes += o.len(chunks) as u64;
             } else {
                 self.stats.reused_objects += 1;
             }
         }
-        self.stats.reused_objects += wanted.len() as u64 - sealed.len() as u64;
-        for ((i, data), p) in chunks.iter().zip(&preps) {
+        self.stats.reused_objects += prepared.found;
+        for ((i, data), p) in chunks.iter().zip(prepared.preps) {
             self.stats.chunks += 1;
             if !matches!(p, Prep::Zero) {
                 self.stats.hashed_bytes += data.len() as u64;
@@ -261,10 +341,10 @@ impl<'a, S: ChunkWrite + LeaseStore + ?Sized> Uploader<'a, S> {
                     self.stats.zero_chunks += 1;
                     index.set_zero(*i);
                 }
-                Prep::Plain { id, states } => index.set_record_states(*i, *id, None, states),
+                Prep::Plain { id, states } => index.set_record_states(*i, id, None, &states),
                 Prep::Sealed {
                     id, key, states, ..
-                } => index.set_record_states(*i, *id, Some(*key), states),
+                } => index.set_record_states(*i, id, Some(key), &states),
             }
         }
         Ok(())

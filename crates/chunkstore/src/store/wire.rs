@@ -10,7 +10,7 @@ use crate::bytes::{Reader, Writer};
 use crate::chunk::{HEADER_SIZE, MAX_OBJECT};
 use crate::error::corrupt;
 use crate::hash::ChunkId;
-use crate::store::api::{ObjectEntry, PutOutcome};
+use crate::store::api::{ObjectEntry, ObjectParts, PutOutcome};
 use roamdisk_blockdev::Result;
 
 pub const HAVE_MAGIC: [u8; 8] = *b"RDHAVE01";
@@ -238,13 +238,20 @@ pub fn parse_get_answer(b: &[u8], asked: usize) -> Result<Vec<Got>> {
 /// A batch put request of `items` (1 to [`MAX_PUT`] objects of at most
 /// [`MAX_PUT_BYTES`] together, no id twice: the caller splits).
 pub fn encode_put_request(items: &[(ChunkId, &[u8])]) -> Vec<u8> {
-    let bytes: usize = items.iter().map(|(_, b)| b.len()).sum();
+    let parts: Vec<ObjectParts<'_>> = items.iter().map(|(id, b)| (*id, [*b, &[]])).collect();
+    encode_put_request_parts(&parts)
+}
+
+/// [`encode_put_request`] of objects given in two pieces each (stored
+/// back to back), copied once, into the request.
+pub fn encode_put_request_parts(items: &[ObjectParts<'_>]) -> Vec<u8> {
+    let bytes: usize = items.iter().map(|(_, p)| p[0].len() + p[1].len()).sum();
     let mut w = Writer::new();
     w.buf
         .reserve(GET_HEADER + items.len() * PUT_ENTRY_HEADER + bytes);
     w.bytes(&PUT_MAGIC).u32(items.len() as u32);
-    for (id, b) in items {
-        w.id(id).u32(b.len() as u32).bytes(b);
+    for (id, [a, b]) in items {
+        w.id(id).u32((a.len() + b.len()) as u32).bytes(a).bytes(b);
     }
     w.buf
 }
