@@ -22,7 +22,11 @@ per-GiB cost to the smallest's (the issue's bar: within 1.25x), and the
 log-log slope of time against size (1.0 = linear). --plot PREFIX writes
 PREFIX.svg: seconds per GiB against disk size, one line per operation.
 
-Usage: bench/scale.py [--sizes 1,2,4] [--dir D] [--plot docs/img/scale]
+--chunk-size 4K makes stores of many small chunks (16 GiB of this mix: ~1.05 M
+chunks stored); --skip hoard leaves out the hoard and cache status (the shared
+cache keeps one file per chunk).
+
+Usage: bench/scale.py [--sizes 1,2,4] [--chunk-size 64K] [--skip OP,...] [--dir D] [--plot docs/img/scale]
 Needs: a release build; about 0.7 GB of free disk per GiB of --sizes at the
 largest size (image, store, one checkout at a time; files removed as it goes).
 """
@@ -58,14 +62,15 @@ def timed(tmp, *args):
     return float(s), int(kb) / 1024
 
 
-def measure(d, gib):
+def measure(d, gib, chunk_size, skip):
     disk = os.path.join(d, "disk.img")
     make_disk(disk, gib)
     store, cache = os.path.join(d, "store"), os.path.join(d, "cache")
     run(B, "-q", "store", "init", store)
     res = {}
-    res["commit"] = timed(d, "commit", disk, "--to", "bench/vm", "--store", store)
-    res["commit again"] = timed(d, "commit", disk, "--to", "bench/vm", "--store", store)
+    commit = ["commit", disk, "--to", "bench/vm", "--store", store, "--chunk-size", chunk_size]
+    res["commit"] = timed(d, *commit)
+    res["commit again"] = timed(d, *commit)
     os.unlink(disk)
     res["log"] = timed(d, "log", "bench/vm", "--store", store)
     out = os.path.join(d, "out.raw")
@@ -75,6 +80,11 @@ def measure(d, gib):
     run(B, "-q", "checkout", "bench/vm", "--session", sess, "--store", store)
     res["session open"] = timed(d, "info", f"cas[shared-cache=off]:{sess}")
     shutil.rmtree(sess)
+    res["verify"] = timed(d, "store", "verify", "--store", store)
+    res["gc"] = timed(d, "gc", "--store", store)
+    if "hoard" in skip:
+        shutil.rmtree(store)
+        return res
     # A cap the whole disk fits under (chunks are counted at 64 KiB).
     os.makedirs(cache)
     with open(os.path.join(cache, "cache.toml"), "w") as f:
@@ -88,8 +98,6 @@ def measure(d, gib):
     res["hoard"] = timed(d, "hoard", "bench/vm", "--store", store, "--shared-cache", cache)
     res["cache status"] = timed(d, "cache", "status", "--shared-cache", cache)
     shutil.rmtree(cache)
-    res["verify"] = timed(d, "store", "verify", "--store", store)
-    res["gc"] = timed(d, "gc", "--store", store)
     shutil.rmtree(store)
     return res
 
@@ -136,6 +144,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1,2,4", help="disk sizes in GiB, comma-separated")
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--chunk-size", default="64K", help="chunk size of the commits (default 64K)")
+    ap.add_argument("--skip", default="", help="operations to leave out: hoard (and cache status)")
     ap.add_argument("--plot", default=None, help="write PREFIX.svg")
     ap.add_argument("--out", default=None, help="results JSON (default bench/results/scale-DATE.json)")
     a = ap.parse_args()
@@ -146,7 +156,7 @@ def main():
         d = os.path.join(base, f"{gib}g")
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
-        res[gib] = measure(d, gib)
+        res[gib] = measure(d, gib, a.chunk_size, a.skip.split(","))
         shutil.rmtree(d, ignore_errors=True)
         print(f"{gib} GiB: " + ", ".join(f"{op} {t:.2f} s" for op, (t, _) in res[gib].items()), file=sys.stderr)
     load = open("/proc/loadavg").read().split()[:3]
@@ -155,7 +165,8 @@ def main():
     print(f"| operation | {head} | largest / smallest per GiB | slope |")
     print("| --- |" + " ---: |" * (len(sizes) + 2))
     per_gib = {}
-    for op in OPS:
+    ops = [op for op in OPS if op in res[sizes[0]]]
+    for op in ops:
         ts = [res[g][op][0] for g in sizes]
         per_gib[op] = [t / g for t, g in zip(ts, sizes)]
         cells = " | ".join(f"{res[g][op][0]:.2f} ({res[g][op][0] / g:.3f}, {res[g][op][1]:.0f})" for g in sizes)
@@ -163,7 +174,7 @@ def main():
         print(f"| {op} | {cells} | {ratio:.2f}x | {slope(sizes, ts):.2f} |")
     if a.plot:
         svg(a.plot + ".svg", sizes, per_gib)
-    save_results(a.out, "scale", {"sizes_gib": sizes,
+    save_results(a.out, "scale", {"sizes_gib": sizes, "chunk_size": a.chunk_size,
                                   "results": {str(g): {op: {"s": t, "rss_mb": m} for op, (t, m) in r.items()}
                                               for g, r in res.items()}})
     if not a.dir:
