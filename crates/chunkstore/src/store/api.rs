@@ -186,13 +186,7 @@ pub trait ChunkWrite: ChunkRead {
         if let Some(n) = self.next() {
             return n.put_many_parts(items);
         }
-        let joined: Vec<Vec<u8>> = items.iter().map(|(_, p)| p.concat()).collect();
-        let items: Vec<(ChunkId, &[u8])> = items
-            .iter()
-            .zip(&joined)
-            .map(|((id, _), b)| (*id, b.as_slice()))
-            .collect();
-        self.put_many(&items)
+        joined(items, |items| self.put_many(items))
     }
     /// Start a group of puts: objects handed to [`PutGroup::write`] (from
     /// any thread, as they are ready) are stored by [`PutGroup::finish`]
@@ -221,6 +215,17 @@ pub trait ChunkWrite: ChunkRead {
     fn sync(&self) -> Result<()> {
         self.pass(Op::Flush, "sync")?.sync()
     }
+}
+
+/// `f` of `items` with each object's two pieces joined into one buffer.
+pub fn joined<R>(items: &[ObjectParts<'_>], f: impl FnOnce(&[(ChunkId, &[u8])]) -> R) -> R {
+    let joined: Vec<Vec<u8>> = items.iter().map(|(_, p)| p.concat()).collect();
+    let items: Vec<(ChunkId, &[u8])> = items
+        .iter()
+        .zip(&joined)
+        .map(|((id, _), b)| (*id, b.as_slice()))
+        .collect();
+    f(&items)
 }
 
 /// Objects written one by one and stored together

@@ -519,13 +519,7 @@ impl HttpStore {
 
     /// [`HttpStore::put_each`] of objects in two pieces.
     fn put_each_parts(&self, items: &[ObjectParts<'_>]) -> Result<Vec<PutOutcome>> {
-        let joined: Vec<Vec<u8>> = items.iter().map(|(_, p)| p.concat()).collect();
-        let items: Vec<(ChunkId, &[u8])> = items
-            .iter()
-            .zip(&joined)
-            .map(|((id, _), b)| (*id, b.as_slice()))
-            .collect();
-        self.put_each(&items)
+        super::api::joined(items, |items| self.put_each(items))
     }
 
     /// A batch request (`POST path`): its answer, or `None` from a server
