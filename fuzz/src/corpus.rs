@@ -94,6 +94,7 @@ pub fn cas_catalog() -> Seeds {
     };
     let c = Catalog {
         generation: 3,
+        segments: Vec::new(),
         entries: vec![
             entry(1, vec![]),
             entry(2, vec!["stable".into(), "v1.0".into()]),
@@ -102,6 +103,11 @@ pub fn cas_catalog() -> Seeds {
     };
     let mut s = both("three", &c.encode());
     s.extend(both("empty", &Catalog::default().encode()));
+    // Version 2: the oldest entry sealed into a segment object.
+    let mut seg = c.clone();
+    let sealed: Vec<Entry> = seg.entries.drain(..1).collect();
+    seg.add_segment(ChunkId::from_hex(&"5e".repeat(32)).expect("hex"), &sealed);
+    s.extend(both("segmented", &seg.encode()));
     s
 }
 

@@ -8,7 +8,8 @@ mod cas_common;
 mod common;
 
 use cas_common::{
-    checkout, commit, commit_session, json_num, json_str, open_session, qemu_io_session, rd, Cas,
+    checkout, checkout_fail, checkout_same, commit, commit_session, commit_version, json_num,
+    json_str, open_session, qemu_io_session, rd, s3_base, Cas,
 };
 use common::{path_str, qemu_io, run, run_stdout, Server};
 
@@ -85,4 +86,95 @@ fn five_versions_check_out_byte_identical() {
         ],
     );
     compare_with(&refs[1], "raw", &srv.uri());
+}
+
+/// A history longer than a catalog's ref keeps. With segments of 4
+/// entries (`ROAMDISK_CATALOG_SEGMENT`; 512 by default), 30 commits seal
+/// the oldest versions into segment objects: `log` still lists all 30,
+/// any of them checks out by id prefix and by tag (a tag moved by a later
+/// commit names the newest holder), `rm` and `tag` of a sealed version
+/// rewrite the segments, two commits at once both stay, a gc keeps every
+/// listed version, and the ref itself stays small (a local store).
+#[test]
+fn a_long_history_is_sealed_into_segments_and_read_whole() {
+    // SAFETY: set before this test starts any thread; the roamdisk
+    // processes it runs inherit it.
+    unsafe { std::env::set_var("ROAMDISK_CATALOG_SEGMENT", "4") };
+    let cas = Cas::new();
+    let (dir, s) = (cas.dir(), cas.s());
+    let img = cas.random_file("d.img", 256 << 10, 5);
+    let copy = |k: u32| dir.join(format!("v{k}.img"));
+    let mut ids = Vec::new();
+    for k in 0..30u32 {
+        // Each version differs from the others: its number up front.
+        let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &k.to_le_bytes(), 0).unwrap();
+        drop(f);
+        std::fs::copy(&img, copy(k)).unwrap();
+        let desc = format!("v{k}");
+        let mut extra = vec!["-m", desc.as_str()];
+        match k {
+            3 => extra.extend(["--tag", "three"]),
+            5 | 25 => extra.extend(["--tag", "moving"]),
+            _ => {}
+        }
+        ids.push(commit_version(s, path_str(&img), "u/vm", &extra));
+    }
+    let listed = |n: usize| {
+        let log = rd(&["log", "u/vm", "--store", s]);
+        assert_eq!(log.lines().count(), n + 1, "{log}");
+        log
+    };
+    let log = listed(30);
+    assert!(log.contains(" v0") || log.contains("v0\n"), "{log}");
+    if s3_base().is_none() {
+        // 30 entries are ~3.7 KB; the ref keeps 4-7 of them and the
+        // segments' descriptors.
+        let r = std::fs::metadata(cas.dir().join("store/refs/u/vm"))
+            .unwrap()
+            .len();
+        assert!(r < 1800, "the catalog's ref is {r} bytes");
+    }
+    let out = dir.join("out.raw");
+    checkout_same(s, "u/vm@three", &copy(3), &out);
+    checkout_same(s, "u/vm@moving", &copy(25), &out);
+    checkout_same(s, &format!("u/vm@{}", &ids[1][..12]), &copy(1), &out);
+    checkout_same(s, "u/vm", &copy(29), &out);
+    // Remove and tag versions in the oldest segment.
+    rd(&["rm", &format!("u/vm@{}", &ids[2][..12]), "--store", s]);
+    listed(29);
+    rd(&[
+        "tag",
+        &format!("u/vm@{}", &ids[0][..12]),
+        "first",
+        "--store",
+        s,
+    ]);
+    checkout_same(s, "u/vm@first", &copy(0), &out);
+    checkout_same(s, "u/vm@three", &copy(3), &out);
+    checkout_same(s, "u/vm@moving", &copy(25), &out);
+    let gone = checkout_fail(s, &format!("u/vm@{}", &ids[2][..12]), &out, &[]);
+    assert!(gone.contains("no version"), "{gone}");
+    // Two commits at once, at a seal: both stay.
+    let a = cas.variant(&copy(29), "a.img", (4096, 1), 8192);
+    let b = cas.variant(&copy(29), "b.img", (4096, 2), 8192);
+    let both: Vec<String> = std::thread::scope(|t| {
+        let ha = t.spawn(|| commit_version(s, path_str(&a), "u/vm", &[]));
+        let hb = t.spawn(|| commit_version(s, path_str(&b), "u/vm", &[]));
+        vec![ha.join().unwrap(), hb.join().unwrap()]
+    });
+    listed(31);
+    rd(&["gc", "--store", s]);
+    rd(&["store", "verify", "--store", s]);
+    for (rev, want) in [
+        (ids[0].clone(), copy(0)),
+        (ids[1].clone(), copy(1)),
+        (ids[4].clone(), copy(4)),
+        (ids[28].clone(), copy(28)),
+        (both[0].clone(), a.clone()),
+        (both[1].clone(), b.clone()),
+    ] {
+        checkout_same(s, &format!("u/vm@{}", &rev[..12]), &want, &out);
+    }
+    listed(31);
 }

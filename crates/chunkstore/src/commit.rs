@@ -573,7 +573,7 @@ pub fn finish_commit<S: ChunkWrite + RefStore + LeaseStore + ?Sized>(
 /// needs is there — touched, so a gc sweeping now keeps them, and later
 /// ones mark the version; it is taken out of the catalog again if some
 /// are gone; when the store cannot tell, the user is told to check it.
-fn keep_or_withdraw<S: ChunkWrite + RefStore + ?Sized>(
+fn keep_or_withdraw<S: ChunkWrite + RefStore + LeaseStore + ?Sized>(
     store: &S,
     target: &str,
     id: ChunkId,

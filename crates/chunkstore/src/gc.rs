@@ -89,12 +89,17 @@ pub fn mark<S: ChunkPrune + RefStore + LeaseStore + ?Sized>(
         let Some(bytes) = store.ref_get(&name)? else {
             continue;
         };
-        let cat = Catalog::parse(&bytes).map_err(|e| {
+        let mut cat = Catalog::parse(&bytes).map_err(|e| {
             context(
                 e,
                 format!("gc stopped, nothing was removed: catalog {name} is unreadable"),
             )
         })?;
+        // Its sealed segments are objects it references, and hold the
+        // older versions.
+        marked.extend(cat.segments.iter().map(|g| g.id));
+        crate::repo::load_segments(store, &name, &mut cat)
+            .map_err(|e| context(e, "gc stopped, nothing was removed"))?;
         report.catalogs += 1;
         for e in &cat.entries {
             report.versions += 1;

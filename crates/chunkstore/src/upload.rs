@@ -556,24 +556,39 @@ impl<'a, S: ChunkWrite + LeaseStore + ?Sized> Uploader<'a, S> {
     /// Store a version package (or any whole object); returns its name.
     pub fn put_object(&mut self, bytes: &[u8]) -> Result<ChunkId> {
         self.refresh()?;
-        let id = self.codec.hash.hash(bytes);
-        match self.codec.zstd_level {
-            None => {
-                let header = self.codec.plain_header(bytes.len());
-                self.store.put_many_parts(&[(id, [&header, bytes])])?;
-            }
-            Some(_) => {
-                let sealed = self.codec.seal_plain(id, bytes);
-                self.store.put_many(&[(id, &sealed.object)])?;
-            }
-        }
-        Ok(id)
+        put_plain_object(self.store, bytes, false)
     }
 
     /// Make everything uploaded so far durable.
     pub fn sync(&self) -> Result<()> {
         self.store.sync()
     }
+}
+
+/// Store `bytes` as one plain object (compressed if the store compresses)
+/// and return its name. `touch_existing`: ask first, and only touch an
+/// object already stored (its time renewed, so a gc running now keeps it).
+pub fn put_plain_object<S: ChunkWrite + ?Sized>(
+    store: &S,
+    bytes: &[u8],
+    touch_existing: bool,
+) -> Result<ChunkId> {
+    let codec = store.config().codec();
+    let id = codec.hash.hash(bytes);
+    if touch_existing && store.has_many(&[id], true)?[0] {
+        return Ok(id);
+    }
+    match codec.zstd_level {
+        None => {
+            let header = codec.plain_header(bytes.len());
+            store.put_many_parts(&[(id, [&header, bytes])])?;
+        }
+        Some(_) => {
+            let sealed = codec.seal_plain(id, bytes);
+            store.put_many(&[(id, &sealed.object)])?;
+        }
+    }
+    Ok(id)
 }
 
 impl<S: ChunkWrite + LeaseStore + ?Sized> Drop for Uploader<'_, S> {

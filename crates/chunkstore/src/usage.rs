@@ -7,7 +7,7 @@ use roamdisk_blockdev::Result;
 use serde::Serialize;
 
 use crate::hash::ChunkId;
-use crate::repo::read_catalog;
+use crate::repo::read_full;
 use crate::store::{fetch, ChunkPrune, RefStore};
 use crate::version::{Header, Version};
 
@@ -55,7 +55,7 @@ pub fn usage<S: ChunkPrune + RefStore + ?Sized>(store: &S) -> Result<StoreUsage>
     let mut all_refs: HashMap<ChunkId, HashSet<String>> = HashMap::new();
     let mut u = StoreUsage::default();
     for name in store.ref_list()? {
-        let (cat, _) = read_catalog(store, &name)?;
+        let (cat, _) = read_full(store, &name)?;
         let user = name.split('/').next().unwrap_or("").to_string();
         let (uu, refs) = users.entry(user.clone()).or_insert_with(|| {
             (

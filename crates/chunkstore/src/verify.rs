@@ -10,7 +10,7 @@ use roamdisk_blockdev::{Progress, Result};
 use serde::Serialize;
 
 use crate::hash::ChunkId;
-use crate::repo::read_catalog;
+use crate::repo::read_full;
 use crate::store::{fetch, ChunkPrune, RefStore};
 use crate::version::Version;
 
@@ -73,7 +73,7 @@ pub fn verify<S: ChunkPrune + RefStore + ?Sized>(
         ..Default::default()
     };
     for name in store.ref_list()? {
-        let (cat, _) = read_catalog(store, &name)?;
+        let (cat, _) = read_full(store, &name)?;
         for e in &cat.entries {
             r.versions += 1;
             let at = format!("version {} of {name}", e.version.short());

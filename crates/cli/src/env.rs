@@ -10,6 +10,7 @@
 //! | `ROAMDISK_SHARED_CACHE` | this host's shared chunk cache, or `off` (else `CACHE/shared`) |
 //! | `ROAMDISK_S3_INDEX_CACHE` | where S3 pack indexes are kept, or `off` (else `CACHE/s3-index`) |
 //! | `ROAMDISK_STORE_TOKEN_FILE`, `ROAMDISK_STORE_CA` | a chunk server's token file and CA, when not given |
+//! | `ROAMDISK_CATALOG_SEGMENT` | entries sealed into one catalog segment (default 512; tests use a few) |
 //! | `XDG_CACHE_HOME`, `XDG_DATA_HOME`, `HOME` | the bases of the defaults (`CACHE` is `$XDG_CACHE_HOME/roamdisk`, else `~/.cache/roamdisk`) |
 //!
 //! The `AWS_*` variables (endpoint, region, keys) go to the S3 client as
@@ -43,6 +44,8 @@ pub struct Env {
     pub s3_index_cache: Option<PathBuf>,
     /// A chunk server's token file and CA, when a command does not say.
     pub credentials: Credentials,
+    /// Entries per catalog segment, when not the default.
+    pub catalog_segment: Option<usize>,
 }
 
 fn var(k: &str) -> Option<String> {
@@ -83,6 +86,7 @@ impl Env {
                 token_file: path("ROAMDISK_STORE_TOKEN_FILE"),
                 ca_file: path("ROAMDISK_STORE_CA"),
             },
+            catalog_segment: var("ROAMDISK_CATALOG_SEGMENT").and_then(|v| v.parse().ok()),
         }
     }
 

@@ -122,6 +122,9 @@ fn main() -> std::process::ExitCode {
     quiet_on_closed_stdout();
     let cli = Cli::parse();
     init_logging(cli.verbose, cli.quiet);
+    if let Some(n) = env::get().catalog_segment {
+        roamdisk_chunkstore::catalog::set_segment_len(n);
+    }
     let result = match cli.command {
         Command::Serve(a) => commands::serve::run(a, cli.quiet),
         Command::Server(a) => commands::server::run(a, cli.quiet),

@@ -3,7 +3,7 @@
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
 use roamdisk_chunkstore::catalog::format_time;
-use roamdisk_chunkstore::repo::{existing_catalog, split_target};
+use roamdisk_chunkstore::repo::{existing_full, split_target};
 
 use crate::store_args::StoreArgs;
 
@@ -29,7 +29,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         anyhow::bail!("`roamdisk log` takes USER/IMAGE without @");
     }
     let store = a.st.open(false)?;
-    let cat = existing_catalog(&*store, &name)?;
+    let cat = existing_full(&*store, &name)?;
     if a.st.json {
         let v: Vec<_> = cat
             .entries

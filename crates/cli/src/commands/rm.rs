@@ -2,7 +2,7 @@
 
 use anyhow::bail;
 use clap::Parser;
-use roamdisk_chunkstore::repo::{existing_catalog, split_target, update_catalog};
+use roamdisk_chunkstore::repo::{existing_full, split_target, update_full};
 
 use crate::store_args::StoreArgs;
 
@@ -36,9 +36,9 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             if !rev.is_empty() {
                 bail!("--all drops a whole image: give USER/IMAGE without @");
             }
-            let n = existing_catalog(&*store, &name)?.entries.len();
-            update_catalog(&*store, &name, |c| {
-                c.entries.clear();
+            let n = existing_full(&*store, &name)?.entries.len();
+            update_full(&*store, &name, |entries| {
+                entries.clear();
                 Ok(())
             })?;
             if !quiet {
@@ -49,10 +49,10 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         if rev.is_empty() {
             bail!("'{v}': say which version (USER/IMAGE@VERSION), or --all for every one");
         }
-        let cat = existing_catalog(&*store, &name)?;
+        let cat = existing_full(&*store, &name)?;
         let id = cat.resolve(&rev, &name)?.version;
-        update_catalog(&*store, &name, |c| {
-            c.entries.retain(|e| e.version != id);
+        update_full(&*store, &name, |entries| {
+            entries.retain(|e| e.version != id);
             Ok(())
         })?;
         if !quiet {

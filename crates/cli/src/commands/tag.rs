@@ -3,7 +3,7 @@
 use anyhow::bail;
 use clap::Parser;
 use roamdisk_chunkstore::catalog::check_tag;
-use roamdisk_chunkstore::repo::{resolve, split_target, update_catalog};
+use roamdisk_chunkstore::repo::{resolve, split_target, update_full};
 
 use crate::store_args::StoreArgs;
 
@@ -33,9 +33,9 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     if let Some(t) = &a.delete {
         let (name, _) = split_target(&a.version)?;
         let mut found = false;
-        update_catalog(&*store, &name, |c| {
+        update_full(&*store, &name, |entries| {
             found = false;
-            for e in &mut c.entries {
+            for e in entries.iter_mut() {
                 let before = e.tags.len();
                 e.tags.retain(|x| x != t);
                 found |= e.tags.len() != before;
@@ -55,8 +55,8 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     };
     check_tag(tag)?;
     let (name, entry) = resolve(&*store, &a.version)?;
-    update_catalog(&*store, &name, |c| {
-        for e in &mut c.entries {
+    update_full(&*store, &name, |entries| {
+        for e in entries.iter_mut() {
             e.tags.retain(|x| x != tag);
             if e.version == entry.version {
                 e.tags.push(tag.clone());

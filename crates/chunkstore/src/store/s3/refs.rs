@@ -20,10 +20,10 @@ use roamdisk_blockdev::{Op, Result};
 
 use super::bridge::{is_not_found, random_u64};
 use super::store::S3Store;
-use crate::catalog::{Catalog, Entry};
+use crate::catalog::{load_segment_with, load_segments_with, Catalog, Entry};
 use crate::error::context;
 use crate::hash::ChunkId;
-use crate::store::api::{check_ref_name, ref_tag, RefStore};
+use crate::store::api::{check_ref_name, fetch, ref_tag, RefStore};
 
 /// One stored update of a catalog.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,6 +115,13 @@ pub fn merge(name: &str, bodies: &[Vec<u8>]) -> Result<Option<Vec<u8>>> {
     for b in &live {
         let c = Catalog::parse(b).map_err(|e| context(e, format!("catalog {name}")))?;
         merged.generation = merged.generation.max(c.generation);
+        // Segments: every one any update lists (two that sealed at once
+        // from the same catalog sealed the same entries: one object).
+        for g in c.segments {
+            if !merged.segments.iter().any(|x| x.id == g.id) {
+                merged.segments.push(g);
+            }
+        }
         for e in c.entries {
             match all.iter_mut().find(|x| x.version == e.version) {
                 Some(x) => {
@@ -129,6 +136,9 @@ pub fn merge(name: &str, bodies: &[Vec<u8>]) -> Result<Option<Vec<u8>>> {
         }
     }
     all.sort_by_key(|e| (e.created, e.version));
+    merged.segments.sort_by_key(|g| (g.first, g.last, g.id));
+    // An entry that one update sealed and another kept in the ref stays
+    // in both; readers keep it once (`catalog::flatten`).
     // A tag names one version: the newest that carries it.
     for i in (0..all.len()).rev() {
         let tags = all[i].tags.clone();
@@ -175,7 +185,7 @@ impl S3Store {
 
     /// The current catalog of `name` (merged from concurrent updates,
     /// without removed versions) and its generation.
-    async fn ref_head(&self, name: &str) -> Result<(Option<Vec<u8>>, u64)> {
+    async fn ref_head(&self, name: &str) -> Result<Head> {
         let (objs, removed) = self.ref_objects(name).await?;
         let heads = heads(&objs);
         let mut generation = heads.first().map_or(0, |h| h.generation);
@@ -211,33 +221,85 @@ impl S3Store {
                 Err(e) => return Err(self.fail(e, Op::Read, &format!("catalog {name}"))),
             }
         }
-        if bodies.is_empty() {
-            return Ok((None, 0));
-        }
-        let merged = merge(name, &bodies)?;
-        let merged = match merged {
-            Some(b) if !removed.is_empty() => {
-                let mut c = Catalog::parse(&b)?;
-                let n = c.entries.len();
-                c.entries.retain(|e| !removed.contains(&e.version));
-                if c.entries.len() == n {
-                    Some(b)
-                } else if c.entries.is_empty() {
-                    None
-                } else {
-                    Some(c.encode())
-                }
-            }
-            other => other,
+        let merged = if bodies.is_empty() {
+            None
+        } else {
+            merge(name, &bodies)?
         };
-        Ok((merged, generation))
+        Ok(Head {
+            merged,
+            generation,
+            removed,
+            several: bodies.len() > 1,
+        })
     }
+
+    /// The catalog `name` as readers see it, and its generation: the
+    /// newest updates merged, removed versions taken out. Sealed segments
+    /// are left as they are, except after a merge of updates with segments
+    /// when versions were removed: a merge lists the segments of both (an
+    /// `rm` rewrites segments; the other update kept the old ones), so the
+    /// catalog is loaded whole, filtered, and handed over without segments
+    /// (the next commit seals it again).
+    fn current(&self, name: &str) -> Result<(Option<Vec<u8>>, u64)> {
+        let h = self.block(self.ref_head(name))?;
+        let Some(b) = h.merged else {
+            return Ok((None, h.generation));
+        };
+        if h.removed.is_empty() {
+            return Ok((Some(b), h.generation));
+        }
+        let mut c = Catalog::parse(&b)?;
+        let n = c.entries.len();
+        c.entries.retain(|e| !h.removed.contains(&e.version));
+        if !c.segments.is_empty() && (h.several || c.entries.is_empty()) {
+            load_segments_with(&mut c, name, |id| fetch(self, id, None))?;
+            c.entries.retain(|e| !h.removed.contains(&e.version));
+        } else if c.entries.len() == n {
+            return Ok((Some(b), h.generation));
+        }
+        if c.entries.is_empty() {
+            return Ok((None, h.generation));
+        }
+        Ok((Some(c.encode()), h.generation))
+    }
+
+    /// The versions catalog `c` lists, with those of its segments that
+    /// `other` does not list (the segments both list hold the same
+    /// entries).
+    fn versions_beyond(
+        &self,
+        name: &str,
+        c: &Catalog,
+        other: Option<&Catalog>,
+    ) -> Result<HashSet<ChunkId>> {
+        let mut out: HashSet<ChunkId> = c.entries.iter().map(|e| e.version).collect();
+        for g in &c.segments {
+            if other.is_some_and(|o| o.segments.iter().any(|x| x.id == g.id)) {
+                continue;
+            }
+            let sealed = load_segment_with(g, name, |id| fetch(self, id, None))?;
+            out.extend(sealed.iter().map(|e| e.version));
+        }
+        Ok(out)
+    }
+}
+
+/// What the newest updates of a catalog hold.
+struct Head {
+    /// Their merge (`None`: deleted, or none).
+    merged: Option<Vec<u8>>,
+    generation: u64,
+    /// Versions removed by earlier updates (tombstones).
+    removed: HashSet<ChunkId>,
+    /// Several updates were merged.
+    several: bool,
 }
 
 impl RefStore for S3Store {
     fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>> {
         check_ref_name(name)?;
-        Ok(self.block(self.ref_head(name))?.0)
+        Ok(self.current(name)?.0)
     }
     fn ref_list(&self) -> Result<Vec<String>> {
         let (by_name, _) = group(self.block(self.list("refs"))?);
@@ -251,32 +313,31 @@ impl RefStore for S3Store {
     }
     fn ref_update(&self, name: &str, old: Option<ChunkId>, new: Option<&[u8]>) -> Result<bool> {
         check_ref_name(name)?;
+        let (cur, generation) = self.current(name)?;
+        if cur.as_deref().map(ref_tag) != old {
+            return Ok(false);
+        }
+        // Versions this update removes are recorded first, so that a
+        // concurrent update made from an older catalog cannot bring them
+        // back (gc may free their chunks). Entries moved into a new
+        // segment are not removed: the segments only one side lists are
+        // read to tell.
+        let mut gone: Vec<ChunkId> = Vec::new();
+        if let Some(cur) = &cur {
+            let cur = Catalog::parse(cur)?;
+            let new = new.map(Catalog::parse).transpose()?;
+            let keep = match &new {
+                Some(n) => self.versions_beyond(name, n, Some(&cur))?,
+                None => HashSet::new(),
+            };
+            let had = self.versions_beyond(name, &cur, new.as_ref())?;
+            gone = had.into_iter().filter(|v| !keep.contains(v)).collect();
+            gone.sort();
+        }
         self.block(async {
-            let (cur, generation) = self.ref_head(name).await?;
-            if cur.as_deref().map(ref_tag) != old {
-                return Ok(false);
-            }
-            // Versions this update removes are recorded first, so that a
-            // concurrent update made from an older catalog cannot bring
-            // them back (gc may free their chunks).
-            if let Some(cur) = &cur {
-                let keep: HashSet<ChunkId> = match new {
-                    Some(b) => Catalog::parse(b)?
-                        .entries
-                        .iter()
-                        .map(|e| e.version)
-                        .collect(),
-                    None => HashSet::new(),
-                };
-                for e in Catalog::parse(cur)?.entries {
-                    if !keep.contains(&e.version) {
-                        self.put(
-                            &format!("refs/{name}/removed/{}", e.version.to_hex()),
-                            Vec::new(),
-                        )
-                        .await?;
-                    }
-                }
+            for v in &gone {
+                self.put(&format!("refs/{name}/removed/{}", v.to_hex()), Vec::new())
+                    .await?;
             }
             let rel = format!("refs/{name}/{}", new_name(generation + 1, random_u64()?));
             let body = new.map(<[u8]>::to_vec).unwrap_or_default();
@@ -361,16 +422,55 @@ mod tests {
         );
     }
 
+    /// Two commits from one catalog, one of which sealed its oldest
+    /// entries into a segment: the merge lists the segment and keeps the
+    /// other's copies of those entries in the ref (readers keep each
+    /// version once); a segment both list is listed once.
+    #[test]
+    fn a_merge_lists_every_segment_once() {
+        let mut base = Catalog {
+            generation: 4,
+            segments: Vec::new(),
+            entries: (1..=4).map(|v| entry(v, v as i64 * 10, &[])).collect(),
+        };
+        let old = crate::catalog::SegmentRef {
+            id: ChunkId([0x77; 32]),
+            count: 2,
+            first: 1,
+            last: 2,
+        };
+        base.segments.push(old);
+        let mut sealer = base.clone();
+        let sealed: Vec<Entry> = sealer.entries.drain(..2).collect();
+        sealer.add_segment(ChunkId([0x88; 32]), &sealed);
+        sealer.entries.push(entry(5, 50, &[]));
+        let mut other = base.clone();
+        other.entries.push(entry(6, 60, &[]));
+        let m = merge("u/i", &[sealer.encode(), other.encode()])
+            .unwrap()
+            .unwrap();
+        let m = Catalog::parse(&m).unwrap();
+        let ids: Vec<ChunkId> = m.segments.iter().map(|g| g.id).collect();
+        assert_eq!(ids, [ChunkId([0x77; 32]), ChunkId([0x88; 32])]);
+        let v: Vec<u8> = m.entries.iter().map(|e| e.version.0[0]).collect();
+        assert_eq!(v, [1, 2, 3, 4, 5, 6]);
+        let whole = crate::catalog::flatten(vec![sealed, m.entries.clone()]);
+        let v: Vec<u8> = whole.iter().map(|e| e.version.0[0]).collect();
+        assert_eq!(v, [1, 2, 3, 4, 5, 6], "each version once");
+    }
+
     #[test]
     fn concurrent_updates_merge_into_a_union_and_a_deletion_does_not_hide_a_commit() {
         let base = vec![entry(1, 10, &["stable"])];
         let mut a = Catalog {
             generation: 2,
+            segments: Vec::new(),
             entries: base.clone(),
         };
         a.entries.push(entry(2, 20, &[]));
         let mut b = Catalog {
             generation: 2,
+            segments: Vec::new(),
             entries: base,
         };
         b.entries.push(entry(3, 30, &["stable"]));
