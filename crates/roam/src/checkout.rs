@@ -37,6 +37,59 @@ pub fn write_memory(view: &VersionView, w: &mut dyn std::io::Write) -> Result<Ga
 /// remote store's round trips overlap.
 const MATERIALISE_THREADS: usize = 4;
 
+/// Pieces smaller than this are gathered with their neighbours into one
+/// write ([`Runs`]); larger ones are written as they are.
+const SMALL_WRITE: usize = 64 << 10;
+/// Most bytes gathered into one write.
+const RUN_MAX: usize = 1 << 20;
+
+/// Writes of adjacent small pieces gathered into one: a checkout of 4 KiB
+/// chunks made one `pwrite` per chunk (406k for 4 GiB), and at 16 GiB the
+/// writers spent a third of the time on the file's lock and in the page
+/// cache's per-write path.
+struct Runs<'d> {
+    dst: &'d dyn BlockDev,
+    buf: Vec<u8>,
+    at: u64,
+}
+
+impl<'d> Runs<'d> {
+    fn new(dst: &'d dyn BlockDev) -> Self {
+        Runs {
+            dst,
+            buf: Vec::new(),
+            at: 0,
+        }
+    }
+
+    /// Write `data` at `off`, now or with the next pieces.
+    fn put(&mut self, data: &[u8], off: u64) -> Result<()> {
+        let joins = self.at + self.buf.len() as u64 == off;
+        if !self.buf.is_empty() && (!joins || self.buf.len() + data.len() > RUN_MAX) {
+            self.flush()?;
+        }
+        if data.len() >= SMALL_WRITE {
+            self.flush()?;
+            return self.dst.write_at(data, off, WriteFlags::default());
+        }
+        if self.buf.is_empty() {
+            self.at = off;
+        }
+        self.buf.extend_from_slice(data);
+        Ok(())
+    }
+
+    /// Write what is gathered.
+    fn flush(&mut self) -> Result<()> {
+        if !self.buf.is_empty() {
+            self.dst
+                .write_at(&self.buf, self.at, WriteFlags::default())?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+}
+
 /// Copy every non-zero sector of a version into `dst` (which must read
 /// as zeroes beforehand: a new sparse file or image). Chunks are gathered
 /// ([`VersionView::gather`]) in batches, verified in parallel, several
@@ -51,6 +104,7 @@ pub fn materialise(view: &VersionView, dst: &dyn BlockDev, progress: &dyn Progre
     let failed = std::sync::atomic::AtomicBool::new(false);
     let one = |first: usize| -> Result<u64> {
         let mut written = 0u64;
+        let mut runs = Runs::new(dst);
         let recs: Vec<usize> = (first..(first + batch).min(idx.records())).collect();
         let wanted: Vec<usize> = recs
             .iter()
@@ -85,11 +139,12 @@ pub fn materialise(view: &VersionView, dst: &dyn BlockDev, progress: &dyn Progre
                 }
                 let a = s * SECTOR as usize;
                 let b = (e * SECTOR as usize).min(data.len());
-                dst.write_at(&data[a..b], base + a as u64, WriteFlags::default())?;
+                runs.put(&data[a..b], base + a as u64)?;
                 written += (b - a) as u64;
                 s = e;
             }
         }
+        runs.flush()?;
         let done: u64 = recs.iter().map(|&i| idx.chunk_len(i) as u64).sum();
         progress.advance(done);
         Ok(written)
