@@ -9,7 +9,7 @@ mod common;
 
 use cas_common::{
     checkout, checkout_fail, checkout_same, commit, commit_session, commit_version, json_num,
-    json_str, open_session, qemu_io_session, rd, s3_base, Cas,
+    json_str, open_session, qemu_io_session, rd, s3_base, Cas, ChunkServer,
 };
 use common::{path_str, qemu_io, run, run_stdout, Server};
 
@@ -177,4 +177,18 @@ fn a_long_history_is_sealed_into_segments_and_read_whole() {
         checkout_same(s, &format!("u/vm@{}", &rev[..12]), &want, &out);
     }
     listed(31);
+    // Through a chunk server: its client seals as a local store's does; an
+    // S3 store behind it keeps the catalog whole (it unseals what it gets).
+    let srv = ChunkServer::start(s, &[]);
+    for k in 0..6u32 {
+        let v = cas.variant(&copy(29), &format!("h{k}.img"), (4096, 10 + k as u64), 0);
+        let id = commit_version(&srv.url, path_str(&v), "u/vm", &[]);
+        checkout_same(&srv.url, &format!("u/vm@{}", &id[..12]), &v, &out);
+    }
+    let log = rd(&["log", "u/vm", "--store", &srv.url]);
+    assert_eq!(log.lines().count(), 38, "{log}");
+    checkout_same(&srv.url, &format!("u/vm@{}", &ids[1][..12]), &copy(1), &out);
+    drop(srv);
+    listed(37);
+    rd(&["store", "verify", "--store", s]);
 }

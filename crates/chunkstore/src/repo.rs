@@ -76,13 +76,18 @@ where
                 let Some(g) = c.segments.pop() else { break };
                 c.entries = load_segment_with(&g, name, |id| fetch(store, id, None))?;
             }
-            while c.seal_due() {
+            let mut sealed_any = false;
+            while c.seal_due() && store.ref_segments() {
                 if lease.is_none() {
                     lease = Some(store.lease_begin()?);
                 }
                 let (bytes, sealed) = c.seal_oldest();
                 let id = put_segment(store, &bytes)?;
                 c.add_segment(id, &sealed);
+                sealed_any = true;
+            }
+            if sealed_any {
+                named_safely(store, lease.as_ref())?;
             }
             c.generation += 1;
             let ok = if c.entries.is_empty() {
@@ -124,7 +129,7 @@ where
             f(&mut c.entries)?;
             let all = std::mem::take(&mut c.entries);
             let seg = segment_len();
-            let sealed = if all.len() >= 2 * seg {
+            let sealed = if all.len() >= 2 * seg && store.ref_segments() {
                 (all.len() - seg) / seg
             } else {
                 0
@@ -137,6 +142,9 @@ where
                 rest = after;
             }
             c.entries = rest.to_vec();
+            if sealed > 0 {
+                named_safely(store, Some(&lease))?;
+            }
             c.generation += 1;
             let ok = if c.entries.is_empty() {
                 store.ref_update(name, tag, None)?
@@ -154,6 +162,26 @@ where
     })();
     let _ = store.lease_end(&lease.id);
     out
+}
+
+/// Before a catalog naming new segment objects replaces the old one: make
+/// them durable (a local store syncs their folder entries), and prove the
+/// lease they were put under is still alive — a gc that took it for dead
+/// may have removed them (the same rule as a commit's, `cas-store.md`).
+fn named_safely<S: ChunkWrite + LeaseStore + ?Sized>(
+    store: &S,
+    lease: Option<&crate::store::Lease>,
+) -> Result<()> {
+    store.sync()?;
+    if let Some(l) = lease {
+        store.lease_refresh(&l.id).map_err(|e| {
+            context(
+                e,
+                "the catalog's new segments were stored under a lease that is gone (a gc took it for dead); try again",
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// Store a segment object (plain, like a version package) and name it; one

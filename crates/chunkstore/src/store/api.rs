@@ -329,6 +329,14 @@ pub trait RefStore: StoreLayer {
         self.pass(Op::Write, "update catalogs")?
             .ref_update(name, old, new)
     }
+    /// Whether catalogs here keep their oldest entries in segment objects
+    /// (`docs/formats/cas-catalog.md`): stores whose refs are replaced by
+    /// a true compare-and-swap. An S3 store, whose concurrent updates are
+    /// merged, keeps each catalog whole (and unseals a catalog it is given
+    /// with segments, as through a chunk server).
+    fn ref_segments(&self) -> bool {
+        self.next().is_none_or(|n| n.ref_segments())
+    }
 }
 
 /// Leases: commits in progress, which a concurrent gc must respect.

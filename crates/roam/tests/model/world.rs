@@ -12,7 +12,7 @@ use roamdisk_blockdev::{BlockDev, Registry, WriteFlags};
 use roamdisk_chunkstore::chunk::Key;
 use roamdisk_chunkstore::commit::{commit_image, CommitOptions, Source};
 use roamdisk_chunkstore::gc::{gc, GcOptions};
-use roamdisk_chunkstore::repo::read_catalog;
+use roamdisk_chunkstore::repo::{read_catalog, read_full};
 use roamdisk_chunkstore::store::fault::{Event, FaultStore, Faults};
 use roamdisk_chunkstore::store::mem::MemStore;
 use roamdisk_chunkstore::store::{fetch, DynStore, StoreConfig};
@@ -54,6 +54,9 @@ pub struct World {
 
 impl World {
     pub fn new(seed: u64, trail: Arc<Mutex<Vec<String>>>, verbose: bool) -> World {
+        // Catalogs seal segments of 2 entries: a run's few commits per
+        // image exercise sealing, faults and crashes around it.
+        roamdisk_chunkstore::catalog::set_segment_len(2);
         let mut rng = Rng::new(seed);
         let config = StoreConfig {
             zstd_level: rng.chance(1, 2).then_some(1),
@@ -313,8 +316,8 @@ impl World {
             .and_then(|pkg| Version::references_of(&pkg))
             .is_ok_and(|refs| self.mem.durable(&refs).iter().all(|&d| d));
         if !complete {
-            roamdisk_chunkstore::repo::update_catalog(&*self.mem, &target, |c| {
-                c.entries.retain(|e| e.version != id);
+            roamdisk_chunkstore::repo::update_full(&*self.mem, &target, |entries| {
+                entries.retain(|e| e.version != id);
                 Ok(())
             })
             .unwrap();
@@ -582,7 +585,17 @@ impl World {
         let mut catalogs = HashMap::new();
         for v in &self.versions {
             let cat = catalogs.entry(v.image.clone()).or_insert_with(|| {
-                read_catalog(&*self.mem, &v.image)
+                // The segments the catalog names are stored and synced.
+                let (head, _) = read_catalog(&*self.mem, &v.image)
+                    .unwrap_or_else(|e| self.fail(&format!("{when}: catalog {}: {e}", v.image)));
+                let segs: Vec<ChunkId> = head.segments.iter().map(|g| g.id).collect();
+                if !self.mem.durable(&segs).iter().all(|&d| d) {
+                    self.fail(&format!(
+                        "{when}: catalog {} names a segment that is not durable",
+                        v.image
+                    ));
+                }
+                read_full(&*self.mem, &v.image)
                     .unwrap_or_else(|e| self.fail(&format!("{when}: catalog {}: {e}", v.image)))
                     .0
             });

@@ -20,7 +20,7 @@ use roamdisk_blockdev::{Op, Result};
 
 use super::bridge::{is_not_found, random_u64};
 use super::store::S3Store;
-use crate::catalog::{load_segment_with, load_segments_with, Catalog, Entry};
+use crate::catalog::{load_segments_with, Catalog, Entry};
 use crate::error::context;
 use crate::hash::ChunkId;
 use crate::store::api::{check_ref_name, fetch, ref_tag, RefStore};
@@ -230,17 +230,11 @@ impl S3Store {
             merged,
             generation,
             removed,
-            several: bodies.len() > 1,
         })
     }
 
     /// The catalog `name` as readers see it, and its generation: the
-    /// newest updates merged, removed versions taken out. Sealed segments
-    /// are left as they are, except after a merge of updates with segments
-    /// when versions were removed: a merge lists the segments of both (an
-    /// `rm` rewrites segments; the other update kept the old ones), so the
-    /// catalog is loaded whole, filtered, and handed over without segments
-    /// (the next commit seals it again).
+    /// newest updates merged, removed versions taken out.
     fn current(&self, name: &str) -> Result<(Option<Vec<u8>>, u64)> {
         let h = self.block(self.ref_head(name))?;
         let Some(b) = h.merged else {
@@ -250,38 +244,20 @@ impl S3Store {
             return Ok((Some(b), h.generation));
         }
         let mut c = Catalog::parse(&b)?;
-        let n = c.entries.len();
-        c.entries.retain(|e| !h.removed.contains(&e.version));
-        if !c.segments.is_empty() && (h.several || c.entries.is_empty()) {
-            load_segments_with(&mut c, name, |id| fetch(self, id, None))?;
-            c.entries.retain(|e| !h.removed.contains(&e.version));
-        } else if c.entries.len() == n {
+        // Catalogs here have no segments (`ref_update` unseals them); one
+        // that has (written by another build) is handed over as it is.
+        if !c.segments.is_empty() {
             return Ok((Some(b), h.generation));
         }
-        if c.entries.is_empty() {
-            return Ok((None, h.generation));
+        let n = c.entries.len();
+        c.entries.retain(|e| !h.removed.contains(&e.version));
+        if c.entries.len() == n {
+            Ok((Some(b), h.generation))
+        } else if c.entries.is_empty() {
+            Ok((None, h.generation))
+        } else {
+            Ok((Some(c.encode()), h.generation))
         }
-        Ok((Some(c.encode()), h.generation))
-    }
-
-    /// The versions catalog `c` lists, with those of its segments that
-    /// `other` does not list (the segments both list hold the same
-    /// entries).
-    fn versions_beyond(
-        &self,
-        name: &str,
-        c: &Catalog,
-        other: Option<&Catalog>,
-    ) -> Result<HashSet<ChunkId>> {
-        let mut out: HashSet<ChunkId> = c.entries.iter().map(|e| e.version).collect();
-        for g in &c.segments {
-            if other.is_some_and(|o| o.segments.iter().any(|x| x.id == g.id)) {
-                continue;
-            }
-            let sealed = load_segment_with(g, name, |id| fetch(self, id, None))?;
-            out.extend(sealed.iter().map(|e| e.version));
-        }
-        Ok(out)
     }
 }
 
@@ -292,8 +268,6 @@ struct Head {
     generation: u64,
     /// Versions removed by earlier updates (tombstones).
     removed: HashSet<ChunkId>,
-    /// Several updates were merged.
-    several: bool,
 }
 
 impl RefStore for S3Store {
@@ -311,28 +285,47 @@ impl RefStore for S3Store {
         names.sort();
         Ok(names)
     }
+    /// Catalogs stay whole: concurrent updates are merged entry by entry.
+    fn ref_segments(&self) -> bool {
+        false
+    }
     fn ref_update(&self, name: &str, old: Option<ChunkId>, new: Option<&[u8]>) -> Result<bool> {
         check_ref_name(name)?;
         let (cur, generation) = self.current(name)?;
         if cur.as_deref().map(ref_tag) != old {
             return Ok(false);
         }
+        // A catalog with segments is kept whole here: its segments' entries
+        // are put back in front of its own (the segment objects become
+        // garbage for gc). Concurrent updates are merged entry by entry,
+        // which segments would defeat (`cas-s3.md`).
+        let unsealed;
+        let new = match new.map(Catalog::parse).transpose()? {
+            Some(mut c) if !c.segments.is_empty() => {
+                load_segments_with(&mut c, name, |id| fetch(self, id, None))?;
+                unsealed = c.encode();
+                Some(&unsealed[..])
+            }
+            _ => new,
+        };
         // Versions this update removes are recorded first, so that a
         // concurrent update made from an older catalog cannot bring them
-        // back (gc may free their chunks). Entries moved into a new
-        // segment are not removed: the segments only one side lists are
-        // read to tell.
+        // back (gc may free their chunks).
         let mut gone: Vec<ChunkId> = Vec::new();
         if let Some(cur) = &cur {
-            let cur = Catalog::parse(cur)?;
-            let new = new.map(Catalog::parse).transpose()?;
-            let keep = match &new {
-                Some(n) => self.versions_beyond(name, n, Some(&cur))?,
+            let keep: HashSet<ChunkId> = match new {
+                Some(b) => Catalog::parse(b)?
+                    .entries
+                    .iter()
+                    .map(|e| e.version)
+                    .collect(),
                 None => HashSet::new(),
             };
-            let had = self.versions_beyond(name, &cur, new.as_ref())?;
-            gone = had.into_iter().filter(|v| !keep.contains(v)).collect();
-            gone.sort();
+            for e in Catalog::parse(cur)?.entries {
+                if !keep.contains(&e.version) {
+                    gone.push(e.version);
+                }
+            }
         }
         self.block(async {
             for v in &gone {
