@@ -243,6 +243,20 @@ impl Catalog {
         })
     }
 
+    /// An error if the catalog is past what its format holds (2^20
+    /// entries in the ref, 65,536 segments): checked before it is written.
+    pub fn check_limits(&self, name: &str) -> Result<()> {
+        if self.entries.len() > MAX_ENTRIES as usize || self.segments.len() > MAX_SEGMENTS as usize
+        {
+            return Err(bad_arg(format!(
+                "catalog {name} is full ({} versions in its ref, {} segments): remove old versions with `roamdisk rm`",
+                self.entries.len(),
+                self.segments.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// Whether a commit's update must seal the oldest [`segment_len`]
     /// entries of the ref ([`Catalog::seal_oldest`]).
     pub fn seal_due(&self) -> bool {
@@ -667,6 +681,25 @@ mod tests {
         for cut in [33, 60, 88, b.len() - 1] {
             assert!(Catalog::parse(&b[..cut]).is_err());
         }
+    }
+
+    #[test]
+    fn a_catalog_past_its_format_is_refused_before_it_is_written() {
+        let g = SegmentRef {
+            id: ChunkId([1; 32]),
+            count: 1,
+            first: 0,
+            last: 0,
+        };
+        let mut c = Catalog {
+            generation: 1,
+            segments: vec![g; MAX_SEGMENTS as usize],
+            entries: vec![entry(1, 1)],
+        };
+        assert!(c.check_limits("u/i").is_ok());
+        c.segments.push(g);
+        let e = c.check_limits("u/i").unwrap_err();
+        assert!(e.to_string().contains("roamdisk rm"), "{e}");
     }
 
     #[test]

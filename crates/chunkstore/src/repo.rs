@@ -90,6 +90,7 @@ where
                 named_safely(store, lease.as_ref())?;
             }
             c.generation += 1;
+            c.check_limits(name)?;
             let ok = if c.entries.is_empty() {
                 store.ref_update(name, tag, None)?
             } else {
@@ -146,6 +147,7 @@ where
                 named_safely(store, Some(&lease))?;
             }
             c.generation += 1;
+            c.check_limits(name)?;
             let ok = if c.entries.is_empty() {
                 store.ref_update(name, tag, None)?
             } else {

@@ -303,6 +303,7 @@ impl RefStore for S3Store {
         let new = match new.map(Catalog::parse).transpose()? {
             Some(mut c) if !c.segments.is_empty() => {
                 load_segments_with(&mut c, name, |id| fetch(self, id, None))?;
+                c.check_limits(name)?;
                 unsealed = c.encode();
                 Some(&unsealed[..])
             }
