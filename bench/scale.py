@@ -26,7 +26,11 @@ PREFIX.svg: seconds per GiB against disk size, one line per operation.
 chunks stored); --skip hoard leaves out the hoard and cache status (the shared
 cache keeps one file per chunk).
 
-Usage: bench/scale.py [--sizes 1,2,4] [--chunk-size 64K] [--skip OP,...] [--dir D] [--plot docs/img/scale]
+--drop-caches empties the page cache before each operation: past the machine's
+memory (24 GiB here) a size's data no longer stays cached from the step before,
+so without it the largest sizes alone pay for the device.
+
+Usage: bench/scale.py [--sizes 1,2,4] [--chunk-size 64K] [--skip OP,...] [--drop-caches] [--dir D] [--plot docs/img/scale]
 Needs: a release build; about 0.7 GB of free disk per GiB of --sizes at the
 largest size (image, store, one checkout at a time; files removed as it goes).
 """
@@ -53,9 +57,18 @@ def make_disk(path, gib, seed=1):
                 f.write(repeated)
 
 
+DROP_CACHES = False
+
+
 def timed(tmp, *args):
-    """Run roamdisk ARGS under /usr/bin/time: (wall seconds, peak RSS MB)."""
+    """Run roamdisk ARGS under /usr/bin/time: (wall seconds, peak RSS MB).
+    With --drop-caches, the page cache is emptied first (written data
+    synced): every size then starts from the device, not from memory."""
     out = os.path.join(tmp, "time.out")
+    if DROP_CACHES:
+        subprocess.run(["sync"], check=True)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
     subprocess.run(["/usr/bin/time", "-o", out, "-f", "%e %M", B, "-q", *args],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     s, kb = open(out).read().split()[-2:]
@@ -145,10 +158,14 @@ def main():
     ap.add_argument("--sizes", default="1,2,4", help="disk sizes in GiB, comma-separated")
     ap.add_argument("--dir", default=None)
     ap.add_argument("--chunk-size", default="64K", help="chunk size of the commits (default 64K)")
+    ap.add_argument("--drop-caches", action="store_true",
+                    help="empty the page cache before each operation (root; sizes past the memory otherwise pay for the device alone)")
     ap.add_argument("--skip", default="", help="operations to leave out: hoard (and cache status)")
     ap.add_argument("--plot", default=None, help="write PREFIX.svg")
     ap.add_argument("--out", default=None, help="results JSON (default bench/results/scale-DATE.json)")
     a = ap.parse_args()
+    global DROP_CACHES
+    DROP_CACHES = a.drop_caches
     sizes = [int(s) for s in a.sizes.split(",")]
     base = a.dir or tempfile.mkdtemp(prefix="roamdisk-scale-", dir="/var/tmp")
     res = {}
@@ -174,7 +191,7 @@ def main():
         print(f"| {op} | {cells} | {ratio:.2f}x | {slope(sizes, ts):.2f} |")
     if a.plot:
         svg(a.plot + ".svg", sizes, per_gib)
-    save_results(a.out, "scale", {"sizes_gib": sizes, "chunk_size": a.chunk_size,
+    save_results(a.out, "scale", {"sizes_gib": sizes, "chunk_size": a.chunk_size, "drop_caches": a.drop_caches,
                                   "results": {str(g): {op: {"s": t, "rss_mb": m} for op, (t, m) in r.items()}
                                               for g, r in res.items()}})
     if not a.dir:
