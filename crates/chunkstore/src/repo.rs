@@ -66,45 +66,30 @@ where
     F: FnMut(&mut Catalog) -> Result<()>,
 {
     let mut lease = None;
-    let out = (|| {
-        for _ in 0..1000 {
-            let (mut c, tag) = read_catalog(store, name)?;
-            f(&mut c)?;
-            // The ref keeps the newest entries: if `f` took all of them,
-            // the last segment's come back.
-            while c.entries.is_empty() {
-                let Some(g) = c.segments.pop() else { break };
-                c.entries = load_segment_with(&g, name, |id| fetch(store, id, None))?;
-            }
-            let mut sealed_any = false;
-            while c.seal_due() && store.ref_segments() {
-                if lease.is_none() {
-                    lease = Some(store.lease_begin()?);
-                }
-                let (bytes, sealed) = c.seal_oldest();
-                let id = put_segment(store, &bytes)?;
-                c.add_segment(id, &sealed);
-                sealed_any = true;
-            }
-            if sealed_any {
-                named_safely(store, lease.as_ref())?;
-            }
-            c.generation += 1;
-            c.check_limits(name)?;
-            let ok = if c.entries.is_empty() {
-                store.ref_update(name, tag, None)?
-            } else {
-                store.ref_update(name, tag, Some(&c.encode()))?
-            };
-            if ok {
-                return Ok(c);
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
+    let out = until_swapped(name, || {
+        let (mut c, tag) = read_catalog(store, name)?;
+        f(&mut c)?;
+        // The ref keeps the newest entries: if `f` took all of them,
+        // the last segment's come back.
+        while c.entries.is_empty() {
+            let Some(g) = c.segments.pop() else { break };
+            c.entries = load_segment_with(&g, name, |id| fetch(store, id, None))?;
         }
-        Err(corrupt(format!(
-            "catalog {name} keeps changing under us; try again"
-        )))
-    })();
+        let mut sealed_any = false;
+        while c.seal_due() && store.ref_segments() {
+            if lease.is_none() {
+                lease = Some(store.lease_begin()?);
+            }
+            let (bytes, sealed) = c.seal_oldest();
+            let id = put_segment(store, &bytes)?;
+            c.add_segment(id, &sealed);
+            sealed_any = true;
+        }
+        if sealed_any {
+            named_safely(store, lease.as_ref())?;
+        }
+        write_back(store, name, c, tag)
+    });
     if let Some(l) = lease {
         let _ = store.lease_end(&l.id);
     }
@@ -124,46 +109,68 @@ where
     F: FnMut(&mut Vec<Entry>) -> Result<()>,
 {
     let lease = store.lease_begin()?;
-    let out = (|| {
-        for _ in 0..1000 {
-            let (mut c, tag) = read_full(store, name)?;
-            f(&mut c.entries)?;
-            let all = std::mem::take(&mut c.entries);
-            let seg = segment_len();
-            let sealed = if all.len() >= 2 * seg && store.ref_segments() {
-                (all.len() - seg) / seg
-            } else {
-                0
-            };
-            let mut rest = &all[..];
-            for _ in 0..sealed {
-                let (part, after) = rest.split_at(seg);
-                let id = put_segment(store, &encode_segment(part))?;
-                c.add_segment(id, part);
-                rest = after;
-            }
-            c.entries = rest.to_vec();
-            if sealed > 0 {
-                named_safely(store, Some(&lease))?;
-            }
-            c.generation += 1;
-            c.check_limits(name)?;
-            let ok = if c.entries.is_empty() {
-                store.ref_update(name, tag, None)?
-            } else {
-                store.ref_update(name, tag, Some(&c.encode()))?
-            };
-            if ok {
-                return Ok(c);
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
+    let out = until_swapped(name, || {
+        let (mut c, tag) = read_full(store, name)?;
+        f(&mut c.entries)?;
+        let all = std::mem::take(&mut c.entries);
+        let seg = segment_len();
+        let sealed = if all.len() >= 2 * seg && store.ref_segments() {
+            (all.len() - seg) / seg
+        } else {
+            0
+        };
+        let mut rest = &all[..];
+        for _ in 0..sealed {
+            let (part, after) = rest.split_at(seg);
+            let id = put_segment(store, &encode_segment(part))?;
+            c.add_segment(id, part);
+            rest = after;
         }
-        Err(corrupt(format!(
-            "catalog {name} keeps changing under us; try again"
-        )))
-    })();
+        c.entries = rest.to_vec();
+        if sealed > 0 {
+            named_safely(store, Some(&lease))?;
+        }
+        write_back(store, name, c, tag)
+    });
     let _ = store.lease_end(&lease.id);
     out
+}
+
+/// Run `attempt` (read, change, [`write_back`]) until its compare-and-swap
+/// succeeds: the catalog written. Another writer got there first each
+/// time it returns `None`.
+fn until_swapped(
+    name: &str,
+    mut attempt: impl FnMut() -> Result<Option<Catalog>>,
+) -> Result<Catalog> {
+    for _ in 0..1000 {
+        if let Some(c) = attempt()? {
+            return Ok(c);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    Err(corrupt(format!(
+        "catalog {name} keeps changing under us; try again"
+    )))
+}
+
+/// Write `c` over the catalog read with `tag` by compare-and-swap, its
+/// generation one more (an empty catalog is deleted): `None` if another
+/// writer changed it first.
+fn write_back<S: RefStore + ?Sized>(
+    store: &S,
+    name: &str,
+    mut c: Catalog,
+    tag: Option<ChunkId>,
+) -> Result<Option<Catalog>> {
+    c.generation += 1;
+    c.check_limits(name)?;
+    let ok = if c.entries.is_empty() {
+        store.ref_update(name, tag, None)?
+    } else {
+        store.ref_update(name, tag, Some(&c.encode()))?
+    };
+    Ok(ok.then_some(c))
 }
 
 /// Before a catalog naming new segment objects replaces the old one: make
