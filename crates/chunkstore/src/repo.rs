@@ -85,8 +85,8 @@ where
             c.add_segment(id, &sealed);
             sealed_any = true;
         }
-        if sealed_any {
-            named_safely(store, lease.as_ref())?;
+        if let Some(l) = lease.as_ref().filter(|_| sealed_any) {
+            named_safely(store, l)?;
         }
         write_back(store, name, c, tag)
     });
@@ -128,7 +128,7 @@ where
         }
         c.entries = rest.to_vec();
         if sealed > 0 {
-            named_safely(store, Some(&lease))?;
+            named_safely(store, &lease)?;
         }
         write_back(store, name, c, tag)
     });
@@ -179,18 +179,15 @@ fn write_back<S: RefStore + ?Sized>(
 /// may have removed them (the same rule as a commit's, `cas-store.md`).
 fn named_safely<S: ChunkWrite + LeaseStore + ?Sized>(
     store: &S,
-    lease: Option<&crate::store::Lease>,
+    lease: &crate::store::Lease,
 ) -> Result<()> {
     store.sync()?;
-    if let Some(l) = lease {
-        store.lease_refresh(&l.id).map_err(|e| {
-            context(
-                e,
-                "the catalog's new segments were stored under a lease that is gone (a gc took it for dead); try again",
-            )
-        })?;
-    }
-    Ok(())
+    store.lease_refresh(&lease.id).map_err(|e| {
+        context(
+            e,
+            "the catalog's new segments were stored under a lease that is gone (a gc took it for dead); try again",
+        )
+    })
 }
 
 /// Store a segment object (plain, like a version package) and name it; one

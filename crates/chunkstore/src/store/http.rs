@@ -49,7 +49,6 @@ const HAVE_BATCH: usize = 16384;
 /// Fewest ids per batch get request when a list is split over several
 /// (a shorter list goes in one request).
 const GET_BATCH_MIN: usize = 16;
-/// Fewest objects per batch put request when a list is split over several.
 pub use super::api::Credentials;
 
 /// A chunk store behind `roamdisk store serve`.

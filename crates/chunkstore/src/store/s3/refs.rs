@@ -115,8 +115,8 @@ pub fn merge(name: &str, bodies: &[Vec<u8>]) -> Result<Option<Vec<u8>>> {
     for b in &live {
         let c = Catalog::parse(b).map_err(|e| context(e, format!("catalog {name}")))?;
         merged.generation = merged.generation.max(c.generation);
-        // Segments: every one any update lists (two that sealed at once
-        // from the same catalog sealed the same entries: one object).
+        // Catalogs are stored here without segments (`ref_update` unseals
+        // them); should a body list some, none is dropped.
         for g in c.segments {
             if !merged.segments.iter().any(|x| x.id == g.id) {
                 merged.segments.push(g);
@@ -137,8 +137,6 @@ pub fn merge(name: &str, bodies: &[Vec<u8>]) -> Result<Option<Vec<u8>>> {
     }
     all.sort_by_key(|e| (e.created, e.version));
     merged.segments.sort_by_key(|g| (g.first, g.last, g.id));
-    // An entry that one update sealed and another kept in the ref stays
-    // in both; readers keep it once (`catalog::flatten`).
     // A tag names one version: the newest that carries it.
     for i in (0..all.len()).rev() {
         let tags = all[i].tags.clone();
@@ -185,7 +183,7 @@ impl S3Store {
 
     /// The current catalog of `name` (merged from concurrent updates,
     /// without removed versions) and its generation.
-    async fn ref_head(&self, name: &str) -> Result<Head> {
+    async fn ref_head(&self, name: &str) -> Result<(Option<Vec<u8>>, u64)> {
         let (objs, removed) = self.ref_objects(name).await?;
         let heads = heads(&objs);
         let mut generation = heads.first().map_or(0, |h| h.generation);
@@ -221,59 +219,37 @@ impl S3Store {
                 Err(e) => return Err(self.fail(e, Op::Read, &format!("catalog {name}"))),
             }
         }
-        let merged = if bodies.is_empty() {
-            None
-        } else {
-            merge(name, &bodies)?
+        if bodies.is_empty() {
+            return Ok((None, 0));
+        }
+        let merged = merge(name, &bodies)?;
+        let merged = match merged {
+            Some(b) if !removed.is_empty() => {
+                let mut c = Catalog::parse(&b)?;
+                if !c.segments.is_empty() {
+                    // Not written here (see `ref_update`): left as it is.
+                    return Ok((Some(b), generation));
+                }
+                let n = c.entries.len();
+                c.entries.retain(|e| !removed.contains(&e.version));
+                if c.entries.len() == n {
+                    Some(b)
+                } else if c.entries.is_empty() {
+                    None
+                } else {
+                    Some(c.encode())
+                }
+            }
+            other => other,
         };
-        Ok(Head {
-            merged,
-            generation,
-            removed,
-        })
+        Ok((merged, generation))
     }
-
-    /// The catalog `name` as readers see it, and its generation: the
-    /// newest updates merged, removed versions taken out.
-    fn current(&self, name: &str) -> Result<(Option<Vec<u8>>, u64)> {
-        let h = self.block(self.ref_head(name))?;
-        let Some(b) = h.merged else {
-            return Ok((None, h.generation));
-        };
-        if h.removed.is_empty() {
-            return Ok((Some(b), h.generation));
-        }
-        let mut c = Catalog::parse(&b)?;
-        // Catalogs here have no segments (`ref_update` unseals them); one
-        // that has (written by another build) is handed over as it is.
-        if !c.segments.is_empty() {
-            return Ok((Some(b), h.generation));
-        }
-        let n = c.entries.len();
-        c.entries.retain(|e| !h.removed.contains(&e.version));
-        if c.entries.len() == n {
-            Ok((Some(b), h.generation))
-        } else if c.entries.is_empty() {
-            Ok((None, h.generation))
-        } else {
-            Ok((Some(c.encode()), h.generation))
-        }
-    }
-}
-
-/// What the newest updates of a catalog hold.
-struct Head {
-    /// Their merge (`None`: deleted, or none).
-    merged: Option<Vec<u8>>,
-    generation: u64,
-    /// Versions removed by earlier updates (tombstones).
-    removed: HashSet<ChunkId>,
 }
 
 impl RefStore for S3Store {
     fn ref_get(&self, name: &str) -> Result<Option<Vec<u8>>> {
         check_ref_name(name)?;
-        Ok(self.current(name)?.0)
+        Ok(self.block(self.ref_head(name))?.0)
     }
     fn ref_list(&self) -> Result<Vec<String>> {
         let (by_name, _) = group(self.block(self.list("refs"))?);
@@ -291,10 +267,6 @@ impl RefStore for S3Store {
     }
     fn ref_update(&self, name: &str, old: Option<ChunkId>, new: Option<&[u8]>) -> Result<bool> {
         check_ref_name(name)?;
-        let (cur, generation) = self.current(name)?;
-        if cur.as_deref().map(ref_tag) != old {
-            return Ok(false);
-        }
         // A catalog with segments is kept whole here: its segments' entries
         // are put back in front of its own (the segment objects become
         // garbage for gc). Concurrent updates are merged entry by entry,
@@ -309,29 +281,32 @@ impl RefStore for S3Store {
             }
             _ => new,
         };
-        // Versions this update removes are recorded first, so that a
-        // concurrent update made from an older catalog cannot bring them
-        // back (gc may free their chunks).
-        let mut gone: Vec<ChunkId> = Vec::new();
-        if let Some(cur) = &cur {
-            let keep: HashSet<ChunkId> = match new {
-                Some(b) => Catalog::parse(b)?
-                    .entries
-                    .iter()
-                    .map(|e| e.version)
-                    .collect(),
-                None => HashSet::new(),
-            };
-            for e in Catalog::parse(cur)?.entries {
-                if !keep.contains(&e.version) {
-                    gone.push(e.version);
-                }
-            }
-        }
         self.block(async {
-            for v in &gone {
-                self.put(&format!("refs/{name}/removed/{}", v.to_hex()), Vec::new())
-                    .await?;
+            let (cur, generation) = self.ref_head(name).await?;
+            if cur.as_deref().map(ref_tag) != old {
+                return Ok(false);
+            }
+            // Versions this update removes are recorded first, so that a
+            // concurrent update made from an older catalog cannot bring
+            // them back (gc may free their chunks).
+            if let Some(cur) = &cur {
+                let keep: HashSet<ChunkId> = match new {
+                    Some(b) => Catalog::parse(b)?
+                        .entries
+                        .iter()
+                        .map(|e| e.version)
+                        .collect(),
+                    None => HashSet::new(),
+                };
+                for e in Catalog::parse(cur)?.entries {
+                    if !keep.contains(&e.version) {
+                        self.put(
+                            &format!("refs/{name}/removed/{}", e.version.to_hex()),
+                            Vec::new(),
+                        )
+                        .await?;
+                    }
+                }
             }
             let rel = format!("refs/{name}/{}", new_name(generation + 1, random_u64()?));
             let body = new.map(<[u8]>::to_vec).unwrap_or_default();
@@ -416,10 +391,9 @@ mod tests {
         );
     }
 
-    /// Two commits from one catalog, one of which sealed its oldest
-    /// entries into a segment: the merge lists the segment and keeps the
-    /// other's copies of those entries in the ref (readers keep each
-    /// version once); a segment both list is listed once.
+    /// Bodies that list segments (not written by this store, which
+    /// unseals them): the merge drops no segment and no entry, lists a
+    /// segment both name once, and readers keep each version once.
     #[test]
     fn a_merge_lists_every_segment_once() {
         let mut base = Catalog {
