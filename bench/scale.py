@@ -10,13 +10,17 @@ fresh store and shared cache:
   commit again  the same disk once more (every chunk already stored)
   log           roamdisk log bench/vm
   checkout      roamdisk checkout bench/vm --output FILE (a raw file)
+  dd            dd writes as many bytes as the checkout did, and syncs them
+                (conv=fsync): the device's own cost, against which the
+                checkout is given as a ratio ("checkout / dd")
   session open  roamdisk info cas[shared-cache=off]:SESSION (after checkout --session)
   hoard         roamdisk hoard bench/vm (every chunk into the shared cache)
   cache status  roamdisk cache status (the cache the hoard filled)
   verify        roamdisk store verify
   gc            roamdisk gc (nothing to collect: the mark and the sweep's listing)
 
-Each is timed once per size with /usr/bin/time (wall seconds, peak RSS). The
+Each is timed once per size and run (--runs, default 1; medians) with /usr/bin/time (wall seconds, peak RSS), after
+a sync (nothing the step before wrote is still to be written). The
 table gives seconds and MB per GiB of disk, the ratio of the largest size's
 per-GiB cost to the smallest's (the issue's bar: within 1.25x), and the
 log-log slope of time against size (1.0 = linear). --plot PREFIX writes
@@ -30,15 +34,15 @@ cache keeps one file per chunk).
 memory (24 GiB here) a size's data no longer stays cached from the step before,
 so without it the largest sizes alone pay for the device.
 
-Usage: bench/scale.py [--sizes 1,2,4] [--chunk-size 64K] [--skip OP,...] [--drop-caches] [--dir D] [--plot docs/img/scale]
+Usage: bench/scale.py [--sizes 1,2,4] [--runs 3] [--chunk-size 64K] [--skip OP,...] [--drop-caches] [--dir D] [--plot docs/img/scale]
 Needs: a release build; about 0.7 GB of free disk per GiB of --sizes at the
 largest size (image, store, one checkout at a time; files removed as it goes).
 """
-import argparse, json, math, os, random, shutil, subprocess, sys, tempfile, time
+import argparse, json, math, os, random, shutil, statistics, subprocess, sys, tempfile, time
 
 from roamdisk_bench import B, run, save_results
 
-OPS = ["commit", "commit again", "log", "checkout", "session open", "hoard",
+OPS = ["commit", "commit again", "log", "checkout", "dd", "session open", "hoard",
        "cache status", "verify", "gc"]
 
 
@@ -60,16 +64,17 @@ def make_disk(path, gib, seed=1):
 DROP_CACHES = False
 
 
-def timed(tmp, *args):
-    """Run roamdisk ARGS under /usr/bin/time: (wall seconds, peak RSS MB).
-    With --drop-caches, the page cache is emptied first (written data
-    synced): every size then starts from the device, not from memory."""
+def timed(tmp, *args, cmd=None):
+    """Run roamdisk ARGS (or the command CMD) under /usr/bin/time: (wall
+    seconds, peak RSS MB). With --drop-caches, the page cache is emptied
+    first (written data synced): every size then starts from the device,
+    not from memory."""
     out = os.path.join(tmp, "time.out")
+    subprocess.run(["sync"], check=True)
     if DROP_CACHES:
-        subprocess.run(["sync"], check=True)
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3\n")
-    subprocess.run(["/usr/bin/time", "-o", out, "-f", "%e %M", B, "-q", *args],
+    subprocess.run(["/usr/bin/time", "-o", out, "-f", "%e %M", *(cmd or [B, "-q", *args])],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     s, kb = open(out).read().split()[-2:]
     return float(s), int(kb) / 1024
@@ -88,6 +93,12 @@ def measure(d, gib, chunk_size, skip):
     res["log"] = timed(d, "log", "bench/vm", "--store", store)
     out = os.path.join(d, "out.raw")
     res["checkout"] = timed(d, "checkout", "bench/vm", "--store", store, "--output", out)
+    written = os.stat(out).st_blocks * 512
+    os.unlink(out)
+    # The device's own cost for the bytes the checkout wrote: dd writes as
+    # many from /dev/zero and syncs them (the checkout syncs too).
+    res["dd"] = timed(d, cmd=["dd", "if=/dev/zero", f"of={out}", "bs=1M", "conv=fsync",
+                              f"count={-(-written // (1 << 20))}", "status=none"])
     os.unlink(out)
     sess = os.path.join(d, "sess")
     run(B, "-q", "checkout", "bench/vm", "--session", sess, "--store", store)
@@ -161,6 +172,8 @@ def main():
     ap.add_argument("--drop-caches", action="store_true",
                     help="empty the page cache before each operation (root; sizes past the memory otherwise pay for the device alone)")
     ap.add_argument("--skip", default="", help="operations to leave out: hoard (and cache status)")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="measure every size this many times (sizes interleaved) and give medians")
     ap.add_argument("--plot", default=None, help="write PREFIX.svg")
     ap.add_argument("--out", default=None, help="results JSON (default bench/results/scale-DATE.json)")
     a = ap.parse_args()
@@ -168,16 +181,21 @@ def main():
     DROP_CACHES = a.drop_caches
     sizes = [int(s) for s in a.sizes.split(",")]
     base = a.dir or tempfile.mkdtemp(prefix="roamdisk-scale-", dir="/var/tmp")
-    res = {}
-    for gib in sizes:
-        d = os.path.join(base, f"{gib}g")
-        shutil.rmtree(d, ignore_errors=True)
-        os.makedirs(d)
-        res[gib] = measure(d, gib, a.chunk_size, a.skip.split(","))
-        shutil.rmtree(d, ignore_errors=True)
-        print(f"{gib} GiB: " + ", ".join(f"{op} {t:.2f} s" for op, (t, _) in res[gib].items()), file=sys.stderr)
+    runs = {gib: [] for gib in sizes}
+    for r in range(a.runs):
+        for gib in sizes:
+            d = os.path.join(base, f"{gib}g")
+            shutil.rmtree(d, ignore_errors=True)
+            os.makedirs(d)
+            runs[gib].append(measure(d, gib, a.chunk_size, a.skip.split(",")))
+            shutil.rmtree(d, ignore_errors=True)
+            print(f"run {r + 1}, {gib} GiB: " + ", ".join(f"{op} {t:.2f} s" for op, (t, _) in runs[gib][-1].items()),
+                  file=sys.stderr)
+    # Per operation and size: the median time, the largest peak RSS.
+    res = {gib: {op: (statistics.median(m[op][0] for m in ms), max(m[op][1] for m in ms))
+                 for op in ms[0]} for gib, ms in runs.items()}
     load = open("/proc/loadavg").read().split()[:3]
-    print(f"# {os.cpu_count()} cores, load {' '.join(load)}; one run per size")
+    print(f"# {os.cpu_count()} cores, load {' '.join(load)}; median of {a.runs} run(s) per size, sizes interleaved")
     head = " | ".join(f"{g} GiB s (s/GiB, MB)" for g in sizes)
     print(f"| operation | {head} | largest / smallest per GiB | slope |")
     print("| --- |" + " ---: |" * (len(sizes) + 2))
@@ -189,11 +207,19 @@ def main():
         cells = " | ".join(f"{res[g][op][0]:.2f} ({res[g][op][0] / g:.3f}, {res[g][op][1]:.0f})" for g in sizes)
         ratio = per_gib[op][-1] / per_gib[op][0] if per_gib[op][0] > 0 else float("nan")
         print(f"| {op} | {cells} | {ratio:.2f}x | {slope(sizes, ts):.2f} |")
+        if op == "dd":
+            # The checkout's cost over the device's for the same bytes.
+            over = [res[g]["checkout"][0] / max(res[g]["dd"][0], 1e-3) for g in sizes]
+            cells = " | ".join(f"{o:.2f}" for o in over)
+            print(f"| checkout / dd | {cells} | {over[-1] / over[0]:.2f}x | — |")
     if a.plot:
         svg(a.plot + ".svg", sizes, per_gib)
     save_results(a.out, "scale", {"sizes_gib": sizes, "chunk_size": a.chunk_size, "drop_caches": a.drop_caches,
+                                  "runs": a.runs,
                                   "results": {str(g): {op: {"s": t, "rss_mb": m} for op, (t, m) in r.items()}
-                                              for g, r in res.items()}})
+                                              for g, r in res.items()},
+                                  "each_run": {str(g): [{op: {"s": t, "rss_mb": m} for op, (t, m) in r.items()}
+                                                        for r in ms] for g, ms in runs.items()}})
     if not a.dir:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -252,6 +252,19 @@ pub trait BlockDev: std::any::Any + Send + Sync + 'static {
         }
     }
 
+    /// Hint that a range was written and will not be written again soon:
+    /// the layer may start writing it to its device now, and wait for what
+    /// it started well before. A long copy then keeps the page cache's
+    /// dirty pages few and the device busy from the start, instead of
+    /// being throttled by the kernel once past its dirty-page limit.
+    /// Nothing is promised about durability (that is [`flush`](Self::flush)).
+    fn write_behind(&self, off: u64, len: u64) -> Result<()> {
+        match self.next() {
+            Some(n) => n.write_behind(off, len),
+            None => Ok(()),
+        }
+    }
+
     /// The next layer, or an `Unsupported` error naming the operation.
     #[doc(hidden)]
     fn pass(&self, op: Op) -> Result<&dyn BlockDev> {

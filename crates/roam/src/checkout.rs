@@ -49,14 +49,19 @@ const RUN_MAX: usize = 1 << 20;
 /// cache's per-write path.
 struct Runs<'d> {
     dst: &'d dyn BlockDev,
+    /// Held for each write: a file's buffered writes take its lock one at
+    /// a time anyway, and threads waiting here sleep where in the kernel
+    /// they spin (`rwsem_spin_on_owner`, 21% of a 16 GiB checkout).
+    turn: &'d parking_lot::Mutex<()>,
     buf: Vec<u8>,
     at: u64,
 }
 
 impl<'d> Runs<'d> {
-    fn new(dst: &'d dyn BlockDev) -> Self {
+    fn new(dst: &'d dyn BlockDev, turn: &'d parking_lot::Mutex<()>) -> Self {
         Runs {
             dst,
+            turn,
             buf: Vec::new(),
             at: 0,
         }
@@ -70,6 +75,7 @@ impl<'d> Runs<'d> {
         }
         if data.len() >= SMALL_WRITE {
             self.flush()?;
+            let _turn = self.turn.lock();
             return self.dst.write_at(data, off, WriteFlags::default());
         }
         if self.buf.is_empty() {
@@ -82,6 +88,7 @@ impl<'d> Runs<'d> {
     /// Write what is gathered.
     fn flush(&mut self) -> Result<()> {
         if !self.buf.is_empty() {
+            let _turn = self.turn.lock();
             self.dst
                 .write_at(&self.buf, self.at, WriteFlags::default())?;
             self.buf.clear();
@@ -102,9 +109,10 @@ pub fn materialise(view: &VersionView, dst: &dyn BlockDev, progress: &dyn Progre
     let batches = idx.records().div_ceil(batch);
     let next = std::sync::atomic::AtomicUsize::new(0);
     let failed = std::sync::atomic::AtomicBool::new(false);
+    let turn = parking_lot::Mutex::new(());
     let one = |first: usize| -> Result<u64> {
         let mut written = 0u64;
-        let mut runs = Runs::new(dst);
+        let mut runs = Runs::new(dst, &turn);
         let recs: Vec<usize> = (first..(first + batch).min(idx.records())).collect();
         let wanted: Vec<usize> = recs
             .iter()
@@ -145,6 +153,9 @@ pub fn materialise(view: &VersionView, dst: &dyn BlockDev, progress: &dyn Progre
             }
         }
         runs.flush()?;
+        let first_byte = first as u64 * idx.chunk_size as u64;
+        let end_byte = ((first + batch) as u64 * idx.chunk_size as u64).min(idx.disk_size);
+        dst.write_behind(first_byte, end_byte - first_byte)?;
         let done: u64 = recs.iter().map(|&i| idx.chunk_len(i) as u64).sum();
         progress.advance(done);
         Ok(written)

@@ -277,7 +277,19 @@ impl ChunkRead for LocalStore {
         }
     }
     fn get_many(&self, ids: &[ChunkId]) -> Vec<Result<Vec<u8>>> {
-        ids.par_iter().map(|id| self.get(id)).collect()
+        // Packed objects in runs; the rest (loose, repacked since the
+        // table was loaded, in the trash, missing) one by one.
+        // (A failed scan is reported by each `get`.)
+        let packed = self
+            .get_packed_many(ids)
+            .unwrap_or_else(|_| vec![None; ids.len()]);
+        ids.par_iter()
+            .zip(packed)
+            .map(|(id, got)| match got {
+                Some(v) => Ok(v),
+                None => self.get(id),
+            })
+            .collect()
     }
     fn has_many(&self, ids: &[ChunkId], touch_found: bool) -> Result<Vec<bool>> {
         let packed = self.has_packed(ids, touch_found)?;

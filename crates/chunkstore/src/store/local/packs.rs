@@ -28,6 +28,12 @@ use crate::hash::ChunkId;
 use crate::store::api::ObjectEntry;
 use crate::store::pack::{self, is_pack_name, Entry, Trailer};
 
+/// Objects of one pack at most this far apart are read in one run by
+/// `get_packed_many` (the bytes between are read and dropped).
+const RUN_GAP: u64 = 64 << 10;
+/// The most bytes one run reads.
+const RUN_MAX: u64 = 4 << 20;
+
 /// The names of the packs in `dir` (none if it does not exist).
 pub(super) fn pack_names_in(dir: &Path) -> Result<Vec<String>> {
     let Some(rd) = if_found(fs::read_dir(dir)).map_err(|e| io(Op::Read, e, dir))? else {
@@ -195,6 +201,80 @@ impl LocalStore {
         Ok(None)
     }
 
+    /// The packed objects among `ids` (`None`: not in a loaded pack, or
+    /// its read failed — the caller asks [`ChunkRead::get`] for those),
+    /// read with one `pread` per run of neighbours in one pack: a batch of
+    /// 4 KiB chunks committed together is one read, not an open, a read
+    /// and a close each.
+    ///
+    /// [`ChunkRead::get`]: crate::store::ChunkRead::get
+    pub(super) fn get_packed_many(&self, ids: &[ChunkId]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.ensure_scanned()?;
+        // (pack, offset, len, index in ids), by pack and offset.
+        let mut wanted: Vec<(u32, u64, u32, usize)> = Vec::with_capacity(ids.len());
+        let names = {
+            let t = self.packs.read();
+            for (k, id) in ids.iter().enumerate() {
+                if let Some(l) = t.objects.get(id) {
+                    wanted.push((l.pack, l.offset, l.len, k));
+                }
+            }
+            let mut packs: Vec<u32> = wanted.iter().map(|w| w.0).collect();
+            packs.sort_unstable();
+            packs.dedup();
+            packs
+                .into_iter()
+                .map(|p| (p, t.names[p as usize].clone()))
+                .collect::<HashMap<u32, String>>()
+        };
+        wanted.sort_unstable();
+        // Runs: neighbours in one pack, gaps under RUN_GAP, at most RUN_MAX.
+        let mut runs: Vec<&[(u32, u64, u32, usize)]> = Vec::new();
+        let mut start = 0;
+        for i in 1..=wanted.len() {
+            let breaks = i == wanted.len() || {
+                let (a, b) = (&wanted[i - 1], &wanted[i]);
+                let end = a.1 + a.2 as u64;
+                b.0 != a.0
+                    || b.1 < end
+                    || b.1 - end > RUN_GAP
+                    || b.1 + b.2 as u64 - wanted[start].1 > RUN_MAX
+            };
+            if breaks {
+                runs.push(&wanted[start..i]);
+                start = i;
+            }
+        }
+        let dir = self.packs_path();
+        let read: Vec<Vec<(usize, Vec<u8>)>> = runs
+            .par_iter()
+            .map(|run| {
+                let (first, last) = (run[0], run[run.len() - 1]);
+                let span = (last.1 + last.2 as u64 - first.1) as usize;
+                let mut buf = vec![0u8; span];
+                let ok = File::open(dir.join(&names[&first.0]))
+                    .and_then(|f| f.read_exact_at(&mut buf, first.1));
+                match ok {
+                    Ok(()) => run
+                        .iter()
+                        .map(|&(_, off, len, k)| {
+                            let at = (off - first.1) as usize;
+                            (k, buf[at..at + len as usize].to_vec())
+                        })
+                        .collect(),
+                    // Repacked, truncated or unreadable: one by one, with
+                    // `get`'s rescans and errors.
+                    Err(_) => Vec::new(),
+                }
+            })
+            .collect();
+        let mut out: Vec<Option<Vec<u8>>> = vec![None; ids.len()];
+        for (k, v) in read.into_iter().flatten() {
+            out[k] = Some(v);
+        }
+        Ok(out)
+    }
+
     /// Which of `ids` a loaded pack holds; with `touch`, each pack holding
     /// one of them has its modification time set to now (once per call).
     /// An object whose pack has gone counts as missing.
@@ -307,6 +387,68 @@ mod tests {
         let mut listed = Vec::new();
         other.list_objects(&mut |e| listed.push(e)).unwrap();
         assert!(listed.iter().any(|e| e.mtime > old + hour() / 2));
+    }
+
+    #[test]
+    fn a_batch_read_is_read_in_runs_and_falls_back_one_by_one() {
+        let (_d, s) = store();
+        let mut objs = packed(&s, 300);
+        // More packs, and objects not in the table yet (another process's).
+        let other = LocalStore::open(s.root(), None).unwrap();
+        other.get(&objs[0].0).unwrap();
+        let codec = s.config().codec();
+        let more: Vec<(ChunkId, Vec<u8>)> = (1000u32..1040)
+            .map(|i| {
+                let sealed = codec.seal(&i.to_le_bytes().repeat(100), false);
+                (sealed.id, sealed.object)
+            })
+            .collect();
+        let items: Vec<(ChunkId, &[u8])> = more.iter().map(|(id, b)| (*id, &b[..])).collect();
+        s.put_many(&items).unwrap();
+        s.sync().unwrap();
+        objs.extend(more);
+        let absent = ChunkId([7; 32]);
+        // Every third object, backwards, the absent one, one twice.
+        let mut ask: Vec<ChunkId> = objs.iter().rev().step_by(3).map(|(id, _)| *id).collect();
+        ask.push(absent);
+        ask.push(objs[5].0);
+        ask.push(objs[5].0);
+        let bytes = |id: &ChunkId| objs.iter().find(|(i, _)| i == id).map(|(_, b)| b.clone());
+        for reader in [&s, &other] {
+            let got = reader.get_many(&ask);
+            assert_eq!(got.len(), ask.len());
+            for (id, g) in ask.iter().zip(&got) {
+                match bytes(id) {
+                    Some(b) => assert_eq!(g.as_ref().unwrap(), &b),
+                    None => assert_eq!(g.as_ref().unwrap_err().kind(), ErrorKind::NotFound),
+                }
+            }
+        }
+        // A pack cut short: its objects past the cut are read one by one
+        // and reported, the others still come back.
+        let p = &pack_files(&s)[0];
+        let index = s.read_pack_index(p).unwrap();
+        let at = index[index.len() / 2].offset;
+        fs::OpenOptions::new()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_len(at)
+            .unwrap();
+        let got = s.get_many(&ask);
+        let cut: Vec<ChunkId> = index
+            .iter()
+            .filter(|e| e.offset + e.len as u64 > at)
+            .map(|e| e.id)
+            .collect();
+        assert!(!cut.is_empty() && cut.len() < index.len());
+        for (id, g) in ask.iter().zip(&got) {
+            if cut.contains(id) || *id == absent {
+                assert!(g.is_err(), "{id}");
+            } else {
+                assert_eq!(g.as_ref().unwrap(), &bytes(id).unwrap());
+            }
+        }
     }
 
     #[test]
