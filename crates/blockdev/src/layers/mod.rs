@@ -48,12 +48,15 @@ pub static MEM: LayerKind = LayerKind {
     options: &[],
     open: |ctx: &OpenCtx<'_>, _next| {
         let size = ctx.size_opt("mem", "size")?.unwrap_or(0);
-        if size == 0 {
+        if size == 0 || size > mem::MAX_SIZE {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
                 Op::Open,
                 "mem",
-                "size must be more than 0 (e.g. mem:1G)",
+                format!(
+                    "size must be more than 0 and at most {} bytes (e.g. mem:1G)",
+                    mem::MAX_SIZE
+                ),
             ));
         }
         Ok(Arc::new(mem::MemDev::new(size)) as Arc<dyn BlockDev>)

@@ -31,6 +31,10 @@ pub struct S3Location {
     /// Allowance for listings that lag writes (`gc-margin=`, default 60 s):
     /// gc removes nothing referenced more recently.
     pub gc_margin: Duration,
+    /// Credentials may come from the cloud's instance metadata service
+    /// (`credentials=instance`); otherwise, without keys in the
+    /// environment, the store is refused rather than the service asked.
+    pub instance_credentials: bool,
 }
 
 /// Whether a store location is an S3 bucket.
@@ -95,6 +99,7 @@ impl S3Location {
             retries: 5,
             retry_timeout: Duration::from_secs(120),
             gc_margin: Duration::from_secs(60),
+            instance_credentials: false,
         };
         for kv in query.split('&').filter(|s| !s.is_empty()) {
             let (k, v) = kv.split_once('=').ok_or_else(|| {
@@ -125,6 +130,17 @@ impl S3Location {
                 }
                 "retry_timeout" => loc.retry_timeout = parse_secs("retry-timeout", v)?,
                 "gc_margin" => loc.gc_margin = parse_secs("gc-margin", v)?,
+                "credentials" => {
+                    loc.instance_credentials = match v {
+                        "instance" => true,
+                        "environment" => false,
+                        _ => {
+                            return Err(bad_arg(format!(
+                                "credentials={v}: give credentials=instance (ask the cloud's instance metadata service) or credentials=environment (the AWS_* variables, the default)"
+                            )))
+                        }
+                    }
+                }
                 _ => {
                     if k.parse::<object_store::aws::AmazonS3ConfigKey>().is_err() {
                         return Err(bad_arg(format!(
@@ -172,6 +188,12 @@ mod tests {
         assert_eq!(l.settings.len(), 3);
         let l = S3Location::parse("s3://bucket").unwrap();
         assert_eq!(l.key("store.toml"), "store.toml");
+        assert!(!l.instance_credentials);
+        assert!(
+            S3Location::parse("s3://bucket?credentials=instance")
+                .unwrap()
+                .instance_credentials
+        );
         for bad in [
             "s3://B",
             "s3://ab",
@@ -181,6 +203,7 @@ mod tests {
             "s3://bucket?nonsense=1",
             "s3://bucket?parallel=0",
             "s3://bucket?endpoint",
+            "s3://bucket?credentials=imds",
         ] {
             assert!(S3Location::parse(bad).is_err(), "{bad}");
         }

@@ -48,6 +48,8 @@ mod packs;
 pub mod refs;
 mod store;
 mod table;
+#[cfg(test)]
+mod testing;
 
 pub use super::api::S3Env;
 pub use leases::parse_lease;

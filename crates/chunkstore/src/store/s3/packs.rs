@@ -39,17 +39,25 @@ impl S3Store {
     async fn fetch_index(&self, name: &str) -> Result<(u64, Vec<u8>)> {
         let rel = format!("packs/{name}");
         let what = format!("pack {name}");
-        let r = self
-            .os
-            .get_opts(
-                &self.key(&rel),
-                GetOptions {
-                    range: Some(GetRange::Suffix(INDEX_PROBE)),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| self.fail(e, Op::Read, &what))?;
+        let key = self.key(&rel);
+        let suffix = GetOptions {
+            range: Some(GetRange::Suffix(INDEX_PROBE)),
+            ..Default::default()
+        };
+        let r = match self.os.get_opts(&key, suffix).await {
+            Ok(r) => r,
+            Err(e @ object_store::Error::NotFound { .. }) => {
+                return Err(self.fail(e, Op::Read, &what))
+            }
+            // Some S3 servers (`rclone serve s3`) answer a suffix longer
+            // than the object with 416 where AWS sends the whole object:
+            // ask its size, then a plain range. If that fails too, the
+            // first error is the one to report.
+            Err(e) => match self.plain_tail(&key).await {
+                Ok(r) => r,
+                Err(_) => return Err(self.fail(e, Op::Read, &what)),
+            },
+        };
         let size = r.meta.size;
         let start = r.range.start;
         let tail = r.bytes().await.map_err(|e| self.fail(e, Op::Read, &what))?;
@@ -73,6 +81,25 @@ impl S3Store {
             .to_vec();
         index.extend_from_slice(&tail[tail.len() - t_len..]);
         Ok((size, index))
+    }
+
+    /// The last [`INDEX_PROBE`] bytes of `key` (all of a smaller object)
+    /// without a suffix range: a HEAD, then a bounded GET.
+    async fn plain_tail(
+        &self,
+        key: &object_store::path::Path,
+    ) -> object_store::Result<object_store::GetResult> {
+        let size = self.os.head(key).await?.size;
+        let range = GetRange::Bounded(size.saturating_sub(INDEX_PROBE)..size.max(1));
+        self.os
+            .get_opts(
+                key,
+                GetOptions {
+                    range: Some(range),
+                    ..Default::default()
+                },
+            )
+            .await
     }
 
     /// List the packs and loose objects; load the indexes of packs not
@@ -125,5 +152,41 @@ impl S3Store {
             self.block(self.scan())?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::NoLongSuffix;
+    use super::*;
+    use crate::store::api::prelude::*;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn a_small_packs_index_is_read_where_a_long_suffix_range_is_refused() {
+        let os = NoLongSuffix::new();
+        let loc = "s3://bucket/store";
+        let s = S3Store::init_over(os.clone(), loc).unwrap();
+        let codec = s.config().codec();
+        let objs: Vec<(ChunkId, Vec<u8>)> = (0u32..20)
+            .map(|i| {
+                let sealed = codec.seal(&i.to_le_bytes().repeat(50), false);
+                (sealed.id, sealed.object)
+            })
+            .collect();
+        let items: Vec<(ChunkId, &[u8])> = objs.iter().map(|(id, b)| (*id, &b[..])).collect();
+        s.put_many(&items).unwrap();
+        s.sync().unwrap();
+        // Another client: the pack (well under 64 KiB) is new to it.
+        let other = S3Store::open_over(os.clone(), loc).unwrap();
+        let ids: Vec<ChunkId> = objs.iter().map(|(id, _)| *id).collect();
+        assert!(other.has_many(&ids, false).unwrap().iter().all(|h| *h));
+        for (id, b) in &objs {
+            assert_eq!(&other.get(id).unwrap(), b);
+        }
+        assert!(
+            os.refused.load(Ordering::Relaxed) > 0,
+            "the suffix read was tried"
+        );
     }
 }

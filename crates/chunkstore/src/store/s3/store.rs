@@ -55,11 +55,74 @@ impl Drop for S3Store {
     }
 }
 
+/// An endpoint the S3 client can use: an `http://` or `https://` URL
+/// with a host (the client panics on anything else).
+fn check_endpoint(endpoint: &str) -> Result<()> {
+    if endpoint.is_empty() {
+        return Ok(()); // AWS's own, from the region
+    }
+    let bad = |why: String| {
+        bad_arg(format!(
+            "S3 endpoint '{endpoint}' {why}: give a URL such as http://127.0.0.1:9000 or https://s3.example.com (in AWS_ENDPOINT_URL, or ?endpoint= in the location)"
+        ))
+    };
+    let u = url::Url::parse(endpoint).map_err(|e| bad(format!("is not a URL ({e})")))?;
+    if !matches!(u.scheme(), "http" | "https") {
+        return Err(bad("does not start with http:// or https://".into()));
+    }
+    if u.host_str().is_none_or(str::is_empty) {
+        return Err(bad("names no host".into()));
+    }
+    Ok(())
+}
+
+/// Credentials from somewhere the user named: keys, a web identity,
+/// container credentials, unsigned requests, or `credentials=instance`.
+/// Without any, the client would ask the cloud's instance metadata
+/// address (169.254.169.254) — a surprise on a laptop, and a wait.
+fn check_credentials(b: &object_store::aws::AmazonS3Builder, loc: &S3Location) -> Result<()> {
+    use object_store::aws::AmazonS3ConfigKey as K;
+    let set = |k: K| b.get_config_value(&k).is_some_and(|v| !v.is_empty());
+    let named = set(K::AccessKeyId)
+        || set(K::SecretAccessKey)
+        || (set(K::WebIdentityTokenFile) && set(K::RoleArn))
+        || set(K::ContainerCredentialsRelativeUri)
+        || (set(K::ContainerCredentialsFullUri) && set(K::ContainerAuthorizationTokenFile))
+        || b.get_config_value(&K::SkipSignature).as_deref() == Some("true");
+    if named || loc.instance_credentials {
+        return Ok(());
+    }
+    Err(bad_arg(format!(
+        "no credentials for {}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN), or add ?credentials=instance to the location to ask the cloud's instance metadata service",
+        loc.describe()
+    )))
+}
+
+/// A region name the client can put into a host name and a signature.
+fn check_region(region: &str) -> Result<()> {
+    let ok = !region.is_empty()
+        && region.len() <= 64
+        && region
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(bad_arg(format!(
+            "S3 region '{region}' is not a region name (letters, digits, '-', e.g. us-east-1; in AWS_REGION, or ?region= in the location)"
+        )))
+    }
+}
+
 impl S3Store {
     /// Connect to the store at `location` (`s3://BUCKET/PREFIX?...`) and
     /// read its settings (`store.toml`).
     pub fn open(location: &str, env: &S3Env) -> Result<S3Store> {
-        let mut s = Self::connect(location, env)?;
+        Self::read_settings(Self::connect(location, env)?)
+    }
+
+    /// Read the store's settings (`store.toml`) into `s`.
+    fn read_settings(mut s: S3Store) -> Result<S3Store> {
         let text = s.block(s.get_text("store.toml"));
         let text = match text {
             Ok(Some(t)) => t,
@@ -80,7 +143,11 @@ impl S3Store {
 
     /// Create a store at `location` (refused if one is there).
     pub fn init(location: &str, config: &StoreConfig, env: &S3Env) -> Result<()> {
-        let s = Self::connect(location, env)?;
+        Self::write_settings(&Self::connect(location, env)?, config)
+    }
+
+    /// Write the settings of a new store (refused if there are some).
+    fn write_settings(s: &S3Store, config: &StoreConfig) -> Result<()> {
         if s.block(s.get_text("store.toml"))?.is_some() {
             return Err(err(
                 ErrorKind::InvalidArgument,
@@ -122,6 +189,11 @@ impl S3Store {
         let endpoint = b
             .get_config_value(&object_store::aws::AmazonS3ConfigKey::Endpoint)
             .unwrap_or_default();
+        check_endpoint(&endpoint)?;
+        check_credentials(&b, &loc)?;
+        if let Some(region) = b.get_config_value(&object_store::aws::AmazonS3ConfigKey::Region) {
+            check_region(&region)?;
+        }
         let client = object_store::ClientOptions::new()
             .with_allow_http(endpoint.starts_with("http://"))
             .with_connect_timeout(Duration::from_secs(5))
@@ -149,6 +221,16 @@ impl S3Store {
                 loc.describe()
             ))
         })?;
+        Self::over(Arc::new(os), loc, &endpoint, env)
+    }
+
+    /// A store over any object store (the tests' in-memory ones).
+    fn over(
+        os: Arc<dyn ObjectStore>,
+        loc: S3Location,
+        endpoint: &str,
+        env: &S3Env,
+    ) -> Result<S3Store> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("roamdisk-s3")
@@ -163,18 +245,34 @@ impl S3Store {
             })?;
         Ok(S3Store {
             rt: Some(rt),
-            os: Arc::new(os),
+            os,
             config: StoreConfig::default(),
             table: RwLock::new(Table::default()),
             touched: Mutex::new(HashMap::new()),
             epoch: Mutex::new(Instant::now()),
             mine: Mutex::new(HashSet::new()),
             margin: loc.gc_margin,
-            index_cache: IndexCache::for_bucket(env.index_cache.as_deref(), &endpoint, &loc),
+            index_cache: IndexCache::for_bucket(env.index_cache.as_deref(), endpoint, &loc),
             batcher: Batcher::default(),
             last_missing: Mutex::new(None),
             loc,
         })
+    }
+
+    /// Create a store at `location` over `os` and open it (tests).
+    #[cfg(test)]
+    pub(super) fn init_over(os: Arc<dyn ObjectStore>, location: &str) -> Result<S3Store> {
+        let env = S3Env::default();
+        let fresh = Self::over(Arc::clone(&os), S3Location::parse(location)?, "", &env)?;
+        Self::write_settings(&fresh, &StoreConfig::default())?;
+        Self::open_over(os, location)
+    }
+
+    /// Open the store at `location` over `os` (tests).
+    #[cfg(test)]
+    pub(super) fn open_over(os: Arc<dyn ObjectStore>, location: &str) -> Result<S3Store> {
+        let env = S3Env::default();
+        Self::read_settings(Self::over(os, S3Location::parse(location)?, "", &env)?)
     }
 
     /// The allowance for listings that lag writes: gc removes nothing
