@@ -129,4 +129,8 @@ impl BlockDev for Checked {
         self.range(Op::Cache, off, len)?;
         self.next.cache(off, len)
     }
+    fn write_behind(&self, off: u64, len: u64) -> Result<()> {
+        self.range(Op::Write, off, len)?;
+        self.next.write_behind(off, len)
+    }
 }

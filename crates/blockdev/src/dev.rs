@@ -257,7 +257,10 @@ pub trait BlockDev: std::any::Any + Send + Sync + 'static {
     /// it started well before. A long copy then keeps the page cache's
     /// dirty pages few and the device busy from the start, instead of
     /// being throttled by the kernel once past its dirty-page limit.
-    /// Nothing is promised about durability (that is [`flush`](Self::flush)).
+    /// Nothing is promised about durability (that is [`flush`](Self::flush));
+    /// an error is a write the device failed. A layer that maps offsets
+    /// to other places below (or writes elsewhere than `next()`) must not
+    /// pass the hint on as it is.
     fn write_behind(&self, off: u64, len: u64) -> Result<()> {
         match self.next() {
             Some(n) => n.write_behind(off, len),

@@ -31,8 +31,13 @@ pub struct MemDev {
 }
 
 impl MemDev {
-    /// A zero-filled device of `size` bytes using no memory until written.
+    /// A zero-filled device of `size` bytes (at most [`MAX_SIZE`]) using
+    /// no memory until written.
     pub fn new(size: u64) -> Self {
+        assert!(
+            size <= MAX_SIZE,
+            "a mem device of {size} bytes is past MAX_SIZE"
+        );
         MemDev {
             size,
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
@@ -84,7 +89,8 @@ impl MemDev {
     /// Whether a range spans more pages than are held (then it is cheaper
     /// to visit the held ones).
     fn wide(&self, len: u64) -> bool {
-        len > 0 && (len >> PAGE_SHIFT) > (WALK_PAGES as u64).max(self.allocated_pages() as u64)
+        let pages = len >> PAGE_SHIFT;
+        pages > WALK_PAGES as u64 && pages > self.allocated_pages() as u64
     }
 
     /// Whether `[start, end)` is all of `page` there is (the last page of

@@ -9,7 +9,7 @@ use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use rustix::fs::FallocateFlags;
 
@@ -52,9 +52,10 @@ pub fn lock_file(file: &File, read_only: bool, layer: &'static str, path: &Path)
     }
 }
 
-/// How far behind a [`BlockDev::write_behind`] range the writes started
-/// before are waited for: a long copy keeps at most about twice this
-/// dirty or in flight.
+/// How far behind the end of a [`BlockDev::write_behind`] range the
+/// writes started before are waited for and dropped from the page cache:
+/// a long copy keeps about this much, plus its batches in flight, dirty or
+/// cached.
 const WRITE_BEHIND: u64 = 64 << 20;
 
 /// A file or block device used as a disk.
@@ -74,6 +75,12 @@ pub struct RawDev {
     /// Something was written since the last `fdatasync`; a flush of a
     /// clean file costs nothing.
     dirty: AtomicBool,
+    /// How far [`BlockDev::write_behind`] has waited for and dropped the
+    /// page cache.
+    behind: AtomicU64,
+    /// A write-behind found a write the device failed: the kernel reports
+    /// such an error once per file, so every later flush must fail too.
+    lost_write: AtomicBool,
 }
 
 impl RawDev {
@@ -155,6 +162,8 @@ impl RawDev {
             can_zero_range: AtomicBool::new(true),
             direct,
             dirty: AtomicBool::new(false),
+            behind: AtomicU64::new(0),
+            lost_write: AtomicBool::new(false),
         })
     }
 
@@ -223,7 +232,41 @@ impl RawDev {
         self.dirty.store(true, Ordering::Release);
     }
 
+    /// `sync_file_range(a..b, flags)`. A failed write it reports is an
+    /// error, now and at every later flush (the kernel tells each file of
+    /// a failed write once: the next `fdatasync` would not). A file system
+    /// without the call loses nothing: flushes still sync.
+    fn sync_range(&self, flags: libc::c_uint, a: u64, b: u64) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let (Ok(at), Ok(n)) = (i64::try_from(a), i64::try_from(b - a)) else {
+            return Ok(());
+        };
+        // SAFETY: a plain system call on a descriptor this layer owns, with
+        // no pointers.
+        let r = unsafe { libc::sync_file_range(self.file.as_raw_fd(), at, n, flags) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ENOSYS | libc::EINVAL | libc::ESPIPE | libc::EOPNOTSUPP) => Ok(()),
+            _ => {
+                self.lost_write.store(true, Ordering::Release);
+                Err(Error::io(Op::Write, "raw", e).path(&self.path))
+            }
+        }
+    }
+
     fn sync(&self, op: Op) -> Result<()> {
+        if self.lost_write.load(Ordering::Acquire) {
+            return Err(Error::new(
+                ErrorKind::Io,
+                op,
+                "raw",
+                "a write to the device failed earlier (reported by write-behind): what was written since the last flush may be lost",
+            )
+            .path(&self.path));
+        }
         self.dirty.store(false, Ordering::Release);
         self.file.sync_data().map_err(|e| {
             // Still unsynced: the next flush must try again.
@@ -365,29 +408,33 @@ impl BlockDev for RawDev {
         Ok(out)
     }
     fn write_behind(&self, off: u64, len: u64) -> Result<()> {
-        use std::os::fd::AsRawFd;
-        let fd = self.file.as_raw_fd();
-        let range = |flags: libc::c_uint, a: u64, b: u64| {
-            // SAFETY: a plain system call on a descriptor this layer owns;
-            // its failure (e.g. a file system without it) loses nothing.
-            unsafe { libc::sync_file_range(fd, a as i64, (b - a) as i64, flags) };
+        let Some(end) = off.checked_add(len).filter(|&e| len > 0 && e <= self.size) else {
+            return Ok(()); // nothing, or not ours: a hint only
         };
-        range(libc::SYNC_FILE_RANGE_WRITE, off, off + len);
-        if off >= 2 * WRITE_BEHIND {
-            range(
+        if self.block_device || self.direct {
+            return Ok(());
+        }
+        self.sync_range(libc::SYNC_FILE_RANGE_WRITE, off, end)?;
+        // Wait for, and drop, everything up to WRITE_BEHIND before the end
+        // of this range that no call has yet (batches end out of order).
+        let upto = end.saturating_sub(WRITE_BEHIND);
+        let from = self.behind.fetch_max(upto, Ordering::AcqRel);
+        if upto > from {
+            self.sync_range(
                 libc::SYNC_FILE_RANGE_WAIT_BEFORE
                     | libc::SYNC_FILE_RANGE_WRITE
                     | libc::SYNC_FILE_RANGE_WAIT_AFTER,
-                off - 2 * WRITE_BEHIND,
-                off - WRITE_BEHIND,
-            );
+                from,
+                upto,
+            )?;
             // Written: its pages go back to the free list, where the next
-            // writes find them (a copy of 16 GiB then holds ~128 MiB of
-            // page cache, not 16 GiB of pages taken fresh).
+            // writes find them (a copy of 16 GiB then holds about
+            // WRITE_BEHIND of page cache and a batch, not 16 GiB of pages
+            // taken fresh). Pages dirtied again since stay.
             let _ = rustix::fs::fadvise(
                 &self.file,
-                off - 2 * WRITE_BEHIND,
-                std::num::NonZeroU64::new(WRITE_BEHIND),
+                from,
+                std::num::NonZeroU64::new(upto - from),
                 rustix::fs::Advice::DontNeed,
             );
         }

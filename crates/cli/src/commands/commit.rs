@@ -85,7 +85,15 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let mut opts = CommitOptions {
         target: a.to.clone().unwrap_or_default(),
         description: a.message.clone(),
-        chunk_size: parse_size(&a.chunk_size).map_err(anyhow::Error::msg)? as u32,
+        chunk_size: {
+            let n = parse_size(&a.chunk_size).map_err(anyhow::Error::msg)?;
+            u32::try_from(n).map_err(|_| {
+                anyhow::anyhow!(
+                    "--chunk-size {}: too large (chunks are at most a few MiB)",
+                    a.chunk_size
+                )
+            })?
+        },
         config,
         memory: a.memory.clone().map(MemoryImage::File),
         parent: if a.no_parent {

@@ -204,8 +204,10 @@ fn create_options(size: u64, g: &Geometry, at: &Where) -> anyhow::Result<CreateO
     };
     Ok(CreateOptions {
         size,
-        block_size: parse_size(&g.block_size)? as u32,
-        cluster_size: parse_size(&g.cluster_size)? as u32,
+        block_size: u32::try_from(parse_size(&g.block_size)?)
+            .map_err(|_| anyhow::anyhow!("--block-size {}: too large", g.block_size))?,
+        cluster_size: u32::try_from(parse_size(&g.cluster_size)?)
+            .map_err(|_| anyhow::anyhow!("--cluster-size {}: too large", g.cluster_size))?,
         overprovision_pct: g.overprovision,
         checksum,
         encryption,

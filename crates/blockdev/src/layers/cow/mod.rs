@@ -409,6 +409,11 @@ impl BlockDev for CowDev {
         })?;
         Ok(out)
     }
+    fn write_behind(&self, _off: u64, _len: u64) -> Result<()> {
+        // Writes land in the overlay, not the base `next()` is: a hint
+        // passed on would evict the shared base's cache.
+        Ok(())
+    }
     fn cache(&self, off: u64, len: u64) -> Result<()> {
         self.runs(off, len, |s, pos, n| {
             if s == State::Base {

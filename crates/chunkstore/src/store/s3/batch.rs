@@ -17,6 +17,9 @@ use crate::hash::ChunkId;
 /// its pack.
 const GATHER: Duration = Duration::from_millis(5);
 
+/// The most bytes of objects one batch gathers.
+pub(super) const BATCH_BYTES: usize = 32 << 20;
+
 /// The single puts being gathered ([`Batcher::put`]).
 #[derive(Default)]
 pub(super) struct Batcher {
@@ -50,6 +53,15 @@ impl Batcher {
         let b = self;
         let mut st = b.state.lock();
         let (n, leader) = match &mut st.open {
+            // A full batch takes no more: this one goes up on its own (a
+            // pack stays well under what one PUT carries in its timeout).
+            Some((_, items))
+                if items.iter().map(|(_, b)| b.len()).sum::<usize>() + bytes.len()
+                    > BATCH_BYTES =>
+            {
+                drop(st);
+                return store(&vec![(id, bytes.to_vec())]);
+            }
             Some((n, items)) => {
                 items.push((id, bytes.to_vec()));
                 (*n, false)

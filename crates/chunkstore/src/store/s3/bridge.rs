@@ -1,7 +1,7 @@
 //! The bridge from the store's blocking calls to `object_store`'s async
 //! requests: the store's own tokio runtime ([`S3Store::block`], safe to
 //! call from another runtime's task), the requests every other file makes
-//! (get, put — one PUT or a multipart upload —, head, delete, list), keys
+//! (get, put — always one PUT —, head, delete, list), keys
 //! relative to the store's prefix, and errors that say what to check.
 
 use std::future::Future;
@@ -9,21 +9,20 @@ use std::time::SystemTime;
 
 use futures::TryStreamExt;
 use object_store::path::Path as Key;
-use object_store::{ObjectStoreExt, PutPayload, WriteMultipart};
+use object_store::{ObjectStoreExt, PutPayload};
 use roamdisk_blockdev::{ErrorKind, Op, Result};
 
 use super::store::S3Store;
 use crate::error::{corrupt, err, not_found};
 
-/// Packs of this size or larger go up as a multipart upload (a commit's
-/// 32 MiB packs go in one PUT: on Swift a multipart upload of 8 MiB parts
-/// took a direct commit from 89% to 60% of the store's PUT bandwidth,
-/// 161 against 107 MB/s, `bench/cas-s3.py`).
-const MULTIPART_FROM: usize = 64 << 20;
-/// Part size of a multipart upload.
-const PART: usize = 8 << 20;
-/// Parts of one upload in flight at once.
-const PARTS_IN_FLIGHT: usize = 4;
+/// The largest object one PUT may carry (S3's limit). Packs are bounded
+/// well below it (32 MiB of objects, or one object of up to 1 GiB), and
+/// always go up in one PUT: a multipart upload that a
+/// killed commit never completed stays in the bucket, invisible, until an
+/// operator cleans it; and Swift stores one much worse than a PUT (a
+/// direct commit 89% of the store's PUT bandwidth against 60% with 8 MiB
+/// parts, `bench/cas-s3.py`).
+const MAX_PUT: usize = 5 << 30;
 
 fn system_time(t: impl Into<SystemTime>) -> SystemTime {
     t.into()
@@ -203,28 +202,19 @@ impl S3Store {
         }
     }
 
-    /// Upload a pack: one PUT, or a multipart upload of large ones.
+    /// Upload a pack in one PUT.
     pub(super) async fn put_large(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
-        if bytes.len() < MULTIPART_FROM {
-            return self.put(rel, bytes).await;
+        if bytes.len() > MAX_PUT {
+            return Err(err(
+                ErrorKind::InvalidArgument,
+                Op::Write,
+                format!(
+                    "{rel}: a pack of {} bytes is past S3's 5 GiB limit for one PUT",
+                    bytes.len()
+                ),
+            ));
         }
-        let up = self
-            .os
-            .put_multipart(&self.key(rel))
-            .await
-            .map_err(|e| self.fail(e, Op::Write, rel))?;
-        let mut w = WriteMultipart::new_with_chunk_size(up, PART);
-        for part in bytes.chunks(PART) {
-            if let Err(e) = w.wait_for_capacity(PARTS_IN_FLIGHT).await {
-                let _ = w.abort().await;
-                return Err(self.fail(e, Op::Write, rel));
-            }
-            w.write(part);
-        }
-        w.finish()
-            .await
-            .map(|_| ())
-            .map_err(|e| self.fail(e, Op::Write, rel))
+        self.put(rel, bytes).await
     }
 
     /// Modification time of `rel`, `None` if it does not exist.

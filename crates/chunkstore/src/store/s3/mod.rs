@@ -3,7 +3,7 @@
 //! s3api. Layout, catalog and gc protocol: `docs/formats/cas-s3.md`.
 //!
 //! * Chunks travel in packs (the local store's `RDPK` files, 32 MiB per
-//!   commit group), uploaded in one PUT or a multipart upload, read with
+//!   commit group), uploaded in one PUT (never a multipart upload), read with
 //!   ranged GETs; single objects (version packages) are objects of their
 //!   own. Every pack's index is loaded once per process (one suffix GET per
 //!   pack), so asking "which of these chunks does the store have" costs no

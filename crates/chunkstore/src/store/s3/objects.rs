@@ -287,15 +287,25 @@ impl ChunkWrite for S3Store {
             self.put_single(items[0].0, items[0].1)?;
             return Ok(vec![PutOutcome::Stored]);
         }
-        let mut g = S3Group::new(self);
-        for (id, b) in items {
-            g.add(id, [b, &[]]);
+        // One pack per BATCH_BYTES (a chunk server's batch is one).
+        let mut out = Vec::with_capacity(items.len());
+        let mut rest = items;
+        while !rest.is_empty() {
+            let mut g = S3Group::new(self);
+            let mut bytes = 0;
+            let mut n = 0;
+            for (id, b) in rest {
+                if n > 0 && bytes + b.len() > super::batch::BATCH_BYTES {
+                    break;
+                }
+                g.add(id, [b, &[]]);
+                bytes += b.len();
+                n += 1;
+            }
+            out.extend(self.block(g.upload())?.into_iter().map(|(_, o)| o));
+            rest = &rest[n..];
         }
-        Ok(self
-            .block(g.upload())?
-            .into_iter()
-            .map(|(_, o)| o)
-            .collect())
+        Ok(out)
     }
     fn put_group(&self) -> Box<dyn PutGroup + '_> {
         Box::new(SharedGroup::new(self))

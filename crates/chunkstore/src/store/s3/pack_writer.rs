@@ -1,7 +1,7 @@
 //! The writer of a new pack in an S3 store ([`S3Group`], the store's put
 //! group; byte layout in `docs/formats/cas-pack.md`): objects are appended
 //! in memory from any thread, then the index and trailer, and the whole
-//! pack goes up in one PUT or a multipart upload under a random name; the
+//! pack goes up in one PUT under a random name; the
 //! table learns it once it is stored.
 
 use parking_lot::Mutex;

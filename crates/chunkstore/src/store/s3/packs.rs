@@ -21,6 +21,13 @@ use crate::store::pack::{self, is_pack_name, Entry};
 /// in one request when it fits.
 const INDEX_PROBE: u64 = 64 << 10;
 
+/// Whether a GET was answered 416 Range Not Satisfiable (object_store
+/// reports it as a generic error naming the status).
+fn refused_range(e: &object_store::Error) -> bool {
+    let text = e.to_string();
+    text.contains("416") || text.contains("Range Not Satisfiable")
+}
+
 impl S3Store {
     /// Read a pack's index with one suffix GET (two if the index is
     /// larger than the probe), or from the local cache.
@@ -52,11 +59,13 @@ impl S3Store {
             // Some S3 servers (`rclone serve s3`) answer a suffix longer
             // than the object with 416 where AWS sends the whole object:
             // ask its size, then a plain range. If that fails too, the
-            // first error is the one to report.
-            Err(e) => match self.plain_tail(&key).await {
+            // first error is the one to report. (Only a 416: any other
+            // error, an outage, is reported as it is, at once.)
+            Err(e) if refused_range(&e) => match self.plain_tail(&key).await {
                 Ok(r) => r,
                 Err(_) => return Err(self.fail(e, Op::Read, &what)),
             },
+            Err(e) => return Err(self.fail(e, Op::Read, &what)),
         };
         let size = r.meta.size;
         let start = r.range.start;

@@ -83,17 +83,28 @@ fn check_endpoint(endpoint: &str) -> Result<()> {
 fn check_credentials(b: &object_store::aws::AmazonS3Builder, loc: &S3Location) -> Result<()> {
     use object_store::aws::AmazonS3ConfigKey as K;
     let set = |k: K| b.get_config_value(&k).is_some_and(|v| !v.is_empty());
+    // As object_store reads a boolean setting.
+    let yes = |k: K| {
+        b.get_config_value(&k).is_some_and(|v| {
+            matches!(
+                v.to_ascii_lowercase().as_str(),
+                "true" | "1" | "yes" | "on" | "y"
+            )
+        })
+    };
     let named = set(K::AccessKeyId)
         || set(K::SecretAccessKey)
         || (set(K::WebIdentityTokenFile) && set(K::RoleArn))
         || set(K::ContainerCredentialsRelativeUri)
         || (set(K::ContainerCredentialsFullUri) && set(K::ContainerAuthorizationTokenFile))
-        || b.get_config_value(&K::SkipSignature).as_deref() == Some("true");
+        || yes(K::SkipSignature)
+        // Naming the metadata service's address is asking for it.
+        || set(K::MetadataEndpoint);
     if named || loc.instance_credentials {
         return Ok(());
     }
     Err(bad_arg(format!(
-        "no credentials for {}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN), or add ?credentials=instance to the location to ask the cloud's instance metadata service",
+        "no credentials for {}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN; AWS_PROFILE and ~/.aws/credentials are not read), or add ?credentials=instance to the location to ask the cloud's instance metadata service (an EC2 instance profile)",
         loc.describe()
     )))
 }
@@ -173,6 +184,9 @@ impl S3Store {
         // The AWS_* settings first (as the AWS tools read them), the
         // location's query over them.
         for (k, v) in &env.aws {
+            if v.is_empty() {
+                continue; // set but empty: unset, as the AWS tools take it
+            }
             if let Ok(key) = k
                 .to_ascii_lowercase()
                 .parse::<object_store::aws::AmazonS3ConfigKey>()
