@@ -12,13 +12,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::certs::{client_dir, make_ca, make_leaf, CLIENT_EXT, SERVER_EXT};
 use common::{
-    client_table, nbd_direct_write, output_text, path_str, psk_add, psk_client, qemu_io_tls_args,
-    qemu_psk_creds, qemu_psk_dir, qemu_x509_creds, random_file, raw_image, rd, rd_fail,
-    require_tool, run, run_stdout, tempdir, tool, uid, write_server_config, ServerProc,
+    client_table, nbd_direct_write, output_text, path_str, poll_until, psk_add, psk_client,
+    qemu_io_tls_args, qemu_psk_creds, qemu_psk_dir, qemu_x509_creds, random_file, raw_image, rd,
+    rd_fail, require_tool, run, run_stdout, tempdir, tool, uid, write_server_config, ServerProc,
 };
 
 const SIZE: u64 = 8 << 20;
@@ -430,12 +430,23 @@ fn every_refusal_is_refused_and_logged_with_the_identity() {
     srv.refuses(
         &srv.psk_uri("desktop", "carol", &f.carol_wrong_psk),
         "wrong key",
-        &["refused: TLS handshake failed", "PSK identity 'carol'"],
+        &[
+            "refused: TLS handshake failed",
+            "PSK identity 'carol': the client's key is not the one in the PSK file",
+        ],
     );
     srv.refuses(
         &srv.psk_uri("desktop", "mallory", &f.mallory_psk),
         "unknown PSK",
-        &["refused: TLS handshake failed", "PSK identity 'mallory'"],
+        &[
+            "refused: TLS handshake failed",
+            "unknown PSK identity 'mallory' (no key for it in the PSK file)",
+        ],
+    );
+    assert!(
+        !srv.log_text().contains("no suitable signature algorithm"),
+        "OpenSSL's words for an unknown identity reached the log:\n{}",
+        srv.log_text()
     );
     // Plain TCP.
     srv.refuses(
@@ -724,6 +735,86 @@ fn a_revoked_client_is_refused_after_the_restart() {
         "alice opened carol's overlay",
     );
     assert!(f.dir.join("state/clients/carol/desktop.cow").exists());
+    srv.stop();
+}
+
+/// Revoking a client without a restart: its key leaves the PSK file and
+/// its `[[client]]` the config, and within a second of SIGHUP it can no
+/// longer connect — by its key or by its uid — while the others go on
+/// and a client added by the same reload gets in. A reload that changes
+/// what only a restart applies is refused, logged, and changes nothing.
+#[test]
+fn a_revoked_client_cannot_connect_within_a_second_of_sighup() {
+    let f = fixture();
+    let srv = Srv::start(&f);
+    let carol = srv.psk_uri("desktop", "carol", &f.carol_psk);
+    ok("nbdinfo", &["--size", &carol]);
+    ok("nbdinfo", &["--size", &srv.unix_uri("desktop")]);
+    // A change only a restart applies: refused whole.
+    let cfg = std::fs::read_to_string(&f.config).unwrap();
+    std::fs::write(
+        &f.config,
+        cfg.replace("listen = [\"127.0.0.1:0\"]", "listen = [\"127.0.0.1:1\"]"),
+    )
+    .unwrap();
+    srv.sighup();
+    let refused = poll_until(Duration::from_secs(5), Duration::from_millis(20), || {
+        srv.log_text().contains("config not reloaded")
+    });
+    assert!(refused, "no refusal logged:\n{}", srv.log_text());
+    assert!(
+        srv.log_text().contains("listen changed: restart"),
+        "{}",
+        srv.log_text()
+    );
+    ok("nbdinfo", &["--size", &carol]);
+    // Revoke carol, add erin (a key and a client).
+    std::fs::write(&f.config, &cfg).unwrap();
+    let psk = f.dir.join("server.psk");
+    psk_add(&psk, "erin");
+    let keys = std::fs::read_to_string(&psk).unwrap();
+    let erin_keys = f.dir.join("erin.psk");
+    let erin_line: String = keys.lines().filter(|l| l.starts_with("erin:")).collect();
+    std::fs::write(&erin_keys, format!("{erin_line}\n")).unwrap();
+    let kept: String = keys
+        .lines()
+        .filter(|l| !l.starts_with("carol:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&psk, kept).unwrap();
+    let at = cfg
+        .find("[[client]]\nname = \"carol\"")
+        .expect("carol's block");
+    let next = format!("{}{}", &cfg[..at], psk_client("erin", DESKTOP));
+    std::fs::write(&f.config, next).unwrap();
+    let t0 = Instant::now();
+    srv.sighup();
+    let gone = poll_until(Duration::from_secs(1), Duration::from_millis(20), || {
+        !tool("nbdinfo", &["--size", &carol], &[]).status.success()
+    });
+    let took = t0.elapsed();
+    assert!(
+        gone,
+        "carol still connects {took:?} after SIGHUP:\n{}",
+        srv.log_text()
+    );
+    assert!(
+        srv.log_text().contains("config reloaded"),
+        "{}",
+        srv.log_text()
+    );
+    srv.refuses(&carol, "a revoked key served", &["PSK identity 'carol'"]);
+    srv.refuses(
+        &srv.unix_uri("desktop"),
+        "a revoked uid served",
+        &["unknown client"],
+    );
+    // The others go on; erin, added by the reload, gets in.
+    ok("nbdinfo", &["--size", &srv.cert_uri("desktop", &f.alice)]);
+    ok(
+        "nbdinfo",
+        &["--size", &srv.psk_uri("desktop", "erin", &erin_keys)],
+    );
     srv.stop();
 }
 

@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::str::FromStr;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::RwLock;
 
 use openssl::ex_data::Index;
 use openssl::hash::MessageDigest;
@@ -153,6 +155,10 @@ impl TlsOptions {
 #[derive(Clone)]
 pub struct TlsAcceptor {
     ctx: SslContext,
+    /// The PSK file and its keys as last read (the handshake callback
+    /// reads them here, so [`TlsAcceptor::reload_psk`] takes effect for
+    /// the next handshake).
+    psk: Option<(PathBuf, Arc<RwLock<PskKeys>>)>,
 }
 
 /// The server's certificate chain and key (checked to match), and, with
@@ -245,11 +251,12 @@ fn psk_context(psk: &Path) -> Result<(SslContextBuilder, PskKeys), TlsError> {
     Ok((b, keys))
 }
 
-fn install_psk(b: &mut SslContextBuilder, keys: PskKeys) {
+fn install_psk(b: &mut SslContextBuilder, keys: Arc<RwLock<PskKeys>>) {
     b.set_psk_server_callback(move |ssl, identity, out| {
         if let Some(id) = identity {
             ssl.set_ex_data(psk_index(), String::from_utf8_lossy(id).into_owned());
         }
+        let keys = keys.read();
         let Some(key) = identity.and_then(|id| keys.get(id)) else {
             return Ok(0);
         };
@@ -286,7 +293,8 @@ fn tls_peer(ssl: &SslRef) -> TlsPeer {
 impl TlsAcceptor {
     /// Build a context from certificate files or a PSK file.
     pub fn new(o: &TlsOptions) -> Result<Self, TlsError> {
-        let mut b: SslContextBuilder = match (&o.cert, &o.key, &o.psk_file) {
+        type Shared = Option<(PathBuf, Arc<RwLock<PskKeys>>)>;
+        let (mut b, shared): (SslContextBuilder, Shared) = match (&o.cert, &o.key, &o.psk_file) {
             (Some(cert), Some(key), None) => {
                 let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server())
                     .map_err(|e| ssl_err("TLS setup", e))?;
@@ -300,14 +308,16 @@ impl TlsAcceptor {
                 let built: SslAcceptor = b.build();
                 return Ok(TlsAcceptor {
                     ctx: built.into_context(),
+                    psk: None,
                 });
             }
             (None, None, Some(psk)) => {
                 let (mut b, keys) = psk_context(psk)?;
                 b.set_cipher_list("ECDHE-PSK:DHE-PSK:PSK:!aNULL:!eNULL:!MD5:!RC4:!3DES")
                     .map_err(|e| ssl_err("PSK ciphers", e))?;
-                install_psk(&mut b, keys);
-                b
+                let keys = Arc::new(RwLock::new(keys));
+                install_psk(&mut b, keys.clone());
+                (b, Some((psk.clone(), keys)))
             }
             (Some(cert), Some(key), Some(psk)) => {
                 // Certificates and PSK on one listener (the multi-client
@@ -330,8 +340,9 @@ impl TlsAcceptor {
                     SslVerifyMode::PEER,
                 )?;
                 b.set_options(openssl::ssl::SslOptions::CIPHER_SERVER_PREFERENCE);
-                install_psk(&mut b, keys);
-                b
+                let keys = Arc::new(RwLock::new(keys));
+                install_psk(&mut b, keys.clone());
+                (b, Some((psk.clone(), keys)))
             }
             (Some(_), None, _) => return Err(TlsError::CertWithoutKey),
             (None, Some(_), _) => return Err(TlsError::KeyWithoutCert),
@@ -339,7 +350,24 @@ impl TlsAcceptor {
         };
         b.set_session_id_context(b"roamdisk")
             .map_err(|e| ssl_err("TLS setup", e))?;
-        Ok(TlsAcceptor { ctx: b.build() })
+        Ok(TlsAcceptor {
+            ctx: b.build(),
+            psk: shared,
+        })
+    }
+
+    /// Read the PSK file again: the next handshakes use its keys (a key
+    /// removed from it no longer completes one). Returns how many keys it
+    /// holds; on an error the keys read before stay in use. Nothing to do
+    /// (`Ok(None)`) without a PSK file.
+    pub fn reload_psk(&self) -> Result<Option<usize>, TlsError> {
+        let Some((path, keys)) = &self.psk else {
+            return Ok(None);
+        };
+        let fresh = read_psk_file(path)?;
+        let n = fresh.len();
+        *keys.write() = fresh;
+        Ok(Some(n))
     }
 }
 
@@ -350,13 +378,27 @@ pub async fn accept(a: &TlsAcceptor, s: BoxStream) -> std::io::Result<(BoxStream
     let ssl = Ssl::new(&a.ctx).map_err(std::io::Error::other)?;
     let mut st = tokio_openssl::SslStream::new(ssl, s).map_err(std::io::Error::other)?;
     if let Err(e) = Pin::new(&mut st).accept().await {
-        let claimed = match st.ssl().ex_data(psk_index()) {
-            Some(id) => format!(" (PSK identity '{id}')"),
-            None => String::new(),
+        // What OpenSSL says of an identity it has no key for depends on the
+        // other credentials (with a certificate too: "no suitable signature
+        // algorithm"): say it plainly.
+        let claimed = st.ssl().ex_data(psk_index()).cloned();
+        let known = |id: &str| {
+            a.psk
+                .as_ref()
+                .is_some_and(|(_, keys)| keys.read().contains_key(id.as_bytes()))
+        };
+        let why = match claimed {
+            Some(id) if !known(&id) => format!(
+                "TLS handshake failed: unknown PSK identity '{id}' (no key for it in the PSK file)"
+            ),
+            Some(id) => format!(
+                "TLS handshake failed (PSK identity '{id}': the client's key is not the one in the PSK file, or {e})"
+            ),
+            None => format!("TLS handshake failed: {e}"),
         };
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
-            format!("TLS handshake failed{claimed}: {e}"),
+            why,
         ));
     }
     let who = tls_peer(st.ssl());

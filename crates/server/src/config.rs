@@ -43,7 +43,7 @@ pub struct ServerConfig {
 }
 
 /// One `[[image]]`: a golden image.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ImageConfig {
     pub name: String,
@@ -84,7 +84,7 @@ impl<'de> Deserialize<'de> for Bytes {
 }
 
 /// The `[cache]` table: one memory cache in front of every golden image.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct CacheConfig {
     /// The replacement policy, as `roamdisk sim --policy` takes it.
@@ -153,7 +153,7 @@ impl CacheConfig {
 }
 
 /// One `[[client]]`: who it is and what it may open.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ClientConfig {
     pub name: String,
@@ -419,6 +419,29 @@ impl ServerConfig {
     /// The image of that name.
     pub fn image(&self, name: &str) -> Option<&ImageConfig> {
         self.image.iter().find(|i| i.name == name)
+    }
+
+    /// The settings of `next` that differ from these and that only a
+    /// restart applies: everything but the `[[client]]` tables (a reload
+    /// takes those, and the PSK file's keys).
+    pub fn restart_needed(&self, next: &ServerConfig) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        let mut check = |name, same: bool| {
+            if !same {
+                v.push(name);
+            }
+        };
+        check("state", self.state == next.state);
+        check("socket", self.socket == next.socket);
+        check("listen", self.listen == next.listen);
+        check("tls-cert", self.tls_cert == next.tls_cert);
+        check("tls-key", self.tls_key == next.tls_key);
+        check("tls-verify-ca", self.tls_verify_ca == next.tls_verify_ca);
+        check("tls-psk", self.tls_psk == next.tls_psk);
+        check("metrics", self.metrics == next.metrics);
+        check("[cache]", self.cache == next.cache);
+        check("[[image]]", self.image == next.image);
+        v
     }
 }
 

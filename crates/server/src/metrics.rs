@@ -4,13 +4,13 @@
 //! `roamdisk server status` reads).
 //!
 //! Every (client, image) grant of the config has its [`Pair`] of counters,
-//! made when the server starts, so that counting a request looks nothing
+//! made when the server starts (or a reload adds the grant), so that counting a request looks nothing
 //! up: the client's export device is a [`Metered`](crate::metered::Metered)
 //! layer holding its pair and bumping atomics (no lock on the request
 //! path). The cache's counters live in the cache ([`BlockCache`]) and are
 //! read when a document is asked for; so are the overlays' sizes.
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::os::unix::fs::MetadataExt;
@@ -224,7 +224,10 @@ struct ImageInfo {
 /// Everything counted.
 pub struct Metrics {
     started: Instant,
-    pairs: Vec<Arc<Pair>>,
+    /// One per grant; a reload adds the new grants' (a revoked grant's
+    /// pair stays, its counters frozen, until the server restarts).
+    pairs: RwLock<Vec<Arc<Pair>>>,
+    state: PathBuf,
     images: Vec<ImageInfo>,
     cache: Option<Arc<BlockCache>>,
     refusals: Mutex<BTreeMap<&'static str, u64>>,
@@ -233,9 +236,33 @@ pub struct Metrics {
 impl Metrics {
     /// A pair for every grant of `cfg`.
     pub fn new(cfg: &ServerConfig, state: &std::path::Path) -> Metrics {
-        let mut pairs = Vec::new();
+        let m = Metrics {
+            started: Instant::now(),
+            pairs: RwLock::new(Vec::new()),
+            state: state.to_path_buf(),
+            images: Vec::new(),
+            cache: None,
+            refusals: Mutex::new(REFUSALS.iter().map(|&k| (k, 0)).collect()),
+        };
+        m.add_grants(cfg);
+        m
+    }
+
+    /// A pair for every grant of `cfg` that has none yet (at start, and
+    /// when a reload adds clients or grants). Returns how many were added.
+    pub fn add_grants(&self, cfg: &ServerConfig) -> usize {
+        let mut pairs = self.pairs.write();
+        let before = pairs.len();
         for c in &cfg.client {
             for (image, grant) in grants(c) {
+                let known = pairs
+                    .iter()
+                    .any(|p| p.client == c.name && p.image == image && p.grant == grant);
+                if known {
+                    continue;
+                }
+                let overlay =
+                    (grant == Grant::View).then(|| overlay_path(&self.state, &c.name, image));
                 pairs.push(Arc::new(Pair {
                     client: c.name.clone(),
                     image: image.to_string(),
@@ -243,18 +270,12 @@ impl Metrics {
                     ops: Default::default(),
                     open: AtomicU64::new(0),
                     connections: AtomicU64::new(0),
-                    overlay: (grant == Grant::View).then(|| overlay_path(state, &c.name, image)),
+                    overlay,
                     cow: OnceLock::new(),
                 }));
             }
         }
-        Metrics {
-            started: Instant::now(),
-            pairs,
-            images: Vec::new(),
-            cache: None,
-            refusals: Mutex::new(REFUSALS.iter().map(|&k| (k, 0)).collect()),
-        }
+        pairs.len() - before
     }
 
     /// Record the golden images: (name, size, device number in `cache`).
@@ -271,10 +292,15 @@ impl Metrics {
     }
 
     /// The counters of `client`'s use of `image`.
-    pub fn pair(&self, client: &str, image: &str) -> Option<&Arc<Pair>> {
+    pub fn pair(&self, client: &str, image: &str) -> Option<Arc<Pair>> {
+        // The newest: a grant changed by a reload (read-only to view)
+        // counts into its new pair.
         self.pairs
+            .read()
             .iter()
+            .rev()
             .find(|p| p.client == client && p.image == image)
+            .cloned()
     }
 
     pub fn refused(&self, kind: &'static str) {
@@ -323,6 +349,7 @@ impl Metrics {
             .collect();
         let clients = self
             .pairs
+            .read()
             .iter()
             .map(|p| {
                 let (overlay_allocated_bytes, overlay_mapped_bytes) = p.overlay_sizes();
@@ -489,7 +516,7 @@ impl Metrics {
             "histogram",
             "Time the server took for a request, from the client's export device down (network excluded).",
         );
-        for p in &self.pairs {
+        for p in self.pairs.read().iter() {
             for (op, o) in OPS.iter().zip(&p.ops) {
                 let s = o.snapshot();
                 let labels = [

@@ -2,7 +2,8 @@
 //! the config, takes the state directory's lock, opens the golden images
 //! (behind the cache), starts the metrics endpoint and sets up TLS by the
 //! NBD crate's one policy; [`Server::serve`] then serves every client's
-//! grants until SIGINT or SIGTERM, flushes the views and lets the lock go.
+//! grants until SIGINT or SIGTERM (reading the config's clients again on
+//! SIGHUP, [`reload`]), flushes the views and lets the lock go.
 //! What to announce is the caller's: the config ([`Server::config`]), the
 //! metrics address and the bound listeners.
 
@@ -13,13 +14,13 @@ use std::time::Duration;
 
 use roamdisk_blockdev::Registry;
 use roamdisk_nbd::{
-    Bound, Listen, ServeError, ServeOptions, TlsAcceptor, TlsError, TlsMode, TlsOptions, Until,
+    Bound, Listen, ServeError, ServeOptions, TlsAcceptor, TlsError, TlsMode, TlsOptions,
 };
 
 use crate::config::{ServerConfig, ServerConfigError};
 use crate::http::MetricsServer;
 use crate::state::StateLock;
-use crate::views::{Views, ViewsError};
+use crate::views::{ReloadError, Reloaded, Views, ViewsError};
 
 /// How many requests, connections and I/O threads the server allows.
 #[derive(Debug, Clone, Copy)]
@@ -68,6 +69,8 @@ pub enum ServerError {
 /// A server ready to serve: its state directory locked, its images open,
 /// its metrics endpoint up.
 pub struct Server {
+    /// The config file, read again on SIGHUP.
+    path: PathBuf,
     cfg: Arc<ServerConfig>,
     // Dropped in this order: the endpoint stops before the lock goes.
     metrics: Option<MetricsServer>,
@@ -105,6 +108,7 @@ impl Server {
             error,
         })?;
         Ok(Server {
+            path: path.to_path_buf(),
             cfg,
             metrics,
             views,
@@ -124,16 +128,24 @@ impl Server {
         self.metrics.as_ref().map(|m| m.addr)
     }
 
-    /// Serve until SIGINT or SIGTERM; `bound` is called with the bound
-    /// listeners before the first client is served. TCP clients must use
-    /// TLS (the config refuses `listen` without credentials); Unix-socket
-    /// clients, known by their uid, need not.
-    pub fn serve(self, o: RunOptions, bound: impl FnOnce(&Bound)) -> Result<(), ServerError> {
+    /// Serve until SIGINT or SIGTERM, reloading the config on SIGHUP
+    /// ([`reload`]); `bound` is called with the bound listeners before the
+    /// first client is served. TCP clients must use TLS (the config refuses
+    /// `listen` without credentials); Unix-socket clients, known by their
+    /// uid, need not.
+    pub fn serve(
+        self,
+        o: RunOptions,
+        bound: impl FnOnce(&Bound),
+        reloaded: impl Fn(&Path, &Result<Reloaded, ReloadError>) + Send + Sync + 'static,
+    ) -> Result<(), ServerError> {
         let mut listen = Vec::new();
         if let Some(s) = &self.cfg.socket {
             listen.push(Listen::Unix(s.clone()));
         }
         listen.extend(self.cfg.listen.iter().copied().map(Listen::Tcp));
+        let views = Arc::new(self.views);
+        let tls = self.tls.clone();
         let opts = ServeOptions {
             tls: self.tls,
             tls_mode: self.tls_mode,
@@ -141,14 +153,93 @@ impl Server {
             max_connections: o.max_connections,
             io_threads: o.io_threads,
             busy_poll: Duration::from_micros(100),
-            resolver: Some(Arc::new(self.views)),
+            resolver: Some(views.clone()),
             unix_without_tls: true,
             ..ServeOptions::default()
         };
-        roamdisk_nbd::serve(Vec::new(), listen, opts, Until::Signal, bound)?;
+        let path = self.path.clone();
+        roamdisk_nbd::serve_until(Vec::new(), listen, opts, |b| {
+            bound(b);
+            until_stopped(path, views, tls, Arc::new(reloaded))
+        })
+        .map_err(ServeError::from)?;
         // The endpoint stops before the state directory is let go.
         drop(self.metrics);
         drop(self.lock);
         Ok(())
     }
+}
+
+/// What is told of each reload: the config file and the outcome.
+type OnReload = Arc<dyn Fn(&Path, &Result<Reloaded, ReloadError>) + Send + Sync>;
+
+/// Serve until SIGINT or SIGTERM; on each SIGHUP, [`reload`] the config
+/// (logged either way, and told to `reloaded`; a refused reload leaves the
+/// config served before in force).
+async fn until_stopped(
+    path: PathBuf,
+    views: Arc<Views>,
+    tls: Option<TlsAcceptor>,
+    reloaded: OnReload,
+) {
+    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot catch SIGHUP: the config is not reloaded while the server runs");
+            return roamdisk_nbd::signalled().await;
+        }
+    };
+    let stop = roamdisk_nbd::signalled();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = hup.recv() => {
+                let (path, views, tls) = (path.clone(), views.clone(), tls.clone());
+                let told = reloaded.clone();
+                let done = tokio::task::spawn_blocking(move || {
+                    let r = reload(&path, &views, tls.as_ref());
+                    told(&path, &r);
+                    match r {
+                        Ok(r) => tracing::info!(
+                            config = %path.display(),
+                            added = ?r.added,
+                            removed = ?r.removed,
+                            changed = ?r.changed,
+                            "config reloaded: new connections are identified and granted by it"
+                        ),
+                        Err(e) => tracing::info!(
+                            config = %path.display(),
+                            error = %e,
+                            "config not reloaded: still serving the one loaded before"
+                        ),
+                    }
+                });
+                let _ = done.await;
+            }
+        }
+    }
+}
+
+/// Read the config at `path` again and serve its clients from now on
+/// (`SIGHUP`): who they are, how they prove it (the PSK file is read again
+/// too) and what they may open. Connections already open keep the export
+/// they opened until they end; every new connection, and every export a
+/// connection opens, is checked against the new config. A config that
+/// changes anything else (images, cache, listeners, state, TLS files,
+/// metrics) is refused whole: those need a restart.
+pub fn reload(
+    path: &Path,
+    views: &Views,
+    tls: Option<&TlsAcceptor>,
+) -> Result<Reloaded, ReloadError> {
+    let next = ServerConfig::read(path)?;
+    let changed = views.config().restart_needed(&next);
+    if !changed.is_empty() {
+        return Err(ReloadError::NeedsRestart(changed));
+    }
+    if let Some(t) = tls {
+        t.reload_psk()?;
+    }
+    views.reload(next)
 }

@@ -11,7 +11,7 @@
 //! export device is wrapped in a [`Metered`] layer counting into its own
 //! counters.
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -62,6 +62,29 @@ pub enum ViewsError {
     ViewLayers(Box<roamdisk_blockdev::Error>),
 }
 
+/// What a reload changed: client names added, removed, and changed (an
+/// identity or a grant).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reloaded {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub changed: Vec<String>,
+}
+
+/// Why a reload was refused (the config served before stays in force).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The file cannot be read or is wrong.
+    #[error(transparent)]
+    Config(#[from] crate::config::ServerConfigError),
+    /// Settings only a restart applies changed.
+    #[error("{} changed: restart the server to apply that (a reload applies [[client]] tables and the PSK file only)", .0.join(", "))]
+    NeedsRestart(Vec<&'static str>),
+    /// The PSK file cannot be read again.
+    #[error(transparent)]
+    Psk(#[from] roamdisk_nbd::TlsError),
+}
+
 /// A client's opened view: its export (metered) and the same view
 /// unmetered, for the server's final flush.
 struct View {
@@ -71,13 +94,17 @@ struct View {
 
 /// The golden images and the views opened so far.
 pub struct Views {
-    cfg: Arc<ServerConfig>,
+    /// The config being served: replaced whole by [`Views::reload`] (its
+    /// clients and grants; what else it holds does not change while the
+    /// server runs).
+    cfg: RwLock<Arc<ServerConfig>>,
     state: PathBuf,
     /// Each image's stack, read-only, behind the server cache when it is
     /// cached, shared by every view of it.
     golden: HashMap<String, Arc<dyn BlockDev>>,
-    /// (client, image) -> the image as that client's read-only export.
-    read_only: HashMap<(String, String), Arc<Export>>,
+    /// (client, image) -> the image as that client's read-only export,
+    /// made on first use.
+    read_only: Mutex<HashMap<(String, String), Arc<Export>>>,
     /// (client, image) -> that client's view, opened on first use.
     views: Mutex<HashMap<(String, String), View>>,
     metrics: Arc<Metrics>,
@@ -199,31 +226,11 @@ impl Views {
         metrics.set_images(images, cache);
         let metrics = Arc::new(metrics);
         let metered = cfg.metrics.is_some();
-        let mut read_only = HashMap::new();
-        for c in &cfg.client {
-            for name in &c.read_only {
-                let pair = metrics
-                    .pair(&c.name, name)
-                    .expect("a pair per grant")
-                    .clone();
-                let checked: Arc<dyn BlockDev> =
-                    Arc::new(Checked::new(golden[name].clone(), Access::ReadOnly));
-                let e = Export {
-                    name: name.clone(),
-                    description: cfg
-                        .image(name)
-                        .map(|i| i.description.clone())
-                        .unwrap_or_default(),
-                    dev: meter(checked, pair, &metrics, metered),
-                };
-                read_only.insert((c.name.clone(), name.clone()), Arc::new(e));
-            }
-        }
         Ok(Views {
-            cfg,
+            cfg: RwLock::new(cfg),
             state: state.to_path_buf(),
             golden,
-            read_only,
+            read_only: Mutex::new(HashMap::new()),
             views: Mutex::new(HashMap::new()),
             metrics,
             metered,
@@ -235,6 +242,64 @@ impl Views {
     /// What the server counts.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// The config being served.
+    pub fn config(&self) -> Arc<ServerConfig> {
+        self.cfg.read().clone()
+    }
+
+    /// Serve `next` from now on, if it differs from the config being served
+    /// only in its clients (who they are, how they prove it, what they may
+    /// open): new connections are identified and granted by it at once.
+    /// Anything else changed needs a restart, and refuses the reload.
+    pub fn reload(&self, next: ServerConfig) -> Result<Reloaded, ReloadError> {
+        let now = self.config();
+        let changed = now.restart_needed(&next);
+        if !changed.is_empty() {
+            return Err(ReloadError::NeedsRestart(changed));
+        }
+        let names =
+            |c: &ServerConfig| -> Vec<String> { c.client.iter().map(|c| c.name.clone()).collect() };
+        let (old, new) = (names(&now), names(&next));
+        let r = Reloaded {
+            added: new.iter().filter(|n| !old.contains(n)).cloned().collect(),
+            removed: old.iter().filter(|n| !new.contains(n)).cloned().collect(),
+            changed: next
+                .client
+                .iter()
+                .filter(|c| now.client(&c.name).is_some_and(|o| o != *c))
+                .map(|c| c.name.clone())
+                .collect(),
+        };
+        self.metrics.add_grants(&next);
+        *self.cfg.write() = Arc::new(next);
+        Ok(r)
+    }
+
+    /// `client`'s read-only export of `image`, made on first use.
+    fn read_only_export(&self, cfg: &ServerConfig, client: &str, image: &str) -> Arc<Export> {
+        let mut ro = self.read_only.lock();
+        let key = (client.to_string(), image.to_string());
+        if let Some(e) = ro.get(&key) {
+            return e.clone();
+        }
+        let checked: Arc<dyn BlockDev> =
+            Arc::new(Checked::new(self.golden[image].clone(), Access::ReadOnly));
+        let dev = match self.metrics.pair(client, image) {
+            Some(pair) => meter(checked, pair, &self.metrics, self.metered),
+            None => checked,
+        };
+        let e = Arc::new(Export {
+            name: image.to_string(),
+            description: cfg
+                .image(image)
+                .map(|i| i.description.clone())
+                .unwrap_or_default(),
+            dev,
+        });
+        ro.insert(key, e.clone());
+        e
     }
 
     /// `client`'s view of `image`, opened (and its overlay created) on
@@ -258,16 +323,14 @@ impl Views {
             ViewsError::View(Box::new(e))
         })?;
         let description = self
-            .cfg
+            .config()
             .image(image)
             .map(|im| im.description.clone())
             .unwrap_or_default();
-        let pair = self
-            .metrics
-            .pair(client, image)
-            .expect("a pair per grant")
-            .clone();
-        pair.set_cow(cow.clone());
+        let pair = self.metrics.pair(client, image);
+        if let Some(p) = &pair {
+            p.set_cow(cow.clone());
+        }
         let mut dev: Arc<dyn BlockDev> = cow;
         if let Some(spec) = self.view_layers.get(image) {
             dev = self
@@ -284,10 +347,14 @@ impl Views {
             description: description.clone(),
             dev: checked.clone(),
         });
+        let dev = match pair {
+            Some(pair) => meter(checked, pair, &self.metrics, self.metered),
+            None => checked,
+        };
         let export = Arc::new(Export {
             name: image.to_string(),
             description,
-            dev: meter(checked, pair, &self.metrics, self.metered),
+            dev,
         });
         tracing::info!(client, image, "view opened");
         views.insert(
@@ -303,13 +370,14 @@ impl Views {
 
 impl ExportResolver for Views {
     fn list(&self, peer: &Peer) -> Vec<(String, String)> {
-        let Some(c) = identify(&self.cfg, peer) else {
+        let cfg = self.config();
+        let Some(c) = identify(&cfg, peer) else {
             tracing::warn!(%peer, "refused: LIST from an unknown client");
             return Vec::new();
         };
         grants(c)
             .map(|(name, _)| {
-                let d = self.cfg.image(name).map(|i| i.description.clone());
+                let d = cfg.image(name).map(|i| i.description.clone());
                 (name.to_string(), d.unwrap_or_default())
             })
             .collect()
@@ -317,7 +385,8 @@ impl ExportResolver for Views {
 
     fn resolve(&self, peer: &Peer, name: &str) -> Result<Arc<Export>, Refusal> {
         let refuse = |kind: &'static str, reason: String| Refusal { reason, kind };
-        let Some(c) = identify(&self.cfg, peer) else {
+        let cfg = self.config();
+        let Some(c) = identify(&cfg, peer) else {
             return Err(refuse(
                 UNKNOWN_CLIENT,
                 "unknown client (no configured identity matches)".into(),
@@ -336,7 +405,7 @@ impl ExportResolver for Views {
             ));
         };
         match g {
-            Grant::ReadOnly => Ok(self.read_only[&(c.name.clone(), image.to_string())].clone()),
+            Grant::ReadOnly => Ok(self.read_only_export(&cfg, &c.name, image)),
             Grant::View => self
                 .view(&c.name, image)
                 .map_err(|e| refuse(VIEW_FAILED, format!("client '{}': {e}", c.name))),
@@ -356,8 +425,9 @@ impl ExportResolver for Views {
     }
 
     fn connected(&self, peer: &Peer, export: &Arc<Export>) -> Option<ConnectionGuard> {
-        let c = identify(&self.cfg, peer)?;
+        let cfg = self.config();
+        let c = identify(&cfg, peer)?;
         let pair = self.metrics.pair(&c.name, &export.name)?;
-        Some(Box::new(Connection::new(pair.clone())))
+        Some(Box::new(Connection::new(pair)))
     }
 }

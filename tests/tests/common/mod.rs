@@ -859,6 +859,12 @@ impl ServerProc {
         }
     }
 
+    /// Send SIGHUP (the server reads its config again).
+    pub fn sighup(&self) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        run("kill", &["-HUP", &pid]);
+    }
+
     /// SIGKILL (a crash), waited for.
     pub fn kill9(mut self) {
         kill_and_reap(&mut self.child);

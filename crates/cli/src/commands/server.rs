@@ -32,6 +32,15 @@ use roamdisk_chunkstore::commit::{commit_image, CommitOptions, Source};
 /// else gets "no export named ..." and a warning in the log with the
 /// client's identity. TCP clients must use TLS.
 ///
+/// SIGHUP reads CONFIG and the PSK file again: clients added, removed or
+/// changed (identities, grants) and keys take effect for every new
+/// connection at once (revoke a client by removing its key and
+/// [[client]], then `kill -HUP`); open connections keep their export until
+/// they end. A config changing anything else (images, cache, listeners,
+/// state, TLS files, metrics) is refused and logged: restart for those.
+/// SIGINT or SIGTERM stop the server (in-flight requests finish, views
+/// are flushed).
+///
 /// Examples:
 ///   roamdisk server /etc/roamdisk/server.toml
 ///   nbdinfo --list 'nbds://alice@10.0.0.1/?tls-psk-file=alice.psk'
@@ -193,7 +202,20 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     if let (Some(addr), false) = (server.metrics_addr(), quiet) {
         eprintln!("roamdisk: server metrics on http://{addr}/metrics");
     }
-    server.serve(a.limits.into(), announce(quiet, &what))?;
+    server.serve(a.limits.into(), announce(quiet, &what), move |path, r| match r {
+        Ok(r) if !quiet => eprintln!(
+            "roamdisk: server config reloaded from {}: clients added {:?}, removed {:?}, changed {:?}",
+            path.display(),
+            r.added,
+            r.removed,
+            r.changed
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!(
+            "roamdisk: server config not reloaded from {} (still serving the one loaded before): {e}",
+            path.display()
+        ),
+    })?;
     if !quiet {
         eprintln!("roamdisk: server stopped cleanly (views flushed)");
     }
