@@ -174,8 +174,8 @@ impl Server {
 type OnReload = Arc<dyn Fn(&Path, &Result<Reloaded, ReloadError>) + Send + Sync>;
 
 /// Serve until SIGINT or SIGTERM; on each SIGHUP, [`reload`] the config
-/// (logged either way, and told to `reloaded`; a refused reload leaves the
-/// config served before in force).
+/// and tell `reloaded` how it went (a refused reload leaves the config
+/// served before in force).
 async fn until_stopped(
     path: PathBuf,
     views: Arc<Views>,
@@ -198,22 +198,7 @@ async fn until_stopped(
                 let (path, views, tls) = (path.clone(), views.clone(), tls.clone());
                 let told = reloaded.clone();
                 let done = tokio::task::spawn_blocking(move || {
-                    let r = reload(&path, &views, tls.as_ref());
-                    told(&path, &r);
-                    match r {
-                        Ok(r) => tracing::info!(
-                            config = %path.display(),
-                            added = ?r.added,
-                            removed = ?r.removed,
-                            changed = ?r.changed,
-                            "config reloaded: new connections are identified and granted by it"
-                        ),
-                        Err(e) => tracing::info!(
-                            config = %path.display(),
-                            error = %e,
-                            "config not reloaded: still serving the one loaded before"
-                        ),
-                    }
+                    told(&path, &reload(&path, &views, tls.as_ref()));
                 });
                 let _ = done.await;
             }
@@ -233,13 +218,5 @@ pub fn reload(
     views: &Views,
     tls: Option<&TlsAcceptor>,
 ) -> Result<Reloaded, ReloadError> {
-    let next = ServerConfig::read(path)?;
-    let changed = views.config().restart_needed(&next);
-    if !changed.is_empty() {
-        return Err(ReloadError::NeedsRestart(changed));
-    }
-    if let Some(t) = tls {
-        t.reload_psk()?;
-    }
-    views.reload(next)
+    views.reload(ServerConfig::read(path)?, tls)
 }

@@ -251,13 +251,21 @@ impl Views {
 
     /// Serve `next` from now on, if it differs from the config being served
     /// only in its clients (who they are, how they prove it, what they may
-    /// open): new connections are identified and granted by it at once.
-    /// Anything else changed needs a restart, and refuses the reload.
-    pub fn reload(&self, next: ServerConfig) -> Result<Reloaded, ReloadError> {
+    /// open): new connections are identified and granted by it at once,
+    /// and `tls` reads its PSK file again first. Anything else changed
+    /// needs a restart, and refuses the reload (nothing changes).
+    pub fn reload(
+        &self,
+        next: ServerConfig,
+        tls: Option<&roamdisk_nbd::TlsAcceptor>,
+    ) -> Result<Reloaded, ReloadError> {
         let now = self.config();
         let changed = now.restart_needed(&next);
         if !changed.is_empty() {
             return Err(ReloadError::NeedsRestart(changed));
+        }
+        if let Some(t) = tls {
+            t.reload_psk()?;
         }
         let names =
             |c: &ServerConfig| -> Vec<String> { c.client.iter().map(|c| c.name.clone()).collect() };

@@ -15,15 +15,6 @@ use roamdisk_blockdev::{ErrorKind, Op, Result};
 use super::store::S3Store;
 use crate::error::{corrupt, err, not_found};
 
-/// The largest object one PUT may carry (S3's limit). Packs are bounded
-/// well below it (32 MiB of objects, or one object of up to 1 GiB), and
-/// always go up in one PUT: a multipart upload that a
-/// killed commit never completed stays in the bucket, invisible, until an
-/// operator cleans it; and Swift stores one much worse than a PUT (a
-/// direct commit 89% of the store's PUT bandwidth against 60% with 8 MiB
-/// parts, `bench/cas-s3.py`).
-const MAX_PUT: usize = 5 << 30;
-
 fn system_time(t: impl Into<SystemTime>) -> SystemTime {
     t.into()
 }
@@ -178,7 +169,9 @@ impl S3Store {
         }
     }
 
-    /// Store `bytes` as `rel` with one PUT.
+    /// Store `bytes` as `rel` with one PUT. Packs too: never a multipart
+    /// upload, which a killed commit would leave hidden in the bucket, and
+    /// which Swift stores much worse than a PUT (`cas-s3.md`, BENCHMARKS).
     pub(super) async fn put(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
         let payload = PutPayload::from(bytes);
         let mut attempt = 0;
@@ -200,21 +193,6 @@ impl S3Store {
                 Err(e) => return Err(self.fail(e, Op::Write, rel)),
             }
         }
-    }
-
-    /// Upload a pack in one PUT.
-    pub(super) async fn put_large(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
-        if bytes.len() > MAX_PUT {
-            return Err(err(
-                ErrorKind::InvalidArgument,
-                Op::Write,
-                format!(
-                    "{rel}: a pack of {} bytes is past S3's 5 GiB limit for one PUT",
-                    bytes.len()
-                ),
-            ));
-        }
-        self.put(rel, bytes).await
     }
 
     /// Modification time of `rel`, `None` if it does not exist.

@@ -66,7 +66,7 @@ impl<'a> S3Group<'a> {
         self.buf.extend_from_slice(&tail);
         let name = format!("{}.pack", random_hex(16)?);
         self.store
-            .put_large(&format!("packs/{name}"), std::mem::take(&mut self.buf))
+            .put(&format!("packs/{name}"), std::mem::take(&mut self.buf))
             .await?;
         self.store
             .table
