@@ -5,7 +5,7 @@
 //! reads them,
 //!
 //! ```sh
-//! ROAMDISK_CORPUS_DIR=/tmp/roamdisk-corpus cargo +nightly test \
+//! ROAMDISK_CORPUS_DIR=/tmp/roamdisk-corpus cargo test \
 //!     --manifest-path fuzz/Cargo.toml corpus
 //! ```
 //!

@@ -1,7 +1,7 @@
 //! Helpers shared by the fuzz targets, and the seed corpus.
 //!
 //! The seeds in `fuzz/seeds/<target>/` are generated here and checked by
-//! the test below: `cargo +nightly test --manifest-path fuzz/Cargo.toml`
+//! the test below: `cargo test --manifest-path fuzz/Cargo.toml`
 //! fails when they are stale, and rewrites them when run with
 //! `ROAMDISK_WRITE_SEEDS=1`.
 
