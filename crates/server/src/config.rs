@@ -33,7 +33,13 @@ pub struct ServerConfig {
     pub tls_verify_ca: Option<PathBuf>,
     pub tls_psk: Option<PathBuf>,
     /// Serve `/metrics` and `/status.json` over HTTP here.
-    pub metrics: Option<SocketAddr>,
+    pub metrics: Option<MetricsAddr>,
+    /// A file holding the token every metrics request must carry
+    /// (`Authorization: Bearer TOKEN`).
+    pub metrics_token_file: Option<PathBuf>,
+    /// Serve the metrics over HTTPS with `tls-cert` and `tls-key`.
+    #[serde(default)]
+    pub metrics_tls: bool,
     /// The memory cache in front of the golden images.
     pub cache: Option<CacheConfig>,
     #[serde(default)]
@@ -79,6 +85,41 @@ impl<'de> Deserialize<'de> for Bytes {
         match Raw::deserialize(d)? {
             Raw::N(n) => Ok(Bytes(n)),
             Raw::S(s) => parse_size(&s).map(Bytes).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Where the metrics endpoint listens: `"ADDR:PORT"` or `"unix:PATH"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetricsAddr {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl<'de> Deserialize<'de> for MetricsAddr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<MetricsAddr, D::Error> {
+        let s = String::deserialize(d)?;
+        if let Some(p) = s.strip_prefix("unix:") {
+            if p.is_empty() {
+                return Err(serde::de::Error::custom(
+                    "'unix:' needs a path after it (unix:/run/roamdisk/metrics.sock)",
+                ));
+            }
+            return Ok(MetricsAddr::Unix(PathBuf::from(p)));
+        }
+        s.parse().map(MetricsAddr::Tcp).map_err(|_| {
+            serde::de::Error::custom(format!(
+                "'{s}' is neither ADDR:PORT (an IP address and a port: \"127.0.0.1:9477\") nor unix:PATH"
+            ))
+        })
+    }
+}
+
+impl std::fmt::Display for MetricsAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MetricsAddr::Tcp(a) => write!(f, "{a}"),
+            MetricsAddr::Unix(p) => write!(f, "unix:{}", p.display()),
         }
     }
 }
@@ -211,7 +252,11 @@ impl ServerConfig {
             }
         };
         rel(&mut cfg.state);
+        if let Some(MetricsAddr::Unix(p)) = &mut cfg.metrics {
+            rel(p);
+        }
         for p in [
+            &mut cfg.metrics_token_file,
             &mut cfg.socket,
             &mut cfg.tls_cert,
             &mut cfg.tls_key,
@@ -284,6 +329,7 @@ impl ServerConfig {
                 "key 'tls-verify-ca' needs tls-cert and tls-key".into(),
             ));
         }
+        self.check_metrics(has_cert)?;
         if self.image.is_empty() {
             return Err(ServerConfigError("no [[image]] table".into()));
         }
@@ -416,6 +462,36 @@ impl ServerConfig {
         self.cache.as_ref().and_then(|c| c.options().ok().flatten())
     }
 
+    /// The metrics keys go together: TLS needs a TCP address and the
+    /// server's certificate; a token or TLS needs an endpoint; an address
+    /// other hosts reach needs both (the counters name clients and images).
+    fn check_metrics(&self, has_cert: bool) -> Result<(), ServerConfigError> {
+        let err = |m: &str| Err(ServerConfigError(m.into()));
+        let Some(addr) = &self.metrics else {
+            if self.metrics_tls || self.metrics_token_file.is_some() {
+                return err("keys 'metrics-tls' and 'metrics-token-file' need a metrics address: give metrics = \"ADDR:PORT\" or \"unix:PATH\"");
+            }
+            return Ok(());
+        };
+        match addr {
+            MetricsAddr::Unix(_) if self.metrics_tls => err(
+                "key 'metrics-tls': the metrics endpoint is a Unix socket (no TLS there; who may connect is set by its file mode, 0660)",
+            ),
+            MetricsAddr::Tcp(_) if self.metrics_tls && !has_cert => {
+                err("key 'metrics-tls' serves HTTPS with the server's certificate: give tls-cert and tls-key")
+            }
+            MetricsAddr::Tcp(a)
+                if !a.ip().is_loopback()
+                    && (!self.metrics_tls || self.metrics_token_file.is_none()) =>
+            {
+                Err(ServerConfigError(format!(
+                    "key 'metrics': {a} is reachable from other hosts, and the counters name every client and image: give metrics-token-file and metrics-tls = true, or use a loopback address or unix:PATH"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The image of that name.
     pub fn image(&self, name: &str) -> Option<&ImageConfig> {
         self.image.iter().find(|i| i.name == name)
@@ -439,6 +515,11 @@ impl ServerConfig {
         check("tls-verify-ca", self.tls_verify_ca == next.tls_verify_ca);
         check("tls-psk", self.tls_psk == next.tls_psk);
         check("metrics", self.metrics == next.metrics);
+        check("metrics-tls", self.metrics_tls == next.metrics_tls);
+        check(
+            "metrics-token-file",
+            self.metrics_token_file == next.metrics_token_file,
+        );
         check("[cache]", self.cache == next.cache);
         check("[[image]]", self.image == next.image);
         v
@@ -475,7 +556,10 @@ mod tests {
             ("FMPQ".to_string(), 1 << 30, 4096, 16)
         );
         assert!(!c.image("win").unwrap().cache);
-        assert_eq!(c.metrics.unwrap().port(), 9100);
+        assert_eq!(
+            c.metrics.unwrap(),
+            MetricsAddr::Tcp("127.0.0.1:9100".parse().unwrap())
+        );
         let c = ServerConfig::parse(&HEAD.replace(
             "[[image]]",
             "[cache]\nsize = 32768\nblock = \"16K\"\npolicy = \"2q[kin=0.3]\"\n[[image]]",
@@ -486,6 +570,29 @@ mod tests {
         let c = ServerConfig::parse(&HEAD.replace("[[image]]", "[cache]\nsize = 0\n[[image]]"))
             .unwrap();
         assert!(c.cache_options().is_none());
+    }
+
+    #[test]
+    fn metrics_on_a_socket_or_a_network_address_with_a_token_and_tls() {
+        let c = ServerConfig::parse(&HEAD.replace(
+            "[[image]]",
+            "metrics = \"unix:m.sock\"\nmetrics-token-file = \"t\"\n[[image]]",
+        ))
+        .unwrap();
+        assert_eq!(c.metrics, Some(MetricsAddr::Unix("m.sock".into())));
+        assert_eq!(c.metrics.unwrap().to_string(), "unix:m.sock");
+        let c = ServerConfig::parse(&HEAD.replace(
+            "[[image]]",
+            "tls-cert = \"c\"\ntls-key = \"k\"\nmetrics = \"0.0.0.0:9477\"\nmetrics-tls = true\nmetrics-token-file = \"t\"\n[[image]]",
+        ))
+        .unwrap();
+        assert!(c.metrics_tls);
+        let mut next = ServerConfig::parse(HEAD).unwrap();
+        next.metrics = c.metrics.clone();
+        assert_eq!(
+            c.restart_needed(&next),
+            ["tls-cert", "tls-key", "metrics-tls", "metrics-token-file"]
+        );
     }
 
     #[test]
@@ -508,7 +615,14 @@ mod tests {
             (HEAD.replace("[[image]]", "[cache]\nsize = \"lots\"\n[[image]]"), "lots"),
             (HEAD.replace("[[image]]", "[cache]\nsize = \"64K\"\nshards = 32\n[[image]]"), "[cache] key 'shards'"),
             (HEAD.replace("[[image]]", "[cache]\nsize = \"64K\"\nshards = 0\n[[image]]"), "[cache] key 'shards'"),
-            (HEAD.replace("[[image]]", "metrics = \"localhost\"\n[[image]]"), "metrics"),
+            (HEAD.replace("[[image]]", "metrics = \"localhost\"\n[[image]]"), "neither ADDR:PORT"),
+            (HEAD.replace("[[image]]", "metrics = \"unix:\"\n[[image]]"), "needs a path"),
+            (HEAD.replace("[[image]]", "metrics-tls = true\n[[image]]"), "need a metrics address"),
+            (HEAD.replace("[[image]]", "metrics-token-file = \"t\"\n[[image]]"), "need a metrics address"),
+            (HEAD.replace("[[image]]", "metrics = \"unix:m.sock\"\nmetrics-tls = true\n[[image]]"), "is a Unix socket"),
+            (HEAD.replace("[[image]]", "metrics = \"127.0.0.1:1\"\nmetrics-tls = true\n[[image]]"), "give tls-cert and tls-key"),
+            (HEAD.replace("[[image]]", "metrics = \"0.0.0.0:9477\"\n[[image]]"), "reachable from other hosts"),
+            (HEAD.replace("[[image]]", "metrics = \"[::]:9477\"\nmetrics-token-file = \"t\"\n[[image]]"), "reachable from other hosts"),
         ] {
             let e = ServerConfig::parse(&text).unwrap_err().to_string();
             assert!(e.contains(want), "{text}\n=> {e}");

@@ -7,7 +7,6 @@
 //! What to announce is the caller's: the config ([`Server::config`]), the
 //! metrics address and the bound listeners.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -92,8 +91,8 @@ impl Server {
                 error,
             })?;
         let metrics = match cfg.metrics {
-            Some(addr) => Some(
-                crate::http::serve(addr, views.metrics().clone()).map_err(ServerError::Metrics)?,
+            Some(_) => Some(
+                crate::http::serve(&cfg, views.metrics().clone()).map_err(ServerError::Metrics)?,
             ),
             None => None,
         };
@@ -123,9 +122,10 @@ impl Server {
         &self.cfg
     }
 
-    /// Where the metrics endpoint listens, if the config has one.
-    pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.metrics.as_ref().map(|m| m.addr)
+    /// Where the metrics endpoint serves (`http://ADDR`, `https://ADDR`
+    /// or `unix:PATH`), if the config has one.
+    pub fn metrics_url(&self) -> Option<&str> {
+        self.metrics.as_ref().map(|m| m.url.as_str())
     }
 
     /// Serve until SIGINT or SIGTERM, reloading the config on SIGHUP

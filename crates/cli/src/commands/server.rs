@@ -26,8 +26,10 @@ use roamdisk_chunkstore::commit::{commit_image, CommitOptions, Source};
 /// across restarts; a `read-only` grant serves the golden image itself.
 /// With a [cache] table, one memory cache (FMPQ unless told otherwise)
 /// sits in front of the golden images, shared by every client; with
-/// metrics = "ADDR:PORT", /metrics (Prometheus) and /status.json are
-/// served there over HTTP (see `roamdisk server status --help`).
+/// metrics = "ADDR:PORT" or "unix:PATH", /metrics (Prometheus) and
+/// /status.json are served there over HTTP (HTTPS with metrics-tls =
+/// true; a bearer token with metrics-token-file; see
+/// `roamdisk server status --help` and docs/server.md).
 /// A client lists (NBD_OPT_LIST) only its own grants; asking for anything
 /// else gets "no export named ..." and a warning in the log with the
 /// client's identity. TCP clients must use TLS.
@@ -89,8 +91,10 @@ enum Cmd {
 /// What a running server is doing, per client and image: connections,
 /// requests, bytes, latency, overlay sizes; and its cache: policy, size,
 /// hit ratio, evictions. Read from the server's metrics endpoint (the
-/// config's `metrics` key), /status.json; the same counters are at
-/// /metrics for Prometheus.
+/// config's `metrics` key: a TCP address or unix:PATH; with the token in
+/// metrics-token-file, and over HTTPS trusting the server's tls-cert when
+/// metrics-tls = true), /status.json; the same counters are at /metrics
+/// for Prometheus.
 ///
 /// Latency percentiles come from the server's histogram buckets (10 us to
 /// 1 s), interpolated within a bucket: good to a bucket's width. They
@@ -101,6 +105,8 @@ enum Cmd {
 ///   roamdisk server status /etc/roamdisk/server.toml
 ///   roamdisk server status server.toml --json | jq '.cache.hit_ratio'
 ///   curl -s http://127.0.0.1:9477/metrics | grep roamdisk_server_cache_hits_total
+///   curl -s --unix-socket /run/roamdisk/metrics.sock \
+///     -H "Authorization: Bearer $(cat /etc/roamdisk/metrics.token)" http://localhost/metrics
 #[derive(ClapArgs)]
 #[command(verbatim_doc_comment)]
 struct StatusArgs {
@@ -199,8 +205,8 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         (None, Some(c)) if c.size.0 == 0 => eprintln!("roamdisk: server cache off (size 0)"),
         _ => {}
     }
-    if let (Some(addr), false) = (server.metrics_addr(), quiet) {
-        eprintln!("roamdisk: server metrics on http://{addr}/metrics");
+    if let (Some(url), false) = (server.metrics_url(), quiet) {
+        eprintln!("roamdisk: server metrics on {url} (/metrics, /status.json)");
     }
     server.serve(a.limits.into(), announce(quiet, &what), move |path, r| match r {
         Ok(r) if !quiet => eprintln!(
