@@ -37,6 +37,7 @@ pub mod spec;
 pub mod testkit;
 pub mod throttle;
 pub mod units;
+pub mod vfs;
 
 pub use checked::Checked;
 pub use copy::{copy_sparse, CopyOptions, Zeroes};

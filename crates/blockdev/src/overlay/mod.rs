@@ -21,12 +21,12 @@
 pub mod log;
 
 use parking_lot::{Mutex, MutexGuard};
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 
 use crate::error::{Error, ErrorKind, Op, Result};
+use crate::vfs::{VFile, Vfs};
 pub use log::{MapError, MapHeader, Run};
 
 /// Number of lock stripes.
@@ -149,7 +149,7 @@ impl StateTable {
 }
 
 struct LogFile {
-    file: File,
+    file: Arc<dyn VFile>,
     chain: u32,
     seq: u64,
     records: u64,
@@ -167,6 +167,7 @@ pub struct Opened {
 
 /// A map file and the states it holds, for one overlay.
 pub struct OverlayMap<H: MapHeader> {
+    fs: Arc<dyn Vfs>,
     path: PathBuf,
     layer: &'static str,
     header: Mutex<H>,
@@ -182,7 +183,12 @@ impl<H: MapHeader> OverlayMap<H> {
     /// Write a new map holding only `header` (every unit in state 0),
     /// crash-safely.
     pub fn create(path: &Path, header: &H, layer: &'static str) -> Result<()> {
-        crate::durable::write_atomically(path, &log::encode_header(header))
+        Self::create_in(&crate::vfs::Os, path, header, layer)
+    }
+
+    /// [`OverlayMap::create`] on the file system `fs`.
+    pub fn create_in(fs: &dyn Vfs, path: &Path, header: &H, layer: &'static str) -> Result<()> {
+        fs.write_atomically(path, &log::encode_header(header))
             .map_err(|e| Error::io(Op::Open, layer, e).path(path))
     }
 
@@ -195,8 +201,18 @@ impl<H: MapHeader> OverlayMap<H> {
         layer: &'static str,
         read_only: bool,
     ) -> Result<(OverlayMap<H>, Opened)> {
+        Self::open_in(crate::vfs::os(), path, layer, read_only)
+    }
+
+    /// [`OverlayMap::open`] on the file system `fs`.
+    pub fn open_in(
+        fs: Arc<dyn Vfs>,
+        path: &Path,
+        layer: &'static str,
+        read_only: bool,
+    ) -> Result<(OverlayMap<H>, Opened)> {
         let open_err = |e| Error::io(Op::Open, layer, e).path(path);
-        let bytes = std::fs::read(path).map_err(open_err)?;
+        let bytes = fs.read(path).map_err(open_err)?;
         let replay = log::replay::<H>(&bytes).map_err(|e| {
             Error::new(
                 ErrorKind::Corrupt,
@@ -213,12 +229,9 @@ impl<H: MapHeader> OverlayMap<H> {
         for r in &replay.runs {
             states.set(r.start, r.start + r.count as u64, r.state);
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .open(path)
-            .map_err(open_err)?;
+        let file = fs.open(path, !read_only).map_err(open_err)?;
         let map = OverlayMap {
+            fs,
             path: path.to_path_buf(),
             layer,
             header: Mutex::new(replay.header.clone()),
@@ -385,12 +398,8 @@ impl<H: MapHeader> OverlayMap<H> {
         let err = |e| Error::io(Op::Flush, self.layer, e).path(&self.path);
         // Data must be durable before a map that claims it replaces the old one.
         sync_data()?;
-        crate::durable::write_atomically(&self.path, &buf).map_err(err)?;
-        log.file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&self.path)
-            .map_err(err)?;
+        self.fs.write_atomically(&self.path, &buf).map_err(err)?;
+        log.file = self.fs.open(&self.path, true).map_err(err)?;
         log.chain = chain;
         log.seq = 1;
         log.records = runs.len() as u64 + 1;

@@ -5,14 +5,18 @@
 //! image of files and directory entries and loses power at the N-th call (a
 //! shared [`Countdown`]); [`SimFs::after_crash`] is what a reboot finds.
 //! [`check_power_cuts`] cuts the power at every step of a write in turn and
-//! checks that a reboot finds the old file or the new one.
+//! checks that a reboot finds the old file or the new one. It also
+//! implements [`Vfs`] (positional I/O: [`SimVFile`]), which the layers
+//! keep their files through, so their crash harnesses run on it too.
 //!
 //! The model, no kinder than ext4 or XFS:
 //!
 //! * a file's data and size are durable only after the file's `fsync`.
 //!   Since then, any of it may be lost: the reboot finds the durable
-//!   length, the live one or one in between, and each sector that changed
-//!   holds its durable bytes, its live bytes or zeroes;
+//!   length, the live one or one in between; each sector that changed and
+//!   held durable bytes holds its durable bytes or its live ones (written
+//!   in place), and one wholly past the durable length, or of a file
+//!   truncated since its last `fsync`, its live bytes or zeroes;
 //! * creates and renames are durable only after an `fsync` of their
 //!   directory. They are kept in order, as a journal would: the `fsync`
 //!   of a directory makes every change up to the last one in that
@@ -26,12 +30,16 @@ use std::sync::Arc;
 
 use crate::durable::{parent_of, FileSystem};
 use crate::testkit::{Countdown, Rng, SECTOR};
+use crate::vfs::{VFile, Vfs};
 
 /// One file's bytes: what a reader sees and what the disk holds.
 #[derive(Debug, Default, Clone)]
 struct Inode {
     live: Vec<u8>,
     durable: Vec<u8>,
+    /// Truncated (re-created) since its last sync: its old sectors are
+    /// gone, a reboot may find zeroes where they were.
+    truncated: bool,
 }
 
 impl Inode {
@@ -51,12 +59,27 @@ impl Inode {
             _ => short + rng.below((long - short) as u64 + 1) as usize,
         };
         let mut out = vec![0u8; len];
+        // A sector that held durable bytes holds its old bytes or its new
+        // ones (rewritten in place: no free block is exposed there); one
+        // wholly past the durable size, or in a file truncated since, may
+        // also be zeroes.
+        let in_place = if self.truncated {
+            0
+        } else {
+            self.durable.len()
+        };
         for start in (0..len).step_by(SECTOR) {
             let end = (start + SECTOR).min(len);
             let sector = |v: &[u8]| v.get(start..end.min(v.len())).map(<[u8]>::to_vec);
             let (old, new) = (sector(&self.durable), sector(&self.live));
             let src = if old == new {
                 old
+            } else if start < in_place {
+                if rng.chance(1, 2) {
+                    old
+                } else {
+                    new
+                }
             } else {
                 match rng.below(3) {
                     0 => old,
@@ -124,6 +147,7 @@ fn power(countdown: &Countdown) -> io::Result<()> {
 /// A file system in memory with a live and a durable image. Every call of
 /// [`FileSystem`] and every `write` of a [`SimFile`] spends one I/O of its
 /// countdown.
+#[derive(Clone)]
 pub struct SimFs {
     state: Arc<Mutex<State>>,
     countdown: Arc<Countdown>,
@@ -146,6 +170,7 @@ impl SimFs {
         st.inodes.push(Inode {
             live: bytes.to_vec(),
             durable: bytes.to_vec(),
+            truncated: false,
         });
         st.live.insert(path.to_owned(), inode);
         st.durable.insert(path.to_owned(), inode);
@@ -185,6 +210,7 @@ impl SimFs {
                 Inode {
                     live: bytes.clone(),
                     durable: bytes,
+                    truncated: false,
                 }
             })
             .collect();
@@ -239,6 +265,7 @@ impl FileSystem for SimFs {
         let inode = match st.live.get(path) {
             Some(&i) => {
                 st.inodes[i].live.clear();
+                st.inodes[i].truncated = true;
                 i
             }
             None => {
@@ -271,6 +298,7 @@ impl FileSystem for SimFs {
         let mut st = self.state.lock();
         let i = &mut st.inodes[file.inode];
         i.durable = i.live.clone();
+        i.truncated = false;
         Ok(())
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
@@ -299,6 +327,102 @@ impl FileSystem for SimFs {
             }
         }
         Ok(())
+    }
+}
+
+/// A file of a [`SimFs`] open for positional I/O ([`VFile`]). One
+/// sector of a write is stored per I/O, so the power can fail between the
+/// sectors of one write.
+pub struct SimVFile {
+    state: Arc<Mutex<State>>,
+    countdown: Arc<Countdown>,
+    inode: usize,
+}
+
+impl VFile for SimVFile {
+    fn read_exact_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        let st = self.state.lock();
+        let data = &st.inodes[self.inode].live;
+        let off = off as usize;
+        let src = data
+            .get(off..off + buf.len())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+    fn write_all_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        let mut pos = off as usize;
+        let mut rest = buf;
+        while !rest.is_empty() {
+            power(&self.countdown)?;
+            let n = rest.len().min(SECTOR - pos % SECTOR);
+            let mut st = self.state.lock();
+            let data = &mut st.inodes[self.inode].live;
+            if data.len() < pos + n {
+                data.resize(pos + n, 0);
+            }
+            data[pos..pos + n].copy_from_slice(&rest[..n]);
+            pos += n;
+            rest = &rest[n..];
+        }
+        Ok(())
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        power(&self.countdown)?;
+        let mut st = self.state.lock();
+        let i = &mut st.inodes[self.inode];
+        i.durable = i.live.clone();
+        i.truncated = false;
+        Ok(())
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        power(&self.countdown)?;
+        self.state.lock().inodes[self.inode]
+            .live
+            .resize(len as usize, 0);
+        Ok(())
+    }
+    fn punch_hole(&self, off: u64, len: u64) -> io::Result<()> {
+        power(&self.countdown)?;
+        let mut st = self.state.lock();
+        let data = &mut st.inodes[self.inode].live;
+        let a = (off as usize).min(data.len());
+        let b = (off.saturating_add(len) as usize).min(data.len());
+        data[a..b].fill(0);
+        Ok(())
+    }
+}
+
+impl Vfs for SimFs {
+    fn open(&self, path: &Path, _write: bool) -> io::Result<Arc<dyn VFile>> {
+        let inode = *self
+            .state
+            .lock()
+            .live
+            .get(path)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        Ok(Arc::new(SimVFile {
+            state: self.state.clone(),
+            countdown: self.countdown.clone(),
+            inode,
+        }))
+    }
+    fn create_new(&self, path: &Path) -> io::Result<Arc<dyn VFile>> {
+        let f = FileSystem::create_new(self, path)?;
+        Ok(Arc::new(SimVFile {
+            state: self.state.clone(),
+            countdown: self.countdown.clone(),
+            inode: f.inode,
+        }))
+    }
+    fn exists(&self, path: &Path) -> bool {
+        self.state.lock().live.contains_key(path)
+    }
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        SimFs::read(self, path).ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+    }
+    fn write_atomically(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        crate::durable::write_atomically_in(self, path, bytes)
     }
 }
 

@@ -12,14 +12,13 @@
 
 pub mod map;
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::dev::{push_extent, Alloc, BlockDev, Caps, Extent, WriteFlags, ZeroFlags};
 use crate::error::{Error, ErrorKind, Op, Result};
 use crate::overlay::OverlayMap;
+use crate::vfs::{VFile, Vfs};
 pub use map::map_path;
 use map::State;
 
@@ -44,7 +43,7 @@ impl Default for CowOptions {
 /// A copy-on-write overlay over a read-only base.
 pub struct CowDev {
     base: Arc<dyn BlockDev>,
-    overlay: File,
+    overlay: Arc<dyn VFile>,
     overlay_path: PathBuf,
     size: u64,
     cluster: u64,
@@ -65,29 +64,34 @@ impl CowDev {
         read_only: bool,
         opts: &CowOptions,
     ) -> Result<Self> {
+        Self::open_in(crate::vfs::os(), overlay_path, base, read_only, opts)
+    }
+
+    /// [`CowDev::open`] with the overlay and its map on the file system
+    /// `fs` (the crash tests pass a simulated one).
+    pub fn open_in(
+        fs: Arc<dyn Vfs>,
+        overlay_path: &Path,
+        base: Arc<dyn BlockDev>,
+        read_only: bool,
+        opts: &CowOptions,
+    ) -> Result<Self> {
         let size = base.size();
         let map_path = map_path(overlay_path);
-        let exists = overlay_path.exists();
-        if exists != map_path.exists() {
-            let msg = if exists {
-                format!("the overlay has no map file {}; it was not made by roamdisk or its map was deleted", map_path.display())
-            } else {
-                format!(
-                    "the map file {} exists but its overlay does not; remove the map to start over",
-                    map_path.display()
-                )
-            };
+        let (has_overlay, has_map) = (fs.exists(overlay_path), fs.exists(&map_path));
+        let missing = |what: &str| {
+            Err(
+                Error::new(ErrorKind::NotFound, Op::Open, "cow", what.to_string())
+                    .path(overlay_path),
+            )
+        };
+        if has_overlay && !has_map {
+            let msg = format!("the overlay has no map file {}; it was not made by roamdisk or its map was deleted", map_path.display());
             return Err(Error::new(ErrorKind::Corrupt, Op::Open, "cow", msg).path(overlay_path));
         }
-        if !exists {
+        if !has_map {
             if read_only {
-                return Err(Error::new(
-                    ErrorKind::NotFound,
-                    Op::Open,
-                    "cow",
-                    "overlay does not exist and the stack is read-only",
-                )
-                .path(overlay_path));
+                return missing("overlay does not exist and the stack is read-only");
             }
             if !map::valid_cluster_size(opts.cluster_size) {
                 return Err(Error::new(
@@ -100,15 +104,38 @@ impl CowDev {
                     ),
                 ));
             }
-            Self::create(overlay_path, &map_path, size, opts.cluster_size)?;
+            // The map first: a crash before the overlay file exists leaves
+            // a map that claims nothing, and the next open makes the file.
+            let header = map::Header {
+                cluster_size: opts.cluster_size,
+                virtual_size: size,
+                generation: 1,
+            };
+            OverlayMap::create_in(&*fs, &map_path, &header, "cow")?;
         }
-        let overlay = OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .open(overlay_path)
+        let (map, _) = OverlayMap::<map::Header>::open_in(fs.clone(), &map_path, "cow", read_only)?;
+        if !has_overlay {
+            let claimed = map.states().usage()[State::Data as usize];
+            if claimed > 0 {
+                let msg = format!(
+                    "the overlay file is missing but its map {} says it holds {claimed} clusters of data; restore the file, or remove the map to start over (losing those writes)",
+                    map_path.display()
+                );
+                return Err(Error::new(ErrorKind::Corrupt, Op::Open, "cow", msg).path(overlay_path));
+            }
+            if read_only {
+                return missing("overlay does not exist and the stack is read-only");
+            }
+            // Its name is made durable by the compaction below, which
+            // syncs the same directory.
+            Self::create(&*fs, overlay_path, size)?;
+        }
+        let overlay = fs
+            .open(overlay_path, !read_only)
             .map_err(|e| open_err(overlay_path, e))?;
-        crate::layers::raw::lock_file(&overlay, read_only, "cow", overlay_path)?;
-        let (map, _) = OverlayMap::<map::Header>::open(&map_path, "cow", read_only)?;
+        if let Some(f) = overlay.os_file() {
+            crate::layers::raw::lock_file(f, read_only, "cow", overlay_path)?;
+        }
         let header = map.header();
         if header.virtual_size != size {
             return Err(Error::new(
@@ -139,20 +166,11 @@ impl CowDev {
         Ok(dev)
     }
 
-    fn create(overlay: &Path, map_path: &Path, size: u64, cluster_size: u32) -> Result<()> {
-        let f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(overlay)
-            .map_err(|e| open_err(overlay, e))?;
+    /// A new, empty overlay file of `size` bytes (sparse), durable.
+    fn create(fs: &dyn Vfs, overlay: &Path, size: u64) -> Result<()> {
+        let f = fs.create_new(overlay).map_err(|e| open_err(overlay, e))?;
         f.set_len(size).map_err(|e| open_err(overlay, e))?;
-        f.sync_all().map_err(|e| open_err(overlay, e))?;
-        let header = map::Header {
-            cluster_size,
-            virtual_size: size,
-            generation: 1,
-        };
-        OverlayMap::create(map_path, &header, "cow")
+        f.sync_data().map_err(|e| open_err(overlay, e))
     }
 
     /// Make the overlay's data durable (before any map record claims it).
@@ -238,9 +256,8 @@ impl CowDev {
         }
         let off = c0 * self.cluster;
         let len = (c1 * self.cluster).min(self.size) - off;
-        let flags = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
         // Releasing space is best effort: the map already says zero.
-        let _ = rustix::fs::fallocate(&self.overlay, flags, off, len);
+        let _ = self.overlay.punch_hole(off, len);
         Ok(())
     }
 
