@@ -26,9 +26,12 @@ pub trait Vfs: Send + Sync {
     /// Replace `path` with `bytes` crash-safely: a reboot finds the old
     /// file or the new one ([`crate::durable::write_atomically`]).
     fn write_atomically(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+    /// Remove the name `path` (durable only after its directory's sync).
+    fn remove(&self, path: &Path) -> io::Result<()>;
 }
 
 /// An open file of a [`Vfs`].
+#[allow(clippy::len_without_is_empty, reason = "a file's length, as File::metadata().len()")]
 pub trait VFile: Send + Sync {
     /// Fill `buf` from `off`; reading past the end is an error.
     fn read_exact_at(&self, buf: &mut [u8], off: u64) -> io::Result<()>;
@@ -38,6 +41,8 @@ pub trait VFile: Send + Sync {
     fn sync_data(&self) -> io::Result<()>;
     /// Set the file's length (growing it with zeroes).
     fn set_len(&self, len: u64) -> io::Result<()>;
+    /// The file's length.
+    fn len(&self) -> io::Result<u64>;
     /// Make `[off, off+len)` read as zeroes and, where the file system
     /// can, release its space; the size does not change. Not durable
     /// before a sync.
@@ -60,6 +65,9 @@ impl VFile for File {
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         File::set_len(self, len)
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.metadata()?.len())
     }
     fn punch_hole(&self, off: u64, len: u64) -> io::Result<()> {
         let flags = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
@@ -91,6 +99,9 @@ impl Vfs for Os {
     }
     fn write_atomically(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         crate::durable::write_atomically(path, bytes)
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
     }
 }
 

@@ -60,6 +60,7 @@ pub fn session_open(ctx: &OpenCtx<'_>) -> roamdisk_blockdev::Result<(PathBuf, Se
         lookaside: crate::lookaside::parse_media(ctx.opt("lookaside")),
         no_prefetch: ctx.flag("cas", "prefetch")? == Some(false),
         no_readahead: ctx.flag("cas", "readahead")? == Some(false),
+        ..SessionOpen::default()
     };
     Ok((dir, opts))
 }

@@ -100,12 +100,13 @@ impl Inode {
 enum Change {
     Create { path: PathBuf, inode: usize },
     Rename { from: PathBuf, to: PathBuf },
+    Remove { path: PathBuf },
 }
 
 impl Change {
     fn touches(&self, dir: &Path) -> bool {
         match self {
-            Change::Create { path, .. } => parent_of(path) == dir,
+            Change::Create { path, .. } | Change::Remove { path } => parent_of(path) == dir,
             Change::Rename { from, to } => parent_of(from) == dir || parent_of(to) == dir,
         }
     }
@@ -119,6 +120,9 @@ impl Change {
                 if let Some(i) = names.remove(from) {
                     names.insert(to.clone(), i);
                 }
+            }
+            Change::Remove { path } => {
+                names.remove(path);
             }
         }
     }
@@ -382,6 +386,9 @@ impl VFile for SimVFile {
             .resize(len as usize, 0);
         Ok(())
     }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.state.lock().inodes[self.inode].live.len() as u64)
+    }
     fn punch_hole(&self, off: u64, len: u64) -> io::Result<()> {
         power(&self.countdown)?;
         let mut st = self.state.lock();
@@ -423,6 +430,17 @@ impl Vfs for SimFs {
     }
     fn write_atomically(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
         crate::durable::write_atomically_in(self, path, bytes)
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        power(&self.countdown)?;
+        let mut st = self.state.lock();
+        st.live
+            .remove(path)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        st.journal.push(Change::Remove {
+            path: path.to_owned(),
+        });
+        Ok(())
     }
 }
 

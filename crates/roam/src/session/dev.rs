@@ -46,7 +46,7 @@ const STRIPE_SECTORS: u64 = 128;
 mod logged;
 use logged::{Logged, Touched, MAX_PENDING, MAX_RECORD};
 
-pub use super::open::{Host, SessionOpen};
+pub use super::open::{Files, Host, SessionOpen};
 
 /// Where a sector reads from.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -103,6 +103,8 @@ pub struct CasDev {
     logged: Logged,
     /// Dropped as a killed process would end: no last flush (tests).
     abandoned: std::sync::atomic::AtomicBool,
+    /// Where the map, the log and the open marker are.
+    files: Arc<dyn roamdisk_blockdev::vfs::Vfs>,
     _lock: File,
 }
 
@@ -156,7 +158,9 @@ impl CasDev {
         };
         let user_key = user_key(&config, opts)?;
         let states_path = dir.join("states");
-        let (map, _) = OverlayMap::<Header>::open(&states_path, "cas", opts.read_only)?;
+        let fs = opts.files.0.clone();
+        let (map, _) =
+            OverlayMap::<Header>::open_in(fs.clone(), &states_path, "cas", opts.read_only)?;
         let header = map.header();
         let version = load_base(dir, &store, &header.base, user_key.as_ref(), opts.read_only)
             .map_err(|e| context(e, format!("the base of session {}", dir.display())))?;
@@ -198,7 +202,7 @@ impl CasDev {
         let base_records = base.version.index.records();
         let workset = (!opts.read_only).then(|| Recorder::load(dir, base_records));
         let wal_path = dir.join(WAL);
-        let replayed = WalFile::read(&wal_path, size / SECTOR, !opts.read_only)?;
+        let replayed = WalFile::read(&*fs, &wal_path, size / SECTOR, !opts.read_only)?;
         let mut dev = CasDev {
             workset,
             no_prefetch: opts.no_prefetch,
@@ -219,6 +223,7 @@ impl CasDev {
             touched: Mutex::new(Touched::default()),
             logged: Default::default(),
             abandoned: Default::default(),
+            files: fs.clone(),
             _lock: lock,
         };
         if let Some((r, _)) = &replayed {
@@ -226,7 +231,7 @@ impl CasDev {
         }
         if !opts.read_only {
             let marker = dir.join(OPEN_MARKER);
-            if marker.exists() {
+            if fs.exists(&marker) {
                 // The last writable open did not close cleanly. A guest
                 // write to a CLEAN sector goes to the private cache in
                 // place and is logged (as DIRTY) at the next flush: after
@@ -264,15 +269,16 @@ impl CasDev {
             // by the compaction above): a new generation starts.
             dev.wal = Some(Mutex::new(match replayed {
                 Some((r, f)) => WalFile::after_replay(&wal_path, &r, f)?,
-                None => WalFile::create(&wal_path, wal::FIRST_CAPACITY)?,
+                None => WalFile::create(
+                    &*fs,
+                    &wal_path,
+                    opts.wal_capacity.unwrap_or(wal::FIRST_CAPACITY),
+                )?,
             }));
             // Durable before any guest write can land in the cache.
-            std::fs::write(&marker, b"")
-                .and_then(|()| std::fs::File::open(&marker)?.sync_all())
-                .and_then(|()| roamdisk_blockdev::durable::sync_dir(dir))
-                .map_err(|e| {
-                    roamdisk_chunkstore::error::io(roamdisk_blockdev::Op::Open, e, &marker)
-                })?;
+            fs.write_atomically(&marker, b"").map_err(|e| {
+                roamdisk_chunkstore::error::io(roamdisk_blockdev::Op::Open, e, &marker)
+            })?;
         }
         Ok(dev)
     }
@@ -749,7 +755,7 @@ impl Drop for CasDev {
             None => Ok(()),
         };
         if !self.read_only && self.flush().and_then(|()| checkpointed()).is_ok() {
-            let _ = std::fs::remove_file(self.dir.join(OPEN_MARKER));
+            let _ = self.files.remove(&self.dir.join(OPEN_MARKER));
         }
     }
 }

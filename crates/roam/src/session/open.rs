@@ -32,6 +32,30 @@ pub struct SessionOpen {
     /// Do not fetch ahead of the guest's sequential reads
     /// ([`CasDev::start_readahead`] does nothing).
     pub no_readahead: bool,
+    /// The file system the session map, the write-ahead log and the open
+    /// marker are kept on (default: the real one; crash tests pass a
+    /// simulated one).
+    pub files: Files,
+    /// The capacity of a new write-ahead log (default
+    /// [`wal::FIRST_CAPACITY`](crate::session::wal::FIRST_CAPACITY); crash
+    /// tests keep it small).
+    pub wal_capacity: Option<u64>,
+}
+
+/// A file system for a session's files ([`SessionOpen::files`]).
+#[derive(Clone)]
+pub struct Files(pub std::sync::Arc<dyn roamdisk_blockdev::vfs::Vfs>);
+
+impl Default for Files {
+    fn default() -> Files {
+        Files(roamdisk_blockdev::vfs::os())
+    }
+}
+
+impl std::fmt::Debug for Files {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Files")
+    }
 }
 
 /// This host's folders and how it reaches S3, as the program resolved

@@ -19,8 +19,9 @@
 //! ("The write-ahead log"). The encoding and [`replay`] are pure (fuzz
 //! target `cas_session_wal`); [`WalFile`] does the file's I/O.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use roamdisk_blockdev::vfs::{VFile, Vfs};
 use std::path::{Path, PathBuf};
 
 use roamdisk_blockdev::header::{put_u32, put_u64, u32_at, u64_at, Frame, FrameError};
@@ -387,7 +388,7 @@ pub fn replay(b: &[u8], sectors: u64) -> std::result::Result<Replay, WalError> {
 /// The log file of a writable session: where the next record goes.
 pub struct WalFile {
     path: PathBuf,
-    file: File,
+    file: Arc<dyn VFile>,
     head: Head,
     end: u64,
     chain: u32,
@@ -413,7 +414,7 @@ fn io_err(op: Op, path: &Path) -> impl Fn(std::io::Error) -> roamdisk_blockdev::
 impl WalFile {
     /// Make a new log of `capacity` bytes at `path` (zero-filled, so no
     /// flush allocates blocks), generation 1, replacing any file there.
-    pub fn create(path: &Path, capacity: u64) -> Result<WalFile> {
+    pub fn create(fs: &dyn Vfs, path: &Path, capacity: u64) -> Result<WalFile> {
         let err = io_err(Op::Open, path);
         let head = Head {
             generation: 1,
@@ -424,12 +425,8 @@ impl WalFile {
         let mut b = vec![0u8; capacity as usize];
         let at = slot_offset(1) as usize;
         b[at..at + SLOT_SIZE].copy_from_slice(&slot);
-        roamdisk_blockdev::durable::write_atomically(path, &b).map_err(&err)?;
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(&err)?;
+        fs.write_atomically(path, &b).map_err(&err)?;
+        let f = fs.open(path, true).map_err(&err)?;
         Ok(WalFile {
             path: path.to_path_buf(),
             file: f,
@@ -444,13 +441,18 @@ impl WalFile {
 
     /// Read and replay the log at `path` (`None` if there is none), open
     /// for writing when `writable`.
-    pub fn read(path: &Path, sectors: u64, writable: bool) -> Result<Option<(Replay, File)>> {
-        let f = match OpenOptions::new().read(true).write(writable).open(path) {
+    pub fn read(
+        fs: &dyn Vfs,
+        path: &Path,
+        sectors: u64,
+        writable: bool,
+    ) -> Result<Option<(Replay, Arc<dyn VFile>)>> {
+        let f = match fs.open(path, writable) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(io(Op::Open, e, path)),
         };
-        let len = f.metadata().map_err(|e| io(Op::Open, e, path))?.len();
+        let len = f.len().map_err(|e| io(Op::Open, e, path))?;
         let mut b = vec![0u8; len.min(MAX_CAPACITY) as usize];
         f.read_exact_at(&mut b, 0)
             .map_err(|e| io(Op::Open, e, path))?;
@@ -472,7 +474,7 @@ impl WalFile {
 
     /// The log at `path` after its records were applied and checkpointed
     /// (the caller's job): a new generation starts, empty.
-    pub fn after_replay(path: &Path, r: &Replay, file: File) -> Result<WalFile> {
+    pub fn after_replay(path: &Path, r: &Replay, file: Arc<dyn VFile>) -> Result<WalFile> {
         let mut w = WalFile {
             path: path.to_path_buf(),
             file,
@@ -542,10 +544,10 @@ impl WalFile {
         self.spent = h.generation;
         if grow && self.can_grow() {
             let cap = (self.head.capacity * 2).min(GROWN_CAPACITY);
-            let len = self.file.metadata().map_err(&err)?.len();
+            let len = self.file.len().map_err(&err)?;
             if len < cap {
-                write_zeros(&self.file, len, cap).map_err(&err)?;
-                self.file.sync_all().map_err(&err)?;
+                write_zeros(&*self.file, len, cap).map_err(&err)?;
+                self.file.sync_data().map_err(&err)?;
             }
             h.capacity = cap;
         }
@@ -578,7 +580,7 @@ fn new_log_id() -> Result<u64> {
 }
 
 /// Write zeros over `[a, b)` of `f`.
-fn write_zeros(f: &File, a: u64, b: u64) -> std::io::Result<()> {
+fn write_zeros(f: &dyn VFile, a: u64, b: u64) -> std::io::Result<()> {
     let z = vec![0u8; 1 << 20];
     let mut at = a;
     while at < b {
@@ -592,6 +594,7 @@ fn write_zeros(f: &File, a: u64, b: u64) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use roamdisk_blockdev::vfs::Os;
 
     fn log_with(records: &[Record], capacity: u64) -> Vec<u8> {
         let mut b = vec![0u8; capacity as usize];
@@ -711,13 +714,13 @@ mod tests {
     #[test]
     fn a_file_log_appends_restarts_grows_and_replays() {
         let (_d, p) = roamdisk_blockdev::testkit::scratch("wal");
-        WalFile::create(&p, MIN_CAPACITY).unwrap();
-        let (r, f) = WalFile::read(&p, 1 << 20, true).unwrap().unwrap();
+        WalFile::create(&Os, &p, MIN_CAPACITY).unwrap();
+        let (r, f) = WalFile::read(&Os, &p, 1 << 20, true).unwrap().unwrap();
         assert!(r.records.is_empty());
         let mut w = WalFile::after_replay(&p, &r, f).unwrap();
         assert!(w.append(rec(0, 0, 9)).unwrap());
         assert!(w.append(rec(0, 100, 8)).unwrap());
-        let (r, _) = WalFile::read(&p, 1 << 20, false).unwrap().unwrap();
+        let (r, _) = WalFile::read(&Os, &p, 1 << 20, false).unwrap().unwrap();
         assert_eq!(r.records.len(), 2);
         assert_eq!(r.records[1].data, vec![8; 1024]);
         // Too big for what is left: refused, nothing written.
@@ -733,7 +736,7 @@ mod tests {
         assert!(!w.append(big.clone()).unwrap());
         w.restart(true).unwrap();
         assert!(w.append(big).unwrap());
-        let (r, _) = WalFile::read(&p, 1 << 20, false).unwrap().unwrap();
+        let (r, _) = WalFile::read(&Os, &p, 1 << 20, false).unwrap().unwrap();
         assert_eq!(r.head.capacity, 2 * MIN_CAPACITY);
         assert_eq!(r.records.len(), 1);
         assert_eq!(std::fs::metadata(&p).unwrap().len(), 2 * MIN_CAPACITY);
