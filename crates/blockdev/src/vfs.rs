@@ -31,7 +31,10 @@ pub trait Vfs: Send + Sync {
 }
 
 /// An open file of a [`Vfs`].
-#[allow(clippy::len_without_is_empty, reason = "a file's length, as File::metadata().len()")]
+#[allow(
+    clippy::len_without_is_empty,
+    reason = "a file's length, as File::metadata().len()"
+)]
 pub trait VFile: Send + Sync {
     /// Fill `buf` from `off`; reading past the end is an error.
     fn read_exact_at(&self, buf: &mut [u8], off: u64) -> io::Result<()>;

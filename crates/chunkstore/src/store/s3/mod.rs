@@ -45,6 +45,8 @@ pub mod location;
 mod objects;
 mod pack_writer;
 mod packs;
+#[cfg(test)]
+mod power;
 pub mod refs;
 mod store;
 mod table;
