@@ -387,9 +387,19 @@ pub async fn accept(a: &TlsAcceptor, s: BoxStream) -> std::io::Result<(BoxStream
                 .as_ref()
                 .is_some_and(|(_, keys)| keys.read().contains_key(id.as_bytes()))
         };
+        // The connection ending mid-handshake (a reset, an EOF) says
+        // nothing of the key.
+        let cut = e.io_error().is_some()
+            || matches!(
+                e.code(),
+                openssl::ssl::ErrorCode::SYSCALL | openssl::ssl::ErrorCode::ZERO_RETURN
+            );
         let why = match claimed {
             Some(id) if !known(&id) => format!(
                 "TLS handshake failed: unknown PSK identity '{id}' (no key for it in the PSK file)"
+            ),
+            Some(id) if cut => format!(
+                "TLS handshake with PSK identity '{id}' cut short: the connection ended ({e})"
             ),
             Some(id) => format!(
                 "TLS handshake failed (PSK identity '{id}': the client's key is not the one in the PSK file, or {e})"
