@@ -80,9 +80,17 @@ def junk(d):
     files = {"junk.bin": noise, "empty": b"", "junk.key": b"hello\n", "jo.img": noise,
              "jo.img.cowmap": noise[:4096], "jl.lbsd": noise, "jl.lbsm": noise[:8192],
              "el.lbsd": b"", "el.lbsm": b"", "junk.toml": b"[[[ this is = not toml\n\x00\xff",
-             "types.toml": b'format = 7\nversion = "one"\nsocket = [1, 2]\n[[export]]\nname = 5\n'}
+             "types.toml": b'format = 7\nversion = "one"\nsocket = [1, 2]\n[[export]]\nname = 5\n',
+             "token.txt": b"0123456789abcdef0123456789abcdef\n"}
+    server = ('format = "roamdisk-server"\nversion = 1\nstate = "st"\nsocket = "s.sock"\n{}\n'
+              '[[image]]\nname = "d"\nstack = "mem:1M"\n')
+    files["metrics-net.toml"] = server.format('metrics = "0.0.0.0:9477"').encode()
+    files["metrics-token.toml"] = server.format(
+        'metrics = "127.0.0.1:0"\nmetrics-token-file = "token.txt"').encode()
+    files["metrics-unix.toml"] = server.format('metrics = "unix:"').encode()
     for n, b in files.items():
         open(os.path.join(d, n), "wb").write(b)
+    os.chmod(os.path.join(d, "token.txt"), 0o644)
     os.makedirs(os.path.join(d, "badstore"))
     open(os.path.join(d, "badstore/store.toml"), "wb").write(b"magic = 3\n\xff\xfe")
     os.makedirs(os.path.join(d, "badcache"))

@@ -484,6 +484,21 @@ const CASES: &[Case] = &[
         &[],
     ),
     case(
+        "server metrics on a network address without a token or TLS",
+        &["server", "{DIR}/metrics-net.toml"],
+        &[],
+    ),
+    case(
+        "server metrics token file readable by every user",
+        &["server", "{DIR}/metrics-token.toml"],
+        &[],
+    ),
+    case(
+        "server metrics on unix: without a path",
+        &["server", "{DIR}/metrics-unix.toml"],
+        &[],
+    ),
+    case(
         "store serve on a bad address",
         &["store", "serve", "{DIR}/store", "--listen", "nowhere"],
         &[],
@@ -691,6 +706,27 @@ fn junk(dir: &Path) {
     w(
         "types.toml",
         b"format = 7\nversion = \"one\"\nsocket = [1, 2]\n[[export]]\nname = 5\n",
+    );
+    let server = |metrics: &str| {
+        format!("format = \"roamdisk-server\"\nversion = 1\nstate = \"st\"\nsocket = \"s.sock\"\n{metrics}\n[[image]]\nname = \"d\"\nstack = \"mem:1M\"\n")
+    };
+    w(
+        "metrics-net.toml",
+        server("metrics = \"0.0.0.0:9477\"").as_bytes(),
+    );
+    w(
+        "metrics-token.toml",
+        server("metrics = \"127.0.0.1:0\"\nmetrics-token-file = \"token.txt\"").as_bytes(),
+    );
+    w("token.txt", b"0123456789abcdef0123456789abcdef\n");
+    std::fs::set_permissions(
+        dir.join("token.txt"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    w(
+        "metrics-unix.toml",
+        server("metrics = \"unix:\"").as_bytes(),
     );
     std::fs::create_dir(dir.join("badstore")).unwrap();
     std::fs::write(dir.join("badstore/store.toml"), b"magic = 3\n\xff\xfe").unwrap();
