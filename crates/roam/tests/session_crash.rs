@@ -20,45 +20,19 @@
     reason = "a test reads its seed count from the environment"
 )]
 
-use std::collections::HashMap;
-use std::sync::{Arc, LazyLock};
+mod crash_cache;
 
-use parking_lot::Mutex;
-use roamdisk_blockdev::layers::mem::MemDev;
-use roamdisk_blockdev::spec::{LayerKind, OpenCtx};
+use std::sync::Arc;
+
+use crash_cache::{registry, session_over, CACHES};
 use roamdisk_blockdev::testkit::{Countdown, CrashDev, Rng};
-use roamdisk_blockdev::{BlockDev, Registry, WriteFlags, ZeroFlags};
-use roamdisk_chunkstore::commit::{commit_image, CommitOptions, Source};
+use roamdisk_blockdev::{BlockDev, WriteFlags, ZeroFlags};
 use roamdisk_chunkstore::store::{self, StoreConfig};
-use roamdisk_chunkstore::{ChunkId, NoProgress};
 use roamdisk_roam::session::dev::{CasDev, SessionOpen};
-use roamdisk_roam::session::{self, wal, SessionConfig};
+use roamdisk_roam::session::wal;
 
 const SIZE: u64 = 4 << 20;
 const SECTORS: u64 = SIZE / 512;
-
-/// The private caches of the test's sessions, by path.
-static CACHES: LazyLock<Mutex<HashMap<String, Arc<CrashDev>>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
-
-/// `crashcache:PATH`: the `CrashDev` registered under PATH.
-static CRASH_CACHE: LayerKind = LayerKind {
-    name: "crashcache",
-    summary: "test: a private cache that can lose its unsynced writes",
-    args: &["path"],
-    open: |ctx: &OpenCtx<'_>, _next| {
-        let p = ctx.get("crashcache", "path")?;
-        let dev = CACHES.lock().get(p).cloned().expect("registered cache");
-        Ok(dev as Arc<dyn BlockDev>)
-    },
-    ..LayerKind::BOTTOM
-};
-
-fn registry() -> Registry {
-    let mut r = Registry::with_builtin();
-    r.add(&CRASH_CACHE);
-    r
-}
 
 fn base_bytes() -> Vec<u8> {
     (0..SIZE as u32)
@@ -172,24 +146,7 @@ fn run_seed(seed: u64, crashes: usize) -> usize {
     )
     .unwrap();
     let base = base_bytes();
-    let disk = MemDev::new(SIZE);
-    disk.write_at(&base, 0, WriteFlags::default()).unwrap();
-    let s = commit_image(
-        &*st,
-        Source::Dev(&disk),
-        &CommitOptions {
-            target: "golden/base".into(),
-            ..Default::default()
-        },
-        &NoProgress,
-    )
-    .unwrap();
-    let v1 = ChunkId::from_hex(&s.version).unwrap();
-    let sdir = t.path().join("sess");
-    let mut cfg = SessionConfig::new(loc.to_str().unwrap(), "alice/desk");
-    cfg.cache = "crashcache:cache".into();
-    session::create(&sdir, &cfg, v1, SIZE).unwrap();
-    let key = sdir.join("cache").display().to_string();
+    let (sdir, key) = session_over(&st, &loc, t.path(), &base);
     // Half the time the private cache's power fails at one of its next
     // 1-60 I/Os: inside a write, a flush's checkpoint, or the recovery of
     // the next open.

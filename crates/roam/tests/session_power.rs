@@ -30,23 +30,22 @@
     reason = "a test reads its seed count from the environment"
 )]
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::{Arc, LazyLock};
+mod crash_cache;
 
-use parking_lot::Mutex;
-use roamdisk_blockdev::layers::mem::MemDev;
-use roamdisk_blockdev::spec::{LayerKind, OpenCtx};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crash_cache::{registry, session_over, CACHES};
 use roamdisk_blockdev::testkit::simfs::SimFs;
 use roamdisk_blockdev::testkit::{Countdown, CrashDev, Rng};
 use roamdisk_blockdev::{BlockDev, Registry, WriteFlags, ZeroFlags};
-use roamdisk_chunkstore::commit::{commit_image, CommitOptions, Source};
+use roamdisk_chunkstore::commit::CommitOptions;
 use roamdisk_chunkstore::store::mem::MemStore;
 use roamdisk_chunkstore::store::{DynStore, StoreConfig};
-use roamdisk_chunkstore::{ChunkId, NoProgress};
+use roamdisk_chunkstore::NoProgress;
 use roamdisk_roam::session::dev::{CasDev, Files, SessionOpen};
 use roamdisk_roam::session::update::{commit_session, UpdateOptions};
-use roamdisk_roam::session::{self, wal, SessionConfig};
+use roamdisk_roam::session::wal;
 use roamdisk_roam::view::AheadTarget;
 
 const SIZE: u64 = 256 << 10;
@@ -54,23 +53,6 @@ const SECTORS: u64 = SIZE / 512;
 const OPS: usize = 40;
 /// The store's default chunk size.
 const CHUNK: u64 = 64 << 10;
-
-/// The private caches of the test's sessions, by path.
-static CACHES: LazyLock<Mutex<HashMap<String, Arc<CrashDev>>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
-
-/// `crashcache:PATH`: the `CrashDev` registered under PATH.
-static CRASH_CACHE: LayerKind = LayerKind {
-    name: "crashcache",
-    summary: "test: a private cache that can lose its unsynced writes",
-    args: &["path"],
-    open: |ctx: &OpenCtx<'_>, _next| {
-        let p = ctx.get("crashcache", "path")?;
-        let dev = CACHES.lock().get(p).cloned().expect("registered cache");
-        Ok(dev as Arc<dyn BlockDev>)
-    },
-    ..LayerKind::BOTTOM
-};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -232,27 +214,9 @@ fn setup(seed: u64) -> Setup {
     // commit to it should cost no fsync.
     let st: DynStore = Arc::new(MemStore::new(StoreConfig::default()));
     let base = Rng::new(seed ^ 0xba5e).bytes(SIZE as usize);
-    let disk = MemDev::new(SIZE);
-    disk.write_at(&base, 0, WriteFlags::default()).unwrap();
-    let s = commit_image(
-        &*st,
-        Source::Dev(&disk),
-        &CommitOptions {
-            target: "golden/base".into(),
-            ..Default::default()
-        },
-        &NoProgress,
-    )
-    .unwrap();
-    let v1 = ChunkId::from_hex(&s.version).unwrap();
-    let sdir = t.path().join("sess");
-    let mut cfg = SessionConfig::new(loc.to_str().unwrap(), "alice/desk");
-    cfg.cache = "crashcache:cache".into();
-    session::create(&sdir, &cfg, v1, SIZE).unwrap();
+    let (sdir, key) = session_over(&st, &loc, t.path(), &base);
     let states = std::fs::read(sdir.join("states")).unwrap();
-    let key = sdir.join("cache").display().to_string();
-    let mut reg = Registry::with_builtin();
-    reg.add(&CRASH_CACHE);
+    let reg = registry();
     Setup {
         _t: t,
         store: st,
