@@ -245,7 +245,7 @@ fn parse_record(b: &[u8], head: &Head, seq: u64, sectors: u64) -> Found {
         .checked_mul(ENTRY_SIZE as u64)
         .and_then(|x| x.checked_add(RECORD_HEADER as u64))
         .and_then(|x| x.checked_add(data))
-        .map(|x| x.div_ceil(ALIGN) * ALIGN);
+        .and_then(|x| x.div_ceil(ALIGN).checked_mul(ALIGN));
     if want != Some(len) || len > b.len() as u64 {
         return Found::End;
     }
@@ -634,6 +634,25 @@ mod tests {
             extents: vec![Extent { start, count: 2 }],
             data: vec![fill; 1024],
         }
+    }
+
+    #[test]
+    fn a_data_length_that_overflows_when_aligned_ends_the_log() {
+        // Found by the fuzzer (cas_session_wal): a length field near 2^64
+        // overflowed the rounding to whole sectors.
+        let head = Head {
+            generation: 1,
+            capacity: MIN_CAPACITY,
+            id: 7,
+        };
+        let mut b = vec![0u8; RECORD_HEADER];
+        b[R_MAGIC..R_GENERATION].copy_from_slice(&RECORD_MAGIC);
+        put_u64(&mut b, R_GENERATION, 1);
+        put_u64(&mut b, R_SEQ, 1);
+        put_u64(&mut b, R_LOG_ID, 7);
+        put_u64(&mut b, R_DATA, u64::MAX - RECORD_HEADER as u64);
+        put_u64(&mut b, R_LEN, 0);
+        assert!(matches!(parse_record(&b, &head, 1, 1 << 20), Found::End));
     }
 
     #[test]
