@@ -24,7 +24,7 @@ mod crash_cache;
 
 use std::sync::Arc;
 
-use crash_cache::{registry, session_over, CACHES};
+use crash_cache::{registry, session_over, Model, CACHES};
 use roamdisk_blockdev::testkit::{Countdown, CrashDev, Rng};
 use roamdisk_blockdev::{BlockDev, WriteFlags, ZeroFlags};
 use roamdisk_chunkstore::store::{self, StoreConfig};
@@ -38,62 +38,6 @@ fn base_bytes() -> Vec<u8> {
     (0..SIZE as u32)
         .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)
         .collect()
-}
-
-fn sector_sum(b: &[u8]) -> u32 {
-    crc32c::crc32c(b)
-}
-
-/// What each sector may read as after a power cut.
-struct Model {
-    /// The value of the last acknowledged flush.
-    durable: Vec<u32>,
-    /// Values written since.
-    since: Vec<Vec<u32>>,
-    /// The value now (what a read returns before a crash).
-    now: Vec<u8>,
-}
-
-impl Model {
-    fn new(base: &[u8]) -> Model {
-        Model {
-            durable: base.chunks(512).map(sector_sum).collect(),
-            since: vec![Vec::new(); SECTORS as usize],
-            now: base.to_vec(),
-        }
-    }
-
-    fn write(&mut self, off: u64, data: &[u8]) {
-        self.now[off as usize..off as usize + data.len()].copy_from_slice(data);
-        for s in off / 512..(off + data.len() as u64).div_ceil(512) {
-            let v = sector_sum(&self.now[s as usize * 512..(s as usize + 1) * 512]);
-            self.since[s as usize].push(v);
-        }
-    }
-
-    fn flushed(&mut self) {
-        for (s, d) in self.durable.iter_mut().enumerate() {
-            *d = sector_sum(&self.now[s * 512..(s + 1) * 512]);
-            self.since[s].clear();
-        }
-    }
-
-    /// Check a whole disk read after the crash; then it is the new state
-    /// (the open checkpointed it).
-    fn check(&mut self, got: &[u8], what: &str) {
-        for s in 0..SECTORS as usize {
-            let v = sector_sum(&got[s * 512..(s + 1) * 512]);
-            assert!(
-                v == self.durable[s] || self.since[s].contains(&v),
-                "{what}: sector {s} reads a value that was neither flushed last nor written since"
-            );
-        }
-    }
-
-    fn reset_to(&mut self, got: &[u8]) {
-        self.now = got.to_vec();
-        self.flushed();
-    }
 }
 
 fn read_all(d: &CasDev) -> Vec<u8> {

@@ -35,7 +35,7 @@ mod crash_cache;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crash_cache::{registry, session_over, CACHES};
+use crash_cache::{registry, session_over, Model, CACHES};
 use roamdisk_blockdev::testkit::simfs::SimFs;
 use roamdisk_blockdev::testkit::{Countdown, CrashDev, Rng};
 use roamdisk_blockdev::{BlockDev, Registry, WriteFlags, ZeroFlags};
@@ -149,46 +149,6 @@ fn bytes_of(seed: u64, len: usize) -> Vec<u8> {
     }
 }
 
-/// Per sector: what it reads now, and every content a reboot may find.
-struct Model {
-    now: Vec<u8>,
-    allowed: Vec<Vec<u32>>,
-}
-
-fn sum(b: &[u8]) -> u32 {
-    crc32c::crc32c(b)
-}
-
-impl Model {
-    fn new(base: &[u8]) -> Model {
-        Model {
-            now: base.to_vec(),
-            allowed: base.chunks(512).map(|c| vec![sum(c)]).collect(),
-        }
-    }
-    fn write(&mut self, off: u64, data: &[u8]) {
-        self.now[off as usize..off as usize + data.len()].copy_from_slice(data);
-        for s in off / 512..(off + data.len() as u64).div_ceil(512) {
-            let v = sum(&self.now[s as usize * 512..(s as usize + 1) * 512]);
-            self.allowed[s as usize].push(v);
-        }
-    }
-    fn flushed(&mut self) {
-        for (s, a) in self.allowed.iter_mut().enumerate() {
-            *a = vec![sum(&self.now[s * 512..(s + 1) * 512])];
-        }
-    }
-    fn check(&self, got: &[u8], what: &str) {
-        for s in 0..SECTORS as usize {
-            let v = sum(&got[s * 512..(s + 1) * 512]);
-            assert!(
-                self.allowed[s].contains(&v),
-                "{what}: sector {s} reads a value that was neither flushed last nor written since"
-            );
-        }
-    }
-}
-
 fn read_all(d: &dyn BlockDev) -> Vec<u8> {
     let mut v = vec![0u8; SIZE as usize];
     d.read_at(&mut v, 0).unwrap();
@@ -277,11 +237,7 @@ impl Setup {
                     if fua && r.is_ok() {
                         // FUA makes this write durable (the session flushes
                         // all to do it; the model asks only for this one).
-                        let (a, b) = (off / 512, (off + len as u64).div_ceil(512));
-                        for s in a..b {
-                            let v = sum(&m.now[s as usize * 512..(s as usize + 1) * 512]);
-                            m.allowed[s as usize] = vec![v];
-                        }
+                        m.durable(off / 512, (off + len as u64).div_ceil(512));
                     }
                     r
                 }

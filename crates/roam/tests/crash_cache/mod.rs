@@ -1,6 +1,9 @@
 //! What the session crash tests share: `crashcache:PATH`, a private cache
 //! that is a `CrashDev` registered under PATH (so a test decides what its
-//! unsynced writes become), and a session over a base version.
+//! unsynced writes become), a session over a base version, and the model
+//! of what a power cut may leave.
+
+#![allow(dead_code, reason = "each test binary uses part of it")]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -64,4 +67,63 @@ pub fn session_over(store: &DynStore, loc: &Path, dir: &Path, base: &[u8]) -> (P
     session::create(&sdir, &cfg, v1, size).unwrap();
     let key = sdir.join("cache").display().to_string();
     (sdir, key)
+}
+
+/// What each 512-byte sector of a disk may read as after a power cut: its
+/// value at the last acknowledged flush or one written since (CRC-32C sums).
+pub struct Model {
+    /// The disk now (what a read returns before a crash).
+    pub now: Vec<u8>,
+    allowed: Vec<Vec<u32>>,
+}
+
+fn sum(b: &[u8]) -> u32 {
+    crc32c::crc32c(b)
+}
+
+impl Model {
+    pub fn new(base: &[u8]) -> Model {
+        Model {
+            now: base.to_vec(),
+            allowed: base.chunks(512).map(|c| vec![sum(c)]).collect(),
+        }
+    }
+
+    /// `data` written at `off`.
+    pub fn write(&mut self, off: u64, data: &[u8]) {
+        self.now[off as usize..off as usize + data.len()].copy_from_slice(data);
+        for s in off / 512..(off + data.len() as u64).div_ceil(512) {
+            let v = sum(&self.now[s as usize * 512..(s as usize + 1) * 512]);
+            self.allowed[s as usize].push(v);
+        }
+    }
+
+    /// Sectors `[a, b)` durable as they read now (a FUA write).
+    pub fn durable(&mut self, a: u64, b: u64) {
+        for s in a as usize..b as usize {
+            self.allowed[s] = vec![sum(&self.now[s * 512..(s + 1) * 512])];
+        }
+    }
+
+    /// A flush was acknowledged: every sector durable as it reads now.
+    pub fn flushed(&mut self) {
+        self.durable(0, self.allowed.len() as u64);
+    }
+
+    /// Check a whole disk read after a crash.
+    pub fn check(&self, got: &[u8], what: &str) {
+        for (s, allowed) in self.allowed.iter().enumerate() {
+            let v = sum(&got[s * 512..(s + 1) * 512]);
+            assert!(
+                allowed.contains(&v),
+                "{what}: sector {s} reads a value that was neither flushed last nor written since"
+            );
+        }
+    }
+
+    /// The disk as read after a recovery, its new durable state.
+    pub fn reset_to(&mut self, got: &[u8]) {
+        self.now = got.to_vec();
+        self.flushed();
+    }
 }
