@@ -132,6 +132,11 @@ pub fn hoard(
             progress.advance(batch.iter().map(|c| c.len as u64).sum());
         }
     }
+    if !check_only {
+        // What it reports as here must outlive a power cut: "the network
+        // may go".
+        cache.persist()?;
+    }
     let now: HashMap<ChunkId, u32> = cache.snapshot()?.resident;
     for c in &all {
         if let Some(&n) = now.get(&c.id) {

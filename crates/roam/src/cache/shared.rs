@@ -325,6 +325,18 @@ impl SharedCache {
         self.inner.flush_touches()
     }
 
+    /// [`SharedCache::sync`], then make what the cache holds survive a
+    /// power cut: every chunk file under its name and every journal record
+    /// (one `syncfs` of the cache's file system). A hoard calls it before
+    /// it says the network may go.
+    pub fn persist(&self) -> Result<()> {
+        self.sync()?;
+        let dir = self.dir();
+        std::fs::File::open(dir)
+            .and_then(|d| rustix::fs::syncfs(&d).map_err(std::io::Error::from))
+            .map_err(|e| io(Op::Flush, e, dir))
+    }
+
     /// Wait until every chunk handed to [`SharedCache::insert`] is stored
     /// or refused.
     pub fn drain(&self) {
