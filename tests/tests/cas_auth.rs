@@ -357,6 +357,17 @@ fn alice_reads_and_writes_bobs_catalogs_only_as_shared() {
     assert_eq!(list, "alice/vm\nbob/vm");
     let no_write = "user alice may not write catalog bob/vm";
     net.fails_as("alice", &commit_two, &[no_write]);
+    // Labelled as the write it was (a PUT), not as a read.
+    net.fails_as(
+        "alice",
+        &["rm", "bob/vm", "--all"],
+        &[no_write, "cas: write: chunk server"],
+    );
+    net.fails_as(
+        "alice",
+        &["gc"],
+        &["needs an admin", "cas: write: chunk server"],
+    );
     net.assert_logged(&[
         "user=alice",
         "method=PUT",

@@ -99,6 +99,17 @@ fn unreachable(e: &ureq::Error) -> bool {
 struct Answer {
     status: u16,
     body: Vec<u8>,
+    /// What the request did: read (GET, HEAD) or write (the rest), for
+    /// the error's label.
+    op: Op,
+}
+
+/// The operation an HTTP method performs on the store.
+fn op_of(method: &str) -> Op {
+    match method {
+        "GET" | "HEAD" => Op::Read,
+        _ => Op::Write,
+    }
 }
 
 fn kind_of(status: u16) -> ErrorKind {
@@ -299,7 +310,11 @@ impl HttpStore {
                         last = format!("HTTP {status}: {}", String::from_utf8_lossy(&body));
                         continue;
                     }
-                    return Ok(Answer { status, body });
+                    return Ok(Answer {
+                        status,
+                        body,
+                        op: op_of(method),
+                    });
                 }
                 // A certificate the client does not trust is not a network
                 // hiccup: no retry, and say what to do.
@@ -330,7 +345,7 @@ impl HttpStore {
         }
         Err(err(
             ErrorKind::Io,
-            Op::Read,
+            op_of(method),
             format!(
                 "chunk server {} did not answer {method} {path} after {ATTEMPTS} attempts: {last}",
                 self.base
@@ -373,7 +388,7 @@ impl HttpStore {
     fn down_error(&self, d: &Down, method: &str, path: &str) -> roamdisk_blockdev::Error {
         err(
             ErrorKind::Io,
-            Op::Read,
+            op_of(method),
             format!(
                 "chunk server {} cannot be reached ({}, for {:.0} s), so {method} {path} failed: only chunks on this host or on lookaside media can be read until it is back; start `roamdisk store serve` or restore the network (fetching resumes by itself), or hoard what you need offline beforehand with `roamdisk hoard`",
                 self.base,
@@ -405,7 +420,7 @@ impl HttpStore {
                 said.trim()
             ),
         };
-        Err(err(kind_of(a.status), Op::Read, msg))
+        Err(err(kind_of(a.status), a.op, msg))
     }
 
     fn text(a: &Answer) -> String {
