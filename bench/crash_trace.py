@@ -510,29 +510,24 @@ class CrashStates:
                 pending_names.append(j)
                 pending_all.append(j)
             elif op.kind == "syncfs":
-                keep = []
-                for i in pending_all:
-                    if i < op.start:
-                        self.dur_at[i] = min(self.dur_at[i], j)
-                    else:
-                        keep.append(i)
-                pending_all = keep
+                pending_all = self._cover(pending_all, op.start, j)
             elif op.kind == "sync":
-                lst = pending_data.get(op.ino, [])
-                pending_data[op.ino] = [i for i in lst if i >= op.start]
-                for i in lst:
-                    if i < op.start:
-                        self.dur_at[i] = min(self.dur_at[i], j)
+                pending_data[op.ino] = self._cover(pending_data.get(op.ino, []), op.start, j)
                 if m.inodes[op.ino].is_dir:
-                    keep = []
-                    for i in pending_names:
-                        if i < op.start:
-                            self.dur_at[i] = min(self.dur_at[i], j)
-                        else:
-                            keep.append(i)
-                    pending_names = keep
+                    pending_names = self._cover(pending_names, op.start, j)
         # a name kept makes every earlier name kept (one ordered journal)
         self.name_idx = [i for i, op in enumerate(ops) if op.kind == "name"]
+
+    def _cover(self, pending: list[int], start: int, j: int) -> list[int]:
+        """Mark the ops of `pending` that returned before `start` durable
+        once sync `j` returns; the rest stay pending."""
+        keep = []
+        for i in pending:
+            if i < start:
+                self.dur_at[i] = min(self.dur_at[i], j)
+            else:
+                keep.append(i)
+        return keep
 
     def points(self) -> list[int]:
         """Every point worth a cut: after each operation (and before the
