@@ -32,6 +32,7 @@ import os
 import random
 import re
 import shutil
+import time
 from dataclasses import dataclass, field
 
 STRACE_CALLS = (
@@ -640,8 +641,9 @@ def state_key(names, data, isdir) -> str:
     return h.hexdigest()
 
 
-def materialize(root: str, names, data, isdir):
-    """Write the tree at `root` (removed first)."""
+def materialize(root: str, names, data, isdir, age: float = 0):
+    """Write the tree at `root` (removed first); with `age`, every file
+    and folder modified `age` seconds ago."""
     if os.path.lexists(root):
         shutil.rmtree(root)
     first: dict[int, str] = {}
@@ -658,3 +660,9 @@ def materialize(root: str, names, data, isdir):
             with open(p, "wb") as f:
                 f.write(data.get(ino, b""))
             first[ino] = p
+    if age:
+        t = time.time() - age
+        for p in sorted(first.values()) + sorted(
+            (p for p, i in names.items() if isdir[i] and os.path.isdir(p)), reverse=True
+        ):
+            os.utime(p, (t, t))
