@@ -58,9 +58,26 @@ pub fn is_remote(location: &str) -> bool {
     is_url(location) || s3::is_s3(location)
 }
 
+/// The scheme of a location written as a URL that no store speaks
+/// (`gopher://x`, `file:///srv/store`), which would otherwise be taken as
+/// a folder named `gopher:`.
+fn unknown_scheme(location: &str) -> Option<&str> {
+    let (scheme, _) = location.split_once("://")?;
+    let url_like = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c));
+    (url_like && !is_remote(location)).then_some(scheme)
+}
+
 /// Open a store from a location: a directory path, an `http://` or
 /// `https://` URL of a `roamdisk store serve`, or `s3://BUCKET/PREFIX`.
 pub fn open(location: &str, opts: &OpenOptions) -> Result<DynStore> {
+    if let Some(scheme) = unknown_scheme(location) {
+        return Err(crate::error::bad_arg(format!(
+            "{location}: a store is a folder, an http:// or https:// chunk server, or s3://BUCKET/PREFIX, not {scheme}:// (for a folder of that name, write ./{location})"
+        )));
+    }
     let store: DynStore = if s3::is_s3(location) {
         Arc::new(s3::S3Store::open(location, &opts.s3)?)
     } else if is_url(location) {
@@ -74,5 +91,35 @@ pub fn open(location: &str, opts: &OpenOptions) -> Result<DynStore> {
             Ok(Arc::new(quota::QuotaStore::new(store, q)?) as DynStore)
         }
         _ => Ok(store),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_location_of_an_unknown_scheme_is_refused_not_taken_as_a_folder() {
+        assert_eq!(unknown_scheme("gopher://x"), Some("gopher"));
+        assert_eq!(unknown_scheme("file:///srv/store"), Some("file"));
+        for ok in [
+            "/srv/store",
+            "./gopher://x",
+            "store",
+            "http://127.0.0.1:8700",
+            "https://h",
+            "s3://bucket/p",
+            "a b://c",
+        ] {
+            assert_eq!(unknown_scheme(ok), None, "{ok}");
+        }
+        let e = open("gopher://x", &OpenOptions::default())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            e.contains("not gopher://") && e.contains("./gopher://x"),
+            "{e}"
+        );
     }
 }
