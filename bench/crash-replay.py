@@ -199,7 +199,7 @@ class StoreWorkload(Workload):
                         if line.startswith("committed "):
                             self.ids[i] = line.split()[1].split("@")[1]
 
-    def check(self, n, acked, started):
+    def check(self, n, acked, started, after_gc=False):
         """Errors (strings) found in the tree at the store's path."""
         errs = []
         s = self.store
@@ -215,7 +215,8 @@ class StoreWorkload(Workload):
         v = json.loads(p.stdout)
         if v["bad"] or v["missing"]:
             errs.append(f"store verify: bad {v['bad'][:3]} missing {v['missing'][:3]}")
-        known = set(self.images.values())
+        # the image each version must read as (every commit's id, from its output)
+        expect = {vid: self.images[self.steps[i][1]["img"]] for i, vid in self.ids.items()}
         logs = {}
         for name in ("u/a", "u/b"):
             p = self.rd("log", name, "--store", s, "--json")
@@ -250,9 +251,13 @@ class StoreWorkload(Workload):
                 p = self.rd("checkout", f"{name}@{e['version']}", "--output", out, "--store", s)
                 if p.returncode != 0:
                     errs.append(f"checkout {name}@{e['version'][:12]}: {p.stderr.strip()[-300:]}")
-                elif sha(out) not in known:
-                    errs.append(f"{name}@{e['version'][:12]} checks out as none of the images committed")
-        if n % 5 == 0 and not errs:
+                else:
+                    want = [h for vid, h in expect.items() if e["version"].startswith(vid)]
+                    if not want:
+                        errs.append(f"{name}@{e['version'][:12]} is no version a commit made")
+                    elif sha(out) != want[0]:
+                        errs.append(f"{name}@{e['version'][:12]} does not read as the image committed")
+        if n % 5 == 0 and not errs and not after_gc:
             p = self.rd("commit", f"raw:{self.work}/z.img", "--to", "u/z", "--store", s)
             if p.returncode != 0:
                 errs.append(f"a new commit after the cut failed: {p.stderr.strip()[-300:]}")
@@ -262,6 +267,8 @@ class StoreWorkload(Workload):
             p = self.rd("store", "verify", "--store", s, "--json")
             if p.returncode != 0 or json.loads(p.stdout)["bad"] or json.loads(p.stdout)["missing"]:
                 errs.append(f"store verify after commit+gc: {p.stdout[-300:]} {p.stderr[-300:]}")
+            # and every reported version, tag and rm still holds after that gc
+            errs += [f"after a gc: {e}" for e in self.check(n, acked, started, after_gc=True)]
         return errs
 
 
@@ -422,13 +429,14 @@ def run_workload(wl, args):
     with open(f"{wl.work}/workload.sh", "w") as f:
         f.write(wl.script)
     trace = f"{wl.work}/trace.txt"
+    m = ct.initial(wl.root, wl.work)  # the tree before the workload
     t0 = time.time()
     subprocess.run(
         ["strace", "-f", "-q", "-xx", "-s", "16777216", "-e", f"trace={ct.STRACE_CALLS}",
          "-o", trace, "bash", f"{wl.work}/workload.sh"],
         check=True, env=wl.env, cwd=wl.work,
     )
-    m = ct.parse(trace, wl.root, wl.work)
+    ct.parse(trace, m)
     acks = [(a.at, wl.step_of(a.argv), a.status) for a in m.acks
             if wl.step_of(a.argv) is not None]
     bad = [a for a in acks if a[2] != 0]
@@ -465,7 +473,7 @@ def run_workload(wl, args):
         res["states_built"] += 1
         acked = {s for at, s, st in acks if at <= k}
         started = {s for s, at in starts.items() if at < k}
-        key = ct.state_key(names, data, isdir) + "|" + ",".join(map(str, sorted(acked | started)))
+        key = (ct.state_key(names, data, isdir), tuple(sorted(acked)), tuple(sorted(started)))
         if key in seen:
             continue
         seen.add(key)

@@ -225,6 +225,7 @@ class Model:
         self.argv: dict[int, list[str]] = {}  # leader -> argv
         self.acks: list[Ack] = []
         self.execs: list[tuple[int, list[str]]] = []  # (ops done, argv) at each execve
+        self.first_out: dict[int, int] = {}  # process -> ops done at its first stdout write
         self.initial_data: dict[int, bytes] = {}
         self.initial_names: dict[str, int] = {}
         self.op_lines: list[int] = []  # the trace line each op returned on
@@ -311,6 +312,8 @@ class Model:
             tab[ret] = Ofd(path, ino)
             return
         ino = self.names.get(path)
+        if ino is not None and "O_EXCL" in fl and "O_CREAT" in fl:
+            raise TraceError(f"{path} was created (O_EXCL) but the model has it already")
         if ino is None:
             if "O_CREAT" not in fl:
                 raise TraceError(f"open of {path} succeeded but the model has no such file")
@@ -349,6 +352,7 @@ class Model:
         elif n == "execve":
             argv = [x.decode("utf-8", "replace") for x in a[1] if isinstance(x, bytes)]
             self.argv[self.leader.get(tid, tid)] = argv
+            self.first_out.pop(self.leader.get(tid, tid), None)
             self.execs.append((len(self.ops), argv))
         elif n == "chdir":
             self.cwd = self.resolve(tid, None, a[0])
@@ -392,6 +396,8 @@ class Model:
             ofd = tab.get(int(a[0]))
             if ofd is not None and ofd.ino is not None:
                 mode, off, ln = a[1], int(a[2]), int(a[3])
+                if "COLLAPSE_RANGE" in mode or "INSERT_RANGE" in mode:
+                    raise TraceError(f"fallocate {mode} is not modelled")
                 if "FALLOC_FL_PUNCH_HOLE" in mode or "FALLOC_FL_ZERO_RANGE" in mode:
                     self._data(ofd.ino, "punch", off, ln, "KEEP_SIZE" not in mode)
                 elif "KEEP_SIZE" not in mode:
@@ -401,6 +407,9 @@ class Model:
                 src, dst = self.resolve(tid, None, a[0]), self.resolve(tid, None, a[1])
             else:
                 src, dst = self.resolve(tid, a[0], a[1]), self.resolve(tid, a[2], a[3])
+            if n == "renameat2" and len(a) > 4 and ("EXCHANGE" in a[4] or "WHITEOUT" in a[4]):
+                if self.inside(src) or self.inside(dst):
+                    raise TraceError(f"renameat2 {a[4]} is not modelled")
             if self.inside(src) or self.inside(dst):
                 if not self.inside(src) or not self.inside(dst):
                     raise TraceError(f"rename across the root's edge: {src} -> {dst}")
@@ -467,11 +476,18 @@ def _clone_flags(c: Call) -> str:
     return ""
 
 
-def parse(trace: str, root: str, cwd: str) -> Model:
-    """The model of the tree under `root` (as it is now, before the
-    workload) after the calls in `trace`."""
+def initial(root: str, cwd: str) -> Model:
+    """A model of the tree under `root` as it is now: call it before the
+    workload runs."""
     m = Model(root, cwd)
     m.load_initial()
+    return m
+
+
+def parse(trace: str, m: Model) -> Model:
+    """`m` (from `initial`, taken before the workload) after the calls in
+    `trace`. A command counts as having reported (its `Ack`) at its first
+    write to standard output, or at its exit if it wrote nothing there."""
     for ev in read_calls(trace, only=("clone", "clone3", "fork", "vfork")):
         if ev[0] == "call" and ev[1].ret > 0:
             m.clones[ev[1].ret] = (ev[1].tid, _clone_flags(ev[1]))
@@ -479,10 +495,13 @@ def parse(trace: str, root: str, cwd: str) -> Model:
         if ev[0] == "exit":
             _, tid, status = ev
             if m.leader.get(tid, tid) == tid and tid in m.argv:
-                m.acks.append(Ack(len(m.ops), m.argv[tid], status))
+                at = m.first_out.get(tid, len(m.ops))
+                m.acks.append(Ack(min(at, len(m.ops)), m.argv[tid], status))
             continue
         c = ev[1]
         before = len(m.ops)
+        if c.name in ("write", "writev") and c.args and c.args[0] == "1" and c.ret > 0:
+            m.first_out.setdefault(m.leader.get(c.tid, c.tid), before)
         m.apply(c)
         m.op_lines.extend([c.end] * (len(m.ops) - before))
     return m
