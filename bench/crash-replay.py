@@ -454,6 +454,7 @@ def run_workload(wl, args):
     for k in cs.points():
         plan.append((k, "durable"))
         plan.append((k, "all"))
+        plan.append((k, "posix"))
         for _ in range(args.variants):
             plan.append((k, "random"))
     seen = set()
@@ -485,7 +486,7 @@ def run_workload(wl, args):
         res["states_checked"] += 1
         if errs:
             keep = f"{wl.work}/failed-{len(res['failures'])}"
-            if len(res["failures"]) < 5:
+            if len(res["failures"]) < 5 and os.path.isdir(wl.root):
                 shutil.copytree(wl.root, keep, symlinks=True)
             res["failures"].append({"point": k, "variant": variant, "acked": sorted(acked),
                                     "errors": errs, "tree": keep})

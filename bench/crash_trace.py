@@ -44,6 +44,9 @@ STRACE_CALLS = (
 )
 
 SECTOR = 512
+# the folder the root is in (outside the model): its fsync makes the root's
+# own name durable
+ROOT_PARENT = 0
 
 # ---------------------------------------------------------------- parsing
 
@@ -202,6 +205,10 @@ class Op:
     # name ops: ('create', path, ino, is_dir) ('unlink', path) ('rename', src, dst)
     # data ops: ('write', off, bytes) ('trunc', len) ('punch', off, len)
     what: tuple = ()
+    # name ops: the folder whose sync makes the new name durable, and the
+    # one whose sync makes the old name's removal durable (POSIX model)
+    adds_in: int | None = None
+    removes_in: int | None = None
 
 
 @dataclass
@@ -217,7 +224,7 @@ class Model:
         self.root = os.path.normpath(root)
         self.cwd = cwd
         self.names: dict[str, int] = {}  # path -> ino (live)
-        self.inodes: dict[int, Inode] = {}
+        self.inodes: dict[int, Inode] = {ROOT_PARENT: Inode(ROOT_PARENT, True)}
         self.next_ino = 1
         self.ops: list[Op] = []
         self.tables: dict[int, dict[int, Ofd]] = {}  # tid -> shared fd table
@@ -295,8 +302,20 @@ class Model:
         return t
 
     # -- operations
+    def _parent(self, path: str) -> int | None:
+        parent = os.path.dirname(path)
+        if parent == os.path.dirname(self.root):
+            return ROOT_PARENT
+        return self.names.get(parent)
+
     def _name(self, *what):
-        self.ops.append(Op("name", what=what))
+        if what[0] == "create":
+            add, rm = self._parent(what[1]), None
+        elif what[0] == "unlink":
+            add, rm = None, self._parent(what[1])
+        else:
+            add, rm = self._parent(what[2]), self._parent(what[1])
+        self.ops.append(Op("name", what=what, adds_in=add, removes_in=rm))
 
     def _data(self, ino, *what):
         self.ops.append(Op("data", ino=ino, what=what))
@@ -304,6 +323,9 @@ class Model:
     def _open(self, tid, path, flags: str, ret):
         tab = self.table(tid)
         fl = set(flags.split("|"))
+        if path == os.path.dirname(self.root):
+            tab[ret] = Ofd(path, ROOT_PARENT)  # its sync makes the root's name durable
+            return
         if not self.inside(path):
             tab[ret] = Ofd(path, None, 0, "O_APPEND" in fl)
             return
@@ -413,9 +435,10 @@ class Model:
             if self.inside(src) or self.inside(dst):
                 if not self.inside(src) or not self.inside(dst):
                     raise TraceError(f"rename across the root's edge: {src} -> {dst}")
-                self.names.pop(dst, None) if not self.inodes[self.names[src]].is_dir else None
+                ino = self.names[src]
+                self.names.pop(dst, None) if not self.inodes[ino].is_dir else None
                 self._rename_prefix(src, dst)
-                self._name("rename", src, dst)
+                self._name("rename", src, dst, ino)
         elif n in ("link", "linkat"):
             if n == "link":
                 src, dst, ino = self.resolve(tid, None, a[0]), self.resolve(tid, None, a[1]), None
@@ -537,17 +560,28 @@ class CrashStates:
                     pending_names = self._cover(pending_names, op.start, j)
         # a name kept makes every earlier name kept (one ordered journal)
         self.name_idx = [i for i, op in enumerate(ops) if op.kind == "name"]
+        # POSIX, each folder on its own: a new name is durable once its
+        # folder is synced, an old name's removal once its (old) folder is
+        self.add_at = [inf] * len(ops)
+        self.rm_at = [inf] * len(ops)
+        adds: dict[int, list[int]] = {}
+        rms: dict[int, list[int]] = {}
+        for j, op in enumerate(ops):
+            if op.kind == "name":
+                if op.adds_in is not None:
+                    adds.setdefault(op.adds_in, []).append(j)
+                if op.removes_in is not None:
+                    rms.setdefault(op.removes_in, []).append(j)
+            elif op.kind == "syncfs" or (op.kind == "sync" and m.inodes[op.ino].is_dir):
+                dirs = list(adds) if op.kind == "syncfs" else [op.ino]
+                for d in dirs:
+                    adds[d] = _cover_into(self.add_at, adds.get(d, []), op.start, j)
+                dirs = list(rms) if op.kind == "syncfs" else [op.ino]
+                for d in dirs:
+                    rms[d] = _cover_into(self.rm_at, rms.get(d, []), op.start, j)
 
     def _cover(self, pending: list[int], start: int, j: int) -> list[int]:
-        """Mark the ops of `pending` that returned before `start` durable
-        once sync `j` returns; the rest stay pending."""
-        keep = []
-        for i in pending:
-            if i < start:
-                self.dur_at[i] = min(self.dur_at[i], j)
-            else:
-                keep.append(i)
-        return keep
+        return _cover_into(self.dur_at, pending, start, j)
 
     def points(self) -> list[int]:
         """Every point worth a cut: after each operation (and before the
@@ -555,9 +589,13 @@ class CrashStates:
         return list(range(len(self.m.ops) + 1))
 
     def state(self, k: int, variant: str, rng: random.Random):
-        """(names, contents) after a cut when ops[:k] had returned.
+        """(names, contents, isdir) after a cut when ops[:k] had returned.
         variant: 'durable' (nothing unsynced kept), 'all' (everything
-        kept: a killed process) or 'random'."""
+        kept: a killed process), 'random' (a random prefix of the unsynced
+        name changes, each unsynced write lost, kept or torn), or 'posix'
+        (only what was synced, each folder on its own: a new name needs
+        its own folder's sync, a removal its old folder's; a rename with
+        one of the two is a link or a loss)."""
         ops = self.m.ops
         # names: the kept prefix
         last_durable = -1
@@ -567,7 +605,7 @@ class CrashStates:
             if self.dur_at[i] < k:
                 last_durable = i
         later = [i for i in self.name_idx if last_durable < i < k]
-        if variant == "all":
+        if variant in ("all", "posix"):
             cut = k
         elif variant == "durable" or not later:
             cut = last_durable + 1
@@ -584,10 +622,25 @@ class CrashStates:
                 if i >= cut:
                     continue
                 w = op.what
+                add = variant != "posix" or self.add_at[i] < k
+                rm = variant != "posix" or self.rm_at[i] < k
                 if w[0] == "create":
-                    names[w[1]] = w[2]
+                    if add:
+                        names[w[1]] = w[2]
                 elif w[0] == "unlink":
-                    names.pop(w[1], None)
+                    if rm:
+                        names.pop(w[1], None)
+                elif w[0] == "rename" and not (add and rm):
+                    src, dst = w[1], w[2]
+                    # one side only: the new name (a link) or the removal
+                    if add and src in names:
+                        for p in [p for p in names if p == src or p.startswith(src + "/")]:
+                            names[dst + p[len(src):]] = names[p]
+                    elif add:
+                        names[dst] = w[3]  # the inode, whose old name was never durable
+                    elif rm:
+                        for p in [p for p in names if p == src or p.startswith(src + "/")]:
+                            del names[p]
                 elif w[0] == "rename":
                     src, dst = w[1], w[2]
                     if src in names:
@@ -602,7 +655,7 @@ class CrashStates:
                 durable = self.dur_at[i] < k
                 mode = "apply"
                 if not durable:
-                    if variant == "durable":
+                    if variant in ("durable", "posix"):
                         continue
                     if variant == "random":
                         mode = rng.choice(("drop", "apply", "torn"))
@@ -610,6 +663,18 @@ class CrashStates:
                             continue
                 _apply_data(data.setdefault(op.ino, bytearray()), op.what, mode, rng)
         return names, data, isdir
+
+
+def _cover_into(dur: list[int], pending: list[int], start: int, j: int) -> list[int]:
+    """Mark the ops of `pending` that returned before `start` durable (in
+    `dur`) once sync `j` returns; the rest stay pending."""
+    keep = []
+    for i in pending:
+        if i < start:
+            dur[i] = min(dur[i], j)
+        else:
+            keep.append(i)
+    return keep
 
 
 def _apply_data(buf: bytearray, w: tuple, mode: str, rng: random.Random):

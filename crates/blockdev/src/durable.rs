@@ -115,6 +115,26 @@ pub fn sync_parent(path: &Path) -> std::io::Result<()> {
     Os.sync_dir(parent_of(path))
 }
 
+/// `create_dir_all`, then make the name of every folder it made durable:
+/// each new folder's parent is synced, from the top down (a folder's own
+/// name lives in its parent, which a sync of the folder does not cover).
+pub fn create_dir_all_durable(path: &Path) -> std::io::Result<()> {
+    let mut missing = Vec::new();
+    let mut p = path;
+    while !p.exists() {
+        missing.push(p);
+        match p.parent() {
+            Some(q) if !q.as_os_str().is_empty() => p = q,
+            _ => break,
+        }
+    }
+    std::fs::create_dir_all(path)?;
+    for d in missing.iter().rev() {
+        sync_parent(d)?;
+    }
+    Ok(())
+}
+
 /// Replace `path` with `bytes` crash-safely: write `PATH.tmp`, `fsync` it,
 /// rename it over `path`, `fsync` the directory.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -283,6 +303,18 @@ mod tests {
         assert_eq!(std::fs::read(&p).unwrap(), b"two");
         assert!(!tmp.exists());
         (d, p, tmp)
+    }
+
+    #[test]
+    fn create_dir_all_durable_makes_every_missing_level() {
+        let d = tempfile::tempdir().unwrap();
+        let deep = d.path().join("a/b/c");
+        create_dir_all_durable(&deep).unwrap();
+        assert!(deep.is_dir());
+        create_dir_all_durable(&deep).unwrap(); // already there: nothing to do
+        let f = d.path().join("file");
+        std::fs::write(&f, b"x").unwrap();
+        assert!(create_dir_all_durable(&f.join("under")).is_err());
     }
 
     #[test]

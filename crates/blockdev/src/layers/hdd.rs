@@ -389,16 +389,20 @@ mod tests {
         let d = HddDev::new(Arc::new(MemDev::new(1 << 20)), spec(), None);
         d.write_at(&[9u8; 4096], 8192, WriteFlags::default())
             .unwrap();
-        let t0 = Instant::now();
         let mut buf = [1u8; 4096];
         // Sequential after the write: transfer only, no 5 ms positioning.
-        d.read_at(&mut buf, 8192 + 4096).unwrap();
-        assert!(
-            t0.elapsed() < Duration::from_millis(4),
-            "{:?}",
-            t0.elapsed()
-        );
-        assert_eq!(buf, [0u8; 4096]);
+        // Each read follows the one before; the fastest of five is taken,
+        // so that a thread descheduled on a loaded machine is no failure.
+        let fastest = (1..=5)
+            .map(|i| {
+                let t0 = Instant::now();
+                d.read_at(&mut buf, 8192 + 4096 * i).unwrap();
+                assert_eq!(buf, [0u8; 4096]);
+                t0.elapsed()
+            })
+            .min()
+            .unwrap();
+        assert!(fastest < Duration::from_millis(4), "{fastest:?}");
         // Back to the write: a seek.
         let t1 = Instant::now();
         d.read_at(&mut buf, 8192).unwrap();

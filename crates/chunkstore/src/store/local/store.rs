@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use roamdisk_blockdev::durable::{sync_dir, write_then_rename};
+use roamdisk_blockdev::durable::{create_dir_all_durable, sync_dir, write_then_rename};
 use roamdisk_blockdev::{ErrorKind, Op, Result};
 
 use super::files::Naming;
@@ -146,7 +146,8 @@ impl LocalStore {
                 format!("{} already holds a chunk store", root.display()),
             ));
         }
-        fs::create_dir_all(root).map_err(|e| io(Op::Open, e, root))?;
+        // The store's own name durable too: its parent synced.
+        create_dir_all_durable(root).map_err(|e| io(Op::Open, e, root))?;
         // Fan-out folders are made when an object first needs one.
         for d in ["objects", "packs", "refs", "leases", "tmp", "trash"] {
             let p = root.join(d);
