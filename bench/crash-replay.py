@@ -127,6 +127,12 @@ class Workload:
             return int(argv[0][len("rd-step-"):])
         return None
 
+    def group_sizes(self):
+        """6-9 groups of steps: one step, or (about a third) two at once.
+        Drawn as the caller goes, so each group's own draws come between."""
+        for _ in range(self.rng.randint(6, 9)):
+            yield 2 if self.rng.random() < 0.35 else 1
+
     def new_image(self, size_mib, base=None, changes=0):
         name = f"i{len(self.images)}.img"
         self.images[name] = image(f"{self.work}/{name}", size_mib * MIB,
@@ -151,8 +157,7 @@ class StoreWorkload(Workload):
         self.group([("init", {}, f"store init {s}")])
         commits = []  # step ids of commits
         removed = set()
-        for _ in range(rng.randint(6, 9)):
-            n = 2 if rng.random() < 0.35 else 1
+        for n in self.group_sizes():
             steps = []
             for _ in range(n):
                 r = rng.random()
@@ -306,8 +311,7 @@ class CacheWorkload(Workload):
         self.lines.append(f"export ROAMDISK_SHARED_CACHE={self.root}")
         s = self.store
         hoarded = set()
-        for _ in range(rng.randint(6, 9)):
-            n = 2 if rng.random() < 0.35 else 1
+        for n in self.group_sizes():
             steps = []
             for _ in range(n):
                 r = rng.random()

@@ -39,8 +39,7 @@ STRACE_CALLS = (
     "open,openat,creat,mkdir,mkdirat,write,pwrite64,writev,pwritev,pwritev2,"
     "lseek,ftruncate,truncate,fallocate,rename,renameat,renameat2,link,linkat,"
     "unlink,unlinkat,rmdir,fsync,fdatasync,syncfs,sync,close,dup,dup2,dup3,"
-    "fcntl,clone,clone3,fork,vfork,execve,chdir,copy_file_range,sendfile,"
-    "exit_group"
+    "fcntl,clone,clone3,fork,vfork,execve,chdir,copy_file_range,sendfile"
 )
 
 SECTOR = 512
@@ -92,8 +91,6 @@ def _parse_args(s: str, i: int = 0):
                     i = j
                     continue
                 tok = (k, v)
-            elif tok.endswith("=") and i + len(tok) < n and s[m.end()] in "\"[{":
-                pass
             out.append(tok)
             i = m.end()
     return out, i
@@ -169,7 +166,7 @@ def read_calls(path: str, only: tuple[str, ...] | None = None):
                 continue
             r = RESULT.match(text)
             if not r:
-                continue  # exit_group and the like: no result
+                continue  # no result
             ret = r.group(2)
             ret = -1 if ret == "?" else int(ret, 0)
             args, _ = _parse_args(r.group(1))
@@ -202,7 +199,7 @@ class Op:
     kind: str  # 'name', 'data', 'sync', 'syncfs'
     ino: int | None = None  # data/sync target
     start: int = 0  # sync: number of ops completed when it started
-    # name ops: ('create', path, ino, is_dir) ('unlink', path) ('rename', src, dst)
+    # name ops: ('create', path, ino, is_dir) ('unlink', path) ('rename', src, dst, ino)
     # data ops: ('write', off, bytes) ('trunc', len) ('punch', off, len)
     what: tuple = ()
     # name ops: the folder whose sync makes the new name durable, and the
@@ -213,10 +210,9 @@ class Op:
 
 @dataclass
 class Ack:
-    at: int  # number of ops completed when the process ended
+    at: int  # ops completed when it reported (first stdout line, else its exit)
     argv: list[str]
     status: int
-    stdout: str | None = None
 
 
 class Model:
@@ -356,15 +352,8 @@ class Model:
         if ofd.ino is not None:
             self._data(ofd.ino, "write", off, data)
 
-    def _rename_prefix(self, src, dst):
-        moved = {}
-        for p in list(self.names):
-            if p == src or p.startswith(src + "/"):
-                moved[dst + p[len(src) :]] = self.names.pop(p)
-        self.names.update(moved)
-
     def apply(self, c: Call):
-        if c.ret < 0 and c.name not in ("exit_group",):
+        if c.ret < 0:
             return
         tid, a = c.tid, c.args
         n = c.name
@@ -436,8 +425,7 @@ class Model:
                 if not self.inside(src) or not self.inside(dst):
                     raise TraceError(f"rename across the root's edge: {src} -> {dst}")
                 ino = self.names[src]
-                self.names.pop(dst, None) if not self.inodes[ino].is_dir else None
-                self._rename_prefix(src, dst)
+                _move(self.names, src, dst, keep=False, replace=not self.inodes[ino].is_dir)
                 self._name("rename", src, dst, ino)
         elif n in ("link", "linkat"):
             if n == "link":
@@ -634,23 +622,16 @@ class CrashStates:
                     src, dst = w[1], w[2]
                     # one side only: the new name (a link) or the removal
                     if add and src in names:
-                        for p in [p for p in names if p == src or p.startswith(src + "/")]:
-                            names[dst + p[len(src):]] = names[p]
+                        _move(names, src, dst, keep=True, replace=False)
                     elif add:
                         names[dst] = w[3]  # the inode, whose old name was never durable
                     elif rm:
-                        for p in [p for p in names if p == src or p.startswith(src + "/")]:
+                        for p in _subtree(names, src):
                             del names[p]
                 elif w[0] == "rename":
                     src, dst = w[1], w[2]
                     if src in names:
-                        if not isdir[names[src]]:
-                            names.pop(dst, None)
-                        moved = {}
-                        for p in list(names):
-                            if p == src or p.startswith(src + "/"):
-                                moved[dst + p[len(src):]] = names.pop(p)
-                        names.update(moved)
+                        _move(names, src, dst, keep=False, replace=not isdir[names[src]])
             elif op.kind == "data":
                 durable = self.dur_at[i] < k
                 mode = "apply"
@@ -663,6 +644,24 @@ class CrashStates:
                             continue
                 _apply_data(data.setdefault(op.ino, bytearray()), op.what, mode, rng)
         return names, data, isdir
+
+
+def _subtree(names: dict[str, int], src: str) -> list[str]:
+    """`src` and every name under it."""
+    return [p for p in names if p == src or p.startswith(src + "/")]
+
+
+def _move(names: dict[str, int], src: str, dst: str, keep: bool, replace: bool):
+    """Give `src` and everything under it the name `dst` (a file over an
+    existing `dst` with `replace`); with `keep`, the old names stay too."""
+    if replace:
+        names.pop(dst, None)
+    old = _subtree(names, src)
+    moved = {dst + p[len(src) :]: names[p] for p in old}
+    if not keep:
+        for p in old:
+            del names[p]
+    names.update(moved)
 
 
 def _cover_into(dur: list[int], pending: list[int], start: int, j: int) -> list[int]:
