@@ -115,6 +115,13 @@ pub fn sync_parent(path: &Path) -> std::io::Result<()> {
     Os.sync_dir(parent_of(path))
 }
 
+/// `syncfs`: make everything written to the file system that holds `path`
+/// durable, in one call (cheaper than an `fsync` per file for a batch).
+pub fn sync_file_system(path: &Path) -> std::io::Result<()> {
+    let f = std::fs::File::open(path)?;
+    rustix::fs::syncfs(&f).map_err(std::io::Error::from)
+}
+
 /// `create_dir_all`, then make the name of every folder it made durable:
 /// each new folder's parent is synced, from the top down (a folder's own
 /// name lives in its parent, which a sync of the folder does not cover).

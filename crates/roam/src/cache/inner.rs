@@ -231,8 +231,7 @@ impl Inner {
                 }
             });
         }
-        let synced =
-            File::open(&tmp_dir).and_then(|d| rustix::fs::syncfs(&d).map_err(std::io::Error::from));
+        let synced = durable::sync_file_system(&tmp_dir);
         items
             .iter()
             .zip(staged)

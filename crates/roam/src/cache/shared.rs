@@ -332,9 +332,7 @@ impl SharedCache {
     pub fn persist(&self) -> Result<()> {
         self.sync()?;
         let dir = self.dir();
-        std::fs::File::open(dir)
-            .and_then(|d| rustix::fs::syncfs(&d).map_err(std::io::Error::from))
-            .map_err(|e| io(Op::Flush, e, dir))
+        durable::sync_file_system(dir).map_err(|e| io(Op::Flush, e, dir))
     }
 
     /// Wait until every chunk handed to [`SharedCache::insert`] is stored
