@@ -311,14 +311,16 @@ fn commit_disrupted(
     );
     swift.run(disrupt);
     let out = finish(child);
+    // Its whole stderr, so that a failure in CI says what the commit met.
     println!(
-        "commit with {what}: {:.1} s, {}",
+        "commit with {what}: {:.1} s, {}; it said:\n{}",
         t0.elapsed().as_secs_f64(),
         if out.status.success() {
             "succeeded"
         } else {
             "failed"
-        }
+        },
+        String::from_utf8_lossy(&out.stderr)
     );
     out
 }
