@@ -5,6 +5,7 @@
 //! Requests are counted where they arrive: `roamdisk -vv store serve` logs
 //! every request it answers and, for a batch get, how many objects it sent.
 
+#![allow(clippy::disallowed_macros, reason = "a test prints what it measured")]
 mod cas_common;
 mod common;
 
