@@ -167,6 +167,7 @@ impl S3Store {
 #[cfg(test)]
 mod tests {
     use super::super::testing::NoLongSuffix;
+    use crate::store::PutOutcome;
     use super::*;
     use crate::store::api::prelude::*;
     use std::sync::atomic::Ordering;
@@ -197,5 +198,57 @@ mod tests {
             os.refused.load(Ordering::Relaxed) > 0,
             "the suffix read was tried"
         );
+    }
+
+    /// Objects put from shared buffers (a chunk server's batch) make a
+    /// pack another client reads back byte for byte, with a copy of one
+    /// object in the same batch reported as existing; a pack mixing
+    /// copied and shared objects (a group) reads back too.
+    #[test]
+    fn a_pack_of_shared_buffers_reads_back_whole() {
+        let os = NoLongSuffix::new();
+        let loc = "s3://bucket/store";
+        let s = S3Store::init_over(os.clone(), loc).unwrap();
+        let codec = s.config().codec();
+        let objs: Vec<(ChunkId, Vec<u8>)> = (0u32..30)
+            .map(|i| {
+                let sealed = codec.seal(&i.to_le_bytes().repeat(100 + i as usize), false);
+                (sealed.id, sealed.object)
+            })
+            .collect();
+        // One request body holding every object, as the server receives it.
+        let body = bytes::Bytes::from(
+            objs.iter()
+                .flat_map(|(_, b)| b.clone())
+                .collect::<Vec<u8>>(),
+        );
+        let mut at = 0;
+        let mut shared: Vec<(ChunkId, bytes::Bytes)> = objs
+            .iter()
+            .take(20)
+            .map(|(id, b)| {
+                at += b.len();
+                (*id, body.slice(at - b.len()..at))
+            })
+            .collect();
+        shared.push(shared[3].clone());
+        let out = s.put_many_shared(&shared).unwrap();
+        assert_eq!(out.len(), 21);
+        assert!(out[..20].iter().all(|o| *o == PutOutcome::Stored));
+        assert_eq!(out[20], PutOutcome::Existed);
+        let mut g = super::super::pack_writer::S3Group::new(&s);
+        for (k, (id, b)) in objs[20..].iter().enumerate() {
+            if k % 2 == 0 {
+                g.add(id, [&b[..4], &b[4..]]);
+            } else {
+                g.add_shared(id, &bytes::Bytes::from(b.clone()));
+            }
+        }
+        s.block(g.upload()).unwrap();
+        s.sync().unwrap();
+        let other = S3Store::open_over(os.clone(), loc).unwrap();
+        for (id, b) in &objs {
+            assert_eq!(&other.get(id).unwrap(), b);
+        }
     }
 }
