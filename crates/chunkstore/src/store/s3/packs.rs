@@ -167,23 +167,38 @@ impl S3Store {
 #[cfg(test)]
 mod tests {
     use super::super::testing::NoLongSuffix;
-    use crate::store::PutOutcome;
     use super::*;
     use crate::store::api::prelude::*;
+    use crate::store::PutOutcome;
     use std::sync::atomic::Ordering;
+    use std::sync::Arc;
 
-    #[test]
-    fn a_small_packs_index_is_read_where_a_long_suffix_range_is_refused() {
+    const LOC: &str = "s3://bucket/store";
+    /// Sealed objects: (name, stored bytes).
+    type Objects = Vec<(ChunkId, Vec<u8>)>;
+
+    /// A new store at `LOC` over an in-memory S3 and `n` sealed objects
+    /// (object `i` is `i` repeated `reps(i)` times), not stored yet.
+    fn store_and_objects(
+        n: u32,
+        reps: impl Fn(u32) -> usize,
+    ) -> (Arc<NoLongSuffix>, S3Store, Objects) {
         let os = NoLongSuffix::new();
-        let loc = "s3://bucket/store";
-        let s = S3Store::init_over(os.clone(), loc).unwrap();
+        let s = S3Store::init_over(os.clone(), LOC).unwrap();
         let codec = s.config().codec();
-        let objs: Vec<(ChunkId, Vec<u8>)> = (0u32..20)
+        let objs = (0..n)
             .map(|i| {
-                let sealed = codec.seal(&i.to_le_bytes().repeat(50), false);
+                let sealed = codec.seal(&i.to_le_bytes().repeat(reps(i)), false);
                 (sealed.id, sealed.object)
             })
             .collect();
+        (os, s, objs)
+    }
+
+    #[test]
+    fn a_small_packs_index_is_read_where_a_long_suffix_range_is_refused() {
+        let (os, s, objs) = store_and_objects(20, |_| 50);
+        let loc = LOC;
         let items: Vec<(ChunkId, &[u8])> = objs.iter().map(|(id, b)| (*id, &b[..])).collect();
         s.put_many(&items).unwrap();
         s.sync().unwrap();
@@ -206,16 +221,7 @@ mod tests {
     /// copied and shared objects (a group) reads back too.
     #[test]
     fn a_pack_of_shared_buffers_reads_back_whole() {
-        let os = NoLongSuffix::new();
-        let loc = "s3://bucket/store";
-        let s = S3Store::init_over(os.clone(), loc).unwrap();
-        let codec = s.config().codec();
-        let objs: Vec<(ChunkId, Vec<u8>)> = (0u32..30)
-            .map(|i| {
-                let sealed = codec.seal(&i.to_le_bytes().repeat(100 + i as usize), false);
-                (sealed.id, sealed.object)
-            })
-            .collect();
+        let (os, s, objs) = store_and_objects(30, |i| 100 + i as usize);
         // One request body holding every object, as the server receives it.
         let body = bytes::Bytes::from(
             objs.iter()
@@ -246,7 +252,7 @@ mod tests {
         }
         s.block(g.upload()).unwrap();
         s.sync().unwrap();
-        let other = S3Store::open_over(os.clone(), loc).unwrap();
+        let other = S3Store::open_over(os.clone(), LOC).unwrap();
         for (id, b) in &objs {
             assert_eq!(&other.get(id).unwrap(), b);
         }
