@@ -188,15 +188,6 @@ pub trait ChunkWrite: ChunkRead {
         }
         joined(items, |items| self.put_many(items))
     }
-    /// [`ChunkWrite::put_many`] of objects that arrived in shared buffers
-    /// (a chunk server's batch put): a store that sends them on as they
-    /// are (an S3 store's pack) keeps the buffers instead of copying them.
-    /// Every other store, decorators included, stores them with its own
-    /// `put_many`, so a quota or a throttle still sees every byte.
-    fn put_many_shared(&self, items: &[(ChunkId, bytes::Bytes)]) -> Result<Vec<PutOutcome>> {
-        let items: Vec<(ChunkId, &[u8])> = items.iter().map(|(id, b)| (*id, &b[..])).collect();
-        self.put_many(&items)
-    }
     /// Start a group of puts: objects handed to [`PutGroup::write`] (from
     /// any thread, as they are ready) are stored by [`PutGroup::finish`]
     /// with the guarantees of `put_many` (a local store writes the group as

@@ -172,10 +172,8 @@ impl S3Store {
     /// Store `bytes` as `rel` with one PUT. Packs too: never a multipart
     /// upload, which a killed commit would leave hidden in the bucket, and
     /// which Swift stores much worse than a PUT (`cas-s3.md`, BENCHMARKS).
-    /// The body may be pieces sent back to back (a pack made of the
-    /// objects a chunk server received, without a copy).
-    pub(super) async fn put(&self, rel: &str, bytes: impl Into<PutPayload>) -> Result<()> {
-        let payload = bytes.into();
+    pub(super) async fn put(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+        let payload = PutPayload::from(bytes);
         let mut attempt = 0;
         loop {
             match self.os.put(&self.key(rel), payload.clone()).await {

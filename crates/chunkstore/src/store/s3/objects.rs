@@ -8,7 +8,6 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use roamdisk_blockdev::{ErrorKind, Op, Result};
@@ -282,51 +281,31 @@ impl ChunkRead for S3Store {
     }
 }
 
-impl S3Store {
-    /// Store `items` as packs of at most `BATCH_BYTES` each (a chunk
-    /// server's batch is one), each object entered with `add`.
-    fn put_packs<T: AsRef<[u8]>>(
-        &self,
-        items: &[(ChunkId, T)],
-        add: impl Fn(&mut S3Group<'_>, &(ChunkId, T)),
-    ) -> Result<Vec<PutOutcome>> {
-        let mut out = Vec::with_capacity(items.len());
-        let mut rest = items;
-        while !rest.is_empty() {
-            let mut g = S3Group::new(self);
-            let mut bytes = 0;
-            let mut n = 0;
-            for item in rest {
-                let len = item.1.as_ref().len();
-                if n > 0 && bytes + len > super::batch::BATCH_BYTES {
-                    break;
-                }
-                add(&mut g, item);
-                bytes += len;
-                n += 1;
-            }
-            out.extend(self.block(g.upload())?.into_iter().map(|(_, o)| o));
-            rest = &rest[n..];
-        }
-        Ok(out)
-    }
-}
-
 impl ChunkWrite for S3Store {
     fn put_many(&self, items: &[(ChunkId, &[u8])]) -> Result<Vec<PutOutcome>> {
         if items.len() == 1 {
             self.put_single(items[0].0, items[0].1)?;
             return Ok(vec![PutOutcome::Stored]);
         }
-        self.put_packs(items, |g, (id, b)| g.add(id, [b, &[]]))
-    }
-    /// As `put_many`, the pack made of the buffers themselves.
-    fn put_many_shared(&self, items: &[(ChunkId, Bytes)]) -> Result<Vec<PutOutcome>> {
-        if items.len() == 1 {
-            self.put_single(items[0].0, &items[0].1)?;
-            return Ok(vec![PutOutcome::Stored]);
+        // One pack per BATCH_BYTES (a chunk server's batch is one).
+        let mut out = Vec::with_capacity(items.len());
+        let mut rest = items;
+        while !rest.is_empty() {
+            let mut g = S3Group::new(self);
+            let mut bytes = 0;
+            let mut n = 0;
+            for (id, b) in rest {
+                if n > 0 && bytes + b.len() > super::batch::BATCH_BYTES {
+                    break;
+                }
+                g.add(id, [b, &[]]);
+                bytes += b.len();
+                n += 1;
+            }
+            out.extend(self.block(g.upload())?.into_iter().map(|(_, o)| o));
+            rest = &rest[n..];
         }
-        self.put_packs(items, |g, (id, b)| g.add_shared(id, b))
+        Ok(out)
     }
     fn put_group(&self) -> Box<dyn PutGroup + '_> {
         Box::new(SharedGroup::new(self))

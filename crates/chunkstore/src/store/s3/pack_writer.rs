@@ -2,11 +2,8 @@
 //! group; byte layout in `docs/formats/cas-pack.md`): objects are appended
 //! in memory from any thread, then the index and trailer, and the whole
 //! pack goes up in one PUT under a random name; the
-//! table learns it once it is stored. Objects a chunk server received
-//! are kept as the shared buffers they arrived in, not copied: the pack
-//! is sent as its pieces back to back.
+//! table learns it once it is stored.
 
-use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::time::SystemTime;
@@ -18,15 +15,11 @@ use super::store::S3Store;
 use crate::hash::ChunkId;
 use crate::store::api::{PutGroup, PutOutcome};
 use crate::store::pack::{self, Entry};
-use object_store::PutPayload;
 
 /// A pack being filled in memory ([`crate::store::api::ChunkWrite::put_group`]).
 pub(super) struct S3Group<'a> {
     store: &'a S3Store,
-    /// The pack's pieces so far, then `buf` (bytes copied in), `len` in all.
-    pieces: Vec<Bytes>,
     buf: Vec<u8>,
-    len: u64,
     entries: Vec<Entry>,
     seen: HashSet<ChunkId>,
     order: Vec<(ChunkId, PutOutcome)>,
@@ -35,12 +28,9 @@ pub(super) struct S3Group<'a> {
 impl<'a> S3Group<'a> {
     /// An empty pack of `store` (its header written).
     pub(super) fn new(store: &'a S3Store) -> S3Group<'a> {
-        let buf = pack::header(store.config.hash).to_vec();
         S3Group {
             store,
-            pieces: Vec::new(),
-            len: buf.len() as u64,
-            buf,
+            buf: pack::header(store.config.hash).to_vec(),
             entries: Vec::new(),
             seen: HashSet::new(),
             order: Vec::new(),
@@ -50,43 +40,19 @@ impl<'a> S3Group<'a> {
     /// Append an object as two pieces (a second copy of an object is
     /// only reported as existing).
     pub(super) fn add(&mut self, id: &ChunkId, parts: [&[u8]; 2]) {
-        let len = parts[0].len() + parts[1].len();
-        if self.enter(id, len) {
-            self.buf.extend_from_slice(parts[0]);
-            self.buf.extend_from_slice(parts[1]);
-        }
-    }
-
-    /// Append an object kept in its own shared buffer (no copy).
-    pub(super) fn add_shared(&mut self, id: &ChunkId, object: &Bytes) {
-        if self.enter(id, object.len()) {
-            self.seal_buf();
-            self.pieces.push(object.clone());
-        }
-    }
-
-    /// Record object `id` of `len` bytes at the pack's end; false (and
-    /// reported as existing) for a second copy.
-    fn enter(&mut self, id: &ChunkId, len: usize) -> bool {
         if !self.seen.insert(*id) {
             self.order.push((*id, PutOutcome::Existed));
-            return false;
+            return;
         }
+        let offset = self.buf.len() as u64;
+        self.buf.extend_from_slice(parts[0]);
+        self.buf.extend_from_slice(parts[1]);
         self.entries.push(Entry {
             id: *id,
-            offset: self.len,
-            len: len as u32,
+            offset,
+            len: (parts[0].len() + parts[1].len()) as u32,
         });
-        self.len += len as u64;
         self.order.push((*id, PutOutcome::Stored));
-        true
-    }
-
-    /// Close the copied bytes so far into a piece.
-    fn seal_buf(&mut self) {
-        if !self.buf.is_empty() {
-            self.pieces.push(Bytes::from(std::mem::take(&mut self.buf)));
-        }
     }
 
     /// Seal and upload the pack (nothing if empty); the table learns it.
@@ -95,16 +61,12 @@ impl<'a> S3Group<'a> {
             return Ok(self.order);
         }
         let header = pack::header(self.store.config.hash);
-        let tail = pack::encode_tail(&header, &mut self.entries, self.len);
+        let at = self.buf.len() as u64;
+        let tail = pack::encode_tail(&header, &mut self.entries, at);
         self.buf.extend_from_slice(&tail);
-        self.seal_buf();
         let name = format!("{}.pack", random_hex(16)?);
-        let pieces = std::mem::take(&mut self.pieces);
         self.store
-            .put(
-                &format!("packs/{name}"),
-                pieces.into_iter().collect::<PutPayload>(),
-            )
+            .put(&format!("packs/{name}"), std::mem::take(&mut self.buf))
             .await?;
         self.store
             .table

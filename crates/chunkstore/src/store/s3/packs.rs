@@ -169,36 +169,20 @@ mod tests {
     use super::super::testing::NoLongSuffix;
     use super::*;
     use crate::store::api::prelude::*;
-    use crate::store::PutOutcome;
     use std::sync::atomic::Ordering;
-    use std::sync::Arc;
-
-    const LOC: &str = "s3://bucket/store";
-    /// Sealed objects: (name, stored bytes).
-    type Objects = Vec<(ChunkId, Vec<u8>)>;
-
-    /// A new store at `LOC` over an in-memory S3 and `n` sealed objects
-    /// (object `i` is `i` repeated `reps(i)` times), not stored yet.
-    fn store_and_objects(
-        n: u32,
-        reps: impl Fn(u32) -> usize,
-    ) -> (Arc<NoLongSuffix>, S3Store, Objects) {
-        let os = NoLongSuffix::new();
-        let s = S3Store::init_over(os.clone(), LOC).unwrap();
-        let codec = s.config().codec();
-        let objs = (0..n)
-            .map(|i| {
-                let sealed = codec.seal(&i.to_le_bytes().repeat(reps(i)), false);
-                (sealed.id, sealed.object)
-            })
-            .collect();
-        (os, s, objs)
-    }
 
     #[test]
     fn a_small_packs_index_is_read_where_a_long_suffix_range_is_refused() {
-        let (os, s, objs) = store_and_objects(20, |_| 50);
-        let loc = LOC;
+        let os = NoLongSuffix::new();
+        let loc = "s3://bucket/store";
+        let s = S3Store::init_over(os.clone(), loc).unwrap();
+        let codec = s.config().codec();
+        let objs: Vec<(ChunkId, Vec<u8>)> = (0u32..20)
+            .map(|i| {
+                let sealed = codec.seal(&i.to_le_bytes().repeat(50), false);
+                (sealed.id, sealed.object)
+            })
+            .collect();
         let items: Vec<(ChunkId, &[u8])> = objs.iter().map(|(id, b)| (*id, &b[..])).collect();
         s.put_many(&items).unwrap();
         s.sync().unwrap();
@@ -213,48 +197,5 @@ mod tests {
             os.refused.load(Ordering::Relaxed) > 0,
             "the suffix read was tried"
         );
-    }
-
-    /// Objects put from shared buffers (a chunk server's batch) make a
-    /// pack another client reads back byte for byte, with a copy of one
-    /// object in the same batch reported as existing; a pack mixing
-    /// copied and shared objects (a group) reads back too.
-    #[test]
-    fn a_pack_of_shared_buffers_reads_back_whole() {
-        let (os, s, objs) = store_and_objects(30, |i| 100 + i as usize);
-        // One request body holding every object, as the server receives it.
-        let body = bytes::Bytes::from(
-            objs.iter()
-                .flat_map(|(_, b)| b.clone())
-                .collect::<Vec<u8>>(),
-        );
-        let mut at = 0;
-        let mut shared: Vec<(ChunkId, bytes::Bytes)> = objs
-            .iter()
-            .take(20)
-            .map(|(id, b)| {
-                at += b.len();
-                (*id, body.slice(at - b.len()..at))
-            })
-            .collect();
-        shared.push(shared[3].clone());
-        let out = s.put_many_shared(&shared).unwrap();
-        assert_eq!(out.len(), 21);
-        assert!(out[..20].iter().all(|o| *o == PutOutcome::Stored));
-        assert_eq!(out[20], PutOutcome::Existed);
-        let mut g = super::super::pack_writer::S3Group::new(&s);
-        for (k, (id, b)) in objs[20..].iter().enumerate() {
-            if k % 2 == 0 {
-                g.add(id, [&b[..4], &b[4..]]);
-            } else {
-                g.add_shared(id, &bytes::Bytes::from(b.clone()));
-            }
-        }
-        s.block(g.upload()).unwrap();
-        s.sync().unwrap();
-        let other = S3Store::open_over(os.clone(), LOC).unwrap();
-        for (id, b) in &objs {
-            assert_eq!(&other.get(id).unwrap(), b);
-        }
     }
 }
