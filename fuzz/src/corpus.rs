@@ -185,6 +185,7 @@ pub fn sample_version(encrypted: bool) -> Version {
         },
         index: sample_index(encrypted, false),
         working_set: Vec::new(),
+        pages: None,
     }
 }
 

@@ -175,6 +175,24 @@ fn restored_line(srv: &Server) -> String {
     }
 }
 
+/// The resume process's report line once every page of a lazy resume is
+/// in QEMU.
+fn memory_done_line(srv: &Server) -> String {
+    let t0 = Instant::now();
+    loop {
+        let out = srv.out_text();
+        if let Some(l) = out.lines().find(|l| l.contains("  memory       all ")) {
+            return l.to_string();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "no memory line from resume:\n{out}\n{}",
+            srv.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The guest's output lines PREFIX...SUFFIX, what lies between, in order.
 fn between(run: &GuestRun, prefix: &str, suffix: &str) -> Vec<String> {
     run.output
@@ -383,9 +401,12 @@ fn a_running_guest_roams_to_another_host_and_back_in_the_same_boot() {
         t0.elapsed().as_secs_f64()
     );
     assert!(line.contains("the VM is running"), "{line}");
+    assert!(line.contains("lazily"), "{line}");
+    let memory = memory_done_line(&srv);
+    println!("host B: {memory}");
     assert!(
-        line.contains("0 B fetched"),
-        "the state came from the media: {line}"
+        memory.contains("0 B fetched"),
+        "the memory came from the media: {memory}"
     );
     g.wait_output("count 120;", GUEST_TIMEOUT);
     // Back to host A: the return trip's commit goes over the fast link.

@@ -23,6 +23,7 @@ use crate::chunk::Key;
 use crate::error::{bad_arg, context, err};
 use crate::hash::ChunkId;
 use crate::index::{valid_chunk_size, Index, SECTOR};
+use crate::memimage::MemoryPages;
 use crate::repo::{read_catalog, update_catalog};
 use crate::store::{ChunkWrite, LeaseStore, RefStore};
 use crate::upload::{Prepared, UploadStats, Uploader};
@@ -50,6 +51,11 @@ pub enum MemoryImage {
     /// uploader that is still alive (its lease keeps the chunks from a
     /// gc until the version names them); `stats` is what that took.
     Uploaded { memory: Memory, stats: UploadStats },
+    /// A running VM's memory as pages, uploaded like `Uploaded`.
+    Pages {
+        pages: Box<MemoryPages>,
+        stats: UploadStats,
+    },
 }
 
 /// Options of a commit.
@@ -400,16 +406,23 @@ pub fn take_memory<S: ChunkWrite + LeaseStore + ?Sized>(
     chunk_size: u32,
     encrypted: bool,
     progress: &dyn Progress,
-) -> Result<Memory> {
+) -> Result<(Memory, Option<MemoryPages>)> {
     match image {
-        None => Ok(Memory::default()),
+        None => Ok((Memory::default(), None)),
         Some(MemoryImage::Uploaded { memory, stats }) => {
             // Under this commit's lease from now on (the uploader that
             // stored them may have been idle longer than a lease lasts).
             up.claim(&memory.ids)?;
             up.stats += *stats;
             up.memory = *stats;
-            Ok(memory.clone())
+            Ok((memory.clone(), None))
+        }
+        Some(MemoryImage::Pages { pages, stats }) => {
+            let ids: Vec<ChunkId> = pages.ids().copied().collect();
+            up.claim(&ids)?;
+            up.stats += *stats;
+            up.memory = *stats;
+            Ok((Memory::default(), Some((**pages).clone())))
         }
         Some(MemoryImage::File(path)) => {
             let f = std::fs::File::open(path).map_err(|e| {
@@ -422,7 +435,7 @@ pub fn take_memory<S: ChunkWrite + LeaseStore + ?Sized>(
             let before = up.stats;
             let m = upload_memory_stream(up, f, chunk_size, encrypted, size, progress)?;
             up.memory = up.stats - before;
-            Ok(m)
+            Ok((m, None))
         }
     }
 }
@@ -654,7 +667,7 @@ pub fn commit_image<S: ChunkWrite + RefStore + LeaseStore + ?Sized>(
         "committing",
         opts.rate_limit,
     )?;
-    let memory = take_memory(
+    let (memory, pages) = take_memory(
         &mut up,
         opts.memory.as_ref(),
         opts.chunk_size,
@@ -669,6 +682,7 @@ pub fn commit_image<S: ChunkWrite + RefStore + LeaseStore + ?Sized>(
         memory,
         index,
         working_set: Vec::new(),
+        pages,
     };
     finish_commit(store, up, &version, opts, started, None)
 }

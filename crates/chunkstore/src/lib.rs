@@ -23,6 +23,7 @@ pub mod error;
 pub mod gc;
 pub mod hash;
 pub mod index;
+pub mod memimage;
 pub mod repo;
 pub mod secret;
 pub mod store;

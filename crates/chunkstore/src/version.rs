@@ -13,6 +13,7 @@ use crate::chunk::Key;
 use crate::error::{bad_arg, corrupt, err};
 use crate::hash::{ChunkId, HashKind};
 use crate::index::Index;
+use crate::memimage::MemoryPages;
 use roamdisk_blockdev::{ErrorKind, Op, Result};
 
 pub const MAGIC: [u8; 8] = *b"RDCASVER";
@@ -20,6 +21,9 @@ pub const MAGIC: [u8; 8] = *b"RDCASVER";
 /// build); one with a working set is written as [`VERSION_WORKING_SET`].
 pub const VERSION: u32 = 1;
 pub const VERSION_WORKING_SET: u32 = 2;
+/// A version whose memory is a page image (`memimage.rs`): the body ends
+/// with a working set (count may be 0) and the image.
+pub const VERSION_PAGES: u32 = 3;
 pub const FLAG_ENCRYPTED: u32 = 1;
 
 pub const HEADER_SIZE: usize = 64;
@@ -54,6 +58,9 @@ pub struct Version {
     /// first read them (a boot's reads first), unique. Resume prefetches
     /// them in this order. Empty: none recorded.
     pub working_set: Vec<u32>,
+    /// The running VM's memory as pages (a live suspend); `memory` is then
+    /// empty.
+    pub pages: Option<MemoryPages>,
 }
 
 /// The readable header of a package.
@@ -72,8 +79,14 @@ pub struct Header {
 /// The working-set section of a format-2 body: a count and that many
 /// distinct chunk numbers, each below `records`.
 pub fn read_working_set(r: &mut Reader<'_>, records: usize) -> Result<Vec<u32>> {
+    read_working_set_of(r, records, false)
+}
+
+/// [`read_working_set`], a count of 0 allowed with `may_be_empty` (the
+/// format-3 body always has the section).
+fn read_working_set_of(r: &mut Reader<'_>, records: usize, may_be_empty: bool) -> Result<Vec<u32>> {
     let n = r.u32("working set count")? as usize;
-    if n == 0 || n > records || n.saturating_mul(4) > r.remaining() {
+    if (n == 0 && !may_be_empty) || n > records || n.saturating_mul(4) > r.remaining() {
         return Err(corrupt(format!(
             "working set of {n} chunks for a {records}-chunk disk (truncated or damaged)"
         )));
@@ -110,7 +123,7 @@ fn hex(b: &[u8]) -> String {
 impl Header {
     pub fn parse(b: &[u8]) -> Result<Header> {
         let mut r = Reader::new(b, "version package");
-        r.frame_versions(&MAGIC, VERSION..=VERSION_WORKING_SET)?;
+        r.frame_versions(&MAGIC, VERSION..=VERSION_PAGES)?;
         let flags = r.u32("flags")?;
         let hash = HashKind::from_u8(r.u8("hash")?)?;
         let reserved = r.bytes(3, "reserved")?;
@@ -161,6 +174,7 @@ impl Version {
             .ids
             .iter()
             .chain(self.memory.ids.iter())
+            .chain(self.pages.iter().flat_map(|p| p.ids()))
             .filter(|id| !id.is_zero())
             .copied()
             .collect();
@@ -169,7 +183,7 @@ impl Version {
         v
     }
 
-    fn encode_body(&self, idx: &[u8]) -> Vec<u8> {
+    fn encode_body(&self, idx: &[u8]) -> Result<Vec<u8>> {
         let mut w = Writer::new();
         w.i64(self.created)
             .id(&self.parent.unwrap_or(ChunkId::ZERO))
@@ -185,13 +199,35 @@ impl Version {
             }
         }
         w.u64(idx.len() as u64).bytes(idx);
-        if !self.working_set.is_empty() {
+        if !self.working_set.is_empty() || self.pages.is_some() {
             w.u32(self.working_set.len() as u32);
             for &n in &self.working_set {
                 w.u32(n);
             }
         }
-        w.buf
+        if let Some(p) = &self.pages {
+            if p.blocks
+                .iter()
+                .any(|b| b.index.encrypted() != self.index.encrypted())
+            {
+                return Err(bad_arg("a memory image encrypted unlike its disk"));
+            }
+            let b = p.encode()?;
+            w.u32(b.len() as u32).bytes(&b);
+        }
+        Ok(w.buf)
+    }
+
+    /// The package format this version is written in: the oldest that
+    /// holds it, so older builds read what they can.
+    fn format(&self) -> u32 {
+        if self.pages.is_some() {
+            VERSION_PAGES
+        } else if self.working_set.is_empty() {
+            VERSION
+        } else {
+            VERSION_WORKING_SET
+        }
     }
 
     /// Encode the package. `user_key` is required exactly when the index
@@ -222,7 +258,7 @@ impl Version {
                 "a user key was given for a version that is not encrypted"
             }));
         }
-        let body = self.encode_body(idx);
+        let body = self.encode_body(idx)?;
         let refs = if encrypted {
             let mut w = Writer::new();
             let r = self.references();
@@ -246,11 +282,7 @@ impl Version {
             )));
         }
         h.bytes(&MAGIC)
-            .u32(if self.working_set.is_empty() {
-                VERSION
-            } else {
-                VERSION_WORKING_SET
-            })
+            .u32(self.format())
             .u32(if encrypted { FLAG_ENCRYPTED } else { 0 })
             .u8(self.index.hash as u8)
             .zeros(3)
@@ -361,10 +393,23 @@ impl Version {
             return Err(corrupt("index is truncated"));
         }
         let index = Index::parse(r.bytes(ilen as usize, "index")?, true)?;
-        let working_set = if b[8..12] == VERSION_WORKING_SET.to_le_bytes() {
-            read_working_set(&mut r, index.records())?
+        let format = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+        let working_set = match format {
+            VERSION_WORKING_SET => read_working_set(&mut r, index.records())?,
+            VERSION_PAGES => read_working_set_of(&mut r, index.records(), true)?,
+            _ => Vec::new(),
+        };
+        let pages = if format == VERSION_PAGES {
+            let n = r.u32("memory image length")? as usize;
+            let p = MemoryPages::parse(r.bytes(n, "memory image")?, h.encrypted)?;
+            if msize != 0 || p.blocks[0].index.hash != h.hash {
+                return Err(corrupt(
+                    "a version with two memory images, or one of another hash",
+                ));
+            }
+            Some(p)
         } else {
-            Vec::new()
+            None
         };
         r.finish()?;
         if index.hash != h.hash
@@ -382,6 +427,7 @@ impl Version {
             memory,
             index,
             working_set,
+            pages,
         })
     }
 
@@ -392,12 +438,15 @@ impl Version {
             return Ok(Version::decode(b, None)?.references());
         }
         let refs = &b[HEADER_SIZE..HEADER_SIZE + h.refs_len as usize];
-        // At most two ids per chunk of the disk, plus the count; saturating,
-        // since the header's sizes are not validated before this point.
+        // At most two ids per chunk of the disk, plus those of a memory
+        // image (each at least 32 bytes of the body, which names it), plus
+        // the count; saturating, since the header's sizes are not
+        // validated before this point.
         let max = h
             .disk_size
             .div_ceil(h.chunk_size.max(1) as u64)
             .saturating_mul(2 * 32)
+            .saturating_add(h.body_len.saturating_mul(2))
             .saturating_add(64)
             .min(1 << 30) as usize;
         let raw = crate::chunk::decompress_bounded(refs, max)
@@ -456,6 +505,34 @@ mod tests {
             },
             index,
             working_set: Vec::new(),
+            pages: None,
+        }
+    }
+
+    #[test]
+    fn a_page_image_makes_format_3_and_round_trips_with_its_references() {
+        for encrypted in [false, true] {
+            let key = [42u8; 32];
+            let key = encrypted.then_some(&key);
+            let mut v = version(encrypted);
+            v.memory = Memory::default();
+            v.pages = Some(crate::memimage::tests::sample(encrypted));
+            for ws in [vec![], vec![1, 3]] {
+                v.working_set = ws;
+                let b = v.encode(key).unwrap();
+                assert_eq!(b[8..12], VERSION_PAGES.to_le_bytes());
+                assert_eq!(Version::decode(&b, key).unwrap(), v);
+                let refs = Version::references_of(&b).unwrap();
+                assert!(
+                    refs.contains(&ChunkId([7; 32])),
+                    "the page chunk is referenced"
+                );
+                assert!(refs.contains(&ChunkId([5; 32])), "the disk chunk too");
+            }
+            // An image encrypted unlike the disk is refused.
+            let mut odd = v.clone();
+            odd.pages = Some(crate::memimage::tests::sample(!encrypted));
+            assert!(odd.encode(key).is_err());
         }
     }
 

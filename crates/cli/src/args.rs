@@ -25,3 +25,12 @@ pub fn device_pair(kv: &str, flag: &str, what: &str) -> anyhow::Result<(u32, Str
         .with_context(|| format!("{flag}: '{k}' is not a device number"))?;
     Ok((d, v.to_string()))
 }
+
+/// A chunk size argument (`64K`): a power of two from 4 KiB to 4 MiB.
+pub fn chunk_size(s: &str) -> anyhow::Result<u32> {
+    let n = roamdisk_blockdev::units::parse_size(s).map_err(anyhow::Error::msg)?;
+    match u32::try_from(n) {
+        Ok(c) if roamdisk_chunkstore::index::valid_chunk_size(c) => Ok(c),
+        _ => anyhow::bail!("chunk size {s}: a power of two from 4K to 4M"),
+    }
+}

@@ -12,8 +12,9 @@
 //! holds, keeps what comes from below, and takes page-cache advice).
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 use roamdisk_blockdev::flight::SingleFlight;
@@ -85,15 +86,22 @@ pub struct GatherStats {
 
 impl GatherStats {
     pub fn add(&mut self, g: &Gathered, len: usize) {
+        self.count(Some(g.source), len);
+        self.refused += g.refused as u64;
+    }
+
+    /// A chunk of `len` bytes from `source` (`None`: brought by another
+    /// reader's fetch, counted in `bytes` only).
+    pub fn count(&mut self, source: Option<Source>, len: usize) {
         let n = len as u64;
         self.chunks += 1;
         self.bytes += n;
-        match g.source {
-            Source::SharedCache => self.shared_cache_bytes += n,
-            Source::Lookaside => self.lookaside_bytes += n,
-            Source::Store => self.store_bytes += n,
+        match source {
+            Some(Source::SharedCache) => self.shared_cache_bytes += n,
+            Some(Source::Lookaside) => self.lookaside_bytes += n,
+            Some(Source::Store) => self.store_bytes += n,
+            None => {}
         }
-        self.refused += g.refused as u64;
     }
 }
 
@@ -187,6 +195,11 @@ impl ChunkSource for StoreSource {
     }
 }
 
+/// A chunk [`Chain::get_together_from`] brought: its position in the
+/// request, its data, and where it came from (`None`: another reader's
+/// fetch brought it).
+pub type Brought = (usize, Arc<Vec<u8>>, Option<Source>);
+
 /// Sources tried in order, with one single flight per chunk.
 pub struct Chain {
     sources: Vec<Arc<dyn ChunkSource>>,
@@ -195,7 +208,33 @@ pub struct Chain {
     flights: SingleFlight<ChunkId, Arc<Vec<u8>>>,
     fetched: AtomicU64,
     fetched_bytes: AtomicU64,
+    /// Fetches someone waits on now (a guest's read, a page its VM
+    /// faulted on), and when the last one ended (nanoseconds since
+    /// `born`): background work ([`Chain::background_turn`]) goes in the
+    /// gaps, never in front of them on a slow link.
+    waited_on: AtomicUsize,
+    last_waited: AtomicU64,
+    born: Instant,
 }
+
+/// A fetch someone waits on, while it lasts ([`Chain::foreground`]).
+pub struct Foreground<'c>(&'c Chain);
+
+impl Drop for Foreground<'_> {
+    fn drop(&mut self) {
+        let c = self.0;
+        c.last_waited
+            .store(c.born.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        c.waited_on.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// How long background work lets the link rest after the last waited-on
+/// fetch (a resumed guest faulting page after page computes a few
+/// milliseconds between its faults), and the longest it holds back (so
+/// that it goes on, slowly, under a guest that never stops faulting).
+const QUIET: Duration = Duration::from_millis(20);
+const MAX_HOLD: Duration = Duration::from_secs(1);
 
 impl Chain {
     /// `sources` in the order to try them (caches first); `label` names
@@ -207,6 +246,38 @@ impl Chain {
             flights: SingleFlight::new(),
             fetched: AtomicU64::new(0),
             fetched_bytes: AtomicU64::new(0),
+            waited_on: AtomicUsize::new(0),
+            last_waited: AtomicU64::new(0),
+            born: Instant::now(),
+        }
+    }
+
+    /// Mark a fetch someone waits on (a guest read, a faulted page) for as
+    /// long as the guard lives.
+    pub fn foreground(&self) -> Foreground<'_> {
+        self.waited_on.fetch_add(1, Ordering::AcqRel);
+        Foreground(self)
+    }
+
+    /// Waited-on fetches in flight now.
+    pub fn waited_on(&self) -> usize {
+        self.waited_on.load(Ordering::Acquire)
+    }
+
+    /// Wait until no waited-on fetch is in flight and none ended within
+    /// [`QUIET`] (at most [`MAX_HOLD`]): what background work (a working
+    /// set's prefetch, read-ahead, a memory image's push) calls before
+    /// each request, so that a request someone waits on never queues
+    /// behind it on a slow link.
+    pub fn background_turn(&self) {
+        let t0 = Instant::now();
+        loop {
+            let quiet_since = Duration::from_nanos(self.last_waited.load(Ordering::Relaxed));
+            let idle = self.born.elapsed().saturating_sub(quiet_since);
+            if (self.waited_on() == 0 && idle >= QUIET) || t0.elapsed() >= MAX_HOLD {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
@@ -308,17 +379,28 @@ impl Chain {
     /// One chunk from below the caches, fetched once however many readers
     /// ask at the same time, and handed to the caches in the background.
     pub fn get(&self, w: &Wanted) -> Result<Arc<Vec<u8>>> {
-        self.flights.run(w.id, || {
+        self.get_from(w).map(|(d, _)| d)
+    }
+
+    /// [`Chain::get`], with where the chunk came from when this call
+    /// fetched it (`None`: another reader's fetch brought it).
+    pub fn get_from(&self, w: &Wanted) -> Result<(Arc<Vec<u8>>, Option<Source>)> {
+        let from = std::cell::Cell::new(None);
+        let d = self.flights.run(w.id, || -> Result<Arc<Vec<u8>>> {
             // A flight for this chunk may have landed (and handed it to
             // the caches) since the caller looked in them.
             if let Some(d) = self.whole_from_caches(w)? {
+                from.set(Some(Source::SharedCache));
                 return Ok(d);
             }
             let mut g = self.fetch_below(std::slice::from_ref(w))?;
-            let data = g.pop().and_then(|g| g.data).expect("fetched with data");
+            let g = g.pop().expect("one result");
+            from.set(Some(g.source));
+            let data = g.data.expect("fetched with data");
             self.keep_later(w.id, &data);
             Ok(data)
-        })
+        })?;
+        Ok((d, from.get()))
     }
 
     /// Fetch `wanted` (distinct ids) together — one batched request below
@@ -333,6 +415,20 @@ impl Chain {
         wanted: &[Wanted],
         wait_others: bool,
     ) -> Result<Vec<(usize, Arc<Vec<u8>>)>> {
+        Ok(self
+            .get_together_from(wanted, wait_others)?
+            .into_iter()
+            .map(|(k, d, _)| (k, d))
+            .collect())
+    }
+
+    /// [`Chain::get_together`], with where each chunk came from when this
+    /// call fetched it (`None`: another reader's fetch brought it).
+    pub fn get_together_from(
+        &self,
+        wanted: &[Wanted],
+        wait_others: bool,
+    ) -> Result<Vec<Brought>> {
         let ids: Vec<ChunkId> = wanted.iter().map(|w| w.id).collect();
         let held = self.cached(&ids)?;
         let todo = (0..wanted.len()).filter(|&k| !held[k]);
@@ -353,7 +449,7 @@ impl Chain {
                     .flatten()
                 {
                     Some(data) => {
-                        out.push((pos(lead.key()), data.clone()));
+                        out.push((pos(lead.key()), data.clone(), Some(Source::SharedCache)));
                         lead.land(Some(data));
                     }
                     None => still.push(lead),
@@ -371,14 +467,14 @@ impl Chain {
                 let lead = leads.pop().expect("one lead per chunk");
                 let data = g.data.expect("fetched");
                 self.keep_later(*lead.key(), &data);
-                out.push((pos(lead.key()), data.clone()));
+                out.push((pos(lead.key()), data.clone(), Some(g.source)));
                 lead.land(Some(data));
             }
         }
         if wait_others {
             for (id, w) in others {
                 if let Some(data) = w.wait() {
-                    out.push((pos(&id), data));
+                    out.push((pos(&id), data, None));
                 }
             }
         }

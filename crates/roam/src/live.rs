@@ -1,53 +1,27 @@
-//! A running QEMU, suspended here and resumed there (ISR with the VM
-//! live), over QMP and QEMU's own migration stream:
-//!
-//! * [`save_vm`]: stop the VM (`stop`: QEMU drains and flushes its disks),
-//!   `migrate` to a private Unix socket this process listens on, and chunk
-//!   and upload the stream into the store as it arrives
-//!   ([`upload_memory_stream`]): no file the size of RAM.
-//! * [`restore_vm`]: a QEMU started with `-incoming defer` gets
-//!   `migrate-incoming` on a private socket, this process writes the
-//!   version's memory image into it as its chunks arrive (shared cache,
-//!   lookaside media, store), then `cont`.
-//!
-//! A VM migrated while stopped arrives stopped (QEMU keeps the source's
-//! run state), hence the `cont`.
+//! A running QEMU suspended here, over QMP and QEMU's own migration
+//! stream ([`save_vm`]): stop the VM (`stop`: QEMU drains and flushes its
+//! disks), `migrate` to a private Unix socket this process listens on,
+//! and store the stream as a page image as it arrives
+//! ([`crate::memory::build`]): no file the size of RAM. Resuming it is
+//! [`crate::memory::handoff`].
 
 use std::io::ErrorKind as IoKind;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use roamdisk_blockdev::{ErrorKind, Op, Progress, Result};
-use roamdisk_chunkstore::commit::upload_memory_stream;
 use roamdisk_chunkstore::error::{bad_arg, err};
+use roamdisk_chunkstore::memimage::{MemoryPages, FLAG_RETURN_PATH};
 use roamdisk_chunkstore::store::Store;
 use roamdisk_chunkstore::upload::{UploadStats, Uploader};
-use roamdisk_chunkstore::version::Memory;
-use roamdisk_qmp::{Migration, Qmp};
+use roamdisk_qmp::Qmp;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::fetch::GatherStats;
-use crate::private_dir::PrivateDir;
+use crate::memory::build::upload_vm_state;
+use crate::qemu::{failed, io, private_socket, vmm, CONNECT_TIMEOUT};
 use crate::view::VersionView;
-
-/// A QMP failure as the program's error.
-pub fn vmm(e: roamdisk_qmp::Error) -> roamdisk_blockdev::Error {
-    let kind = match &e {
-        roamdisk_qmp::Error::Connect { .. } => ErrorKind::NotFound,
-        roamdisk_qmp::Error::Refused { .. } => ErrorKind::InvalidArgument,
-        _ => ErrorKind::Io,
-    };
-    err(kind, Op::Open, e.to_string())
-}
-
-/// `NAME.sock` in a new private folder (removed with it).
-fn private_socket(name: &str) -> Result<(PrivateDir, PathBuf)> {
-    let dir = PrivateDir::new(name).map_err(|e| io(e, "a private folder for a socket"))?;
-    let path = dir.path().join(format!("{name}.sock"));
-    Ok((dir, path))
-}
 
 /// `cont` after a failure: what became of the VM, for the error.
 pub(crate) fn continue_vm(qmp: &mut Qmp) -> &'static str {
@@ -59,7 +33,7 @@ pub(crate) fn continue_vm(qmp: &mut Qmp) -> &'static str {
 
 /// An error unless `view` keeps a memory image to resume.
 pub fn require_memory(view: &VersionView) -> Result<()> {
-    if view.version.memory.size == 0 {
+    if !view.has_memory() {
         return Err(bad_arg(format!(
             "version {} keeps no memory image (it was not suspended with --qmp or --memory): boot the VM on the disk instead (no --qmp)",
             view.id.short()
@@ -67,29 +41,6 @@ pub fn require_memory(view: &VersionView) -> Result<()> {
     }
     Ok(())
 }
-
-fn io(e: std::io::Error, what: &str) -> roamdisk_blockdev::Error {
-    err(ErrorKind::Io, Op::Read, format!("{what}: {e}"))
-}
-
-fn failed(m: &Migration, side: &str) -> roamdisk_blockdev::Error {
-    err(
-        ErrorKind::Io,
-        Op::Read,
-        format!(
-            "QEMU's {side} migration ended {}{}",
-            m.status,
-            m.error
-                .as_ref()
-                .map(|e| format!(": {e}"))
-                .unwrap_or_default()
-        ),
-    )
-}
-
-/// How long QEMU may take to connect to (or listen on) the migration
-/// socket once asked.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long an outgoing migration may send nothing before it is given up
 /// (the store stalled; the VM runs on).
@@ -99,9 +50,14 @@ const STALL_TIMEOUT: Duration = Duration::from_secs(120);
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Saved {
     #[serde(skip)]
-    pub memory: Memory,
-    /// Bytes of the migration stream (the memory image's size).
+    pub pages: Option<MemoryPages>,
+    /// Bytes of the migration stream.
     pub bytes: u64,
+    /// Bytes of RAM, of it in stored (not all-zero) chunks, and pages of
+    /// zeroes in the stream.
+    pub ram_bytes: u64,
+    pub data_bytes: u64,
+    pub zero_pages: u64,
     /// What storing them took (chunks, new and reused objects).
     pub upload: UploadStats,
     /// The VM was running (not paused) when the suspend began.
@@ -111,6 +67,35 @@ pub struct Saved {
     /// The process that served the session, asked to end (SIGTERM) once
     /// QEMU had quit.
     pub server_ended: Option<u32>,
+    /// Chunks of the memory working set kept with the image.
+    pub working_set_chunks: usize,
+}
+
+/// Wait while the VM behind `q` still receives its own memory (resumed
+/// lazily, its pages still arriving): it can be suspended once that is
+/// over. Seconds waited.
+pub fn wait_incoming(q: &mut Qmp, progress: &dyn Progress) -> Result<f64> {
+    let t0 = Instant::now();
+    let mut told = false;
+    loop {
+        let m = q.migration().map_err(vmm)?;
+        if !matches!(
+            m.status.as_str(),
+            "postcopy-active" | "postcopy-paused" | "postcopy-recover"
+        ) {
+            return Ok(t0.elapsed().as_secs_f64());
+        }
+        if m.status == "postcopy-paused" {
+            return Err(bad_arg(
+                "the VM's memory is still arriving and its source has stopped (QEMU's postcopy is paused): run `roamdisk resume ... --qmp` again to finish it, then suspend",
+            ));
+        }
+        if !told {
+            progress.note("the VM's memory is still arriving from its last resume: waiting for the rest before suspending");
+            told = true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Stop the VM behind `qmp` and store its migration stream with `up` as a
@@ -148,13 +133,17 @@ pub fn save_vm(
     let before = up.stats;
     let r = migrate_out(qmp, up, chunk_size, encrypted, progress);
     match r {
-        Ok(memory) => Ok(Saved {
-            bytes: memory.size,
-            memory,
+        Ok((pages, bytes)) => Ok(Saved {
+            bytes,
+            ram_bytes: pages.ram_bytes(),
+            data_bytes: pages.data_bytes(),
+            zero_pages: pages.zero_pages,
+            pages: Some(pages),
             upload: up.stats - before,
             was_running,
             seconds: t0.elapsed().as_secs_f64(),
             server_ended: None,
+            working_set_chunks: 0,
         }),
         Err(e) => {
             let back = if was_running {
@@ -177,7 +166,7 @@ fn migrate_out(
     chunk_size: u32,
     encrypted: bool,
     progress: &dyn Progress,
-) -> Result<Memory> {
+) -> Result<(MemoryPages, u64)> {
     let (_dir, sock) = private_socket("migrate")?;
     let listener = UnixListener::bind(&sock).map_err(|e| io(e, "the migration socket"))?;
     // QEMU paces a migration (128 MiB/s by default) for a VM that runs
@@ -203,17 +192,28 @@ fn migrate_out(
                 .map_err(|e| io(e, "the migration socket"))?;
             let upload = scope.spawn(move || {
                 let shut = reader.try_clone();
+                let counted = Counted::new(reader);
+                let bytes = counted.count.clone();
                 // The stream's length is not known ahead (zero pages take
                 // a few bytes each): the progress shows bytes so far.
-                let r = upload_memory_stream(up, reader, chunk_size, encrypted, 0, progress);
-                if r.is_err() {
+                let r = upload_vm_state(up, counted, chunk_size, encrypted, progress);
+                match (&r, shut) {
+                    // A source that opened a return path waits for the
+                    // destination's SHUT before it calls the migration done.
+                    (Ok(p), Ok(mut s)) if p.flags & FLAG_RETURN_PATH != 0 => {
+                        let mut b = Vec::new();
+                        roamdisk_migration::write::rp_shut(&mut b, 0);
+                        let _ = std::io::Write::write_all(&mut s, &b);
+                    }
+                    (Ok(_), _) => {}
                     // QEMU is told at once (its writes fail): the
                     // migration ends as failed instead of waiting on us.
-                    if let Ok(s) = shut {
+                    (Err(_), Ok(s)) => {
                         let _ = s.shutdown(std::net::Shutdown::Both);
                     }
+                    (Err(_), Err(_)) => {}
                 }
-                r
+                r.map(|p| (p, bytes.load(std::sync::atomic::Ordering::Relaxed)))
             });
             // A stream that stops moving (a store that stalls without
             // failing) ends the wait: the migration is cancelled below.
@@ -299,79 +299,6 @@ fn accept(listener: &UnixListener, qmp: &mut Qmp) -> Result<UnixStream> {
     }
 }
 
-/// What [`restore_vm`] did.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Restored {
-    /// The memory image's bytes by source.
-    pub memory: GatherStats,
-    /// The VM's run state at the end (`running`, or `paused` when asked
-    /// to leave it so).
-    pub state: String,
-    /// Seconds from QEMU's QMP answering to the VM running again.
-    pub seconds: f64,
-}
-
-/// Hand the memory image of `view` to the QEMU behind the QMP socket
-/// `qmp` (started with `-incoming defer`; waited for up to `wait`), then
-/// `cont` it unless `paused`.
-pub fn restore_vm(
-    view: &VersionView,
-    qmp: &Path,
-    wait: Duration,
-    paused: bool,
-) -> Result<Restored> {
-    require_memory(view)?;
-    let mut q = Qmp::connect(qmp, wait).map_err(vmm)?;
-    let t0 = Instant::now();
-    let state = q.run_state().map_err(vmm)?;
-    if state != "inmigrate" {
-        return Err(bad_arg(format!(
-            "the QEMU behind {} is {state}, not waiting for a VM's state: start it with `-incoming defer`",
-            qmp.display()
-        )));
-    }
-    let (_dir, sock) = private_socket("incoming")?;
-    q.execute(
-        "migrate-incoming",
-        Some(json!({ "uri": format!("unix:{}", sock.display()) })),
-    )
-    .map_err(vmm)?;
-    let mut stream = loop {
-        match UnixStream::connect(&sock) {
-            Ok(s) => break s,
-            Err(_) if t0.elapsed() < CONNECT_TIMEOUT => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => return Err(io(e, "QEMU's incoming migration socket")),
-        }
-    };
-    let memory = crate::checkout::write_memory(view, &mut stream).map_err(|e| {
-        roamdisk_chunkstore::error::context(e, "the VM's memory image could not be handed to QEMU")
-    })?;
-    drop(stream);
-    let m = q
-        .wait_migration(Duration::from_secs(600), |_| true)
-        .map_err(vmm)?;
-    if m.status != "completed" {
-        return Err(failed(&m, "incoming"));
-    }
-    // The run state follows the migration's end by a moment.
-    let mut state = q.run_state().map_err(vmm)?;
-    while state == "inmigrate" && t0.elapsed() < wait + Duration::from_secs(600) {
-        std::thread::sleep(Duration::from_millis(20));
-        state = q.run_state().map_err(vmm)?;
-    }
-    if state == "paused" && !paused {
-        q.execute("cont", None).map_err(vmm)?;
-        state = q.run_state().map_err(vmm)?;
-    }
-    Ok(Restored {
-        memory,
-        state,
-        seconds: t0.elapsed().as_secs_f64(),
-    })
-}
-
 /// Wait until no process holds the lock of the session in `dir`. After
 /// `grace`, the process holding it (the `roamdisk serve` or `resume` of
 /// the session, found in /proc/locks) is asked to end with SIGTERM: it
@@ -439,4 +366,28 @@ fn lock_holder(f: &std::fs::File) -> Option<u32> {
         let ino: u64 = id.next()?.parse().ok()?;
         (ma == major && mi == minor && ino == md.ino()).then_some(pid)
     })
+}
+
+/// A reader that counts the bytes read through it.
+struct Counted<R> {
+    r: R,
+    count: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl<R> Counted<R> {
+    fn new(r: R) -> Counted<R> {
+        Counted {
+            r,
+            count: Default::default(),
+        }
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.r.read(buf)?;
+        self.count
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(n)
+    }
 }

@@ -11,7 +11,7 @@
 //! decoded), plus the version package itself.
 
 use roamdisk_chunkstore::store::prelude::*;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use roamdisk_chunkstore::commit::CommitSummary;
 
@@ -187,34 +187,52 @@ pub fn suspend(
     })
 }
 
-/// Suspend the running VM behind the QMP socket `qmp` and its session in
-/// `dir`: stop the VM and store its migration stream as the memory image
-/// (straight into the session's store, chunk by chunk), have QEMU quit
+/// A live suspend's own settings.
+#[derive(Debug, Clone, Default)]
+pub struct LiveSuspend {
+    /// QEMU's QMP socket.
+    pub qmp: PathBuf,
+    /// The memory image's chunk size (0: the default,
+    /// [`crate::memory::build::DEFAULT_CHUNK`]).
+    pub memory_chunk_size: u32,
+}
+
+/// Suspend the running VM behind the QMP socket `live.qmp` and its
+/// session in `dir` — after its own memory has all arrived, if it was
+/// resumed lazily: stop the VM and store its migration stream as a page
+/// image (straight into the session's store, chunk by chunk; the memory
+/// working set its last lazy resume recorded kept with it), have QEMU quit
 /// (it flushes and closes the disk), end the process serving the session,
 /// then [`suspend`] with that memory image. If the VM's state cannot be
 /// stored, nothing is committed and the VM runs on.
 #[allow(
     clippy::too_many_arguments,
-    reason = "suspend's arguments and the socket"
+    reason = "suspend's arguments and the live settings"
 )]
 pub fn suspend_live(
     dir: &Path,
     open: &SessionOpen,
     update: &UpdateOptions,
-    qmp: &Path,
+    live: &LiveSuspend,
     to_media: Option<&Path>,
     registry: &roamdisk_blockdev::Registry,
     progress: &dyn Progress,
 ) -> Result<Suspended> {
-    use crate::live::{end_server, save_vm, vmm};
+    use crate::live::{end_server, save_vm};
+    use crate::qemu::vmm;
     use std::time::Duration;
     let (store, base) = crate::session::dev::peek(dir, open)?;
     let idx = &base.index;
-    let mut q = roamdisk_qmp::Qmp::connect(qmp, Duration::from_secs(5)).map_err(vmm)?;
+    let mut q = roamdisk_qmp::Qmp::connect(&live.qmp, Duration::from_secs(5)).map_err(vmm)?;
+    crate::live::wait_incoming(&mut q, progress)?;
     // The uploader's lease keeps the memory image's chunks from a gc
     // until the version names them.
     let mut up = roamdisk_chunkstore::upload::Uploader::begin(&*store, idx.encrypted())?;
-    let saved = save_vm(&mut q, &mut up, idx.chunk_size, idx.encrypted(), progress)?;
+    let chunk_size = match live.memory_chunk_size {
+        0 => crate::memory::build::DEFAULT_CHUNK,
+        c => c,
+    };
+    let mut saved = save_vm(&mut q, &mut up, chunk_size, idx.encrypted(), progress)?;
     // The store still takes requests (else the VM runs on: nothing lost).
     if let Err(e) = up.confirm_lease() {
         let back = crate::live::continue_vm(&mut q);
@@ -246,9 +264,12 @@ pub fn suspend_live(
     };
     let server_ended =
         end_server(dir, Duration::from_secs(2), Duration::from_secs(120)).map_err(lost)?;
+    let mut pages = saved.pages.take().expect("a live suspend takes the pages");
+    pages.working_set = crate::memory::workset::carried(dir, &pages, base.pages.as_ref());
+    saved.working_set_chunks = pages.working_set.len();
     let mut u = update.clone();
-    u.commit.memory = Some(roamdisk_chunkstore::commit::MemoryImage::Uploaded {
-        memory: saved.memory.clone(),
+    u.commit.memory = Some(roamdisk_chunkstore::commit::MemoryImage::Pages {
+        pages: Box::new(pages),
         stats: saved.upload,
     });
     let mut s = suspend(dir, open, &u, to_media, registry, progress).map_err(lost)?;

@@ -106,6 +106,7 @@ fn act(t: Arc<dyn AheadTarget>, jobs: Vec<Window>) {
         .collect();
     let shared = base.shared.is_some();
     for part in todo.chunks(AHEAD_BATCH) {
+        base.chain.background_turn();
         let ids: Vec<ChunkId> = part.iter().map(|&i| idx.ids[i]).collect();
         let held = match base.chain.cached(&ids) {
             Ok(h) => h,
@@ -301,8 +302,16 @@ impl VersionView {
         &self.store
     }
 
-    /// The memory image's chunks, in order (zero ids included).
+    /// The memory image's chunks: a stream's in order (zero ids
+    /// included); a page image's stored chunks, its working set first.
     pub fn memory_chunks(&self) -> Vec<Wanted> {
+        if let Some(p) = &self.version.pages {
+            return p
+                .chunks_in_push_order()
+                .iter()
+                .map(|c| self.page_chunk(c.block as usize, c.chunk as usize))
+                .collect();
+        }
         let mem = &self.version.memory;
         let cs = self.version.index.chunk_size as u64;
         (0..mem.ids.len())
@@ -312,6 +321,22 @@ impl VersionView {
                 key: mem.keys.get(i).copied(),
             })
             .collect()
+    }
+
+    /// Chunk `c` of RAM block `b` of the page image as an object to fetch
+    /// (its id is zero for an all-zero chunk).
+    pub fn page_chunk(&self, b: usize, c: usize) -> Wanted {
+        let idx = &self.version.pages.as_ref().expect("a page image").blocks[b].index;
+        Wanted {
+            id: idx.ids[c],
+            len: idx.chunk_len(c),
+            key: idx.key(c).copied(),
+        }
+    }
+
+    /// Whether the version keeps a memory image (a stream or pages).
+    pub fn has_memory(&self) -> bool {
+        self.version.memory.size > 0 || self.version.pages.is_some()
     }
 
     /// Disk chunk `i` as an object to fetch.
@@ -360,6 +385,7 @@ impl VersionView {
             Together::Read => (true, true),
             Together::Ahead { keep } => (keep, false),
         };
+        let _waited = wait.then(|| self.chain.foreground());
         let got = self.chain.get_together(&wanted, wait)?;
         Ok(got
             .into_iter()
@@ -396,6 +422,7 @@ impl VersionView {
                 return Ok(data);
             }
         }
+        let _waited = self.chain.foreground();
         let data = self.chain.get(&self.disk_chunk(i)).map_err(|e| {
             let cs = idx.chunk_size as u64;
             context(

@@ -9,17 +9,16 @@ use std::sync::Arc;
 
 use anyhow::bail;
 use clap::Parser;
-use roamdisk_blockdev::units::format_size;
 use roamdisk_blockdev::units::{parse_duration, Bare};
 use roamdisk_blockdev::{Access, BlockDev};
 use roamdisk_nbd::{Ended, Listen, Until};
-use roamdisk_roam::fetch::GatherStats;
-use roamdisk_roam::live::{restore_vm, Restored};
-use roamdisk_roam::resume::{resume, ResumeOptions, ResumeReport, Resumed};
+use roamdisk_roam::memory::handoff::{restore_vm, RestoreOptions};
+use roamdisk_roam::resume::{resume, ResumeOptions, Resumed};
 use roamdisk_roam::session::dev::SessionOpen;
 
+use crate::render::resume::{print_report, Events};
 use crate::serve::serve_one;
-use crate::store_args::{short, StoreArgs};
+use crate::store_args::StoreArgs;
 
 /// Resume a version on this host: create a session of USER/IMAGE[@REV]
 /// (the latest version by default: what `roamdisk suspend` committed) in
@@ -46,11 +45,19 @@ use crate::store_args::{short, StoreArgs};
 /// A running VM (suspended with `roamdisk suspend --qmp`): give --qmp
 /// SOCKET and start QEMU as before but with `-incoming defer` and that QMP
 /// socket, its disk on the --socket this command serves (or let --exec
-/// start it). This command hands QEMU the VM's state as its chunks
-/// arrive — no memory file — and, once QEMU has it, continues the VM
-/// (QMP `cont`; --paused leaves it paused). The guest carries on where it
-/// stopped: same boot, same processes. With --exec, serving ends when the
-/// command exits (QEMU powered off or quit).
+/// start it). The guest carries on where it stopped: same boot, same
+/// processes. Its memory goes lazily: QEMU gets the device state and the
+/// VM runs at once (postcopy); each page the guest touches is fetched
+/// when it does (shared cache, media, store), the rest follows in the
+/// background, the pages it touched first last time first. Until every
+/// page is in QEMU this command must keep running: if it dies, run it
+/// again (same arguments) to take over. Lazy needs QEMU's postcopy-ram
+/// and Linux userfaultfd (root, CAP_SYS_PTRACE, /dev/userfaultfd or
+/// vm.unprivileged_userfaultfd=1); without them, with --eager, or for a
+/// version suspended by an earlier build, QEMU gets the whole image
+/// first, then `cont` (a line says why). --paused leaves the VM paused
+/// (start QEMU with -S). With --exec, serving ends when the command exits
+/// (QEMU powered off or quit).
 ///
 /// Examples:
 ///   roamdisk resume alice/desktop --session ~/s/alice --lookaside /media/usb/alice \
@@ -108,6 +115,13 @@ pub struct Args {
     /// Leave the VM paused once QEMU has its state.
     #[arg(long, requires = "qmp")]
     paused: bool,
+    /// Hand QEMU the whole memory image before the VM runs (no postcopy).
+    #[arg(long, requires = "qmp")]
+    eager: bool,
+    /// Report a page the guest has waited on for this long (it is still
+    /// fetched, however long the store or the link is away).
+    #[arg(long, value_name = "DURATION", default_value = "10s", requires = "qmp")]
+    watchdog: String,
     /// Run this command with `sh -c` once the disk is served (your QEMU,
     /// ROAMDISK_NBD_URI set to the disk); serving ends when it exits.
     #[arg(long, value_name = "COMMAND")]
@@ -116,70 +130,13 @@ pub struct Args {
     st: StoreArgs,
 }
 
-fn sources(g: &GatherStats) -> String {
-    format!(
-        "{} from the shared cache, {} from lookaside media, {} fetched",
-        format_size(g.shared_cache_bytes),
-        format_size(g.lookaside_bytes),
-        format_size(g.store_bytes)
-    )
-}
-
-fn print_report(r: &ResumeReport, name: &str) {
-    outln!(
-        "resumed {name}@{} in {} ({:.2} s)",
-        short(&r.version),
-        r.session.display(),
-        r.seconds
-    );
-    if r.memory.chunks > 0 {
-        outln!(
-            "  memory image {}: {}",
-            format_size(r.memory.bytes),
-            sources(&r.memory)
-        );
-    }
-    let w = &r.working_set;
-    outln!(
-        "  working set  {} chunks ({}): {}{}",
-        w.chunks,
-        format_size(w.bytes),
-        sources(&w.got),
-        w.error
-            .as_ref()
-            .map(|e| format!("; stopped early: {e}"))
-            .unwrap_or_default()
-    );
-    if r.lookaside_rejected > 0 {
-        outln!(
-            "  lookaside    {} chunks on the media failed verification (damaged or stale) and were fetched instead",
-            r.lookaside_rejected
-        );
-    }
-    outln!(
-        "  hoard level  {} of {} chunks of the version on this host ({:.0}%)",
-        r.hoard_cached,
-        r.hoard_chunks,
-        r.hoard_cached as f64 * 100.0 / r.hoard_chunks.max(1) as f64
-    );
-}
-
-fn print_restored(r: &Restored) {
-    outln!(
-        "  VM state     {} handed to QEMU: {}; the VM is {} ({:.2} s after QEMU answered)",
-        format_size(r.memory.bytes),
-        sources(&r.memory),
-        r.state,
-        r.seconds
-    );
-}
-
 pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let serving = a.socket.is_some() || a.listen.is_some();
     if (a.qmp.is_some() || a.exec.is_some()) && !serving {
         bail!("--qmp and --exec need the disk served: add --socket PATH or --listen ADDR:PORT");
     }
     let qmp_wait = parse_duration(&a.qmp_wait, Bare::Seconds)?;
+    let watchdog = parse_duration(&a.watchdog, Bare::Seconds)?;
     let store = a.st.open(false)?;
     let key = a.st.key()?;
     let o = ResumeOptions {
@@ -235,16 +192,23 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
         // Hand QEMU the VM's state once it is up, beside the serving; a
         // failure ends serving (QEMU cannot run that VM).
         let (view, failed, json) = (r.dev.base(), failed.clone(), a.st.json);
+        let o = RestoreOptions {
+            wait: qmp_wait,
+            paused: a.paused,
+            eager: a.eager,
+            watchdog,
+            session: Some(a.session.clone()),
+        };
+        let progress = a.st.progress(quiet);
         restoring = Some(std::thread::spawn(move || {
-            match restore_vm(&view, &qmp, qmp_wait, a.paused) {
-                Ok(res) if json => outln!(
-                    "{}",
-                    serde_json::to_string_pretty(&serde_json::json!({ "restored": res }))
-                        .expect("serialisable")
-                ),
-                Ok(res) if !quiet => print_restored(&res),
-                Ok(_) => {}
+            let mut ev = Events::new(json, quiet);
+            match restore_vm(&view, &qmp, &o, &progress, &mut ev) {
+                Ok(res) => {
+                    progress.finish();
+                    ev.done(&res);
+                }
                 Err(e) => {
+                    progress.finish();
                     tracing::error!("the VM could not be resumed: {e}");
                     *failed.lock() = Some(e.to_string());
                     // SAFETY: raise(3) with a valid signal number; the

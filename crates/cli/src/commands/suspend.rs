@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
 use roamdisk_chunkstore::commit::{CommitOptions, MemoryImage};
-use roamdisk_roam::suspend::{suspend, suspend_live, Suspended};
+use roamdisk_roam::suspend::{suspend, suspend_live, LiveSuspend, Suspended};
 
 use crate::disk::DiskSpec;
 use crate::render::commit::finish;
@@ -59,6 +59,10 @@ pub struct Args {
     /// stored as the memory image, then QEMU quits.
     #[arg(long, value_name = "PATH", conflicts_with = "memory")]
     qmp: Option<PathBuf>,
+    /// With --qmp: the memory image's chunk size (power of two, 4K..4M;
+    /// default 16K: what a lazy resume fetches per page fault).
+    #[arg(long, value_name = "SIZE", requires = "qmp")]
+    memory_chunk_size: Option<String>,
     /// The VM configuration file to keep (default: the base version's).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -94,7 +98,24 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let (dir, open) = a.st.session_open(&DiskSpec::parse(&spec)?.spec)?;
     let reg = super::registry();
     let s = match &a.qmp {
-        Some(q) => suspend_live(&dir, &open, &u, q, a.to_media.as_deref(), &reg, &progress)?,
+        Some(q) => {
+            let live = LiveSuspend {
+                qmp: q.clone(),
+                memory_chunk_size: match &a.memory_chunk_size {
+                    Some(c) => crate::args::chunk_size(c)?,
+                    None => 0,
+                },
+            };
+            suspend_live(
+                &dir,
+                &open,
+                &u,
+                &live,
+                a.to_media.as_deref(),
+                &reg,
+                &progress,
+            )?
+        }
         None => suspend(&dir, &open, &u, a.to_media.as_deref(), &reg, &progress)?,
     };
     if a.st.json {
@@ -113,11 +134,14 @@ fn render_suspended(s: &Suspended, media: Option<&std::path::Path>) {
     let c = &s.commit;
     if let Some(l) = &s.live {
         outln!(
-            "  VM state    {} taken from QEMU in {:.2} s ({} new objects, {} already stored); QEMU quit{}",
-            format_size(l.bytes),
+            "  VM state    {} of RAM ({} in stored chunks, {} zero pages) taken from QEMU in {:.2} s as pages ({} new objects, {} already stored; memory working set {} chunks); QEMU quit{}",
+            format_size(l.ram_bytes),
+            format_size(l.data_bytes),
+            l.zero_pages,
             l.seconds,
             l.upload.new_objects,
             l.upload.reused_objects,
+            l.working_set_chunks,
             l.server_ended
                 .map(|p| format!(", the server of the session (pid {p}) ended"))
                 .unwrap_or_default()

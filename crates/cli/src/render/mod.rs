@@ -7,6 +7,7 @@ pub mod commit;
 pub mod lbs;
 pub mod model;
 pub mod replay;
+pub mod resume;
 pub mod server;
 pub mod sim;
 pub mod sperf;

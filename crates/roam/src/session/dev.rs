@@ -581,6 +581,7 @@ impl CasDev {
                         .filter(|&i| dev.reads_base(i))
                         .collect();
                     let wanted: Vec<_> = todo.iter().map(|&i| base.disk_chunk(i)).collect();
+                    base.chain().background_turn();
                     let got = base.gather(&wanted, false).and_then(|got| {
                         for (&i, g) in todo.iter().zip(&got) {
                             lock().got.add(g, base.version.index.chunk_len(i));

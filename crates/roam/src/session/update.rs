@@ -267,7 +267,7 @@ pub fn commit_session(
         up.upload(&mut index, &refs)?;
         progress.advance(batch.len() as u64 * bidx.chunk_size as u64);
     }
-    let memory = roamdisk_chunkstore::commit::take_memory(
+    let (memory, pages) = roamdisk_chunkstore::commit::take_memory(
         &mut up,
         copts.memory.as_ref(),
         bidx.chunk_size,
@@ -286,6 +286,7 @@ pub fn commit_session(
         memory,
         index,
         working_set: carried_working_set(dev.working_set(), &base.version.working_set),
+        pages,
     };
     let summary = finish_commit(&**store, up, &version, &copts, started, Some(report))?;
     // Rebase: dropped ZERO writes must keep reading as zero from the cache.
