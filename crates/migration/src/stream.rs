@@ -9,8 +9,8 @@
 //! Anything else is refused with an error naming what was met — another
 //! capability set (XBZRLE, compression, multifd, huge pages, ignored
 //! shared RAM), another iterable section (`block`, `dirty-bitmap`, VFIO),
-//! an unknown command or subsection — before a single page is kept, so
-//! the VM can run on. Every length is bounded and checked; a truncated or
+//! an unknown command or subsection — before any version names what was
+//! read (chunks uploaded so far are left to gc), so the VM can run on. Every length is bounded and checked; a truncated or
 //! hostile stream is an error, never a panic (fuzz target
 //! `migration_stream`).
 
@@ -21,8 +21,13 @@ use crate::proto::*;
 
 /// The most RAM blocks a stream may announce (a PC has about ten).
 pub const MAX_BLOCKS: usize = 1024;
-/// The most bytes after the RAM: device state, end mark and description.
+/// The most bytes after the RAM: device state, end mark and description;
+/// the longest description and prologue (the page image's bounds,
+/// `cas-memory.md`: a stream beyond them is refused here, before the VM
+/// is stopped for good).
 pub const MAX_TAIL: usize = 256 << 20;
+pub const MAX_VMDESC: usize = 64 << 20;
+pub const MAX_PROLOGUE: usize = 64 << 10;
 /// The longest machine-type name in the configuration.
 const MAX_MACHINE: usize = 256;
 
@@ -259,6 +264,13 @@ impl<R: Read> Parser<R> {
         self.copy = Some(Vec::new());
         let mut p = self.prologue_fields()?;
         p.bytes = self.copy.take().expect("copying");
+        if p.bytes.len() > MAX_PROLOGUE {
+            return unsupported(
+                format!("a configuration section of {} bytes", p.bytes.len()),
+                0,
+                HINT_DEFAULTS,
+            );
+        }
         Ok(p)
     }
 
@@ -283,6 +295,9 @@ impl<R: Read> Parser<R> {
             p.machine = Some(String::from_utf8_lossy(&name).into_owned());
             while self.peek()? == Some(VM_SUBSECTION) {
                 self.subsection(&mut p)?;
+                if self.at > MAX_PROLOGUE as u64 {
+                    return corrupt("a configuration section without end", self.at);
+                }
             }
         }
         Ok(p)
@@ -391,14 +406,16 @@ impl<R: Read> Parser<R> {
             CMD_OPEN_RETURN_PATH | CMD_SWITCHOVER_START => Some(0),
             CMD_PING => Some(4),
             CMD_POSTCOPY_ADVISE => None,
-            _ => return unsupported(
-                format!(
+            _ => {
+                return unsupported(
+                    format!(
                     "the command {} ({cmd}, {len} bytes) a stopped VM's migration does not send",
                     command_name(cmd)
                 ),
-                at,
-                HINT_DEFAULTS,
-            ),
+                    at,
+                    HINT_DEFAULTS,
+                )
+            }
         };
         if want.is_some_and(|w| w != len) || (cmd == CMD_POSTCOPY_ADVISE && len != 0 && len != 16) {
             return corrupt(
@@ -488,6 +505,9 @@ impl<R: Read> Parser<R> {
             total -= length;
             blocks.push(RamBlock { name, length });
         }
+        if blocks.is_empty() {
+            return corrupt("a RAM section of no block", wat);
+        }
         let eat = self.at;
         let eos = self.be64()?;
         if eos != RAM_FLAG_EOS {
@@ -545,7 +565,12 @@ impl<R: Read> Parser<R> {
             let ram = self.ram.as_ref().expect("records follow the RAM start");
             let (id, footers) = (ram.section_id, ram.footers);
             if self.footer(id)? != footers {
-                return corrupt(format!("section {id} without its footer"), self.at);
+                let what = if footers {
+                    format!("section {id} without its footer")
+                } else {
+                    format!("a footer after section {id}, whose stream has none")
+                };
+                return corrupt(what, self.at);
             }
             self.state = State::Sections;
             if end {
@@ -629,7 +654,17 @@ impl<R: Read> Parser<R> {
 /// the last one is its marker if the length and the JSON agree. Without a
 /// description the end mark is the last byte.
 fn split_tail(mut rest: Vec<u8>) -> std::result::Result<Tail, String> {
-    if let Some(q) = rest.iter().rposition(|&b| b == VM_VMDESCRIPTION) {
+    // The marker's own length field may hold 06 bytes too: the last few
+    // 06 bytes are candidates (JSON holds none).
+    let candidates: Vec<usize> = rest
+        .iter()
+        .enumerate()
+        .rev()
+        .filter(|(_, &b)| b == VM_VMDESCRIPTION)
+        .map(|(q, _)| q)
+        .take(5)
+        .collect();
+    for q in candidates {
         let len_ok = rest
             .get(q + 1..q + 5)
             .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize)
@@ -637,6 +672,7 @@ fn split_tail(mut rest: Vec<u8>) -> std::result::Result<Tail, String> {
         if q >= 1 && rest[q - 1] == VM_EOF && len_ok {
             let json = &rest[q + 5..];
             if json.first() == Some(&b'{')
+                && json.len() <= MAX_VMDESC
                 && serde_json::from_slice::<serde_json::Value>(json).is_ok()
             {
                 let vmdesc = json.to_vec();
@@ -671,6 +707,15 @@ mod tests {
         let s = split_tail(t).unwrap();
         assert_eq!(s.devices, vec![4, 0, 0, 0, 7, 6, 6, 6]);
         assert_eq!(s.vmdesc.as_deref(), Some(&json[..]));
+        // A description whose length holds 06 bytes (0x0606 = 1542).
+        let long = format!("{{\"a\": \"{}\"}}", "x".repeat(1542 - 9));
+        assert_eq!(long.len(), 0x0606);
+        let mut t = vec![4, 9, VM_EOF, VM_VMDESCRIPTION];
+        t.extend((long.len() as u32).to_be_bytes());
+        t.extend(long.as_bytes());
+        let s = split_tail(t).unwrap();
+        assert_eq!(s.devices, vec![4, 9]);
+        assert_eq!(s.vmdesc.as_deref(), Some(long.as_bytes()));
         let s = split_tail(vec![4, 6, 0, 0, 0, 0, VM_EOF]).unwrap();
         assert_eq!(s.devices, vec![4, 6, 0, 0, 0, 0]);
         assert!(s.vmdesc.is_none());

@@ -424,11 +424,7 @@ impl Chain {
 
     /// [`Chain::get_together`], with where each chunk came from when this
     /// call fetched it (`None`: another reader's fetch brought it).
-    pub fn get_together_from(
-        &self,
-        wanted: &[Wanted],
-        wait_others: bool,
-    ) -> Result<Vec<Brought>> {
+    pub fn get_together_from(&self, wanted: &[Wanted], wait_others: bool) -> Result<Vec<Brought>> {
         let ids: Vec<ChunkId> = wanted.iter().map(|w| w.id).collect();
         let held = self.cached(&ids)?;
         let todo = (0..wanted.len()).filter(|&k| !held[k]);

@@ -179,6 +179,11 @@ fn migrate_out(
         "migrate-set-parameters",
         Some(json!({ "max-bandwidth": 1u64 << 40 })),
     );
+    // A source with a return path (postcopy-ram, left on by a lazy resume
+    // whose helper died, or return-path) waits for its destination's word
+    // that it is done, which a stream read to its end never gives: both
+    // off for this migration, back on if it fails.
+    let was_on = stream_capabilities_off(qmp);
     let r = (|| {
         qmp.execute(
             "migrate",
@@ -252,6 +257,16 @@ fn migrate_out(
         })
     })();
     if r.is_err() {
+        if !was_on.is_empty() {
+            let caps: Vec<_> = was_on
+                .iter()
+                .map(|c| json!({"capability": c, "state": true}))
+                .collect();
+            let _ = qmp.execute(
+                "migrate-set-capabilities",
+                Some(json!({ "capabilities": caps })),
+            );
+        }
         if let Some(b) = old_bandwidth {
             let _ = qmp.execute(
                 "migrate-set-parameters",
@@ -260,6 +275,34 @@ fn migrate_out(
         }
     }
     r
+}
+
+/// Turn off the capabilities that give a stream a return path; those that
+/// were on.
+fn stream_capabilities_off(qmp: &mut Qmp) -> Vec<String> {
+    let Ok(caps) = qmp.execute("query-migrate-capabilities", None) else {
+        return Vec::new();
+    };
+    let on: Vec<String> = caps
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["state"].as_bool() == Some(true))
+        .filter_map(|c| c["capability"].as_str())
+        .filter(|c| matches!(*c, "postcopy-ram" | "return-path"))
+        .map(str::to_string)
+        .collect();
+    if !on.is_empty() {
+        let off: Vec<_> = on
+            .iter()
+            .map(|c| json!({"capability": c, "state": false}))
+            .collect();
+        let _ = qmp.execute(
+            "migrate-set-capabilities",
+            Some(json!({ "capabilities": off })),
+        );
+    }
+    on
 }
 
 /// The connection QEMU makes to `listener` after `migrate`, or its

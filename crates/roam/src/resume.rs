@@ -8,11 +8,12 @@
 //! at once and reports when the working set is here ([`Resumed::report`]).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use roamdisk_blockdev::{Progress, Registry, Result};
+use roamdisk_blockdev::{BlockDev, Progress, Registry, Result, WriteFlags, ZeroFlags};
 use roamdisk_chunkstore::error::{bad_arg, context};
 use roamdisk_chunkstore::repo::{check_rev, resolve};
 use roamdisk_chunkstore::store::DynStore;
@@ -45,9 +46,68 @@ pub struct ResumeOptions {
     pub config_out: Option<PathBuf>,
 }
 
+/// The session as served while a lazy resume is under way: writes made
+/// durable before they are acknowledged (FUA) while `on`. The VM's memory
+/// is then split between QEMU and the `resume` process; if that process
+/// dies, its replacement opens the session again and QEMU's NBD client
+/// reconnects and goes on — it would not know that writes acknowledged
+/// since its last flush died with the process, and its file system would
+/// break. Written through, none is lost.
+pub struct WriteThrough {
+    next: Arc<dyn BlockDev>,
+    pub on: Arc<AtomicBool>,
+}
+
+impl WriteThrough {
+    pub fn new(next: Arc<dyn BlockDev>) -> WriteThrough {
+        WriteThrough {
+            next,
+            on: Arc::new(AtomicBool::new(false)),
+        }
+    }
+    fn fua(&self, fua: bool) -> bool {
+        fua || self.on.load(Ordering::Acquire)
+    }
+}
+
+impl BlockDev for WriteThrough {
+    roamdisk_blockdev::layer!("write-through", next);
+    fn write_at(&self, buf: &[u8], off: u64, flags: WriteFlags) -> Result<()> {
+        self.next.write_at(
+            buf,
+            off,
+            WriteFlags {
+                fua: self.fua(flags.fua),
+            },
+        )
+    }
+    fn trim(&self, off: u64, len: u64, flags: WriteFlags) -> Result<()> {
+        self.next.trim(
+            off,
+            len,
+            WriteFlags {
+                fua: self.fua(flags.fua),
+            },
+        )
+    }
+    fn write_zeroes(&self, off: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.next.write_zeroes(
+            off,
+            len,
+            ZeroFlags {
+                fua: self.fua(flags.fua),
+                ..flags
+            },
+        )
+    }
+}
+
 /// A resumed session, its working set being fetched.
 pub struct Resumed {
     pub dev: Arc<CasDev>,
+    /// What to serve: the session, written through while a lazy resume
+    /// is under way.
+    pub served: Arc<WriteThrough>,
     /// `USER/IMAGE` resumed.
     pub name: String,
     /// The memory image's bytes by source.
@@ -129,8 +189,10 @@ pub fn resume(
         Some(p) => write_file(p, |f| crate::checkout::write_memory(&view, f))?,
         None => GatherStats::default(),
     };
+    let served = Arc::new(WriteThrough::new(dev.clone()));
     Ok(Resumed {
         dev,
+        served,
         name,
         memory,
         working_set,

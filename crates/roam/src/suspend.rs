@@ -274,6 +274,9 @@ pub fn suspend_live(
     });
     let mut s = suspend(dir, open, &u, to_media, registry, progress).map_err(lost)?;
     drop(up);
+    // Kept in the version now: a later suspend of this session carries
+    // the version's own unless a new lazy resume records another.
+    let _ = std::fs::remove_file(dir.join(crate::memory::workset::FILE));
     s.live = Some(crate::live::Saved {
         server_ended,
         ..saved

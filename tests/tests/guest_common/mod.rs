@@ -76,6 +76,11 @@ pub struct Guest {
     memory_mib: u32,
     disks: Vec<String>,
     extra: Vec<String>,
+    /// Run QEMU through this command (`setpriv ...`).
+    wrapper: Vec<String>,
+    /// A third serial port the test writes to (the guest reads
+    /// `/dev/ttyS2`).
+    control: bool,
 }
 
 impl Guest {
@@ -87,7 +92,34 @@ impl Guest {
             memory_mib: 256,
             disks: Vec::new(),
             extra: Vec::new(),
+            wrapper: Vec::new(),
+            control: false,
         }
+    }
+
+    /// Let the last disk added wait up to SECS for its NBD server to come
+    /// back (QEMU reconnects) instead of failing the guest's I/O.
+    pub fn reconnect(mut self, secs: u32) -> Guest {
+        let last = self
+            .disks
+            .last_mut()
+            .expect("Guest::reconnect follows Guest::nbd_disk");
+        last.push_str(&format!(",reconnect-delay={secs}"));
+        self
+    }
+
+    /// Run QEMU as `PREFIX... qemu ARGS` (e.g. `setpriv` dropping a
+    /// capability).
+    pub fn wrap(mut self, prefix: &[&str]) -> Guest {
+        self.wrapper = prefix.iter().map(|a| a.to_string()).collect();
+        self
+    }
+
+    /// Give the guest a third serial port, `/dev/ttyS2`, that
+    /// [`RunningGuest::send_control`] writes lines to.
+    pub fn control(mut self) -> Guest {
+        self.control = true;
+        self
     }
 
     /// Add a virtio disk (the next `/dev/vdX`) on the export EXPORT (""
@@ -170,6 +202,13 @@ impl Guest {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if self.control {
+            a.push("-serial".into());
+            a.push(format!(
+                "unix:{},server=on,wait=off",
+                path_str(&files.control)
+            ));
+        }
         for (i, blockdev) in self.disks.iter().enumerate() {
             a.push("-blockdev".into());
             a.push(blockdev.clone());
@@ -190,14 +229,23 @@ impl Guest {
             output: self.dir.join("guest-output.log"),
             qemu_log: self.dir.join("guest-qemu.log"),
             qmp: self.dir.join("guest-qmp.sock"),
+            control: self.dir.join("guest-control.sock"),
         };
-        for f in [&files.console, &files.output, &files.qmp] {
+        for f in [&files.console, &files.output, &files.qmp, &files.control] {
             let _ = std::fs::remove_file(f);
         }
-        let args = self.args(&script_file, &files);
-        let command = format!("{} {}", self.kit.qemu.display(), args.join(" "));
+        let mut args = self.args(&script_file, &files);
+        let mut program = self.kit.qemu.to_string_lossy().into_owned();
+        if let Some((first, rest)) = self.wrapper.split_first() {
+            let mut wrapped: Vec<String> = rest.to_vec();
+            wrapped.push(program);
+            wrapped.append(&mut args);
+            args = wrapped;
+            program = first.clone();
+        }
+        let command = format!("{program} {}", args.join(" "));
         let log = std::fs::File::create(&files.qemu_log).expect("qemu log");
-        let child = Command::new(&self.kit.qemu)
+        let child = Command::new(&program)
             .args(&args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("qemu log"))
@@ -231,6 +279,7 @@ struct RunFiles {
     output: PathBuf,
     qemu_log: PathBuf,
     qmp: PathBuf,
+    control: PathBuf,
 }
 
 /// The text of a file written by the guest or qemu ("" before it exists).
@@ -277,6 +326,26 @@ impl RunningGuest {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Write LINE to the guest's `/dev/ttyS2` ([`Guest::control`]).
+    pub fn send_control(&self, line: &str) {
+        let t0 = Instant::now();
+        let mut s = loop {
+            match UnixStream::connect(&self.files.control) {
+                Ok(s) => break s,
+                Err(e) if t0.elapsed() > Duration::from_secs(20) => {
+                    panic!("the guest's control port: {e}\n{}", self.report())
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        writeln!(s, "{line}").expect("write to the guest's control port");
+    }
+
+    /// QEMU's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
     }
 
     /// QEMU's QMP socket (for `roamdisk suspend --qmp`, `resume --qmp`).

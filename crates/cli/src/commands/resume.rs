@@ -198,6 +198,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             eager: a.eager,
             watchdog,
             session: Some(a.session.clone()),
+            write_through: Some(r.served.on.clone()),
         };
         let progress = a.st.progress(quiet);
         restoring = Some(std::thread::spawn(move || {
@@ -221,7 +222,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     let describe = r.dev.describe();
     let until = a.exec.clone().map_or(Until::Signal, Until::Exec);
     let ended = serve_one(
-        r.dev.clone(),
+        r.served.clone(),
         Access::ReadWrite,
         &describe,
         listen,

@@ -128,6 +128,12 @@ impl Events {
             format_size(never * page),
             sources(&s.sources)
         );
+        if r.lookaside_rejected > 0 {
+            outln!(
+                "  lookaside    {} chunks on the media failed verification (damaged or stale) and were fetched instead",
+                r.lookaside_rejected
+            );
+        }
     }
 }
 

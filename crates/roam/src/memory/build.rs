@@ -38,7 +38,12 @@ pub fn stream_error(e: roamdisk_migration::Error) -> roamdisk_blockdev::Error {
 /// chunks waiting for upload.
 struct Assembly {
     index: Index,
-    open: Option<(usize, Vec<u8>, bool)>,
+    /// The chunk open now: its number, bytes, whether any is not zero,
+    /// and each page's state (0 not seen, 1 zero, 2 data).
+    open: Option<(usize, Vec<u8>, bool, Vec<u8>)>,
+    /// Distinct pages of data and of zeroes so far.
+    data_pages: u64,
+    zero_pages: u64,
     batch: Vec<(usize, Vec<u8>)>,
     batch_bytes: usize,
     chunk: usize,
@@ -47,7 +52,9 @@ struct Assembly {
 impl Assembly {
     /// Close the open chunk into the batch (nothing if all zero).
     fn close(&mut self) {
-        if let Some((c, buf, data)) = self.open.take() {
+        if let Some((c, buf, data, seen)) = self.open.take() {
+            self.data_pages += seen.iter().filter(|&&s| s == 2).count() as u64;
+            self.zero_pages += seen.iter().filter(|&&s| s == 1).count() as u64;
             if data {
                 self.batch_bytes += buf.len();
                 self.batch.push((c, buf));
@@ -75,8 +82,8 @@ impl Assembly {
     fn put(&mut self, offset: u64, data: &PageData<'_>, name: &str) -> Result<bool> {
         let c = (offset / self.chunk as u64) as usize;
         match &self.open {
-            Some((k, _, _)) if *k == c => {}
-            Some((k, _, _)) if *k > c => {
+            Some((k, ..)) if *k == c => {}
+            Some((k, ..)) if *k > c => {
                 return Err(err(
                     ErrorKind::Unsupported,
                     Op::Read,
@@ -86,10 +93,10 @@ impl Assembly {
             _ => {
                 self.close();
                 let len = self.index.chunk_len(c);
-                self.open = Some((c, vec![0u8; len], false));
+                self.open = Some((c, vec![0u8; len], false, vec![0; len / TARGET_PAGE]));
             }
         }
-        let (_, buf, any) = self.open.as_mut().expect("opened");
+        let (_, buf, any, seen) = self.open.as_mut().expect("opened");
         let at = (offset % self.chunk as u64) as usize;
         let dst = &mut buf[at..at + TARGET_PAGE];
         let data_page = match data {
@@ -107,6 +114,7 @@ impl Assembly {
             }
         };
         *any |= data_page;
+        seen[at / TARGET_PAGE] = if data_page { 2 } else { 1 };
         Ok(self.batch_bytes >= BATCH_BYTES)
     }
 }
@@ -146,6 +154,8 @@ pub fn upload_vm_state<S: ChunkWrite + LeaseStore + ?Sized>(
                         batch: Vec::new(),
                         batch_bytes: 0,
                         chunk: chunk_size as usize,
+                        data_pages: 0,
+                        zero_pages: 0,
                     });
                 }
                 ram = Some(r);
@@ -170,6 +180,8 @@ pub fn upload_vm_state<S: ChunkWrite + LeaseStore + ?Sized>(
     progress.advance(p.position() - reported);
     progress.end();
     let ram = ram.expect("a stream's End follows its RAM");
+    let data_pages = blocks.iter().map(|b| b.data_pages).sum();
+    let zero_pages = blocks.iter().map(|b| b.zero_pages).sum();
     let mut flags = 0;
     if ram.footers {
         flags |= FLAG_FOOTERS;
@@ -177,7 +189,7 @@ pub fn upload_vm_state<S: ChunkWrite + LeaseStore + ?Sized>(
     if p.return_path {
         flags |= FLAG_RETURN_PATH;
     }
-    Ok(MemoryPages {
+    let pages = MemoryPages {
         prologue,
         section_id: ram.section_id,
         instance_id: ram.instance_id,
@@ -195,8 +207,17 @@ pub fn upload_vm_state<S: ChunkWrite + LeaseStore + ?Sized>(
             .collect(),
         devices: tail.devices,
         vmdesc: tail.vmdesc,
-        data_pages: p.pages - p.zero_pages,
-        zero_pages: p.zero_pages,
+        data_pages,
+        zero_pages,
         working_set: Vec::new(),
-    })
+    };
+    // What the version will hold must read back, checked now: while QEMU
+    // still runs the VM (a failure here lets it run on).
+    pages
+        .encode()
+        .and_then(|b| MemoryPages::parse(&b, encrypted))
+        .map_err(|e| {
+            roamdisk_chunkstore::error::context(e, "the VM's memory image does not fit its format")
+        })?;
+    Ok(pages)
 }

@@ -42,6 +42,9 @@ pub struct RestoreOptions {
     pub watchdog: Duration,
     /// The session folder: the memory working set is written there.
     pub session: Option<PathBuf>,
+    /// Set while the memory is split between QEMU and this process: the
+    /// served disk writes through ([`crate::resume::WriteThrough`]).
+    pub write_through: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// What [`restore_vm`] did.
@@ -61,6 +64,9 @@ pub struct Restored {
     /// Lazy: the pages, and seconds until the last one was in QEMU.
     pub lazy: Option<LazyStats>,
     pub all_memory_seconds: Option<f64>,
+    /// Chunks lookaside media held but that failed verification (damaged
+    /// or stale), fetched elsewhere, by the end.
+    pub lookaside_rejected: u64,
 }
 
 /// What a hand-over tells as it goes (the CLI draws it).
@@ -229,6 +235,12 @@ fn lazy(
     );
     let (_dir, sock) = private_socket("incoming")?;
     let uri = json!({ "uri": format!("unix:{}", sock.display()) });
+    let through = |on: bool| {
+        if let Some(w) = &o.write_through {
+            w.store(on, std::sync::atomic::Ordering::Release);
+        }
+    };
+    through(true);
     if recover {
         q.execute("migrate-recover", Some(uri)).map_err(vmm)?;
         let s = connect_incoming(&sock)?;
@@ -291,6 +303,9 @@ fn lazy(
         events.memory(s);
     });
     progress.end();
+    if done.is_ok() {
+        through(false);
+    }
     let s = done.map_err(|e| {
         context(
             e,
@@ -319,6 +334,7 @@ fn lazy(
     }
     r.memory = s.sources;
     r.all_memory_seconds = Some(t0.elapsed().as_secs_f64());
+    r.lookaside_rejected = view.lookaside().map_or(0, |l| l.stats().bad);
     r.lazy = Some(s);
     Ok(r)
 }

@@ -372,6 +372,10 @@ impl Engine {
         }
         w.write_all(&b)
             .map_err(|e| io_err("QEMU's migration socket", e))?;
+        // QEMU answers at once; a QEMU that does not is not waited on for
+        // ever.
+        sock.set_read_timeout(Some(Duration::from_secs(60)))
+            .map_err(|e| io_err("the migration socket", e))?;
         let mut rp = RpReader::new(sock.try_clone().map_err(|e| io_err("the socket", e))?);
         let mut have = 0u64;
         let mut pending: HashSet<usize> = (0..self.blocks.len()).collect();
@@ -381,6 +385,9 @@ impl Engine {
                     let Some(&k) = self.names.get(&block) else {
                         return Err(err(ErrorKind::Corrupt, Op::Read, format!("QEMU sent the bitmap of a RAM block {block:?} the image does not have")));
                     };
+                    if !pending.remove(&k) {
+                        continue;
+                    }
                     let blk = &self.blocks[k];
                     if bitmap.len() < blk.pages.div_ceil(8) {
                         return Err(err(
@@ -399,7 +406,6 @@ impl Engine {
                             have += 1;
                         }
                     }
-                    pending.remove(&k);
                 }
                 Some(other) => tracing::debug!("lazy resume: before the bitmaps: {other:?}"),
                 None => {
@@ -419,6 +425,13 @@ impl Engine {
         loop {
             match rp.read().map_err(stream_error)? {
                 Some(RpMessage::ResumeAck(v)) if v == RESUME_ACK_VALUE => break,
+                Some(RpMessage::ResumeAck(v)) => {
+                    return Err(err(
+                        ErrorKind::Io,
+                        Op::Read,
+                        format!("QEMU refused to resume its postcopy (answer {v})"),
+                    ))
+                }
                 Some(other) => tracing::debug!("lazy resume: before the ack: {other:?}"),
                 None => {
                     return Err(err(
@@ -429,6 +442,8 @@ impl Engine {
                 }
             }
         }
+        sock.set_read_timeout(None)
+            .map_err(|e| io_err("the migration socket", e))?;
         *self.out.lock() = Some(w);
         self.spawn_rp(rp);
         self.spawn_demand();

@@ -69,7 +69,10 @@ pub fn load(dir: &Path) -> Option<Vec<(u32, u32)>> {
     match decode(&b) {
         Ok(o) => Some(o),
         Err(e) => {
-            tracing::warn!("{}: {e}; the memory working set is not kept", p.display());
+            tracing::warn!(
+                "{}: {e}; ignored (the base version's memory working set is kept instead)",
+                p.display()
+            );
             None
         }
     }
