@@ -950,6 +950,16 @@ pub fn all() -> Vec<(&'static str, Seeds)> {
         ("fsmeta_ntfs", fsmeta_ntfs()),
         ("fsmeta_swap", fsmeta_swap()),
         ("borrow_plan", borrow_plan()),
+        ("migration_stream", crate::memory::migration_stream()),
+        (
+            "migration_return_path",
+            crate::memory::migration_return_path(),
+        ),
+        ("cas_memory", crate::memory::cas_memory()),
+        (
+            "cas_memory_working_set",
+            crate::memory::cas_memory_working_set(),
+        ),
     ]
 }
 

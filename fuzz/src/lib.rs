@@ -8,6 +8,7 @@
 pub mod corpus;
 pub mod disk;
 pub mod fixup;
+pub mod memory;
 pub mod overlay;
 pub mod trace;
 

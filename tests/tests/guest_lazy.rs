@@ -372,6 +372,31 @@ fn a_damaged_memory_chunk_on_the_media_is_fetched_from_the_store() {
     finish(&fast, &b, &a, g, srv);
 }
 
+/// A version hoarded on host B (its memory image too): once resume has
+/// started, the store goes away and every page comes from the shared
+/// cache.
+#[test]
+fn a_hoarded_version_resumes_lazily_with_the_store_gone() {
+    let (cas, fast, _) = store_with_ext4(false);
+    let dir = cas.dir();
+    let a = run_on_a(&fast, &dir.join("a"), 256, 32, None);
+    let mut link = ChunkServer::start(&cas.store, &[]);
+    let b = dir.join("b");
+    let out = cas_common::hoard(&link.url, IMAGE, path_str(&b.join("shared")), &[]);
+    assert!(out.contains("the network may go"), "{out}");
+    let srv = resume(&b, &link.url, &[]);
+    link.stop();
+    let g = guest(&b, &b.join("resume.sock"), 256, true).spawn(&script(32));
+    let done = memory_done_line(&srv);
+    println!("host B, hoarded: {done}");
+    assert!(
+        done.contains("0 B from lookaside media, 0 B fetched"),
+        "{done}\n{}",
+        srv.log_text()
+    );
+    finish(&fast, &b, &a, g, srv);
+}
+
 /// A QEMU that cannot do postcopy (no CAP_SYS_PTRACE: userfaultfd is
 /// refused) gets the whole memory first, and the resume says why.
 #[test]
