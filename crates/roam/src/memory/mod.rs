@@ -33,3 +33,6 @@ pub fn ram_section(p: &MemoryPages) -> RamSection {
         footers: p.flags & FLAG_FOOTERS != 0,
     }
 }
+
+#[cfg(test)]
+mod tests;

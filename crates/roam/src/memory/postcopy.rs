@@ -767,6 +767,16 @@ impl Engine {
     /// the gaps between waited-on fetches; then the end of the stream.
     fn push(&self) {
         let order = self.pages().chunks_in_push_order();
+        // The working set comes first in the order: the pages the guest
+        // is about to touch. Those go without waiting for a gap between
+        // faults (they are what the faults would ask for next, and one
+        // request brings many where each fault costs a round trip); the
+        // rest goes in the gaps.
+        let in_ws: HashSet<(u32, u32)> = self.pages().working_set.iter().copied().collect();
+        let ws = order
+            .iter()
+            .take_while(|c| in_ws.contains(&(c.block, c.chunk)))
+            .count();
         let chain = self.view.chain();
         let mut batch = 1usize;
         let mut i = 0;
@@ -789,7 +799,9 @@ impl Engine {
                 .iter()
                 .map(|c| self.page_wanted(c.block as usize, c.chunk as usize))
                 .collect();
-            chain.background_turn();
+            if i > ws {
+                chain.background_turn();
+            }
             let t0 = Instant::now();
             let got = loop {
                 match chain.get_together_from(&wanted, true) {
