@@ -53,7 +53,7 @@ fn ram() -> RamSection {
 /// The content of page `p` of block `b` (zero where the stream sends a
 /// zero page).
 fn page(b: usize, p: u64) -> Vec<u8> {
-    let zero = b == 0 && ((4..8).contains(&p) || (p >= 12 && p % 2 == 0));
+    let zero = b == 0 && ((4..8).contains(&p) || (p >= 12 && p.is_multiple_of(2)));
     if zero {
         vec![0; 4096]
     } else {
@@ -237,7 +237,7 @@ impl Dest {
         self.sock.write_all(&b).unwrap();
     }
     /// Read until the end mark; then say done.
-    fn to_the_end(&mut self) {
+    fn read_to_the_end(&mut self) {
         while !self.ended {
             self.section();
         }
@@ -275,7 +275,7 @@ fn a_destination_gets_every_page_once_and_asked_pages_of_zero_chunks() {
     d.ask(Some("pc.ram"), 5);
     d.ask(None, 13);
     d.ask(Some("pc.rom"), 1);
-    d.to_the_end();
+    d.read_to_the_end();
     let s = e.wait(Duration::from_millis(20), |_| {}).unwrap();
     d.check();
     assert!(d.got.contains_key(&(0, 5 * 4096)), "the asked zero page");
@@ -313,7 +313,7 @@ fn a_takeover_sends_only_what_the_destination_lacks() {
         let mut b = Vec::new();
         write::rp_resume_ack(&mut b);
         d.sock.write_all(&b).unwrap();
-        d.to_the_end();
+        d.read_to_the_end();
         d
     });
     let e = engine(&v);
