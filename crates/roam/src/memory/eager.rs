@@ -17,6 +17,9 @@ use crate::fetch::{GatherStats, Wanted};
 use crate::memory::ram_section;
 use crate::view::{VersionView, GATHER_BATCH};
 
+/// Bytes of chunks gathered per batch.
+const BATCH_BYTES: usize = 4 << 20;
+
 fn put(w: &mut dyn Write, b: &[u8]) -> Result<()> {
     w.write_all(b)
         .map_err(|e| roamdisk_blockdev::Error::io(Op::Write, "cas", e))
@@ -32,23 +35,47 @@ pub fn write_precopy(view: &VersionView, w: &mut dyn Write) -> Result<GatherStat
     let mut start = Vec::new();
     ram_start(&mut start, &ram);
     put(w, &start)?;
-    for (b, blk) in pages.blocks.iter().enumerate() {
-        let n = blk.index.records();
-        for first in (0..n).step_by(GATHER_BATCH) {
-            let chunks: Vec<usize> = (first..(first + GATHER_BATCH).min(n)).collect();
-            let wanted: Vec<Wanted> = chunks
-                .iter()
-                .map(|&c| view.page_chunk(b, c))
-                .filter(|w| !w.id.is_zero())
-                .collect();
-            let mut got = view.gather(&wanted, true)?.into_iter();
+    // Chunks gathered a batch ahead of the one written: the store's
+    // round trips overlap QEMU's loading.
+    let per = (BATCH_BYTES / pages.chunk_size().max(1) as usize).max(GATHER_BATCH);
+    let batches: Vec<(usize, Vec<usize>)> = pages
+        .blocks
+        .iter()
+        .enumerate()
+        .flat_map(|(b, blk)| {
+            let n = blk.index.records();
+            (0..n)
+                .step_by(per)
+                .map(move |first| (b, (first..(first + per).min(n)).collect()))
+        })
+        .collect();
+    std::thread::scope(|scope| -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let batches = &batches;
+        let fetcher = scope.spawn(move || {
+            for (b, chunks) in batches {
+                let wanted: Vec<Wanted> = chunks
+                    .iter()
+                    .map(|&c| view.page_chunk(*b, c))
+                    .filter(|w| !w.id.is_zero())
+                    .collect();
+                let got = view.gather(&wanted, true);
+                let failed = got.is_err();
+                if tx.send(got).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        for (b, chunks) in batches {
+            let blk = &pages.blocks[*b];
+            let mut got = rx.recv().expect("one result per batch")?.into_iter();
             let mut rec = Records::new(&ram, false);
-            for &c in &chunks {
+            for &c in chunks {
                 let base = c as u64 * blk.index.chunk_size as u64;
                 let len = blk.index.chunk_len(c);
                 if blk.index.ids[c].is_zero() {
                     for at in (0..len).step_by(TARGET_PAGE) {
-                        rec.zero(b, base + at as u64);
+                        rec.zero(*b, base + at as u64);
                     }
                     continue;
                 }
@@ -56,12 +83,14 @@ pub fn write_precopy(view: &VersionView, w: &mut dyn Write) -> Result<GatherStat
                 stats.add(&g, len);
                 let data: Arc<Vec<u8>> = g.data.expect("gathered with data");
                 for (k, page) in data.chunks(TARGET_PAGE).enumerate() {
-                    rec.any(b, base + (k * TARGET_PAGE) as u64, page);
+                    rec.any(*b, base + (k * TARGET_PAGE) as u64, page);
                 }
             }
             put(w, &rec.finish())?;
         }
-    }
+        fetcher.join().expect("the fetcher does not panic");
+        Ok(())
+    })?;
     let mut tail = Records::new(&ram, true).finish();
     tail.extend_from_slice(&pages.devices);
     end(&mut tail, pages.vmdesc.as_deref());
