@@ -40,7 +40,9 @@ fetched when it does, the rest pushed behind.
                 zero pages never sent (zero_chunk_pages -
                 zero_chunk_pages_sent), fault latency p50/p99.
               A lazy run waits for all of the memory only when stored bytes
-              / rate is under --max-wait seconds (or with --wait-all);
+              / rate is under --max-wait seconds (or with --wait-all; with
+              --lookaside right, whose resume set holds the memory image,
+              it always waits: nothing of it crosses the link);
               otherwise it records the time to running and reports "not
               waited" for the rest.
 
@@ -119,11 +121,13 @@ def kill_all():
 
 
 def on_signals():
-    """SIGTERM and SIGHUP end the bench as Ctrl-C does (through finally)."""
+    """SIGTERM and SIGHUP end the bench as Ctrl-C does (through finally);
+    Ctrl-C does even where SIGINT came ignored (a background job)."""
     def bye(sig, _frame):
         raise SystemExit(128 + sig)
     for s in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, bye)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def end(p, timeout=30):
@@ -241,6 +245,33 @@ def boot_and_suspend(d, store, memory, script, blob, media=None, chunk_size=None
     g.wait(timeout=60)
     srv.wait(timeout=60)
     return rep, md5_of(out)
+
+
+def resume_and_resuspend(d, store, memory, script, media):
+    """One lazy resume of bench/live at full speed (it records the pages
+    the guest touches first: the memory working set), the guest left
+    counting 20 s, then suspended again (--to-media MEDIA): the version
+    the runs then resume carries that working set. What that suspend
+    reported."""
+    h = os.path.join(d, "b-ws")
+    os.makedirs(h)
+    sock, sess = os.path.join(h, "b.sock"), os.path.join(h, "sess")
+    r = spawn([B, "resume", "bench/live", "--store", store, "--session", sess,
+               "--shared-cache", os.path.join(h, "shared"), "--socket", sock,
+               "--qmp", os.path.join(h, "b.qmp"), "--json"],
+              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    docs = Docs(r.stdout)
+    wait_socket(sock, r, "roamdisk resume")
+    g, qmp, out = qemu(h, "b", memory, script, nbd_disk(sock, 30), incoming=True)
+    wait_for(lambda: docs.has("restored") or r.poll() is not None, 900, "all of the memory")
+    n = max(counts(out) or [0])
+    wait_for(lambda: max(counts(out) or [0]) >= n + 150 or g.poll() is not None, 120,
+             "the guest to count on")
+    rep = json.loads(run(B, "suspend", sess, "--qmp", qmp, "--store", store, "--json",
+                         "--to-media", media))
+    g.wait(timeout=60)
+    r.wait(timeout=60)
+    return rep
 
 
 def stored_bytes(rep):
@@ -429,6 +460,9 @@ def main():
                     help="wait for all of the memory at every rate")
     ap.add_argument("--max-wait", type=float, default=900,
                     help="wait for all of the memory only if stored bytes / rate is under this (s)")
+    ap.add_argument("--working-set", action="store_true",
+                    help="measure a version that carries a memory working set: one lazy "
+                    "resume and suspend first")
     ap.add_argument("--out")
     a = ap.parse_args()
     if a.blob is None:
@@ -449,6 +483,14 @@ def main():
         script = write_script(os.path.join(d, "script.sh"), a.blob)
         rep, md5 = boot_and_suspend(d, store, a.memory, script, a.blob, os.path.join(d, "right"),
                                     a.memory_chunk_size)
+        media = None
+        if a.working_set:
+            media = os.path.join(d, "right-ws")
+            rep = resume_and_resuspend(d, store, a.memory, script, media)
+            print(f"suspended again after a lazy resume: memory working set "
+                  f"{(rep.get('live') or {}).get('working_set_chunks')} chunks, "
+                  f"{(rep.get('live') or {}).get('upload', {}).get('reused_objects')} memory "
+                  f"objects reused", file=sys.stderr)
         live, rs = rep.get("live") or {}, rep.get("resume_set") or {}
         stored = stored_bytes(rep)
         print(f"suspended: RAM {live.get('ram_bytes')} B, stream {live.get('bytes')} B, "
@@ -464,8 +506,10 @@ def main():
                 order = conds[k % len(conds):] + conds[:k % len(conds)]
                 for cond in order:
                     n += 1
+                    # With the resume set the memory comes from the medium.
+                    e = 0.0 if cond.endswith("-right") and rs.get("memory_chunks") else est
                     res = one(d, store, rate, cond, a.memory, script, n, a.latency, a.wait_all,
-                              a.max_wait, est)
+                              a.max_wait, e, media=media)
                     print(json.dumps({k: v for k, v in res.items()
                                       if k not in ("restored", "running_lazy")}), file=sys.stderr)
                     results.append(res)

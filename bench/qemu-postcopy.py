@@ -16,7 +16,17 @@ same guest, the same throttled link.
               script: a token bucket at RATE bit/s each direction, 64 KiB
               burst, as `store serve --limit`, and --delay one way, default
               4 ms: an 8 ms round trip), then `migrate-start-postcopy` as
-              soon as A's query-migrate says active.
+              soon as A's query-migrate says active. --qemu-bandwidth
+              link (the default) sets A's max-bandwidth and
+              max-postcopy-bandwidth to RATE: left at QEMU's defaults
+              (--qemu-bandwidth default) A writes as fast as its socket
+              takes it, and on loopback that socket's send buffer grows to
+              tcp_wmem's maximum (4 MB, seen with ss -tm): every page B asks
+              for then waits behind up to 4 MB of stream (~250 ms at 100
+              Mbit/s; a real 8 ms path keeps far less unsent), which is
+              this emulation, not QEMU. --preempt turns postcopy-preempt on
+              (faulted pages on a second connection, through the same
+              proxy and buckets).
               measured from `migrate`: B's guest's next counter line (time
               to running), B's query-migrate `completed` (time to all
               memory), bytes the proxy carried A to B before running, A's
@@ -51,6 +61,7 @@ Measurements alternate (qemu first on even runs, roamdisk first on odd).
 
 Usage: bench/qemu-postcopy.py [--rates 10Mbit,100Mbit] [--runs 3] [--memory 256]
        [--blob 24] [--delay 4ms] [--memory-chunk-size 16K] [--preempt]
+       [--qemu-bandwidth link|default]
 Writes bench/results/qemu-postcopy-STAMP.json.
 Needs: a release build (cargo build --release -p roamdisk), scripts/guest-setup,
 root (or CAP_SYS_PTRACE) for QEMU's userfaultfd.
@@ -242,8 +253,10 @@ def migration(q):
     return q.cmd("query-migrate") or {}
 
 
-def qemu_one(d, rate, delay, memory, script, blob, n, preempt=False):
-    """QEMU A -> QEMU B, postcopy, through the proxy at RATE."""
+def qemu_one(d, rate, delay, memory, script, blob, n, preempt=False, bandwidth="link"):
+    """QEMU A -> QEMU B, postcopy, through the proxy at RATE; BANDWIDTH
+    "link": A's max-bandwidth and max-postcopy-bandwidth set to RATE,
+    "default": QEMU's own."""
     h = os.path.join(d, f"q-{n}")
     os.makedirs(h)
     disk = os.path.join(h, "disk.raw")
@@ -263,6 +276,9 @@ def qemu_one(d, rate, delay, memory, script, blob, n, preempt=False):
         qb.cmd("migrate-set-capabilities",
                capabilities=caps + [{"capability": "postcopy-blocktime", "state": True}])
         qa.cmd("migrate-set-capabilities", capabilities=caps)
+        if bandwidth == "link":
+            bps = int(rate_bits(rate) / 8)
+            qa.cmd("migrate-set-parameters", **{"max-bandwidth": bps, "max-postcopy-bandwidth": bps})
         port = free_port()
         qb.cmd("migrate-incoming", uri=f"tcp:127.0.0.1:{port}")
         proxy = Proxy(port, rate_bits(rate), delay)
@@ -316,7 +332,7 @@ def qemu_one(d, rate, delay, memory, script, blob, n, preempt=False):
     ram = ma.get("ram") or {}
     requests = ram.get("postcopy-requests")
     blocktime = mb.get("postcopy-blocktime")
-    res = {"method": "qemu", "rate": rate, "seconds": t_run - t0, "first_count": first,
+    res = {"method": "qemu", "rate": rate, "preempt": preempt, "bandwidth": bandwidth, "seconds": t_run - t0, "first_count": first,
            "active_after": t_active - t0, "postcopy_after": t_postcopy - t0,
            "all_memory_seconds": t_done - t0, "bytes_before_running": before["up"],
            "bytes_back_before_running": before["down"], "bytes_total": total["up"],
@@ -372,7 +388,9 @@ def table(results, rates, delay):
                 faults = fmt(m["faults"], ".0f")
                 lat = (f"p50 {m['fault_p50_us'] / 1000:.1f}, p99 {m['fault_p99_us'] / 1000:.1f}"
                        if m["fault_p50_us"] is not None else "-")
-            label = "QEMU postcopy (live)" if method == "qemu" else "roamdisk lazy resume"
+            label = ("QEMU postcopy (live)" + (", preempt" if rs[0].get("preempt") else "")
+                     + ("" if rs[0].get("bandwidth") == "link" else ", default bandwidth")
+                     if method == "qemu" else "roamdisk lazy resume")
             print(f"| {rate} | {label} | {m['seconds']:.2f} | {fmt(m['all_memory_seconds'], '.2f')} "
                   f"| {m['bytes_before_running'] / 1e6:.2f} MB | {m['physical_limit']:.2f} "
                   f"| {faults} | {lat} |")
@@ -388,6 +406,9 @@ def main():
     ap.add_argument("--memory-chunk-size", help="suspend --memory-chunk-size (default: its own)")
     ap.add_argument("--preempt", action="store_true",
                     help="QEMU: postcopy-preempt on (faulted pages on a channel of their own)")
+    ap.add_argument("--qemu-bandwidth", choices=("link", "default"), default="link",
+                    help="QEMU A's max-bandwidth and max-postcopy-bandwidth: the link rate, "
+                    "or QEMU's defaults")
     ap.add_argument("--out")
     a = ap.parse_args()
     delay = duration(a.delay)
@@ -406,7 +427,8 @@ def main():
                 for method in (("qemu", "roamdisk") if k % 2 == 0 else ("roamdisk", "qemu")):
                     n += 1
                     if method == "qemu":
-                        res = qemu_one(d, rate, delay, a.memory, script, a.blob, n, a.preempt)
+                        res = qemu_one(d, rate, delay, a.memory, script, a.blob, n, a.preempt,
+                                       a.qemu_bandwidth)
                     else:
                         res = roamdisk_one(d, rate, delay, a.memory, script, a.blob, n,
                                            a.memory_chunk_size)

@@ -55,8 +55,8 @@ use crate::store_args::StoreArgs;
 /// and Linux userfaultfd (root, CAP_SYS_PTRACE, /dev/userfaultfd or
 /// vm.unprivileged_userfaultfd=1); without them, with --eager, or for a
 /// version suspended by an earlier build, QEMU gets the whole image
-/// first, then `cont` (a line says why). --paused leaves the VM paused
-/// (start QEMU with -S). With --exec, serving ends when the command exits
+/// first, then `cont` (a line says why). --paused leaves the VM paused.
+/// With --exec, serving ends when the command exits
 /// (QEMU powered off or quit).
 ///
 /// Examples:
@@ -135,6 +135,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     if (a.qmp.is_some() || a.exec.is_some()) && !serving {
         bail!("--qmp and --exec need the disk served: add --socket PATH or --listen ADDR:PORT");
     }
+    let started = std::time::Instant::now();
     let qmp_wait = parse_duration(&a.qmp_wait, Bare::Seconds)?;
     let watchdog = parse_duration(&a.watchdog, Bare::Seconds)?;
     let store = a.st.open(false)?;
@@ -199,6 +200,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             watchdog,
             session: Some(a.session.clone()),
             write_through: Some(r.served.on.clone()),
+            started: Some(started),
         };
         let progress = a.st.progress(quiet);
         restoring = Some(std::thread::spawn(move || {

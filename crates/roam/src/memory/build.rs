@@ -176,6 +176,11 @@ pub fn upload_vm_state<S: ChunkWrite + LeaseStore + ?Sized>(
     for b in &mut blocks {
         b.close();
         b.flush(up)?;
+        // All-zero chunks are never handed to the uploader: counted here,
+        // as a disk's are ("stored as nothing").
+        let zero = b.index.ids.iter().filter(|id| id.is_zero()).count() as u64;
+        up.stats.chunks += zero;
+        up.stats.zero_chunks += zero;
     }
     progress.advance(p.position() - reported);
     progress.end();

@@ -45,6 +45,8 @@ pub struct RestoreOptions {
     /// Set while the memory is split between QEMU and this process: the
     /// served disk writes through ([`crate::resume::WriteThrough`]).
     pub write_through: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// When the command started (its times are reported from there too).
+    pub started: Option<Instant>,
 }
 
 /// What [`restore_vm`] did.
@@ -59,11 +61,17 @@ pub struct Restored {
     pub memory: GatherStats,
     /// The VM's run state once it had what it needs to run.
     pub state: String,
-    /// Seconds from QEMU's QMP answering to the VM running.
+    /// Seconds from QEMU's QMP answering to the VM running (its vCPUs
+    /// started: a lazy resume's guest then runs as its pages come).
     pub seconds: f64,
+    /// The same from the command's start.
+    pub seconds_since_start: Option<f64>,
     /// Lazy: the pages, and seconds until the last one was in QEMU.
     pub lazy: Option<LazyStats>,
+    /// Seconds from QEMU's QMP answering (and from the command's start)
+    /// until every page is in QEMU.
     pub all_memory_seconds: Option<f64>,
+    pub all_memory_since_start: Option<f64>,
     /// Chunks lookaside media held but that failed verification (damaged
     /// or stale), fetched elsewhere, by the end.
     pub lookaside_rejected: u64,
@@ -159,6 +167,9 @@ pub fn restore_vm(
     }
     let mut r = eager(view, &mut q, o, t0)?;
     r.eager_because = because;
+    r.all_memory_seconds = Some(r.seconds);
+    r.seconds_since_start = o.started.map(|s| s.elapsed().as_secs_f64());
+    r.all_memory_since_start = r.seconds_since_start;
     events.running(&r);
     Ok(r)
 }
@@ -288,6 +299,7 @@ fn lazy(
         mode: if recover { "recovered" } else { "lazy" },
         state,
         seconds: t0.elapsed().as_secs_f64(),
+        seconds_since_start: o.started.map(|s| s.elapsed().as_secs_f64()),
         lazy: Some(engine.stats()),
         ..Default::default()
     };
@@ -334,6 +346,7 @@ fn lazy(
     }
     r.memory = s.sources;
     r.all_memory_seconds = Some(t0.elapsed().as_secs_f64());
+    r.all_memory_since_start = o.started.map(|s| s.elapsed().as_secs_f64());
     r.lookaside_rejected = view.lookaside().map_or(0, |l| l.stats().bad);
     r.lazy = Some(s);
     Ok(r)
