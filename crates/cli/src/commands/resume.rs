@@ -122,6 +122,13 @@ pub struct Args {
     /// fetched, however long the store or the link is away).
     #[arg(long, value_name = "DURATION", default_value = "10s", requires = "qmp")]
     watchdog: String,
+    /// Chunks fetched per page fault: the faulted one and the rest of its
+    /// aligned group of N (fewer round trips on a link of long latency,
+    /// more bytes); 0, the default, chooses by the link's latency and rate
+    /// as measured.
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "qmp",
+          value_parser = clap::value_parser!(u64).range(0..=32))]
+    fault_group: u64,
     /// Run this command with `sh -c` once the disk is served (your QEMU,
     /// ROAMDISK_NBD_URI set to the disk); serving ends when it exits.
     #[arg(long, value_name = "COMMAND")]
@@ -201,6 +208,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
             session: Some(a.session.clone()),
             write_through: Some(r.served.on.clone()),
             started: Some(started),
+            fault_group: a.fault_group as usize,
         };
         let progress = a.st.progress(quiet);
         restoring = Some(std::thread::spawn(move || {

@@ -47,6 +47,8 @@ pub struct RestoreOptions {
     pub write_through: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// When the command started (its times are reported from there too).
     pub started: Option<Instant>,
+    /// Chunks fetched per fault ([`EngineOptions::fault_group`]).
+    pub fault_group: usize,
 }
 
 /// What [`restore_vm`] did.
@@ -242,6 +244,7 @@ fn lazy(
         EngineOptions {
             watchdog: o.watchdog,
             note: Arc::new(move |m: &str| sink.lock().push(m.to_string())),
+            fault_group: o.fault_group,
         },
     );
     let (_dir, sock) = private_socket("incoming")?;

@@ -132,11 +132,16 @@ fn view() -> Arc<VersionView> {
 }
 
 fn engine(v: &Arc<VersionView>) -> Arc<Engine> {
+    engine_grouped(v, 1)
+}
+
+fn engine_grouped(v: &Arc<VersionView>, fault_group: usize) -> Arc<Engine> {
     Engine::new(
         v.clone(),
         EngineOptions {
             watchdog: Duration::from_secs(5),
             note: Arc::new(|_| {}),
+            fault_group,
         },
     )
 }
@@ -265,8 +270,15 @@ impl Dest {
 
 #[test]
 fn a_destination_gets_every_page_once_and_asked_pages_of_zero_chunks() {
+    for group in [1, 4] {
+        fresh_start(group);
+    }
+}
+
+/// A fresh start with faults fetching `group` chunks each.
+fn fresh_start(group: usize) {
     let v = view();
-    let e = engine(&v);
+    let e = engine_grouped(&v, group);
     let (ours, theirs) = UnixStream::pair().unwrap();
     let mut d = Dest::new(theirs);
     e.start(ours).unwrap();
@@ -321,4 +333,20 @@ fn a_takeover_sends_only_what_the_destination_lacks() {
     let d = answer.join().expect("the destination");
     e.wait(Duration::from_millis(20), |_| {}).unwrap();
     d.check();
+}
+
+#[test]
+fn the_fault_group_follows_the_link() {
+    use super::postcopy::LinkFit;
+    // (latency, bytes per second) of a link; the probes' sizes.
+    for ((latency, rate), want) in [((0.008, 25e6), 16), ((0.0003, 2.5e6), 1), ((0.008, 4e6), 4)] {
+        let mut f = LinkFit::default();
+        let mut k = 0;
+        for _ in 0..40 {
+            k = f.group(CHUNK as usize);
+            let bytes = k * CHUNK as usize;
+            f.add(bytes, latency + bytes as f64 / rate);
+        }
+        assert_eq!(k, want, "latency {latency}, rate {rate}");
+    }
 }
