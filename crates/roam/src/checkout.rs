@@ -12,8 +12,12 @@ use crate::view::{VersionView, GATHER_BATCH};
 
 /// Write the version's memory image to `w`: its chunks gathered in
 /// batches from the shared cache, lookaside media or the store (each
-/// verified as it arrives).
+/// verified as it arrives). A page image is written as the migration
+/// stream QEMU loads (`-incoming "exec:cat FILE"`).
 pub fn write_memory(view: &VersionView, w: &mut dyn std::io::Write) -> Result<GatherStats> {
+    if view.version.pages.is_some() {
+        return crate::memory::eager::write_precopy(view, w);
+    }
     let mut stats = GatherStats::default();
     for batch in view.memory_chunks().chunks(GATHER_BATCH) {
         let wanted: Vec<Wanted> = batch.iter().filter(|c| !c.id.is_zero()).copied().collect();

@@ -185,11 +185,8 @@ fn eager(view: &VersionView, q: &mut Qmp, o: &RestoreOptions, t0: Instant) -> Re
     )
     .map_err(vmm)?;
     let mut stream = connect_incoming(&sock)?;
-    let memory = match view.version.pages {
-        Some(_) => crate::memory::eager::write_precopy(view, &mut stream),
-        None => crate::checkout::write_memory(view, &mut stream),
-    }
-    .map_err(|e| context(e, "the VM's memory image could not be handed to QEMU"))?;
+    let memory = crate::checkout::write_memory(view, &mut stream)
+        .map_err(|e| context(e, "the VM's memory image could not be handed to QEMU"))?;
     drop(stream);
     let m = q
         .wait_migration(Duration::from_secs(600), |_| true)
