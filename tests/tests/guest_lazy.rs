@@ -134,32 +134,9 @@ fn run_on_a(fast: &ChunkServer, a: &Path, mem: u32, blob: u32, media: Option<&Pa
     HostA { run, count }
 }
 
-/// `roamdisk resume IMAGE --qmp` on HOST (its session, shared cache and
-/// QEMU's QMP socket there), the store at STORE; `extra` after.
+/// [`roam_common::resume`] with a watchdog of 5 s.
 fn resume(host: &Path, store: &str, extra: &[&str]) -> Server {
-    std::fs::create_dir_all(host).expect("host folder");
-    Server::start_command(
-        host,
-        "resume.sock",
-        "resume",
-        &[
-            &[
-                IMAGE,
-                "--store",
-                store,
-                "--session",
-                path_str(&host.join("sess")),
-                "--shared-cache",
-                path_str(&host.join("shared")),
-                "--qmp",
-                path_str(&host.join("guest-qmp.sock")),
-                "--watchdog",
-                "5s",
-            ],
-            extra,
-        ]
-        .concat(),
-    )
+    roam_common::resume(host, store, &[&["--watchdog", "5s"], extra].concat())
 }
 
 /// The percentage of stored pages in QEMU the resume last reported

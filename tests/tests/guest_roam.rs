@@ -68,29 +68,7 @@ umount /mnt
 /// MEDIA as lookaside, STORE as the store, served on HOST/resume.sock,
 /// handing the VM's state to the QEMU at HOST/guest-qmp.sock.
 fn resume(host: &Path, store: &str, media: &Path, extra: &[&str]) -> Server {
-    std::fs::create_dir_all(host).expect("host folder");
-    Server::start_command(
-        host,
-        "resume.sock",
-        "resume",
-        &[
-            &[
-                IMAGE,
-                "--store",
-                store,
-                "--session",
-                path_str(&host.join("sess")),
-                "--shared-cache",
-                path_str(&host.join("shared")),
-                "--lookaside",
-                path_str(media),
-                "--qmp",
-                path_str(&host.join("guest-qmp.sock")),
-            ],
-            extra,
-        ]
-        .concat(),
-    )
+    roam_common::resume(host, store, &[&["--lookaside", path_str(media)], extra].concat())
 }
 
 /// The guest on `host`, its disk served on SOCKET; `incoming`: a QEMU

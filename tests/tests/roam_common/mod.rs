@@ -69,6 +69,33 @@ pub fn suspend(g: &RunningGuest, sess: &Path, media: &Path, extra: &[&str]) -> S
     out
 }
 
+/// `roamdisk resume IMAGE --qmp` on HOST (its session, shared cache and
+/// QEMU's QMP socket there), the store at STORE, served on
+/// HOST/resume.sock; `extra` after.
+pub fn resume(host: &Path, store: &str, extra: &[&str]) -> Server {
+    std::fs::create_dir_all(host).expect("host folder");
+    Server::start_command(
+        host,
+        "resume.sock",
+        "resume",
+        &[
+            &[
+                IMAGE,
+                "--store",
+                store,
+                "--session",
+                path_str(&host.join("sess")),
+                "--shared-cache",
+                path_str(&host.join("shared")),
+                "--qmp",
+                path_str(&host.join("guest-qmp.sock")),
+            ],
+            extra,
+        ]
+        .concat(),
+    )
+}
+
 /// The resume process's report line on the VM's state, once it is there.
 pub fn restored_line(srv: &Server) -> String {
     let t0 = Instant::now();
