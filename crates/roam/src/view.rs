@@ -105,8 +105,9 @@ fn act(t: Arc<dyn AheadTarget>, jobs: Vec<Window>) {
         .filter(|&i| !idx.ids[i].is_zero() && !ra.was_read(i) && t.reads_base(i))
         .collect();
     let shared = base.shared.is_some();
+    // Not held back for waited-on fetches (`Chain::background_turn`):
+    // a read-ahead fetches what its own reader is about to wait on.
     for part in todo.chunks(AHEAD_BATCH) {
-        base.chain.background_turn();
         let ids: Vec<ChunkId> = part.iter().map(|&i| idx.ids[i]).collect();
         let held = match base.chain.cached(&ids) {
             Ok(h) => h,

@@ -9,6 +9,7 @@
 pub mod build;
 pub mod eager;
 pub mod handoff;
+pub mod link;
 pub mod postcopy;
 pub mod workset;
 

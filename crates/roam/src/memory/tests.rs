@@ -337,7 +337,7 @@ fn a_takeover_sends_only_what_the_destination_lacks() {
 
 #[test]
 fn the_fault_group_follows_the_link() {
-    use super::postcopy::LinkFit;
+    use super::link::LinkFit;
     // (latency, bytes per second) of a link; the probes' sizes.
     for ((latency, rate), want) in [((0.008, 25e6), 16), ((0.0003, 2.5e6), 1), ((0.008, 4e6), 4)] {
         let mut f = LinkFit::default();
