@@ -68,7 +68,11 @@ umount /mnt
 /// MEDIA as lookaside, STORE as the store, served on HOST/resume.sock,
 /// handing the VM's state to the QEMU at HOST/guest-qmp.sock.
 fn resume(host: &Path, store: &str, media: &Path, extra: &[&str]) -> Server {
-    roam_common::resume(host, store, &[&["--lookaside", path_str(media)], extra].concat())
+    roam_common::resume(
+        host,
+        store,
+        &[&["--lookaside", path_str(media)], extra].concat(),
+    )
 }
 
 /// The guest on `host`, its disk served on SOCKET; `incoming`: a QEMU
