@@ -51,7 +51,8 @@ Conditions rotate their order every run; rates below 10 Mbit/s run
 
 Usage: bench/isr-lazy.py [--memory 256] [--blob 24] [--rates 1Mbit,10Mbit,100Mbit]
        [--runs 3] [--slow-runs 1] [--conds lazy-none,lazy-right,eager-none,eager-right]
-       [--latency 8ms] [--memory-chunk-size 16K] [--wait-all] [--max-wait 900]
+       [--slow-conds CONDS] [--latency 8ms] [--memory-chunk-size 16K] [--fault-group N]
+       [--wait-all] [--max-wait 900] [--working-set]
        (a 1 GiB guest: --memory 1024 --blob 300)
 Writes bench/results/isr-lazy-STAMP.json.
 Needs: a release build (cargo build --release -p roamdisk), scripts/guest-setup,
@@ -316,7 +317,7 @@ class Docs:
 
 
 def one(d, store, rate, cond, memory, script, n, latency="8ms", wait_all=False,
-        max_wait=900.0, est=0.0, image="bench/live", media=None):
+        max_wait=900.0, est=0.0, image="bench/live", media=None, fault_group=None):
     """One resume of IMAGE under COND over a fresh link at RATE; EST: the
     seconds its stored memory takes at RATE (whether to wait for all of
     it). Returns the run's numbers."""
@@ -334,6 +335,8 @@ def one(d, store, rate, cond, memory, script, n, latency="8ms", wait_all=False,
         args += ["--lookaside", media or os.path.join(d, "right")]
     if eager:
         args += ["--eager"]
+    if fault_group is not None and not eager:
+        args += ["--fault-group", str(fault_group)]
     bps = rate_bits(rate)
     wait = not eager and (wait_all or est < max_wait)
     w0 = wchar(link.pid)
@@ -454,6 +457,10 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--slow-runs", type=int, default=1, help="runs at rates under 10 Mbit/s")
     ap.add_argument("--conds", default=",".join(CONDS))
+    ap.add_argument("--slow-conds", help="the conditions run at rates under 10 Mbit/s "
+                    "(default: --conds; an eager resume of 1 GiB at 1 Mbit/s takes ~45 min)")
+    ap.add_argument("--fault-group", type=int,
+                    help="resume --fault-group N for the lazy conditions (default: auto)")
     ap.add_argument("--latency", default="8ms", help="store serve --latency")
     ap.add_argument("--memory-chunk-size", help="suspend --memory-chunk-size (default: its own)")
     ap.add_argument("--wait-all", action="store_true",
@@ -468,7 +475,8 @@ def main():
     if a.blob is None:
         a.blob = 300 if a.memory >= 1024 else 24
     conds = a.conds.split(",")
-    for c in conds:
+    slow_conds = a.slow_conds.split(",") if a.slow_conds else conds
+    for c in conds + slow_conds:
         if c not in CONDS:
             raise SystemExit(f"--conds: {c}? one of {', '.join(CONDS)}")
     rates = a.rates.split(",")
@@ -502,14 +510,15 @@ def main():
             bps = rate_bits(rate)
             est = stored * 8 / bps
             runs = a.slow_runs if bps < 10e6 else a.runs
+            cs = slow_conds if bps < 10e6 else conds
             for k in range(runs):
-                order = conds[k % len(conds):] + conds[:k % len(conds)]
+                order = cs[k % len(cs):] + cs[:k % len(cs)]
                 for cond in order:
                     n += 1
                     # With the resume set the memory comes from the medium.
                     e = 0.0 if cond.endswith("-right") and rs.get("memory_chunks") else est
                     res = one(d, store, rate, cond, a.memory, script, n, a.latency, a.wait_all,
-                              a.max_wait, e, media=media)
+                              a.max_wait, e, media=media, fault_group=a.fault_group)
                     print(json.dumps({k: v for k, v in res.items()
                                       if k not in ("restored", "running_lazy")}), file=sys.stderr)
                     results.append(res)

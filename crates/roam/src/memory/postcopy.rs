@@ -255,6 +255,27 @@ impl Engine {
         }
     }
 
+    /// Move to phase `to`: only forward, and never out of `Done` or
+    /// `Failed`. The end mark's sender and the return path race: QEMU may
+    /// answer SHUT 0 before the sender has marked the stream ended, and
+    /// that answer must stand. Whether the phase moved.
+    fn advance(&self, to: Phase) -> bool {
+        let mut cur = self.phase.load(Ordering::Acquire);
+        loop {
+            let terminal = cur == Phase::Done as u8 || cur == Phase::Failed as u8;
+            if terminal || cur >= to as u8 {
+                return false;
+            }
+            match self
+                .phase
+                .compare_exchange(cur, to as u8, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
     /// The migration is over, well or not.
     pub fn finished(&self) -> bool {
         matches!(self.phase(), Phase::Done | Phase::Failed)
@@ -276,7 +297,7 @@ impl Engine {
         }
         tracing::warn!("lazy resume: {why}");
         self.error.lock().get_or_insert(why);
-        self.phase.store(Phase::Failed as u8, Ordering::Release);
+        self.advance(Phase::Failed);
         self.wake.notify_all();
         if let Some(s) = self.out.lock().take() {
             let _ = s.shutdown(std::net::Shutdown::Both);
@@ -317,7 +338,7 @@ impl Engine {
             let why = format!("QEMU's migration socket failed: {e}");
             tracing::warn!("lazy resume: {why}");
             self.error.lock().get_or_insert(why);
-            self.phase.store(Phase::Failed as u8, Ordering::Release);
+            self.advance(Phase::Failed);
             self.wake.notify_all();
             return false;
         }
@@ -499,7 +520,7 @@ impl Engine {
                         }
                     }
                     Ok(Some(RpMessage::Shut(0))) => {
-                        me.phase.store(Phase::Done as u8, Ordering::Release);
+                        me.advance(Phase::Done);
                         me.wake.notify_all();
                         return;
                     }
@@ -918,9 +939,15 @@ impl Engine {
         }
         let mut b = Records::new(&self.ram, true).finish();
         b.push(VM_EOF);
+        // Before the send: QEMU may answer SHUT 0 before it returns.
+        self.stats.lock().seconds = self.started.elapsed().as_secs_f64();
         if self.send(&mut out, &b) {
-            self.phase.store(Phase::Ended as u8, Ordering::Release);
-            self.stats.lock().seconds = self.started.elapsed().as_secs_f64();
+            #[cfg(test)]
+            std::thread::sleep(Duration::from_millis(
+                super::tests::END_MARK_DELAY_MS.load(Ordering::Relaxed),
+            ));
+            // If it did, Done stands.
+            self.advance(Phase::Ended);
         }
     }
 
