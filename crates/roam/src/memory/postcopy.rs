@@ -258,19 +258,19 @@ impl Engine {
     /// Move to phase `to`: only forward, and never out of `Done` or
     /// `Failed`. The end mark's sender and the return path race: QEMU may
     /// answer SHUT 0 before the sender has marked the stream ended, and
-    /// that answer must stand. Whether the phase moved.
-    fn advance(&self, to: Phase) -> bool {
+    /// that answer must stand.
+    fn advance(&self, to: Phase) {
         let mut cur = self.phase.load(Ordering::Acquire);
         loop {
             let terminal = cur == Phase::Done as u8 || cur == Phase::Failed as u8;
             if terminal || cur >= to as u8 {
-                return false;
+                return;
             }
             match self
                 .phase
                 .compare_exchange(cur, to as u8, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return true,
+                Ok(_) => return,
                 Err(now) => cur = now,
             }
         }
