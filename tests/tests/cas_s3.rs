@@ -11,7 +11,8 @@
 //!   errors, no catalog change;
 //! - gc during a commit that reuses a removed version's chunks;
 //! - two commits to one image at once: both versions stay;
-//! - `roamdisk store serve s3://...` in front of the bucket.
+//! - `roamdisk store serve s3://...` in front of the bucket;
+//! - a hoarded session served with the cluster stopped.
 //!
 //! Objects are edited with boto3 from the Swift virtualenv; nothing is
 //! skipped: a missing virtualenv fails the test (scripts/test installs it).
@@ -31,8 +32,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use cas_common::{
-    checkout, checkout_fail, checkout_same, commit_args, commit_version, gc_until_exit, json_num,
-    json_str, random_version, rd, rd_fail, Cas, ChunkServer,
+    checkout, checkout_fail, checkout_same, commit_args, commit_version, gc_until_exit, hoard,
+    json_num, json_str, open_session, random_version, rd, rd_fail, read_all, Cas, ChunkServer,
 };
 use common::{bin, command_stdout, output_text, path_str, qemu_img_compare, tempdir};
 
@@ -610,4 +611,25 @@ fn the_chunk_server_fronts_an_s3_store() {
     assert!(log.contains(&v1[..12]) && log.contains(&v2[..12]), "{log}");
     let r = rd(&["gc", "--store", &url, "--json"]);
     assert!(r.contains("\"removed_objects\": 0"), "{r}");
+}
+
+#[test]
+fn a_hoarded_session_serves_every_byte_with_its_s3_store_stopped() {
+    let (swift, cas, _) = s3_store(8, &[]);
+    let dir = cas.dir();
+    let (img, _) = random_version(&cas, ("hoarded.raw", 16 << 16, 21), "u/h", &[]);
+    let sess = dir.join("s-h");
+    open_session(cas.s(), "u/h", &sess, &[]);
+    let cache = dir.join("shared");
+    let sc = path_str(&cache);
+    let out = hoard(cas.s(), "u/h", sc, &[]);
+    assert!(out.contains("the network may go"), "{out}");
+    // The object store goes away: its endpoint refuses connections.
+    drop(swift);
+    let got = dir.join("got.raw");
+    assert!(read_all(dir, &sess, &format!("shared-cache={sc}"), &got));
+    qemu_img_compare(path_str(&img), path_str(&got));
+    let check = hoard(cas.s(), "u/h", sc, &["--check", "--json"]);
+    assert_eq!(json_num(&check, "cached_after"), 16, "{check}");
+    assert!(check.contains("\"complete\": true"), "{check}");
 }

@@ -151,6 +151,32 @@ pub fn hoard(
     Ok(s)
 }
 
+/// `hoard --check` with the store out of reach: the level of the hoarded
+/// version `mark` from the cache alone (its mark lists every chunk).
+pub fn check_from_mark(cache: &SharedCache, mark: &HoardMark) -> Result<HoardSummary> {
+    let t0 = Instant::now();
+    let now: HashMap<ChunkId, u32> = cache.snapshot()?.resident;
+    let mut s = HoardSummary {
+        version: mark.version.to_hex(),
+        name: mark.name.clone(),
+        chunks: mark.ids.len() as u64,
+        bytes: mark.bytes,
+        hoarded: true,
+        ..Default::default()
+    };
+    for id in &mark.ids {
+        if let Some(&n) = now.get(id) {
+            s.cached_after += 1;
+            s.cached_bytes += n as u64;
+        }
+    }
+    s.cached_before = s.cached_after;
+    s.percent = percent(s.cached_bytes, s.bytes);
+    s.complete = s.cached_after == s.chunks;
+    s.seconds = t0.elapsed().as_secs_f64();
+    Ok(s)
+}
+
 /// `part` of `whole` in percent (100 for nothing of nothing).
 pub fn percent(part: u64, whole: u64) -> f64 {
     if whole == 0 {

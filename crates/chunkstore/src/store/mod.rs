@@ -16,7 +16,8 @@
 //! Stores: [`local::LocalStore`] (a directory: the embedded default),
 //! [`s3::S3Store`] (an S3 bucket), [`http::HttpStore`] (the client of
 //! `roamdisk store serve`), [`mem::MemStore`] (in memory, with simulated
-//! crashes that lose unsynced writes: for tests). Decorators:
+//! crashes that lose unsynced writes: for tests), [`offline::OfflineStore`]
+//! (a store that cannot be reached, known by the settings a session kept). Decorators:
 //! [`quota::QuotaStore`] (a size limit: writes past it fail with
 //! `no-space`, exactly like a full disk), [`throttle::ThrottleStore`] (an
 //! emulated network link), [`cached::CachedStore`] (objects kept in
@@ -34,6 +35,7 @@ pub mod fault;
 pub mod http;
 pub mod local;
 pub mod mem;
+pub mod offline;
 pub mod pack;
 pub mod quota;
 pub mod s3;
@@ -78,19 +80,50 @@ pub fn open(location: &str, opts: &OpenOptions) -> Result<DynStore> {
             "{location}: a store is a folder, an http:// or https:// chunk server, or s3://BUCKET/PREFIX, not {scheme}:// (for a folder of that name, write ./{location})"
         )));
     }
-    let store: DynStore = if s3::is_s3(location) {
-        Arc::new(s3::S3Store::open(location, &opts.s3)?)
+    let opened: Result<DynStore> = if s3::is_s3(location) {
+        s3::S3Store::open(location, &opts.s3).map(|s| Arc::new(s) as DynStore)
     } else if is_url(location) {
-        Arc::new(http::HttpStore::connect(location, opts)?)
+        // It goes offline by itself (and comes back) with known settings.
+        return Ok(Arc::new(http::HttpStore::connect(location, opts)?));
     } else {
         let path = std::path::Path::new(location);
-        Arc::new(local::LocalStore::open(path, opts.create.as_ref())?)
+        local::LocalStore::open(path, opts.create.as_ref()).map(|s| Arc::new(s) as DynStore)
+    };
+    let store = match (opened, &opts.known_config) {
+        (Ok(s), _) => s,
+        // What a session (or a hoarded version) needs with its store gone:
+        // a folder that went away (an unplugged disk, an unmounted share:
+        // no settings there) or an endpoint that does not answer.
+        (Err(e), Some(known)) if offline_cause(location, &e) && opts.create.is_none() => {
+            let why = if is_remote(location) {
+                e.to_string()
+            } else {
+                "the folder holds no store: unplugged or unmounted?".to_string()
+            };
+            return Ok(Arc::new(offline::OfflineStore::new(
+                location,
+                known.clone(),
+                why,
+            )));
+        }
+        (Err(e), _) => return Err(e),
     };
     match store.config().quota {
         Some(q) if !is_remote(location) => {
             Ok(Arc::new(quota::QuotaStore::new(store, q)?) as DynStore)
         }
         _ => Ok(store),
+    }
+}
+
+/// Whether opening `location` failed the way a store that went away does:
+/// a folder without its settings, an S3 endpoint that cannot be reached.
+fn offline_cause(location: &str, e: &roamdisk_blockdev::Error) -> bool {
+    use roamdisk_blockdev::ErrorKind;
+    if s3::is_s3(location) {
+        e.kind() == ErrorKind::Io
+    } else {
+        e.kind() == ErrorKind::NotFound
     }
 }
 

@@ -32,7 +32,9 @@ use crate::store_args::{short, StoreArgs};
 /// of USER/IMAGE@REV; it works without the store for versions named by an
 /// id prefix. The chunks stay in the cache until its policy evicts them.
 /// --check only reports the level: how much of the version is here, and
-/// whether it is hoarded. `roamdisk cache status` lists every hoard.
+/// whether it is hoarded; with the store out of reach (a server down, a
+/// store folder unplugged) a hoarded version's level comes from its hoard
+/// mark. `roamdisk cache status` lists every hoard.
 ///
 /// Examples:
 ///   roamdisk hoard alice/desktop --store https://store.example:8700
@@ -78,10 +80,75 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     if a.release {
         return release(&a, quiet);
     }
+    if a.check {
+        // The level is the cache's business: a hoarded version is checked
+        // from its mark when the store cannot be reached.
+        let cache = open_cache(&a)?;
+        let found = a.st.open(false).and_then(|store| {
+            let (name, entry) = resolve(&*store, &a.version)?;
+            Ok((store, name, entry))
+        });
+        return match found {
+            Ok((store, name, entry)) => hoard_version(&a, quiet, store, &name, &entry, cache),
+            Err(e) => check_offline(&a, quiet, &cache, e),
+        };
+    }
     let store = a.st.open(false)?;
-    let key = a.st.key()?;
     let (name, entry) = resolve(&*store, &a.version)?;
     let cache = open_cache(&a)?;
+    hoard_version(&a, quiet, store, &name, &entry, cache)
+}
+
+/// `--check` with the store out of reach: from the hoard mark of the
+/// version named (USER/IMAGE: its newest hoarded version; @REV: an id
+/// prefix), or the store's error if no mark names it.
+fn check_offline(
+    a: &Args,
+    quiet: bool,
+    cache: &SharedCache,
+    why: anyhow::Error,
+) -> anyhow::Result<()> {
+    let (image, rev) = match a.version.split_once('@') {
+        Some((i, r)) => (i, Some(r.to_ascii_lowercase())),
+        None => (a.version.as_str(), None),
+    };
+    let mark = cache
+        .hoard_marks()?
+        .into_iter()
+        .filter_map(|l| l.mark.ok())
+        .filter(|m| m.name == image)
+        .filter(|m| match &rev {
+            None => true,
+            Some(r) => r.len() >= 4 && m.version.to_hex().starts_with(r.as_str()),
+        })
+        .max_by_key(|m| m.created);
+    let Some(mark) = mark else {
+        return Err(why.context(format!(
+            "cannot check {}: the store cannot be read and no hoard mark in {} names it",
+            a.version,
+            cache.dir().display()
+        )));
+    };
+    let s = roamdisk_roam::hoard::check_from_mark(cache, &mark)?;
+    if a.st.json {
+        outln!("{}", serde_json::to_string_pretty(&s)?);
+    } else if !quiet {
+        outln!("the store cannot be read ({why:#}): the level comes from the hoard mark");
+        print_summary(&s, cache, true);
+    }
+    Ok(())
+}
+
+/// Hoard (or `--check`) the version `entry` of `name` through `store`.
+fn hoard_version(
+    a: &Args,
+    quiet: bool,
+    store: roamdisk_chunkstore::store::DynStore,
+    name: &str,
+    entry: &roamdisk_chunkstore::catalog::Entry,
+    cache: std::sync::Arc<SharedCache>,
+) -> anyhow::Result<()> {
+    let key = a.st.key()?;
     let view = VersionView::open(store.clone(), entry.version, key.as_ref())
         .with_context(|| format!("cannot read {name}@{}", entry.version.short()))?
         .with_shared_cache(Some(cache.clone()));
@@ -93,7 +160,7 @@ pub fn run(a: Args, quiet: bool) -> anyhow::Result<()> {
     )?;
     let view = view.with_lookaside(media);
     let progress = a.st.progress(quiet);
-    let s = hoard(&view, &name, a.check, &progress)?;
+    let s = hoard(&view, name, a.check, &progress)?;
     progress.finish();
     if a.st.json {
         outln!("{}", serde_json::to_string_pretty(&s)?);

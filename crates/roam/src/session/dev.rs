@@ -769,8 +769,9 @@ fn open_store(dir: &Path, config: &SessionConfig, opts: &SessionOpen) -> Result<
     let known = std::fs::read_to_string(dir.join(STORE_COPY))
         .ok()
         .and_then(|t| StoreConfig::parse(&t).ok());
+    let location = opts.store.as_deref().unwrap_or(&config.store);
     let store = roamdisk_chunkstore::store::open(
-        opts.store.as_deref().unwrap_or(&config.store),
+        location,
         &roamdisk_chunkstore::store::OpenOptions {
             known_config: known.clone(),
             credentials: config
@@ -779,11 +780,27 @@ fn open_store(dir: &Path, config: &SessionConfig, opts: &SessionOpen) -> Result<
             s3: opts.host.s3.clone(),
             ..Default::default()
         },
-    )?;
+    )
+    .map_err(|e| store_gone(e, dir, location))?;
     if !opts.read_only && known.as_ref() != Some(store.config()) {
         keep_copy(&dir.join(STORE_COPY), store.config().to_toml().as_bytes());
     }
     Ok(store)
+}
+
+/// The error of a session whose store folder is not there: the session
+/// names it, so creating a store there is the wrong advice (it would hold
+/// none of the session's chunks); the folder went away or moved.
+fn store_gone(e: roamdisk_blockdev::Error, dir: &Path, location: &str) -> roamdisk_blockdev::Error {
+    if e.kind() != roamdisk_blockdev::ErrorKind::NotFound
+        || roamdisk_chunkstore::store::is_remote(location)
+    {
+        return e;
+    }
+    roamdisk_chunkstore::error::not_found(format!(
+        "the store of session {} is not at {location} (no store.toml there): plug in the disk or mount the share that holds it, or name where it is now with --store DIR",
+        dir.display()
+    ))
 }
 
 /// The user's key of the session (`opts` first, then `session.toml`).
