@@ -7,11 +7,13 @@
 //! fetch chain (`source.rs`). Formats: `docs/formats/cas-shared-cache.md`.
 
 pub mod admin;
+pub mod alloc;
 mod config;
 mod files;
 pub mod hoard_marks;
 mod inner;
 pub mod journal;
+pub mod journal2;
 pub mod pins;
 pub mod shared;
 mod source;
