@@ -10,6 +10,7 @@ pub mod admin;
 pub mod alloc;
 mod config;
 mod files;
+pub mod gens;
 pub mod hoard_marks;
 mod inner;
 pub mod journal;
