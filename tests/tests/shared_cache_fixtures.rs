@@ -124,18 +124,7 @@ fn a_cache_of_the_one_file_per_chunk_layout_serves_every_chunk_it_held() {
         )],
     );
     let got = dir.join("a.out");
-    run(
-        "qemu-img",
-        &[
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            &srv.uri(),
-            path_str(&got),
-        ],
-    );
+    qemu_img_convert(&srv.uri(), "raw", path_str(&got));
     srv.stop();
     assert_eq!(
         sha256(&got),
