@@ -151,6 +151,26 @@ pub fn hoard(
     Ok(s)
 }
 
+/// The hoard marks in `cache` a target names without asking the store:
+/// `USER/IMAGE` (every hoarded version of it) or `USER/IMAGE@REV` with
+/// REV a version id prefix of at least 4 hex digits.
+pub fn marks_named(cache: &SharedCache, target: &str) -> Result<Vec<HoardMark>> {
+    let (image, rev) = match target.split_once('@') {
+        Some((i, r)) => (i, Some(r.to_ascii_lowercase())),
+        None => (target, None),
+    };
+    Ok(cache
+        .hoard_marks()?
+        .into_iter()
+        .filter_map(|l| l.mark.ok())
+        .filter(|m| m.name == image)
+        .filter(|m| match &rev {
+            None => true,
+            Some(r) => r.len() >= 4 && m.version.to_hex().starts_with(r.as_str()),
+        })
+        .collect())
+}
+
 /// `hoard --check` with the store out of reach: the level of the hoarded
 /// version `mark` from the cache alone (its mark lists every chunk).
 pub fn check_from_mark(cache: &SharedCache, mark: &HoardMark) -> Result<HoardSummary> {

@@ -5,9 +5,9 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use roamdisk_blockdev::units::format_size;
 use roamdisk_chunkstore::repo::resolve;
-use roamdisk_chunkstore::ChunkId;
+use roamdisk_roam::cache::hoard_marks::HoardMark;
 use roamdisk_roam::cache::SharedCache;
-use roamdisk_roam::hoard::{hoard, percent, HoardSummary};
+use roamdisk_roam::hoard::{hoard, marks_named, percent, HoardSummary};
 use roamdisk_roam::view::VersionView;
 use serde::Serialize;
 
@@ -108,19 +108,8 @@ fn check_offline(
     cache: &SharedCache,
     why: anyhow::Error,
 ) -> anyhow::Result<()> {
-    let (image, rev) = match a.version.split_once('@') {
-        Some((i, r)) => (i, Some(r.to_ascii_lowercase())),
-        None => (a.version.as_str(), None),
-    };
-    let mark = cache
-        .hoard_marks()?
+    let mark = marks_named(cache, &a.version)?
         .into_iter()
-        .filter_map(|l| l.mark.ok())
-        .filter(|m| m.name == image)
-        .filter(|m| match &rev {
-            None => true,
-            Some(r) => r.len() >= 4 && m.version.to_hex().starts_with(r.as_str()),
-        })
         .max_by_key(|m| m.created);
     let Some(mark) = mark else {
         return Err(why.context(format!(
@@ -238,42 +227,30 @@ struct ReleasedOne {
     present_chunks: u64,
 }
 
+/// Every readable hoard mark of `cache`.
+fn valid_marks(cache: &SharedCache) -> anyhow::Result<Vec<HoardMark>> {
+    Ok(cache
+        .hoard_marks()?
+        .into_iter()
+        .filter_map(|l| l.mark.ok())
+        .collect())
+}
+
 /// `--release USER/IMAGE[@REV]`: the marks of that name (with REV, those
 /// whose id starts with it), else the version REV resolves to in the
 /// store.
 fn release(a: &Args, quiet: bool) -> anyhow::Result<()> {
     let cache = open_cache(a)?;
-    let (image, rev) = match a.version.split_once('@') {
-        Some((i, r)) => (i, Some(r)),
-        None => (a.version.as_str(), None),
-    };
-    let marks: Vec<_> = cache
-        .hoard_marks()?
-        .into_iter()
-        .filter_map(|l| l.mark.ok())
-        .collect();
-    let rev_hex = rev.map(str::to_ascii_lowercase);
-    let mut chosen: Vec<(ChunkId, String, Vec<ChunkId>)> = marks
-        .iter()
-        .filter(|m| m.name == image)
-        .filter(|m| match &rev_hex {
-            None => true,
-            Some(r) => r.len() >= 4 && m.version.to_hex().starts_with(r.as_str()),
-        })
-        .map(|m| (m.version, m.name.clone(), m.ids.clone()))
-        .collect();
-    if chosen.is_empty() && rev.is_some() {
+    let mut chosen = marks_named(&cache, &a.version)?;
+    if chosen.is_empty() && a.version.contains('@') {
         // A tag or a date: ask the store which version it names.
         let store = a.st.open(false)?;
         let (_, entry) = resolve(&*store, &a.version)?;
-        chosen = marks
-            .iter()
-            .filter(|m| m.version == entry.version)
-            .map(|m| (m.version, m.name.clone(), m.ids.clone()))
-            .collect();
+        chosen = valid_marks(&cache)?;
+        chosen.retain(|m| m.version == entry.version);
     }
     if chosen.is_empty() {
-        let hoarded: Vec<String> = marks
+        let hoarded: Vec<String> = valid_marks(&cache)?
             .iter()
             .map(|m| format!("{}@{}", m.name, m.version.short()))
             .collect();
@@ -292,7 +269,10 @@ fn release(a: &Args, quiet: bool) -> anyhow::Result<()> {
     let mut out = Released {
         released: Vec::new(),
     };
-    for (version, name, ids) in chosen {
+    for HoardMark {
+        version, name, ids, ..
+    } in chosen
+    {
         if cache.release_hoard(&version)? {
             out.released.push(ReleasedOne {
                 version: version.to_hex(),
